@@ -1,0 +1,24 @@
+//! gpunode API types (`gpunode.dev/v1alpha1`): [`GpuNodePolicy`] and [`GpuNodeReport`], the
+//! value types they use, and the generation of their CustomResourceDefinitions.
+//!
+//! This crate does no I/O; the operator and the node-probe depend on it.
+#![warn(missing_docs)]
+
+pub mod budget;
+pub mod duration;
+pub mod generate;
+pub mod policy;
+pub mod report;
+pub mod rules;
+pub mod types;
+pub mod version;
+
+pub use budget::MaxUnavailable;
+pub use duration::Duration;
+pub use policy::{GpuNodePolicy, GpuNodePolicySpec, GpuNodePolicyStatus};
+pub use report::{GpuNodeReport, GpuNodeReportSpec, GpuNodeReportStatus};
+pub use types::{DriftClass, EnabledState, ObservedTrust, PortState, ThrottleReason, TrustMode};
+pub use version::{Version, VersionRange};
+
+/// The API group of every gpunode kind.
+pub const GROUP: &str = "gpunode.dev";

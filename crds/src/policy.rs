@@ -1,0 +1,731 @@
+//! `GpuNodePolicy`: the state a platform team declares for a set of GPU nodes, and what gpunode
+//! may do to a node that drifts from it.
+//!
+//! Field docs are the text `kubectl explain gpunodepolicy.spec...` prints: they are user docs.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    budget::MaxUnavailable,
+    duration::Duration,
+    rules,
+    types::{DriftClass, EnabledState, PortState, ThrottleReason, TrustMode},
+    version::VersionRange,
+};
+
+/// GpuNodePolicy declares the state a set of GPU nodes must be in (GPUs, cooling, RoCE network)
+/// and the remediation gpunode applies to a node that drifts from it: labels, taints, cordon or
+/// drain, within a disruption budget, undone once the node has recovered.
+// Each printcolumn(...) repeats the same keys, which clippy mistakes for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "gpunode.dev",
+    version = "v1alpha1",
+    kind = "GpuNodePolicy",
+    plural = "gpunodepolicies",
+    shortname = "gnp",
+    category = "gpunode",
+    status = "GpuNodePolicyStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "GpuNodePolicy declares the state a set of GPU nodes must be in and what gpunode does to a node that drifts from it.",
+    printcolumn(
+        name = "Matched",
+        type_ = "integer",
+        json_path = ".status.matched",
+        description = "Nodes selected by this policy"
+    ),
+    printcolumn(
+        name = "Compliant",
+        type_ = "integer",
+        json_path = ".status.compliant",
+        description = "Selected nodes that match the policy"
+    ),
+    printcolumn(
+        name = "Drifted",
+        type_ = "integer",
+        json_path = ".status.drifted",
+        description = "Selected nodes that drifted from the policy"
+    ),
+    printcolumn(
+        name = "Unknown",
+        type_ = "integer",
+        json_path = ".status.unknown",
+        description = "Selected nodes without a fresh, complete report",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Whether the operator is reconciling this policy",
+        priority = 1
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(format!(
+    "!has(self.staleAfter) || !self.staleAfter.matches('{}') || duration(self.staleAfter) >= duration('{}')",
+    rules::DURATION_RE, rules::MIN_STALE_AFTER
+)).message(format!(
+    "staleAfter must be at least {}: the node-probe heartbeat publishes a report once a minute, so a shorter value would mark healthy nodes Unknown",
+    rules::MIN_STALE_AFTER
+).as_str()).field_path(".staleAfter"))]
+pub struct GpuNodePolicySpec {
+    /// Which Nodes this policy governs, by their labels (for example
+    /// `nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3`). An empty selector selects every node.
+    /// A node selected by two policies gets a Conflict condition and no disruptive action until
+    /// the overlap is resolved.
+    #[serde(default)]
+    pub node_selector: LabelSelector,
+
+    /// What the GPUs of a node must look like: inventory, driver and CUDA versions, ECC,
+    /// memory health, PCIe and NVLink, fatal XIDs. Omit to skip every GPU check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuRequirements>,
+
+    /// Temperature, throttling and chassis cooling limits. Omit to skip every cooling check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooling: Option<CoolingRequirements>,
+
+    /// RDMA / RoCE lossless network settings of the node's NICs. Omit to skip every network check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkRequirements>,
+
+    /// The remediation ladder: what gpunode does to a drifted node. Each rule applies once one of
+    /// its drift classes has lasted `after`. A node always gets the gpunode.dev/state and
+    /// gpunode.dev/drift.<class> labels and the GpuPolicyCompliant condition; rules add taints,
+    /// cordon and drain. An empty list means labels and conditions only.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    pub remediation: Vec<RemediationRule>,
+
+    /// Limits on how many nodes gpunode may disrupt (taint NoSchedule/NoExecute, cordon, drain)
+    /// at once, the circuit breaker, and how drains behave.
+    #[serde(default)]
+    pub disruption: DisruptionPolicy,
+
+    /// When gpunode undoes what it did to a node that became compliant again.
+    #[serde(default)]
+    pub recovery: RecoveryPolicy,
+
+    /// A report older than this makes its node Unknown (drift class Stale). At least 60s, since
+    /// the probe sends a heartbeat once a minute. Defaults to 3m.
+    #[serde(default = "default_stale_after")]
+    pub stale_after: Duration,
+
+    /// Evaluate and report only: status lists the actions gpunode would take, and nothing is
+    /// written to nodes except the state labels and the GpuPolicyCompliant condition.
+    #[serde(default)]
+    pub dry_run: bool,
+
+    /// Stop taking new actions and stop undoing old ones; nodes keep their current labels,
+    /// taints and cordons until the policy is resumed. Status keeps being updated.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+impl Default for GpuNodePolicySpec {
+    /// The spec of `spec: {}`: every default applied.
+    fn default() -> Self {
+        GpuNodePolicySpec {
+            node_selector: LabelSelector::default(),
+            gpu: None,
+            cooling: None,
+            network: None,
+            remediation: Vec::new(),
+            disruption: DisruptionPolicy::default(),
+            recovery: RecoveryPolicy::default(),
+            stale_after: default_stale_after(),
+            dry_run: false,
+            paused: false,
+        }
+    }
+}
+
+fn default_stale_after() -> Duration {
+    Duration::from_secs(180)
+}
+
+/// Requirements on every GPU of a node, as NVML reports them.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuRequirements {
+    /// Exact number of GPUs NVML must see (drift class Inventory). A GPU that fell off the bus
+    /// lowers the count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 64))]
+    pub count: Option<u32>,
+
+    /// Accepted GPU models. Each entry is compared with NVML's product name, case-insensitively,
+    /// as a substring: "H100" matches "NVIDIA H100 80GB HBM3". Empty accepts any model
+    /// (drift class Inventory).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 128)))]
+    pub products: Vec<String>,
+
+    /// Minimum framebuffer memory per GPU in MiB, as NVML reports it (an H100 80GB reports
+    /// 81559) (drift class Inventory).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "minMemoryMiB")]
+    #[schemars(range(min = 0))]
+    pub min_memory_mib: Option<u64>,
+
+    /// Accepted NVIDIA driver versions, for example ">=550.54.15, <560" or "~=535" (the 535
+    /// branch) (drift class Driver).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<VersionRange>,
+
+    /// Accepted CUDA driver API versions, for example ">=12.4" or "12.4" (drift class Driver).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_version: Option<VersionRange>,
+
+    /// Required ECC mode of every GPU (drift class Config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_mode: Option<EnabledState>,
+
+    /// Required persistence mode of every GPU (drift class Config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistence_mode: Option<EnabledState>,
+
+    /// Required MIG mode of every GPU (drift class Config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_mode: Option<EnabledState>,
+
+    /// Minimum PCIe link each GPU must have trained to (drift class Pcie).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie: Option<PcieRequirements>,
+
+    /// Minimum active NVLinks per GPU (drift class Nvlink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink: Option<NvlinkRequirements>,
+
+    /// Most volatile (since driver load) uncorrectable ECC errors a GPU may have (drift class
+    /// Memory). 0 means any uncorrectable error is drift.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_volatile_uncorrected_ecc: Option<u64>,
+
+    /// Most retired memory pages (single- plus double-bit) a GPU may have (drift class
+    /// Memory). A page pending retirement is always drift. NVIDIA's RMA threshold is 60+.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_retired_pages: Option<u64>,
+
+    /// Accept GPUs whose row remapping failed (Ampere and later). False (the default) makes a
+    /// remap failure or a pending remap drift (class Memory).
+    #[serde(default)]
+    pub allow_row_remap_failure: bool,
+
+    /// XID error codes that make the node drift (class Xid) when seen within `xidWindow`.
+    /// Defaults to DCGM's fatal set plus 64: 48, 64, 74, 79, 95, 119, 120, 140.
+    #[serde(default = "default_fatal_xids")]
+    #[schemars(length(max = 256), inner(range(min = 1, max = 65535)))]
+    pub fatal_xids: Vec<u32>,
+
+    /// How long a fatal XID counts as drift after it happened. Unset: until the node reboots
+    /// (the probe keeps the XIDs of the current boot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_window: Option<Duration>,
+}
+
+/// DCGM's fatal XIDs (48, 74, 79, 95, 119, 120, 140) plus 64 (row-remapper failure).
+pub fn default_fatal_xids() -> Vec<u32> {
+    vec![48, 64, 74, 79, 95, 119, 120, 140]
+}
+
+/// Minimum PCIe link of each GPU.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PcieRequirements {
+    /// Minimum PCIe generation the link is currently running at (H100 SXM: 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 7))]
+    pub min_generation: Option<u32>,
+
+    /// Minimum number of PCIe lanes the link is currently running with (H100 SXM: 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32))]
+    pub min_width: Option<u32>,
+}
+
+/// Minimum NVLink connectivity of each GPU.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NvlinkRequirements {
+    /// Minimum number of active NVLinks per GPU (H100 SXM has 18).
+    #[schemars(range(min = 0, max = 18))]
+    pub min_active_links: u32,
+}
+
+/// Thermal and cooling limits.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CoolingRequirements {
+    /// Highest GPU core temperature in degrees Celsius (drift class Thermal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 150))]
+    pub max_gpu_celsius: Option<i32>,
+
+    /// Smallest distance in degrees Celsius between a GPU's temperature and its slowdown
+    /// threshold (drift class Thermal). 5 means a GPU at 83 C with slowdown at 87 C drifted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub min_slowdown_margin_celsius: Option<i32>,
+
+    /// Highest HBM memory temperature in degrees Celsius (drift class Thermal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 150))]
+    pub max_memory_celsius: Option<i32>,
+
+    /// Clock-throttle reasons that make a GPU drift (class Throttle). Defaults to the four that
+    /// cost performance: HwSlowdown, SwThermalSlowdown, HwThermalSlowdown, HwPowerBrakeSlowdown.
+    /// SwPowerCap and GpuIdle are normal operation and usually left out.
+    #[serde(default = "default_forbidden_throttle_reasons")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub forbidden_throttle_reasons: Vec<ThrottleReason>,
+
+    /// Limits for chassis sensors (hwmon and thermal zones) (drift class Cooling).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub sensors: Vec<SensorLimit>,
+
+    /// Lowest speed any fan may run at, in RPM; a stopped fan is drift (class Cooling). Nodes
+    /// whose fans are not visible to the OS (most SXM systems) report no fans and pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub min_fan_rpm: Option<u32>,
+}
+
+impl Default for CoolingRequirements {
+    fn default() -> Self {
+        CoolingRequirements {
+            max_gpu_celsius: None,
+            min_slowdown_margin_celsius: None,
+            max_memory_celsius: None,
+            forbidden_throttle_reasons: default_forbidden_throttle_reasons(),
+            sensors: Vec::new(),
+            min_fan_rpm: None,
+        }
+    }
+}
+
+/// The throttle reasons that cost performance.
+pub fn default_forbidden_throttle_reasons() -> Vec<ThrottleReason> {
+    vec![
+        ThrottleReason::HwSlowdown,
+        ThrottleReason::SwThermalSlowdown,
+        ThrottleReason::HwThermalSlowdown,
+        ThrottleReason::HwPowerBrakeSlowdown,
+    ]
+}
+
+/// A temperature limit for the chassis sensors whose name matches a pattern.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SensorLimit {
+    /// Pattern matched against "<chip>/<label>" of each sensor, for example "nvme*/*",
+    /// "*/Inlet Temp" or "acpitz/*"; `*` matches any run of characters, `?` any one character.
+    #[serde(rename = "match")]
+    #[schemars(length(min = 1, max = 128))]
+    pub pattern: String,
+
+    /// Highest temperature in degrees Celsius the matching sensors may read.
+    #[schemars(range(min = -50, max = 200))]
+    pub max_celsius: i32,
+}
+
+/// RDMA / RoCE settings every matching NIC port must have.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkRequirements {
+    /// Which RDMA devices are checked, and how many there must be.
+    #[serde(default)]
+    pub rdma: RdmaSelection,
+
+    /// Require a RoCE v2 GID on every checked port (drift class Network).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "roceV2")]
+    pub roce_v2: Option<bool>,
+
+    /// Priorities that must have PFC (priority flow control) enabled, and no others, for a
+    /// lossless RoCE fabric; usually [3]. Each is 0-7. Empty skips the check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(range(min = 0, max = 7)))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub pfc_priorities: Vec<u8>,
+
+    /// Required QoS trust mode of the NIC: "dscp" (L3, the usual RoCE setting) or "pcp" (L2
+    /// VLAN priority). Omit to skip the check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<TrustMode>,
+
+    /// Priorities that must have ECN (DCQCN congestion control) enabled, usually [3]. Each is
+    /// 0-7. Nodes without the NVIDIA OFED ECN settings report ECN as unknown, which makes the
+    /// node Unknown, not drifted. Empty skips the check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(range(min = 0, max = 7)))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub ecn_priorities: Vec<u8>,
+
+    /// Smallest MTU of the network interface behind each RDMA port, in bytes (9000 for jumbo
+    /// frames; RoCE uses up to 4096 of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 68, max = 65536))]
+    pub min_mtu: Option<u32>,
+
+    /// Slowest link rate each port may have negotiated, in Gb/s (400 for NDR / 400GbE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3200))]
+    pub min_rate_gbps: Option<u32>,
+
+    /// State every checked port must be in. Defaults to Active.
+    #[serde(default = "default_port_state")]
+    pub port_state: PortState,
+}
+
+impl Default for NetworkRequirements {
+    fn default() -> Self {
+        NetworkRequirements {
+            rdma: RdmaSelection::default(),
+            roce_v2: None,
+            pfc_priorities: Vec::new(),
+            trust: None,
+            ecn_priorities: Vec::new(),
+            min_mtu: None,
+            min_rate_gbps: None,
+            port_state: default_port_state(),
+        }
+    }
+}
+
+fn default_port_state() -> PortState {
+    PortState::Active
+}
+
+/// Which RDMA devices a policy checks.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RdmaSelection {
+    /// Pattern for RDMA device names under /sys/class/infiniband, `*` matching any run of
+    /// characters. Defaults to "mlx5_*" (NVIDIA ConnectX).
+    #[serde(default = "default_device_pattern")]
+    #[schemars(length(min = 1, max = 64))]
+    pub device_pattern: String,
+
+    /// How many matching devices the node must have (drift class Network). 0 accepts nodes
+    /// without any.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 64))]
+    pub min_devices: u32,
+}
+
+impl Default for RdmaSelection {
+    fn default() -> Self {
+        RdmaSelection {
+            device_pattern: default_device_pattern(),
+            min_devices: 0,
+        }
+    }
+}
+
+fn default_device_pattern() -> String {
+    "mlx5_*".to_string()
+}
+
+/// What gpunode does to a node once any of `classes` has drifted for `after`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.action != 'Taint' || has(self.effect)")
+    .message("effect is required when action is Taint: NoSchedule, PreferNoSchedule or NoExecute")
+    .field_path(".effect"))]
+#[x_kube(validation = Rule::new("self.action == 'Taint' || !has(self.effect)")
+    .message("effect is only allowed when action is Taint")
+    .field_path(".effect"))]
+pub struct RemediationRule {
+    /// Drift classes this rule acts on (at least one): Inventory, Driver, Config, Memory, Xid,
+    /// Pcie, Nvlink, Thermal, Throttle, Cooling, Network, Stale. Listing Stale is the only way
+    /// an Unknown node (no fresh report, failed collector) is ever acted on.
+    #[schemars(length(min = 1, max = 12))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub classes: Vec<DriftClass>,
+
+    /// What to do: Label (the drift labels only, never disruptive), Taint (add the taint
+    /// gpunode.dev/drift=<class> with `effect`), Cordon (mark unschedulable), or Drain (cordon,
+    /// then evict pods through the Eviction API, honouring PodDisruptionBudgets).
+    pub action: RemediationAction,
+
+    /// Taint effect, required when action is Taint: NoSchedule, PreferNoSchedule or NoExecute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<TaintEffect>,
+
+    /// How long the drift must last before the action is taken, for example "30s" or "5m".
+    /// Defaults to 0s (immediately).
+    #[serde(default)]
+    pub after: Duration,
+}
+
+impl RemediationRule {
+    /// The classes as a set.
+    pub fn class_set(&self) -> BTreeSet<DriftClass> {
+        self.classes.iter().copied().collect()
+    }
+}
+
+/// An action of the remediation ladder, from least to most disruptive.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+#[schemars(transform = crate::types::without_description)]
+pub enum RemediationAction {
+    /// Drift labels only.
+    Label,
+    /// Add a gpunode.dev/drift taint.
+    Taint,
+    /// Mark the node unschedulable.
+    Cordon,
+    /// Cordon and evict the node's pods.
+    Drain,
+}
+
+/// A Kubernetes taint effect.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+#[schemars(transform = crate::types::without_description)]
+pub enum TaintEffect {
+    /// New pods that do not tolerate the taint are not scheduled; running pods stay.
+    NoSchedule,
+    /// The scheduler avoids the node when it can.
+    PreferNoSchedule,
+    /// Running pods that do not tolerate the taint are evicted by Kubernetes.
+    NoExecute,
+}
+
+impl TaintEffect {
+    /// The effect as Kubernetes spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::PreferNoSchedule => "PreferNoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+        }
+    }
+
+    /// NoSchedule and NoExecute take capacity away and count against the budget.
+    pub fn is_disruptive(self) -> bool {
+        !matches!(self, TaintEffect::PreferNoSchedule)
+    }
+}
+
+/// Limits on disruption.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionPolicy {
+    /// Most of this policy's nodes that may be disrupted at once (tainted NoSchedule or
+    /// NoExecute, cordoned or draining by gpunode): a number such as 1, or a percentage of the
+    /// selected nodes such as "10%" (rounded down, but at least 1 when above 0%). Further
+    /// disruptive actions wait until a node recovers. Labels and conditions are never limited.
+    /// Defaults to 1.
+    #[serde(default = "default_max_unavailable")]
+    pub max_unavailable: MaxUnavailable,
+
+    /// Stops every new disruptive action when too many nodes drift at once, which points to a
+    /// systemic cause (a bad driver rollout, a fabric outage) rather than broken nodes.
+    #[serde(default)]
+    pub circuit_breaker: CircuitBreaker,
+
+    /// How nodes are drained.
+    #[serde(default)]
+    pub drain: DrainPolicy,
+}
+
+impl Default for DisruptionPolicy {
+    fn default() -> Self {
+        DisruptionPolicy {
+            max_unavailable: default_max_unavailable(),
+            circuit_breaker: CircuitBreaker::default(),
+            drain: DrainPolicy::default(),
+        }
+    }
+}
+
+fn default_max_unavailable() -> MaxUnavailable {
+    MaxUnavailable::Count(1)
+}
+
+/// The circuit breaker.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitBreaker {
+    /// Percentage of the selected nodes that may become drifted within `window` before the
+    /// breaker opens (condition CircuitOpen) and new disruptive actions stop. 100 disables the
+    /// breaker. Defaults to 30.
+    #[serde(default = "default_max_drifted_percent")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_drifted_percent: u32,
+
+    /// The sliding window over which newly drifted nodes are counted. Defaults to 10m.
+    #[serde(default = "default_breaker_window")]
+    pub window: Duration,
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        CircuitBreaker {
+            max_drifted_percent: default_max_drifted_percent(),
+            window: default_breaker_window(),
+        }
+    }
+}
+
+fn default_max_drifted_percent() -> u32 {
+    30
+}
+
+fn default_breaker_window() -> Duration {
+    Duration::from_secs(600)
+}
+
+/// How a drain evicts pods.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainPolicy {
+    /// How long a drain may take before it is reported as stuck (condition reason DrainStuck).
+    /// A stuck drain keeps the node cordoned and keeps retrying; it is never forced.
+    /// Defaults to 10m.
+    #[serde(default = "default_drain_timeout")]
+    pub timeout: Duration,
+
+    /// Grace period given to each evicted pod, in seconds. Unset uses each pod's own
+    /// terminationGracePeriodSeconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub grace_period_seconds: Option<i64>,
+
+    /// Also evict pods that use emptyDir volumes (their data is lost). False leaves such pods
+    /// running and the drain incomplete.
+    #[serde(default)]
+    pub delete_empty_dir_data: bool,
+
+    /// Only pods matching this selector are evicted; by default every pod except DaemonSet
+    /// pods, mirror (static) pods and pods in protected namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+
+    /// Namespaces whose pods are never evicted. Defaults to ["kube-system"].
+    #[serde(default = "default_protected_namespaces")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 63)))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub protected_namespaces: Vec<String>,
+}
+
+impl Default for DrainPolicy {
+    fn default() -> Self {
+        DrainPolicy {
+            timeout: default_drain_timeout(),
+            grace_period_seconds: None,
+            delete_empty_dir_data: false,
+            pod_selector: None,
+            protected_namespaces: default_protected_namespaces(),
+        }
+    }
+}
+
+fn default_drain_timeout() -> Duration {
+    Duration::from_secs(600)
+}
+
+fn default_protected_namespaces() -> Vec<String> {
+    vec!["kube-system".to_string()]
+}
+
+/// When gpunode undoes its own actions.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RecoveryPolicy {
+    /// How long a node must stay compliant before gpunode removes the taints and the cordon it
+    /// added. It never removes what someone else added. Defaults to 5m.
+    #[serde(default = "default_healthy_for")]
+    pub healthy_for: Duration,
+}
+
+impl Default for RecoveryPolicy {
+    fn default() -> Self {
+        RecoveryPolicy {
+            healthy_for: default_healthy_for(),
+        }
+    }
+}
+
+fn default_healthy_for() -> Duration {
+    Duration::from_secs(300)
+}
+
+/// What the operator observed and did for this policy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuNodePolicyStatus {
+    /// The metadata.generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Ready, Degraded, BudgetExhausted, CircuitOpen, Conflict and Paused. Each changes its
+    /// lastTransitionTime only when its status flips.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// Nodes selected by this policy.
+    #[serde(default)]
+    pub matched: u32,
+    /// Selected nodes that match the policy.
+    #[serde(default)]
+    pub compliant: u32,
+    /// Selected nodes that drifted from the policy.
+    #[serde(default)]
+    pub drifted: u32,
+    /// Selected nodes whose state is unknown (no fresh report, a failed collector).
+    #[serde(default)]
+    pub unknown: u32,
+    /// Selected nodes carrying a gpunode taint.
+    #[serde(default)]
+    pub tainted: u32,
+    /// Selected nodes cordoned by gpunode.
+    #[serde(default)]
+    pub cordoned: u32,
+    /// Selected nodes gpunode is draining.
+    #[serde(default)]
+    pub draining: u32,
+
+    /// The drifted and unknown nodes, at most 50, oldest drift first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 50))]
+    pub drifted_nodes: Vec<DriftedNode>,
+
+    /// True when drifted and unknown nodes beyond the 50 listed were left out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drifted_nodes_truncated: bool,
+}
+
+/// One drifted or unknown node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriftedNode {
+    /// Node name.
+    pub node: String,
+    /// Active drift classes.
+    pub classes: Vec<DriftClass>,
+    /// When the oldest active drift began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+    /// What gpunode has done to the node (for example "Taint NoSchedule", "Cordon", "Drain").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<String>,
+    /// In dry run, or while waiting on the budget or the breaker: what gpunode would do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_actions: Vec<String>,
+    /// One line on the first drift, for example "gpu 3: HwThermalSlowdown is forbidden".
+    pub message: String,
+}

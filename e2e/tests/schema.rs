@@ -1,0 +1,143 @@
+//! Examples and invalid-policy fixtures checked against the generated CRD schema, without an API
+//! server: OpenAPI constraints with a JSON-schema validator, CEL rules with kube's CEL engine.
+//! The same fixtures go to a real API server in the control-plane smoke tests.
+
+use gpunode_crds::{GpuNodePolicy, generate};
+use gpunode_e2e::fixtures;
+use serde_json::Value;
+
+/// The openAPIV3Schema of the GpuNodePolicy CRD as generated.
+fn policy_schema() -> Value {
+    let crds = generate::crds();
+    let crd = crds
+        .iter()
+        .map(|(_, crd)| crd)
+        .find(|crd| crd.spec.names.kind == "GpuNodePolicy")
+        .unwrap_or_else(|| panic!("no GpuNodePolicy CRD generated"));
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .unwrap_or_else(|| panic!("GpuNodePolicy CRD has no schema"));
+    serde_json::to_value(schema).unwrap_or_else(|e| panic!("schema to JSON: {e}"))
+}
+
+/// One rejection: the path it names (dotted, as the API server prints it) and the message.
+#[derive(Debug)]
+struct Rejection {
+    path: String,
+    message: String,
+    cel: bool,
+}
+
+/// `/spec/remediation/0/classes` → `spec.remediation[0].classes`.
+fn dotted(pointer: &str) -> String {
+    let mut out = String::new();
+    for seg in pointer.split('/').filter(|s| !s.is_empty()) {
+        if seg.bytes().all(|b| b.is_ascii_digit()) {
+            out.push_str(&format!("[{seg}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(seg);
+        }
+    }
+    out
+}
+
+fn rejections(schema: &Value, object: &Value) -> Vec<Rejection> {
+    let validator =
+        jsonschema::validator_for(schema).unwrap_or_else(|e| panic!("schema does not compile: {e}"));
+    let mut out: Vec<Rejection> = validator
+        .iter_errors(object)
+        .map(|e| Rejection {
+            path: dotted(e.instance_path().as_str()),
+            message: e.to_string(),
+            cel: false,
+        })
+        .collect();
+    if let Err(errors) = kube::core::cel::Validator::new().validate(schema, object, None) {
+        out.extend(errors.iter().map(|e| Rejection {
+            path: e.field_path.clone(),
+            message: e.message.clone(),
+            cel: true,
+        }));
+    }
+    out
+}
+
+#[test]
+fn examples_are_valid_policies() {
+    let schema = policy_schema();
+    let examples = fixtures::examples().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        examples.len() >= 3,
+        "examples/ should hold at least three policies"
+    );
+    for example in examples {
+        let policy: GpuNodePolicy = serde_json::from_value(example.value.clone())
+            .unwrap_or_else(|e| panic!("{}: does not deserialize: {e}", example.path.display()));
+        assert_eq!(policy.metadata.name.as_deref().map(str::is_empty), Some(false));
+        let found = rejections(&schema, &example.value);
+        assert!(
+            found.is_empty(),
+            "{} is rejected by the schema: {found:#?}",
+            example.path.display()
+        );
+    }
+}
+
+#[test]
+fn invalid_policies_are_rejected_at_the_named_field() {
+    let schema = policy_schema();
+    let fixtures = fixtures::invalid_policies().unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        fixtures.len() >= 10,
+        "expected the invalid-policy fixtures, found {}",
+        fixtures.len()
+    );
+    for f in fixtures {
+        let found = rejections(&schema, &f.manifest.value);
+        let at_field: Vec<&Rejection> = found
+            .iter()
+            .filter(|r| r.path == f.field || f.field.starts_with(&r.path) || r.path.starts_with(&f.field))
+            .filter(|r| !r.path.is_empty())
+            .collect();
+        assert!(
+            !at_field.is_empty(),
+            "{} ({}) should be rejected at {}, got {found:#?}",
+            f.manifest.name,
+            f.rule,
+            f.field
+        );
+        // CEL messages are ours, word for word what the API server will print.
+        if at_field.iter().any(|r| r.cel) {
+            assert!(
+                at_field.iter().any(|r| r.cel && r.message.contains(&f.expect)),
+                "{}: CEL message should contain {:?}, got {at_field:#?}",
+                f.manifest.name,
+                f.expect
+            );
+        }
+        // The operator can never be handed such a policy: typed deserialization refuses it too,
+        // except for rules only CEL can see (cross-field and minimum-duration checks).
+    }
+}
+
+#[test]
+fn defaults_make_an_empty_spec_valid() {
+    let schema = policy_schema();
+    let empty = serde_json::json!({
+        "apiVersion": "gpunode.dev/v1alpha1",
+        "kind": "GpuNodePolicy",
+        "metadata": {"name": "empty"},
+        "spec": {}
+    });
+    let found = rejections(&schema, &empty);
+    assert!(found.is_empty(), "{found:#?}");
+    let policy: GpuNodePolicy = serde_json::from_value(empty).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(policy.spec.stale_after.to_string(), "3m");
+    assert_eq!(policy.spec.recovery.healthy_for.to_string(), "5m");
+    assert_eq!(policy.spec.disruption.max_unavailable.to_string(), "1");
+}

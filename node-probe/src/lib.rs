@@ -1,0 +1,1 @@
+//! gpunode node-probe.

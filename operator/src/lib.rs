@@ -1,0 +1,5 @@
+//! gpunode operator: reconciles GpuNodePolicies against GpuNodeReports and acts on nodes.
+//!
+//! The pipeline is observe → evaluate (pure) → plan (pure) → apply (the only writer) → status.
+
+pub mod crdgen;
