@@ -12,7 +12,7 @@ demo: ## run the demo (not available yet)
 	@echo "make demo: the demo does not exist yet (issue 6: Helm chart and demo). Nothing was run." >&2
 	@exit 1
 
-test: lint cluster-build ## every test: fmt, clippy, unit, CRD freshness, e2e on a local control plane
+test: lint ## every test: fmt, clippy, unit, CRD freshness, e2e on a local control plane
 	$(CARGO) test --workspace --locked
 
 lint: ## cargo fmt --check and clippy with warnings denied
