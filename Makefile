@@ -12,8 +12,12 @@ demo: ## run the demo (not available yet)
 	@echo "make demo: the demo does not exist yet (issue 6: Helm chart and demo). Nothing was run." >&2
 	@exit 1
 
-test: lint ## every test: fmt, clippy, unit, CRD freshness, e2e on a local control plane
-	$(CARGO) test --workspace --locked
+# The e2e tests start (or reuse) the local control plane .cluster/test; it is stopped afterwards
+# whatever the outcome. GPUNODE_KUBECONFIG=path runs them against an existing cluster instead.
+test: lint cluster-build ## every test: fmt, clippy, unit, property, CRD freshness, e2e on a local control plane
+	@status=0; GPUNODE_CLUSTER_NAME=test $(CARGO) test --workspace --locked || status=$$?; \
+	  if [ -z "$$GPUNODE_KUBECONFIG" ]; then GPUNODE_CLUSTER_NAME=test e2e/cluster/down.sh || true; fi; \
+	  exit $$status
 
 lint: ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check

@@ -1,0 +1,33 @@
+//! Installing gpunode's CRDs into the test cluster.
+
+use std::time::Duration;
+
+use gpunode_crds::generate;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+    runtime::wait::{await_condition, conditions::is_crd_established},
+};
+
+use crate::Error;
+
+/// Applies every generated CRD (server-side) and waits until each is Established.
+pub async fn install(client: &Client) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PatchParams::apply("gpunode-e2e").force();
+    for (_, crd) in generate::crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &pp, &Patch::Apply(&crd)).await?;
+        let established = await_condition(api.clone(), &name, is_crd_established());
+        tokio::time::timeout(Duration::from_secs(30), established)
+            .await
+            .map_err(|_| Error::Timeout {
+                what: format!("CRD {name} to become Established"),
+                after: Duration::from_secs(30),
+                last: "not established".to_string(),
+            })?
+            .map_err(|e| Error::Unexpected(format!("watching CRD {name}: {e}")))?;
+    }
+    Ok(())
+}

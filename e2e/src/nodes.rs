@@ -1,0 +1,65 @@
+//! Fake GPU nodes managed by KWOK, from the same template `e2e/cluster/nodes.sh` uses.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+
+use crate::{Error, fixtures::repo_root};
+
+/// Shape of a fake GPU node.
+#[derive(Debug, Clone)]
+pub struct GpuNodeShape {
+    /// `nvidia.com/gpu.product`.
+    pub product: String,
+    /// GPUs per node.
+    pub gpus: u32,
+    /// MiB per GPU.
+    pub gpu_memory_mib: u64,
+}
+
+impl Default for GpuNodeShape {
+    fn default() -> Self {
+        GpuNodeShape {
+            product: "NVIDIA-H100-80GB-HBM3".to_string(),
+            gpus: 8,
+            gpu_memory_mib: 81559,
+        }
+    }
+}
+
+/// The node template with every placeholder filled in.
+pub fn render(name: &str, shape: &GpuNodeShape) -> Result<Node, Error> {
+    let path = repo_root().join("e2e/cluster/templates/fake-gpu-node.yaml");
+    let template = std::fs::read_to_string(&path).map_err(|e| Error::Unexpected(format!("{}: {e}", path.display())))?;
+    let yaml = template
+        .replace("@NAME@", name)
+        .replace("@PRODUCT@", &shape.product)
+        .replace("@GPUS@", &shape.gpus.to_string())
+        .replace("@GPU_MEMORY@", &shape.gpu_memory_mib.to_string())
+        .replace("@CPU@", "32")
+        .replace("@MEMORY@", "256Gi")
+        .replace("@PODS@", "110");
+    Ok(serde_yaml::from_str(&yaml)?)
+}
+
+/// Creates (or updates) fake GPU nodes named `names` and returns them.
+pub async fn create(client: &Client, names: &[String], shape: &GpuNodeShape) -> Result<Vec<Node>, Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    let pp = PatchParams::apply("gpunode-e2e").force();
+    let mut nodes = Vec::with_capacity(names.len());
+    for name in names {
+        let node = render(name, shape)?;
+        nodes.push(api.patch(name, &pp, &Patch::Apply(&node)).await?);
+    }
+    Ok(nodes)
+}
+
+/// True when the node's Ready condition is True.
+pub fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
