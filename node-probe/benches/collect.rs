@@ -1,0 +1,2 @@
+// placeholder until the benchmark lands
+fn main() {}

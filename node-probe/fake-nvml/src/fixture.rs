@@ -1,0 +1,294 @@
+//! The JSON fixture that describes the fake GPUs.
+//!
+//! Every key has a default that describes a healthy H100 SXM, so a fixture only spells out what a
+//! test cares about. Numbers are read as signed 64-bit and handed to the caller truncated to the
+//! C type, the way a misbehaving driver would: a fixture can therefore say `"temperature": -5` and
+//! the probe sees the unsigned value NVML would have produced.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+/// The whole fake machine.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(default, deny_unknown_fields)]
+pub struct Fixture {
+    /// Free-form note for humans reading the fixture.
+    pub comment: Option<String>,
+    /// `nvmlInit_v2` returns this code when set (9 = driver not loaded).
+    pub init_error: Option<u32>,
+    /// `nvmlSystemGetDriverVersion`.
+    pub driver_version: String,
+    /// `nvmlSystemGetCudaDriverVersion_v2`, e.g. 12040 for CUDA 12.4.
+    pub cuda_driver_version: i64,
+    /// Return codes for calls that take no device (symbol name → code).
+    pub errors: HashMap<String, u32>,
+    /// The GPUs, in NVML index order.
+    pub devices: Vec<Device>,
+}
+
+impl Default for Fixture {
+    fn default() -> Self {
+        Fixture {
+            comment: None,
+            init_error: None,
+            driver_version: "550.90.07".to_owned(),
+            cuda_driver_version: 12040,
+            errors: HashMap::new(),
+            devices: Vec::new(),
+        }
+    }
+}
+
+/// One GPU.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(default, deny_unknown_fields)]
+pub struct Device {
+    pub uuid: String,
+    pub name: String,
+    pub serial: String,
+    /// `nvmlBrandType_t` (14 = NVIDIA).
+    pub brand: i64,
+    /// `nvmlDeviceArchitecture_t` (9 = Hopper). Below 7 (pre-Ampere) remapped rows are NotSupported.
+    pub arch: i64,
+    pub pci: Pci,
+    pub memory: Memory,
+    pub ecc: Ecc,
+    pub retired_pages: RetiredPages,
+    pub remapped_rows: RemappedRows,
+    /// Core temperature, °C.
+    pub temperature: i64,
+    /// HBM temperature (field 82), °C; absent → that field sample is NotSupported.
+    pub memory_temperature: Option<i64>,
+    pub thresholds: Thresholds,
+    /// Fan speeds in percent; absent → `nvmlDeviceGetNumFans` is NotSupported (SXM boards).
+    pub fans: Option<Vec<i64>>,
+    pub power_mw: i64,
+    pub power_limit_mw: i64,
+    pub enforced_limit_mw: i64,
+    /// `nvmlClocksThrottleReasons` bitmask.
+    pub throttle_reasons: u64,
+    pub pcie: Pcie,
+    /// One `nvmlEnableState_t` per NVLink; links past the end are InvalidArg.
+    pub nvlink: Vec<i64>,
+    pub persistence: i64,
+    pub mig: Mig,
+    /// `nvmlDeviceGetSupportedEventTypes` bitmask.
+    pub supported_events: u64,
+    /// Events to deliver through event sets registered on this device (see [`Event`]).
+    pub events: Vec<Event>,
+    /// Return codes by C symbol name, checked before anything else. `"*"` applies to every
+    /// device call (a GPU that fell off the bus: `{"*": 15}`); `"field:<id>"` fails one
+    /// field-value sample.
+    pub errors: HashMap<String, u32>,
+}
+
+impl Default for Device {
+    fn default() -> Self {
+        Device {
+            uuid: "GPU-00000000-0000-0000-0000-000000000000".to_owned(),
+            name: "NVIDIA H100 80GB HBM3".to_owned(),
+            serial: "1650923012345".to_owned(),
+            brand: 14,
+            arch: 9,
+            pci: Pci::default(),
+            memory: Memory::default(),
+            ecc: Ecc::default(),
+            retired_pages: RetiredPages::default(),
+            remapped_rows: RemappedRows::default(),
+            temperature: 41,
+            memory_temperature: Some(44),
+            thresholds: Thresholds::default(),
+            fans: None,
+            power_mw: 71_000,
+            power_limit_mw: 700_000,
+            enforced_limit_mw: 700_000,
+            throttle_reasons: 0x1,
+            pcie: Pcie::default(),
+            nvlink: vec![1; 18],
+            persistence: 1,
+            mig: Mig::default(),
+            supported_events: 0x1 | 0x2 | 0x8 | 0x10 | 0x100,
+            events: Vec::new(),
+            errors: HashMap::new(),
+        }
+    }
+}
+
+/// PCI identity.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(default, deny_unknown_fields)]
+pub struct Pci {
+    pub bus_id: String,
+    pub domain: i64,
+    pub bus: i64,
+    pub device: i64,
+    /// device << 16 | vendor; H100 SXM is 0x233010DE.
+    pub pci_device_id: i64,
+    pub pci_subsystem_id: i64,
+}
+
+impl Default for Pci {
+    fn default() -> Self {
+        Pci {
+            bus_id: "00000000:18:00.0".to_owned(),
+            domain: 0,
+            bus: 0x18,
+            device: 0,
+            pci_device_id: 0x2330_10DE,
+            pci_subsystem_id: 0x16C1_10DE,
+        }
+    }
+}
+
+/// Framebuffer, bytes.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(default, deny_unknown_fields)]
+pub struct Memory {
+    pub total: i64,
+    pub reserved: i64,
+    pub free: i64,
+    pub used: i64,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Memory {
+            total: 85_520_809_984,
+            reserved: 563_347_456,
+            free: 84_950_000_000,
+            used: 570_000_000,
+        }
+    }
+}
+
+/// ECC mode and counters.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(default, deny_unknown_fields)]
+pub struct Ecc {
+    pub current: i64,
+    pub pending: i64,
+    pub vol: EccCounts,
+    pub agg: EccCounts,
+}
+
+impl Default for Ecc {
+    fn default() -> Self {
+        Ecc {
+            current: 1,
+            pending: 1,
+            vol: EccCounts::default(),
+            agg: EccCounts::default(),
+        }
+    }
+}
+
+/// Corrected and uncorrected totals.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct EccCounts {
+    pub corr: i64,
+    pub unc: i64,
+}
+
+/// Retired page addresses by cause.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetiredPages {
+    pub sbe: Vec<u64>,
+    pub dbe: Vec<u64>,
+    pub pending: i64,
+}
+
+/// `nvmlDeviceGetRemappedRows` outputs.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct RemappedRows {
+    pub corr: i64,
+    pub unc: i64,
+    pub pending: i64,
+    pub failure: i64,
+}
+
+/// Temperature thresholds, °C.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(default, deny_unknown_fields)]
+pub struct Thresholds {
+    pub shutdown: i64,
+    pub slowdown: i64,
+    pub mem_max: i64,
+    pub gpu_max: i64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            shutdown: 92,
+            slowdown: 89,
+            mem_max: 95,
+            gpu_max: 87,
+        }
+    }
+}
+
+/// PCIe link.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(default, deny_unknown_fields)]
+pub struct Pcie {
+    #[serde(rename = "gen")]
+    pub generation: i64,
+    pub max_gen: i64,
+    pub width: i64,
+    pub max_width: i64,
+    pub replay: i64,
+}
+
+impl Default for Pcie {
+    fn default() -> Self {
+        Pcie {
+            generation: 5,
+            max_gen: 5,
+            width: 16,
+            max_width: 16,
+            replay: 0,
+        }
+    }
+}
+
+/// MIG mode.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Mig {
+    pub current: i64,
+    pub pending: i64,
+}
+
+/// An event waiting to be delivered.
+///
+/// Each event is delivered once per `repeat` to event sets that registered its type on this
+/// device, and is identified by `id` (default: its 1-based position in the list). Delivery is
+/// remembered by id across fixture re-reads, so a test appends events to a live fixture and only
+/// the new ones arrive; rewriting the list with the same ids never replays an event.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(default, deny_unknown_fields)]
+pub struct Event {
+    pub id: Option<u64>,
+    /// Event type bit; 8 = critical XID error.
+    #[serde(rename = "type")]
+    pub event_type: u64,
+    /// XID code (`eventData`).
+    pub xid: u64,
+    /// Delivered this many times (floods).
+    pub repeat: u64,
+}
+
+impl Default for Event {
+    fn default() -> Self {
+        Event {
+            id: None,
+            event_type: 8,
+            xid: 0,
+            repeat: 1,
+        }
+    }
+}

@@ -1,0 +1,903 @@
+//! A fake `libnvidia-ml.so`: exports the NVML C symbols the node-probe calls (through
+//! nvml-wrapper), answering from a JSON fixture instead of a driver.
+//!
+//! * **Fixture:** the file named by `FAKE_NVML_FIXTURE`, else `<path of this .so>.json` (lets a
+//!   test load several copies of the library in one process, each with its own fixture). See
+//!   [`fixture::Fixture`] for the format; every key has a healthy-H100 default.
+//! * **Live changes:** the file is re-read whenever its modification time, size or inode changes (checked
+//!   on every call), so a running probe sees a flipped fixture.
+//! * **XID events:** each device lists `events`; an event is delivered once (or `repeat` times)
+//!   to event sets that registered its type, and is remembered by `id` across re-reads: append to
+//!   the list to inject a new one, nothing is replayed.
+//! * **Errors:** `init_error` makes `nvmlInit_v2` fail with that code; per-device `errors` maps a C
+//!   symbol (or `"*"`) to the code it returns; top-level `errors` does the same for calls without
+//!   a device.
+//!
+//! Build: `cargo build -p fake-nvml` → `target/<profile>/libfake_nvml.so`. Load it with
+//! `Nvml::builder().lib_path(..)` or as `libnvidia-ml.so.1` on `LD_LIBRARY_PATH`.
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+pub mod fixture;
+mod state;
+
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::time::{Duration, Instant};
+
+use fixture::Device;
+use state::{code, with_state};
+
+type Return = c_uint;
+/// `nvmlDevice_t`: the device index + 1, so null is never a valid handle.
+type DeviceHandle = *mut c_void;
+/// `nvmlEventSet_t`: the event set id.
+type EventSetHandle = *mut c_void;
+
+/// `nvmlPciInfo_t` (v3).
+#[repr(C)]
+pub struct PciInfo {
+    bus_id_legacy: [c_char; 16],
+    domain: c_uint,
+    bus: c_uint,
+    device: c_uint,
+    pci_device_id: c_uint,
+    pci_sub_system_id: c_uint,
+    bus_id: [c_char; 32],
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct MemoryV2 {
+    version: c_uint,
+    total: c_ulonglong,
+    reserved: c_ulonglong,
+    free: c_ulonglong,
+    used: c_ulonglong,
+}
+
+/// The version word nvml-wrapper presets for `nvmlMemory_v2_t`: size | 2 << 24.
+const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<MemoryV2>() as c_uint) | (2 << 24);
+
+/// `nvmlEventData_t`.
+#[repr(C)]
+pub struct EventData {
+    device: DeviceHandle,
+    event_type: c_ulonglong,
+    event_data: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// `nvmlFieldValue_t`; the value union is kept as raw bytes.
+#[repr(C)]
+pub struct FieldValue {
+    field_id: c_uint,
+    scope_id: c_uint,
+    timestamp: i64,
+    latency_usec: i64,
+    value_type: c_uint,
+    nvml_return: c_uint,
+    value: u64,
+}
+
+/// NVML_FI_DEV_MEMORY_TEMP.
+const FIELD_MEMORY_TEMP: c_uint = 82;
+/// NVML_FI_DEV_NVLINK_LINK_COUNT.
+const FIELD_NVLINK_LINK_COUNT: c_uint = 91;
+/// NVML_VALUE_TYPE_UNSIGNED_INT.
+const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// Writes `value` through `ptr`, or returns InvalidArgument for a null pointer.
+unsafe fn put<T>(ptr: *mut T, value: T) -> Return {
+    if ptr.is_null() {
+        return code::INVALID_ARGUMENT;
+    }
+    // SAFETY: the caller passes a pointer to a live, writable T (NVML's contract).
+    unsafe { ptr.write(value) };
+    code::SUCCESS
+}
+
+/// Copies `s` and a NUL into a caller buffer of `len` bytes; InsufficientSize when it does not fit.
+unsafe fn put_str(buf: *mut c_char, len: c_uint, s: &str) -> Return {
+    if buf.is_null() {
+        return code::INVALID_ARGUMENT;
+    }
+    let bytes = s.as_bytes();
+    if bytes.len() + 1 > len as usize {
+        return code::INSUFFICIENT_SIZE;
+    }
+    // SAFETY: the buffer holds `len` bytes and we write bytes.len() + 1 <= len of them.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), buf, bytes.len());
+        buf.add(bytes.len()).write(0);
+    }
+    code::SUCCESS
+}
+
+/// Fills a fixed C char array with `s`, truncated so a NUL always fits.
+fn fill_chars(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len().saturating_sub(1));
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as c_char;
+    }
+    if let Some(last) = dst.get_mut(n) {
+        *last = 0;
+    }
+}
+
+/// Runs `f` on the device behind `handle` unless the fixture configures an error for `symbol`.
+fn device_call(handle: DeviceHandle, symbol: &str, f: impl FnOnce(&Device) -> Return) -> Return {
+    with_state(|s| match s.device(handle as usize, symbol) {
+        Ok(device) => f(device),
+        Err(code) => code,
+    })
+    .unwrap_or(code::UNINITIALIZED)
+}
+
+/// Runs `f` unless the fixture configures an error for `symbol` (calls without a device).
+fn global_call(symbol: &str, f: impl FnOnce(&mut state::State) -> Return) -> Return {
+    with_state(|s| match s.global_error(symbol) {
+        Some(code) => code,
+        None => f(s),
+    })
+    .unwrap_or(code::UNINITIALIZED)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Library and system
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> Return {
+    state::init()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> Return {
+    state::init()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> Return {
+    state::shutdown()
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(result: Return) -> *const c_char {
+    let s: &'static [u8] = match result {
+        0 => b"Success\0",
+        1 => b"Uninitialized\0",
+        2 => b"Invalid Argument\0",
+        3 => b"Not Supported\0",
+        7 => b"Insufficient Size\0",
+        9 => b"Driver Not Loaded\0",
+        10 => b"Timeout\0",
+        15 => b"GPU is lost\0",
+        _ => b"Unknown Error\0",
+    };
+    s.as_ptr().cast()
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(version: *mut c_char, length: c_uint) -> Return {
+    global_call("nvmlSystemGetDriverVersion", |s| unsafe {
+        put_str(version, length, &s.fixture.driver_version)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(version: *mut c_int) -> Return {
+    global_call("nvmlSystemGetCudaDriverVersion_v2", |s| unsafe {
+        put(version, s.fixture.cuda_driver_version as c_int)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(version: *mut c_int) -> Return {
+    unsafe { nvmlSystemGetCudaDriverVersion_v2(version) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> Return {
+    global_call("nvmlDeviceGetCount_v2", |s| unsafe {
+        put(count, s.fixture.devices.len() as c_uint)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut DeviceHandle) -> Return {
+    let handle = index as usize + 1;
+    with_state(|s| match s.device(handle, "nvmlDeviceGetHandleByIndex_v2") {
+        Ok(_) => unsafe { put(device, handle as DeviceHandle) },
+        Err(code) => code,
+    })
+    .unwrap_or(code::UNINITIALIZED)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut DeviceHandle) -> Return {
+    if uuid.is_null() {
+        return code::INVALID_ARGUMENT;
+    }
+    // SAFETY: NVML takes a NUL-terminated string.
+    let wanted = unsafe { std::ffi::CStr::from_ptr(uuid) }
+        .to_string_lossy()
+        .into_owned();
+    global_call("nvmlDeviceGetHandleByUUID", |s| {
+        match s.fixture.devices.iter().position(|d| d.uuid == wanted) {
+            Some(i) => unsafe { put(device, (i + 1) as DeviceHandle) },
+            None => 6,
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Identity
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: DeviceHandle, index: *mut c_uint) -> Return {
+    device_call(device, "nvmlDeviceGetIndex", |_| unsafe {
+        put(index, (device as usize - 1) as c_uint)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: DeviceHandle,
+    name: *mut c_char,
+    length: c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetName", |d| unsafe {
+        put_str(name, length, &d.name)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: DeviceHandle,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetUUID", |d| unsafe {
+        put_str(uuid, length, &d.uuid)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSerial(
+    device: DeviceHandle,
+    serial: *mut c_char,
+    length: c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetSerial", |d| unsafe {
+        put_str(serial, length, &d.serial)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetBrand(device: DeviceHandle, brand: *mut c_uint) -> Return {
+    device_call(device, "nvmlDeviceGetBrand", |d| unsafe {
+        put(brand, d.brand as c_uint)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetArchitecture(device: DeviceHandle, arch: *mut c_uint) -> Return {
+    device_call(device, "nvmlDeviceGetArchitecture", |d| unsafe {
+        put(arch, d.arch as c_uint)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: DeviceHandle, pci: *mut PciInfo) -> Return {
+    device_call(device, "nvmlDeviceGetPciInfo_v3", |d| {
+        let mut info = PciInfo {
+            bus_id_legacy: [0; 16],
+            domain: d.pci.domain as c_uint,
+            bus: d.pci.bus as c_uint,
+            device: d.pci.device as c_uint,
+            pci_device_id: d.pci.pci_device_id as c_uint,
+            pci_sub_system_id: d.pci.pci_subsystem_id as c_uint,
+            bus_id: [0; 32],
+        };
+        // The legacy id has a 4-digit domain: "0000:18:00.0".
+        let legacy = d.pci.bus_id.get(4..).unwrap_or(&d.pci.bus_id);
+        fill_chars(&mut info.bus_id_legacy, legacy);
+        fill_chars(&mut info.bus_id, &d.pci.bus_id);
+        unsafe { put(pci, info) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: DeviceHandle, memory: *mut MemoryV2) -> Return {
+    device_call(device, "nvmlDeviceGetMemoryInfo_v2", |d| {
+        if memory.is_null() {
+            return code::INVALID_ARGUMENT;
+        }
+        // SAFETY: non-null pointer to the caller's struct; the version word is preset by the caller.
+        let version = unsafe { (*memory).version };
+        if version != MEMORY_V2_VERSION {
+            return code::ARGUMENT_VERSION_MISMATCH;
+        }
+        let m = &d.memory;
+        let value = MemoryV2 {
+            version,
+            total: m.total as u64,
+            reserved: m.reserved as u64,
+            free: m.free as u64,
+            used: m.used as u64,
+        };
+        unsafe { put(memory, value) }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory health
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetEccMode(
+    device: DeviceHandle,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetEccMode", |d| unsafe {
+        match put(current, d.ecc.current as c_uint) {
+            code::SUCCESS => put(pending, d.ecc.pending as c_uint),
+            err => err,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTotalEccErrors(
+    device: DeviceHandle,
+    error_type: c_uint,
+    counter_type: c_uint,
+    count: *mut c_ulonglong,
+) -> Return {
+    device_call(device, "nvmlDeviceGetTotalEccErrors", |d| {
+        let counts = match counter_type {
+            0 => &d.ecc.vol,
+            1 => &d.ecc.agg,
+            _ => return code::INVALID_ARGUMENT,
+        };
+        let value = match error_type {
+            0 => counts.corr,
+            1 => counts.unc,
+            _ => return code::INVALID_ARGUMENT,
+        };
+        unsafe { put(count, value as u64) }
+    })
+}
+
+fn retired_list(d: &Device, cause: c_uint) -> Option<&[u64]> {
+    match cause {
+        0 => Some(&d.retired_pages.sbe),
+        1 => Some(&d.retired_pages.dbe),
+        _ => None,
+    }
+}
+
+/// Shared body of both retired-pages calls: report the count when the caller's buffer is too
+/// small, else fill addresses (and timestamps when asked).
+unsafe fn retired_pages(
+    d: &Device,
+    cause: c_uint,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> Return {
+    let Some(pages) = retired_list(d, cause) else {
+        return code::INVALID_ARGUMENT;
+    };
+    if count.is_null() {
+        return code::INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null pointer to the caller's capacity.
+    let capacity = unsafe { *count } as usize;
+    let n = pages.len();
+    unsafe { count.write(n as c_uint) };
+    if n == 0 {
+        return code::SUCCESS;
+    }
+    if capacity < n {
+        return code::INSUFFICIENT_SIZE;
+    }
+    if addresses.is_null() {
+        return code::INVALID_ARGUMENT;
+    }
+    for (i, addr) in pages.iter().enumerate() {
+        // SAFETY: the caller's arrays hold `capacity` >= n entries.
+        unsafe {
+            addresses.add(i).write(*addr);
+            if !timestamps.is_null() {
+                timestamps.add(i).write(1_700_000_000 + i as u64);
+            }
+        }
+    }
+    code::SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
+    device: DeviceHandle,
+    cause: c_uint,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+) -> Return {
+    device_call(device, "nvmlDeviceGetRetiredPages", |d| unsafe {
+        retired_pages(d, cause, count, addresses, std::ptr::null_mut())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
+    device: DeviceHandle,
+    cause: c_uint,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+    timestamps: *mut c_ulonglong,
+) -> Return {
+    device_call(device, "nvmlDeviceGetRetiredPages_v2", |d| unsafe {
+        retired_pages(d, cause, count, addresses, timestamps)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
+    device: DeviceHandle,
+    pending: *mut c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetRetiredPagesPendingStatus", |d| unsafe {
+        put(pending, d.retired_pages.pending as c_uint)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+    device: DeviceHandle,
+    corr: *mut c_uint,
+    unc: *mut c_uint,
+    pending: *mut c_uint,
+    failure: *mut c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetRemappedRows", |d| {
+        if d.arch < 7 {
+            return code::NOT_SUPPORTED;
+        }
+        let r = &d.remapped_rows;
+        for (ptr, value) in [
+            (corr, r.corr),
+            (unc, r.unc),
+            (pending, r.pending),
+            (failure, r.failure),
+        ] {
+            let rc = unsafe { put(ptr, value as c_uint) };
+            if rc != code::SUCCESS {
+                return rc;
+            }
+        }
+        code::SUCCESS
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thermal, power, clocks
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(
+    device: DeviceHandle,
+    sensor: c_uint,
+    temp: *mut c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetTemperature", |d| match sensor {
+        0 => unsafe { put(temp, d.temperature as c_uint) },
+        _ => code::INVALID_ARGUMENT,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetTemperatureThreshold(
+    device: DeviceHandle,
+    threshold: c_uint,
+    temp: *mut c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetTemperatureThreshold", |d| {
+        let t = &d.thresholds;
+        let value = match threshold {
+            0 => t.shutdown,
+            1 => t.slowdown,
+            2 => t.mem_max,
+            3 => t.gpu_max,
+            _ => return code::INVALID_ARGUMENT,
+        };
+        unsafe { put(temp, value as c_uint) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNumFans(device: DeviceHandle, count: *mut c_uint) -> Return {
+    device_call(device, "nvmlDeviceGetNumFans", |d| match &d.fans {
+        Some(fans) => unsafe { put(count, fans.len() as c_uint) },
+        None => code::NOT_SUPPORTED,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
+    device: DeviceHandle,
+    fan: c_uint,
+    speed: *mut c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetFanSpeed_v2", |d| match &d.fans {
+        Some(fans) => match fans.get(fan as usize) {
+            Some(v) => unsafe { put(speed, *v as c_uint) },
+            None => code::INVALID_ARGUMENT,
+        },
+        None => code::NOT_SUPPORTED,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(device: DeviceHandle, power: *mut c_uint) -> Return {
+    device_call(device, "nvmlDeviceGetPowerUsage", |d| unsafe {
+        put(power, d.power_mw as c_uint)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimit(
+    device: DeviceHandle,
+    limit: *mut c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetPowerManagementLimit", |d| unsafe {
+        put(limit, d.power_limit_mw as c_uint)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(device: DeviceHandle, limit: *mut c_uint) -> Return {
+    device_call(device, "nvmlDeviceGetEnforcedPowerLimit", |d| unsafe {
+        put(limit, d.enforced_limit_mw as c_uint)
+    })
+}
+
+/// The deprecated name nvml-wrapper 0.13 resolves for `current_throttle_reasons()`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+    device: DeviceHandle,
+    reasons: *mut c_ulonglong,
+) -> Return {
+    device_call(device, "nvmlDeviceGetCurrentClocksThrottleReasons", |d| unsafe {
+        put(reasons, d.throttle_reasons)
+    })
+}
+
+/// The current name of the same call (drivers >= 535).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
+    device: DeviceHandle,
+    reasons: *mut c_ulonglong,
+) -> Return {
+    device_call(device, "nvmlDeviceGetCurrentClocksEventReasons", |d| unsafe {
+        put(reasons, d.throttle_reasons)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Links and modes
+
+macro_rules! pcie_getter {
+    ($name:ident, $field:ident) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(device: DeviceHandle, value: *mut c_uint) -> Return {
+            device_call(device, stringify!($name), |d| unsafe {
+                put(value, d.pcie.$field as c_uint)
+            })
+        }
+    };
+}
+
+pcie_getter!(nvmlDeviceGetCurrPcieLinkGeneration, generation);
+pcie_getter!(nvmlDeviceGetMaxPcieLinkGeneration, max_gen);
+pcie_getter!(nvmlDeviceGetCurrPcieLinkWidth, width);
+pcie_getter!(nvmlDeviceGetMaxPcieLinkWidth, max_width);
+pcie_getter!(nvmlDeviceGetPcieReplayCounter, replay);
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: DeviceHandle,
+    link: c_uint,
+    active: *mut c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetNvLinkState", |d| {
+        match d.nvlink.get(link as usize) {
+            Some(state) => unsafe { put(active, *state as c_uint) },
+            None => code::INVALID_ARGUMENT,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(device: DeviceHandle, mode: *mut c_uint) -> Return {
+    device_call(device, "nvmlDeviceGetPersistenceMode", |d| unsafe {
+        put(mode, d.persistence as c_uint)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: DeviceHandle,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetMigMode", |d| unsafe {
+        match put(current, d.mig.current as c_uint) {
+            code::SUCCESS => put(pending, d.mig.pending as c_uint),
+            err => err,
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: DeviceHandle,
+    count: c_int,
+    values: *mut FieldValue,
+) -> Return {
+    device_call(device, "nvmlDeviceGetFieldValues", |d| {
+        if values.is_null() || count <= 0 {
+            return code::INVALID_ARGUMENT;
+        }
+        for i in 0..count as usize {
+            // SAFETY: the caller's array holds `count` entries.
+            let v = unsafe { &mut *values.add(i) };
+            let (rc, value) = match d.errors.get(&format!("field:{}", v.field_id)) {
+                Some(code) => (*code, 0),
+                None => match v.field_id {
+                    FIELD_MEMORY_TEMP => match d.memory_temperature {
+                        Some(t) => (code::SUCCESS, u64::from(t as c_uint)),
+                        None => (code::NOT_SUPPORTED, 0),
+                    },
+                    FIELD_NVLINK_LINK_COUNT => (code::SUCCESS, d.nvlink.len() as u64),
+                    _ => (code::NOT_SUPPORTED, 0),
+                },
+            };
+            v.nvml_return = rc;
+            v.value_type = VALUE_TYPE_UNSIGNED_INT;
+            v.value = value;
+            v.timestamp = 0;
+            v.latency_usec = 0;
+        }
+        code::SUCCESS
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut EventSetHandle) -> Return {
+    global_call("nvmlEventSetCreate", |s| {
+        let id = s.next_event_set;
+        s.next_event_set += 1;
+        s.event_sets.insert(id, Vec::new());
+        unsafe { put(set, id as EventSetHandle) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlEventSetFree(set: EventSetHandle) -> Return {
+    with_state(|s| match s.event_sets.remove(&(set as usize)) {
+        Some(_) => code::SUCCESS,
+        None => code::INVALID_ARGUMENT,
+    })
+    .unwrap_or(code::UNINITIALIZED)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: DeviceHandle,
+    types: *mut c_ulonglong,
+) -> Return {
+    device_call(device, "nvmlDeviceGetSupportedEventTypes", |d| unsafe {
+        put(types, d.supported_events)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceRegisterEvents(
+    device: DeviceHandle,
+    types: c_ulonglong,
+    set: EventSetHandle,
+) -> Return {
+    with_state(|s| {
+        let supported = match s.device(device as usize, "nvmlDeviceRegisterEvents") {
+            Ok(d) => d.supported_events,
+            Err(code) => return code,
+        };
+        if types & !supported != 0 {
+            return code::NOT_SUPPORTED;
+        }
+        match s.event_sets.get_mut(&(set as usize)) {
+            Some(registrations) => {
+                registrations.push((device as usize - 1, types));
+                code::SUCCESS
+            }
+            None => code::INVALID_ARGUMENT,
+        }
+    })
+    .unwrap_or(code::UNINITIALIZED)
+}
+
+/// Takes the next undelivered event for the set's registrations, if any.
+fn next_event(s: &mut state::State, set: usize) -> Result<Option<EventData>, Return> {
+    let registrations = s.event_sets.get(&set).ok_or(code::INVALID_ARGUMENT)?.clone();
+    for (index, mask) in registrations {
+        let Some(device) = s.fixture.devices.get(index) else {
+            continue;
+        };
+        for (pos, event) in device.events.iter().enumerate() {
+            if event.event_type & mask == 0 {
+                continue;
+            }
+            let id = event.id.unwrap_or(pos as u64 + 1);
+            let delivered = s.delivered.entry((index, id)).or_insert(0);
+            if *delivered >= event.repeat {
+                continue;
+            }
+            *delivered += 1;
+            return Ok(Some(EventData {
+                device: (index + 1) as DeviceHandle,
+                event_type: event.event_type,
+                event_data: event.xid,
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// Waits up to `timeout_ms` for an event, polling the (possibly re-read) fixture.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: EventSetHandle,
+    data: *mut EventData,
+    timeout_ms: c_uint,
+) -> Return {
+    let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    loop {
+        let found = with_state(|s| match s.global_error("nvmlEventSetWait_v2") {
+            Some(code) => Err(code),
+            None => next_event(s, set as usize),
+        });
+        match found {
+            None => return code::UNINITIALIZED,
+            Some(Err(code)) => return code,
+            Some(Ok(Some(event))) => return unsafe { put(data, event) },
+            Some(Ok(None)) => {}
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return code::TIMEOUT;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(5)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixtures() -> Vec<std::path::PathBuf> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        let mut out: Vec<_> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json"))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn every_committed_fixture_parses() {
+        let all = fixtures();
+        assert!(all.len() >= 9, "{all:?}");
+        for path in all {
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let parsed: Result<fixture::Fixture, _> = serde_json::from_str(&text);
+            assert!(parsed.is_ok(), "{}: {:?}", path.display(), parsed.err());
+        }
+    }
+
+    #[test]
+    fn strings_that_do_not_fit_are_insufficient_size() {
+        let mut buf = [0 as c_char; 4];
+        assert_eq!(
+            unsafe { put_str(buf.as_mut_ptr(), 4, "abcd") },
+            code::INSUFFICIENT_SIZE
+        );
+        assert_eq!(unsafe { put_str(buf.as_mut_ptr(), 4, "abc") }, code::SUCCESS);
+        assert_eq!(buf, [b'a' as c_char, b'b' as c_char, b'c' as c_char, 0]);
+        let mut bus = [1 as c_char; 8];
+        fill_chars(&mut bus, "00000000:18:00.0");
+        assert_eq!(bus[7], 0);
+    }
+
+    /// The process-wide state is shared, so the whole call sequence is one test.
+    #[test]
+    fn call_sequence_against_a_live_fixture() {
+        let dir = std::env::temp_dir().join(format!("fake-nvml-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join("fixture.json");
+        let write = |json: &str| {
+            let tmp = dir.join("fixture.tmp");
+            std::fs::write(&tmp, json).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::rename(&tmp, &path).unwrap_or_else(|e| panic!("{e}"));
+        };
+        write(r#"{"devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-b", "errors": {"nvmlDeviceGetUUID": 15}}]}"#);
+        // SAFETY: no other test of this crate reads the environment.
+        unsafe { std::env::set_var(state::FIXTURE_ENV, &path) };
+
+        let mut count = 0;
+        assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, code::UNINITIALIZED);
+        assert_eq!(nvmlInit_v2(), code::SUCCESS);
+        assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, code::SUCCESS);
+        assert_eq!(count, 2);
+
+        let mut handle: DeviceHandle = std::ptr::null_mut();
+        assert_eq!(
+            unsafe { nvmlDeviceGetHandleByIndex_v2(2, &mut handle) },
+            code::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            unsafe { nvmlDeviceGetHandleByIndex_v2(1, &mut handle) },
+            code::SUCCESS
+        );
+        let mut buf = [0 as c_char; 96];
+        assert_eq!(unsafe { nvmlDeviceGetUUID(handle, buf.as_mut_ptr(), 96) }, 15);
+
+        // Events: registered type only, once per id, not replayed after a re-read.
+        let mut set: EventSetHandle = std::ptr::null_mut();
+        assert_eq!(unsafe { nvmlEventSetCreate(&mut set) }, code::SUCCESS);
+        assert_eq!(nvmlDeviceRegisterEvents(handle, 0x8, set), code::SUCCESS);
+        assert_eq!(nvmlDeviceRegisterEvents(handle, 0x4, set), code::NOT_SUPPORTED);
+        let mut data = EventData {
+            device: std::ptr::null_mut(),
+            event_type: 0,
+            event_data: 0,
+            gpu_instance_id: 0,
+            compute_instance_id: 0,
+        };
+        assert_eq!(unsafe { nvmlEventSetWait_v2(set, &mut data, 0) }, code::TIMEOUT);
+        let with_event = r#"{"devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-b", "events": [{"xid": 79}, {"type": 1, "xid": 5}]}]}"#;
+        write(with_event);
+        assert_eq!(
+            unsafe { nvmlEventSetWait_v2(set, &mut data, 1000) },
+            code::SUCCESS
+        );
+        assert_eq!(
+            (data.device as usize, data.event_type, data.event_data),
+            (2, 8, 79)
+        );
+        write(&with_event.replace("GPU-a", "GPU-c"));
+        assert_eq!(unsafe { nvmlEventSetWait_v2(set, &mut data, 20) }, code::TIMEOUT);
+        assert_eq!(nvmlEventSetFree(set), code::SUCCESS);
+
+        // Reference-counted init.
+        assert_eq!(nvmlInit_v2(), code::SUCCESS);
+        assert_eq!(nvmlShutdown(), code::SUCCESS);
+        assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, code::SUCCESS);
+        assert_eq!(nvmlShutdown(), code::SUCCESS);
+        assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, code::UNINITIALIZED);
+
+        write(r#"{"init_error": 9}"#);
+        assert_eq!(nvmlInit_v2(), 9);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,180 @@
+//! Process-wide state of the fake library: the fixture, re-read when its file changes, the
+//! init reference count, event sets and which events were delivered.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use crate::fixture::{Device, Fixture};
+
+/// NVML return codes used by the fake.
+pub mod code {
+    pub const SUCCESS: u32 = 0;
+    pub const UNINITIALIZED: u32 = 1;
+    pub const INVALID_ARGUMENT: u32 = 2;
+    pub const NOT_SUPPORTED: u32 = 3;
+    pub const INSUFFICIENT_SIZE: u32 = 7;
+    pub const TIMEOUT: u32 = 10;
+    pub const ARGUMENT_VERSION_MISMATCH: u32 = 25;
+    pub const UNKNOWN: u32 = 999;
+}
+
+/// Environment variable naming the fixture file.
+pub const FIXTURE_ENV: &str = "FAKE_NVML_FIXTURE";
+
+/// Identity of a fixture file version (modification time, size, inode): re-read when any
+/// changes. The inode catches a file replaced by rename within the timestamp granularity.
+type Stamp = (SystemTime, u64, u64);
+
+/// Everything the fake remembers between calls.
+pub struct State {
+    pub fixture: Fixture,
+    path: PathBuf,
+    stamp: Option<Stamp>,
+    pub init_count: u32,
+    /// Event set id → registrations (device index, event mask).
+    pub event_sets: HashMap<usize, Vec<(usize, u64)>>,
+    pub next_event_set: usize,
+    /// (device index, event id) → times delivered.
+    pub delivered: HashMap<(usize, u64), u64>,
+}
+
+static STATE: Mutex<Option<State>> = Mutex::new(None);
+
+/// Runs `f` on the state, re-reading the fixture first if its file changed. `None` before init.
+pub fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> Option<T> {
+    let mut guard = STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let state = guard.as_mut()?;
+    state.refresh();
+    Some(f(state))
+}
+
+/// `nvmlInit_v2`: loads the fixture on the first call, counts the others.
+pub fn init() -> u32 {
+    let mut guard = STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(state) = guard.as_mut() {
+        state.refresh();
+        if let Some(code) = state.fixture.init_error {
+            return code;
+        }
+        state.init_count += 1;
+        return code::SUCCESS;
+    }
+    let Some(path) = fixture_path() else {
+        eprintln!("fake-nvml: set {FIXTURE_ENV} to a fixture file");
+        return code::UNKNOWN;
+    };
+    let (fixture, stamp) = match load(&path) {
+        Ok(loaded) => loaded,
+        Err(e) => {
+            eprintln!("fake-nvml: {e}");
+            return code::UNKNOWN;
+        }
+    };
+    if let Some(code) = fixture.init_error {
+        return code;
+    }
+    *guard = Some(State {
+        fixture,
+        path,
+        stamp: Some(stamp),
+        init_count: 1,
+        event_sets: HashMap::new(),
+        next_event_set: 1,
+        delivered: HashMap::new(),
+    });
+    code::SUCCESS
+}
+
+/// `nvmlShutdown`: drops the state once every init is matched.
+pub fn shutdown() -> u32 {
+    let mut guard = STATE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let Some(state) = guard.as_mut() else {
+        return code::UNINITIALIZED;
+    };
+    state.init_count = state.init_count.saturating_sub(1);
+    if state.init_count == 0 {
+        *guard = None;
+    }
+    code::SUCCESS
+}
+
+impl State {
+    /// Re-reads the fixture when its modification time or size changed. A file that does not
+    /// parse (a test halfway through rewriting it) keeps the previous fixture and is retried.
+    fn refresh(&mut self) {
+        let Ok(stamp) = stamp_of(&self.path) else { return };
+        if self.stamp == Some(stamp) {
+            return;
+        }
+        if let Ok((fixture, stamp)) = load(&self.path) {
+            self.fixture = fixture;
+            self.stamp = Some(stamp);
+        }
+    }
+
+    /// The device behind a handle, with the error code configured for `symbol` if any.
+    pub fn device(&self, handle: usize, symbol: &str) -> Result<&Device, u32> {
+        let device = handle
+            .checked_sub(1)
+            .and_then(|index| self.fixture.devices.get(index))
+            .ok_or(code::INVALID_ARGUMENT)?;
+        if let Some(code) = device.errors.get(symbol).or_else(|| device.errors.get("*")) {
+            return Err(*code);
+        }
+        Ok(device)
+    }
+
+    /// The error configured for a call that takes no device.
+    pub fn global_error(&self, symbol: &str) -> Option<u32> {
+        self.fixture.errors.get(symbol).copied()
+    }
+}
+
+/// The fixture path: `FAKE_NVML_FIXTURE`, else a sidecar `<this library's path>.json`. The
+/// sidecar lets tests in one process load several copies of the library, each with its own
+/// fixture, without racing on a process-wide environment variable.
+fn fixture_path() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(FIXTURE_ENV) {
+        return Some(PathBuf::from(path));
+    }
+    let mut sidecar = own_path()?.into_os_string();
+    sidecar.push(".json");
+    let sidecar = PathBuf::from(sidecar);
+    sidecar.exists().then_some(sidecar)
+}
+
+/// Where this shared object was loaded from (dladdr on one of our own functions).
+fn own_path() -> Option<PathBuf> {
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    let addr = own_path as fn() -> Option<PathBuf> as *const libc::c_void;
+    // SAFETY: dladdr only reads the address and fills `info`; dli_fname, when set, points to a
+    // NUL-terminated string owned by the dynamic loader that outlives this call.
+    let found = unsafe { libc::dladdr(addr, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: checked non-null above; the loader keeps the string alive while we are loaded.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    use std::os::unix::ffi::OsStrExt;
+    Some(PathBuf::from(std::ffi::OsStr::from_bytes(name.to_bytes())))
+}
+
+fn stamp_of(path: &Path) -> std::io::Result<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)?;
+    Ok((meta.modified()?, meta.len(), meta.ino()))
+}
+
+fn load(path: &Path) -> Result<(Fixture, Stamp), String> {
+    let stamp = stamp_of(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let fixture = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((fixture, stamp))
+}

@@ -1,0 +1,279 @@
+//! Reading one GPU into a [`GpuStatus`]: every field on its own, so a call that fails leaves
+//! that field unknown (None) with a [`FieldError`] and the rest of the GPU intact.
+
+use gpunode_crds::report::{
+    EccCounters, FieldError, GpuStatus, NvlinkStatus, PcieStatus, RemappedRows, RetiredPages,
+};
+use gpunode_crds::{EnabledState, ThrottleReason};
+use nvml_wrapper::enum_wrappers::device::{
+    EccCounter, MemoryError, RetirementCause, TemperatureSensor, TemperatureThreshold,
+};
+use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::{Device, Nvml};
+
+use super::{nvml_reason, raw};
+
+/// NVML_FI_DEV_MEMORY_TEMP: HBM temperature, only readable as a field value.
+const FIELD_MEMORY_TEMP: u32 = 82;
+/// NVML_NVLINK_MAX_LINKS.
+const MAX_NVLINKS: u32 = 18;
+/// Temperatures outside this range (°C) are a driver or sensor fault, not a reading.
+const PLAUSIBLE_CELSIUS: std::ops::RangeInclusive<i64> = -40..=200;
+/// Power readings above this (W) are a driver fault; the largest boards draw about 1.2 kW.
+const MAX_PLAUSIBLE_WATTS: u32 = 5_000;
+
+/// Why a value was rejected.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("{}", nvml_reason(.0))]
+    Nvml(#[from] NvmlError),
+    #[error("implausible value {0}")]
+    Implausible(String),
+}
+
+/// Collects field errors while a GPU is read.
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    /// The value, or None with an error for `field`.
+    fn take<T>(&mut self, field: &str, result: Result<T, ReadError>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(e) => {
+                self.0.push(FieldError {
+                    field: field.to_owned(),
+                    reason: e.to_string(),
+                });
+                None
+            }
+        }
+    }
+}
+
+/// Reads every field of GPU `index`. A GPU whose handle cannot be obtained is still listed, with
+/// only its index and the error.
+pub fn read_gpu(nvml: &Nvml, index: u32) -> GpuStatus {
+    let _span = tracing::debug_span!("read_gpu", gpu = index).entered();
+    let device = match nvml.device_by_index(index) {
+        Ok(device) => device,
+        Err(e) => {
+            return GpuStatus {
+                index,
+                errors: vec![FieldError {
+                    field: "device".to_owned(),
+                    reason: nvml_reason(&e),
+                }],
+                ..GpuStatus::default()
+            };
+        }
+    };
+    let mut errors = Errors(Vec::new());
+    let e = &mut errors;
+    let mut gpu = GpuStatus {
+        index,
+        uuid: e.take("uuid", device.uuid().map_err(ReadError::from)),
+        product: e.take("product", device.name().map_err(ReadError::from)),
+        pci_bus_id: e.take(
+            "pciBusId",
+            device.pci_info().map(|p| p.bus_id).map_err(ReadError::from),
+        ),
+        memory_mib: e.take(
+            "memoryMiB",
+            device
+                .memory_info()
+                .map(|m| m.total / (1024 * 1024))
+                .map_err(ReadError::from),
+        ),
+        ecc_mode: e.take(
+            "eccMode",
+            device
+                .is_ecc_enabled()
+                .map(|m| enabled(m.currently_enabled))
+                .map_err(ReadError::from),
+        ),
+        ecc: e.take("ecc", ecc_counters(&device)),
+        retired_pages: e.take("retiredPages", retired_pages(&device)),
+        remapped_rows: e.take("remappedRows", remapped_rows(nvml, &device)),
+        temperature_celsius: e.take(
+            "temperatureCelsius",
+            celsius(device.temperature(TemperatureSensor::Gpu)),
+        ),
+        memory_temperature_celsius: e.take("memoryTemperatureCelsius", memory_temperature(&device)),
+        slowdown_celsius: e.take(
+            "slowdownCelsius",
+            celsius(device.temperature_threshold(TemperatureThreshold::Slowdown)),
+        ),
+        shutdown_celsius: e.take(
+            "shutdownCelsius",
+            celsius(device.temperature_threshold(TemperatureThreshold::Shutdown)),
+        ),
+        power_watts: e.take("powerWatts", watts(device.power_usage())),
+        power_limit_watts: e.take("powerLimitWatts", watts(device.enforced_power_limit())),
+        throttle_reasons: e
+            .take(
+                "throttleReasons",
+                device
+                    .current_throttle_reasons()
+                    .map(|r| ThrottleReason::from_bits(r.bits()))
+                    .map_err(ReadError::from),
+            )
+            .unwrap_or_default(),
+        pcie: e.take("pcie", pcie(&device)),
+        nvlink: e.take("nvlink", nvlink(&device)),
+        persistence_mode: e.take(
+            "persistenceMode",
+            device
+                .is_in_persistent_mode()
+                .map(enabled)
+                .map_err(ReadError::from),
+        ),
+        mig_mode: e.take("migMode", mig_mode(&device)),
+        xids: Vec::new(),
+        errors: Vec::new(),
+    };
+    if let Some(pcie) = gpu.pcie.as_mut() {
+        match device.pcie_replay_counter() {
+            Ok(replays) => pcie.replay_counter = u64::from(replays),
+            Err(err) => errors.0.push(FieldError {
+                field: "pcie.replayCounter".to_owned(),
+                reason: nvml_reason(&err),
+            }),
+        }
+    }
+    gpu.errors = errors.0;
+    gpu
+}
+
+fn enabled(on: bool) -> EnabledState {
+    if on {
+        EnabledState::Enabled
+    } else {
+        EnabledState::Disabled
+    }
+}
+
+fn ecc_counters(device: &Device<'_>) -> Result<EccCounters, ReadError> {
+    use EccCounter::{Aggregate, Volatile};
+    use MemoryError::{Corrected, Uncorrected};
+    Ok(EccCounters {
+        volatile_corrected: device.total_ecc_errors(Corrected, Volatile)?,
+        volatile_uncorrected: device.total_ecc_errors(Uncorrected, Volatile)?,
+        aggregate_corrected: device.total_ecc_errors(Corrected, Aggregate)?,
+        aggregate_uncorrected: device.total_ecc_errors(Uncorrected, Aggregate)?,
+    })
+}
+
+fn retired_pages(device: &Device<'_>) -> Result<RetiredPages, ReadError> {
+    Ok(RetiredPages {
+        single_bit: device
+            .retired_pages(RetirementCause::MultipleSingleBitEccErrors)?
+            .len() as u64,
+        double_bit: device.retired_pages(RetirementCause::DoubleBitEccError)?.len() as u64,
+        pending: device.are_pages_pending_retired()?,
+    })
+}
+
+fn remapped_rows(nvml: &Nvml, device: &Device<'_>) -> Result<RemappedRows, ReadError> {
+    let raw = raw::remapped_rows(nvml, device)?;
+    Ok(RemappedRows {
+        correctable: u64::from(raw.correctable),
+        uncorrectable: u64::from(raw.uncorrectable),
+        pending: raw.pending != 0,
+        failure: raw.failure != 0,
+    })
+}
+
+/// A temperature from NVML's unsigned API, rejected when no sensor could read it.
+fn celsius(value: Result<u32, NvmlError>) -> Result<i32, ReadError> {
+    plausible_celsius(i64::from(value?))
+}
+
+fn plausible_celsius(value: i64) -> Result<i32, ReadError> {
+    if !PLAUSIBLE_CELSIUS.contains(&value) {
+        return Err(ReadError::Implausible(format!("{value} °C")));
+    }
+    i32::try_from(value).map_err(|_| ReadError::Implausible(format!("{value} °C")))
+}
+
+/// Milliwatts to watts, rejecting readings no board can draw.
+fn watts(milliwatts: Result<u32, NvmlError>) -> Result<u32, ReadError> {
+    let milliwatts = milliwatts?;
+    let w = milliwatts / 1000;
+    if w > MAX_PLAUSIBLE_WATTS {
+        return Err(ReadError::Implausible(format!("{milliwatts} mW")));
+    }
+    Ok(w)
+}
+
+fn memory_temperature(device: &Device<'_>) -> Result<i32, ReadError> {
+    let samples = device.field_values_for(&[FieldId(FIELD_MEMORY_TEMP)])?;
+    let sample = samples.into_iter().next().ok_or(NvmlError::NoData)??;
+    let value = match sample.value? {
+        SampleValue::U32(v) => i64::from(v),
+        SampleValue::U64(v) => i64::try_from(v).unwrap_or(i64::MAX),
+        SampleValue::I64(v) => v,
+        SampleValue::F64(v) => v as i64,
+    };
+    plausible_celsius(value)
+}
+
+fn pcie(device: &Device<'_>) -> Result<PcieStatus, ReadError> {
+    Ok(PcieStatus {
+        current_generation: device.current_pcie_link_gen()?,
+        max_generation: device.max_pcie_link_gen()?,
+        current_width: device.current_pcie_link_width()?,
+        max_width: device.max_pcie_link_width()?,
+        replay_counter: 0,
+    })
+}
+
+/// Counts links 0..18 until NVML says a link does not exist (InvalidArg) or NVLink is not
+/// supported at all.
+fn nvlink(device: &Device<'_>) -> Result<NvlinkStatus, ReadError> {
+    let mut status = NvlinkStatus::default();
+    for link in 0..MAX_NVLINKS {
+        match device.link_wrapper_for(link).is_active() {
+            Ok(active) => {
+                status.total += 1;
+                status.active += u32::from(active);
+            }
+            Err(NvmlError::InvalidArg | NvmlError::NotSupported) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(status)
+}
+
+/// MIG mode; GPUs without MIG (NotSupported) run with it disabled.
+fn mig_mode(device: &Device<'_>) -> Result<EnabledState, ReadError> {
+    match device.mig_mode() {
+        Ok(mode) => match mode.current {
+            0 => Ok(EnabledState::Disabled),
+            1 => Ok(EnabledState::Enabled),
+            other => Err(ReadError::Implausible(format!("MIG mode {other}"))),
+        },
+        Err(NvmlError::NotSupported) => Ok(EnabledState::Disabled),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_implausible_temperatures() {
+        assert_eq!(plausible_celsius(41).ok(), Some(41));
+        assert!(plausible_celsius(4_294_967_291).is_err());
+        assert!(plausible_celsius(4000).is_err());
+        assert!(celsius(Err(NvmlError::GpuLost)).is_err());
+    }
+
+    #[test]
+    fn converts_and_bounds_power() {
+        assert_eq!(watts(Ok(700_000)).ok(), Some(700));
+        assert!(watts(Ok(u32::MAX)).is_err());
+    }
+}

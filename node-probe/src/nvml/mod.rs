@@ -1,0 +1,247 @@
+//! The `nvml` collector: GPUs through nvml-wrapper, with an overridable library path (the fake
+//! library in tests and the demo), and XIDs from an event thread.
+//!
+//! The library is loaded on the first collection and, while loading or `nvmlInit` fails, retried
+//! on every collection: a driver installed after the probe started is picked up.
+
+pub mod gpu;
+mod raw;
+pub mod xid;
+
+use std::ffi::OsString;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpunode_crds::report::{CollectorName, FieldError, GpuNodeReportStatus, MAX_GPUS};
+use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+
+use crate::collect::{Collector, Outcome};
+pub use xid::{XidLog, XidWatcher};
+
+/// Default library name, resolved by the dynamic loader.
+pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
+/// XID codes above this (other than NVML's 999 "unknown") are not real XIDs.
+const MAX_PLAUSIBLE_XID: u32 = 1023;
+
+/// Why the NVML collector produced no GPUs.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlCollectError {
+    /// The library could not be loaded or `nvmlInit` failed (no driver, wrong driver).
+    #[error("NVML init ({lib}): {reason}")]
+    Init {
+        /// The library path tried.
+        lib: String,
+        /// Why it failed.
+        reason: String,
+    },
+    /// The GPU count could not be read.
+    #[error("NVML device count: {0}")]
+    DeviceCount(String),
+}
+
+/// A short, stable reason for an NVML error, as shown in `FieldError.reason`.
+pub fn nvml_reason(e: &NvmlError) -> String {
+    match e {
+        NvmlError::UnexpectedVariant(n) => format!("NVML: unexpected value or return code {n}"),
+        NvmlError::LibloadingError(e) => format!("NVML library: {e}"),
+        NvmlError::FailedToLoadSymbol(s) => format!("NVML: missing symbol: {s}"),
+        other => format!("NVML: {other:?}"),
+    }
+}
+
+/// How the NVML collector is set up.
+#[derive(Debug, Clone)]
+pub struct NvmlConfig {
+    /// Path or name of `libnvidia-ml.so.1`.
+    pub lib_path: OsString,
+    /// Listen for XID events on a thread.
+    pub watch_xids: bool,
+    /// How long one event wait blocks; bounds how long stopping the thread takes.
+    pub event_wait: Duration,
+}
+
+impl Default for NvmlConfig {
+    fn default() -> Self {
+        NvmlConfig {
+            lib_path: DEFAULT_LIB.into(),
+            watch_xids: true,
+            event_wait: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Loaded {
+    nvml: Option<Arc<Nvml>>,
+    watcher: Option<XidWatcher>,
+}
+
+/// The NVML collector.
+pub struct NvmlCollector {
+    config: NvmlConfig,
+    xids: Arc<XidLog>,
+    loaded: Mutex<Loaded>,
+}
+
+impl NvmlCollector {
+    /// A collector that loads the library on first use.
+    pub fn new(config: NvmlConfig) -> Self {
+        NvmlCollector {
+            config,
+            xids: Arc::new(XidLog::default()),
+            loaded: Mutex::default(),
+        }
+    }
+
+    /// The XID log (for the publisher's notifications and metrics).
+    pub fn xids(&self) -> Arc<XidLog> {
+        self.xids.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Loaded> {
+        self.loaded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Loads and initializes the library if it is not yet, and (re)starts the XID thread.
+    fn ensure_loaded(&self) -> Result<Arc<Nvml>, NvmlCollectError> {
+        let mut loaded = self.lock();
+        let nvml = match &loaded.nvml {
+            Some(nvml) => nvml.clone(),
+            None => {
+                let nvml = Nvml::builder()
+                    .lib_path(&self.config.lib_path)
+                    .init()
+                    .map_err(|e| NvmlCollectError::Init {
+                        lib: self.config.lib_path.to_string_lossy().into_owned(),
+                        reason: nvml_reason(&e),
+                    })?;
+                let nvml = Arc::new(nvml);
+                loaded.nvml = Some(nvml.clone());
+                nvml
+            }
+        };
+        let stopped = loaded.watcher.as_ref().is_none_or(XidWatcher::is_finished);
+        if self.config.watch_xids && stopped {
+            match XidWatcher::start(nvml.clone(), self.xids.clone(), self.config.event_wait) {
+                Ok(watcher) => loaded.watcher = Some(watcher),
+                Err(e) => tracing::warn!(error = %e, "cannot start the XID event thread"),
+            }
+        }
+        Ok(nvml)
+    }
+
+    /// Loads the library and waits until the XID thread drained already-queued events (for
+    /// `--once`). Returns false when it did not get ready in time.
+    pub fn prepare(&self, timeout: Duration) -> bool {
+        if self.ensure_loaded().is_err() {
+            return false;
+        }
+        self.lock()
+            .watcher
+            .as_ref()
+            .is_some_and(|w| w.wait_ready(timeout))
+    }
+
+    /// Stops the XID thread and unloads the library.
+    pub fn shutdown(&self) {
+        let mut loaded = self.lock();
+        loaded.watcher = None;
+        loaded.nvml = None;
+    }
+
+    fn collect_gpus(&self, report: &mut GpuNodeReportStatus) -> Result<Outcome, NvmlCollectError> {
+        let nvml = self.ensure_loaded()?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| NvmlCollectError::DeviceCount(nvml_reason(&e)))?;
+        let mut notes = Vec::new();
+        match nvml.sys_driver_version() {
+            Ok(version) => report.driver_version = Some(version),
+            Err(e) => notes.push(format!("driverVersion: {}", nvml_reason(&e))),
+        }
+        match nvml.sys_cuda_driver_version() {
+            Ok(version) => report.cuda_version = Some(cuda_version(version)),
+            Err(e) => notes.push(format!("cudaVersion: {}", nvml_reason(&e))),
+        }
+        if count as usize > MAX_GPUS {
+            notes.push(format!("{count} GPUs, only the first {MAX_GPUS} are reported"));
+        }
+        report.gpu_count = Some(count);
+        report.gpus = (0..count.min(MAX_GPUS as u32))
+            .map(|index| {
+                let mut gpu = gpu::read_gpu(&nvml, index);
+                gpu.xids = self.xids.for_gpu(index);
+                for bad in gpu
+                    .xids
+                    .iter()
+                    .filter(|x| x.xid > MAX_PLAUSIBLE_XID && x.xid != xid::XID_UNKNOWN)
+                {
+                    let reason = format!("implausible XID code {} (kept as received)", bad.xid);
+                    if !gpu.errors.iter().any(|e| e.reason == reason) {
+                        gpu.errors.push(FieldError {
+                            field: "xids".to_owned(),
+                            reason,
+                        });
+                    }
+                }
+                gpu
+            })
+            .collect();
+        if let Some(error) = self.xids.watcher_error() {
+            notes.push(error);
+        }
+        Ok(Outcome {
+            note: (!notes.is_empty()).then(|| notes.join("; ")),
+        })
+    }
+}
+
+/// 12040 → "12.4" (NVML encodes major * 1000 + minor * 10).
+pub fn cuda_version(encoded: i32) -> String {
+    format!("{}.{}", encoded / 1000, (encoded % 1000) / 10)
+}
+
+impl Collector for NvmlCollector {
+    fn name(&self) -> CollectorName {
+        CollectorName::Nvml
+    }
+
+    fn collect(&self, report: &mut GpuNodeReportStatus) -> Result<Outcome, crate::collect::CollectError> {
+        Ok(self.collect_gpus(report)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_cuda_versions() {
+        assert_eq!(cuda_version(12040), "12.4");
+        assert_eq!(cuda_version(12000), "12.0");
+        assert_eq!(cuda_version(13010), "13.1");
+    }
+
+    #[test]
+    fn a_missing_library_is_an_init_error() {
+        let collector = NvmlCollector::new(NvmlConfig {
+            lib_path: "/nonexistent/libnvidia-ml.so.1".into(),
+            ..NvmlConfig::default()
+        });
+        let mut report = GpuNodeReportStatus::default();
+        let err = collector
+            .collect(&mut report)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("NVML init (/nonexistent/libnvidia-ml.so.1)"),
+            "{err}"
+        );
+        assert!(err.contains("cannot open shared object file"), "{err}");
+        assert!(report.gpus.is_empty());
+    }
+}

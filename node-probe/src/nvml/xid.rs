@@ -1,0 +1,334 @@
+//! XID errors: an NVML event set waited on by a dedicated thread (no polling), and the log of
+//! recent XIDs per GPU that the collector copies into the report.
+//!
+//! NVML events carry no timestamp, so each XID is stamped when the thread receives it. Every
+//! received XID bumps a `watch` channel so the publisher can publish at once.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use gpunode_crds::report::{MAX_XIDS_PER_GPU, XidEvent};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use nvml_wrapper::Nvml;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use tokio::sync::watch;
+
+/// NVML's code for an XID it could not decode.
+pub const XID_UNKNOWN: u32 = 999;
+/// Distinct (GPU, XID) pairs counted for metrics; bounds the metric's cardinality.
+const MAX_COUNTED_PAIRS: usize = 256;
+
+/// Recent XIDs per GPU, shared between the event thread and the collector.
+#[derive(Debug)]
+pub struct XidLog {
+    inner: Mutex<XidLogInner>,
+    notify: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct XidLogInner {
+    per_gpu: BTreeMap<u32, VecDeque<XidEvent>>,
+    counts: BTreeMap<(u32, u32), u64>,
+    total: u64,
+    watcher_error: Option<String>,
+}
+
+impl Default for XidLog {
+    fn default() -> Self {
+        XidLog {
+            inner: Mutex::default(),
+            notify: watch::Sender::new(0),
+        }
+    }
+}
+
+impl XidLog {
+    fn lock(&self) -> std::sync::MutexGuard<'_, XidLogInner> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records an XID for GPU `index`, keeping the newest [`MAX_XIDS_PER_GPU`], and notifies.
+    pub fn record(&self, index: u32, xid: u32, at: jiff::Timestamp) {
+        let total = {
+            let mut inner = self.lock();
+            let events = inner.per_gpu.entry(index).or_default();
+            if events.len() == MAX_XIDS_PER_GPU {
+                events.pop_front();
+            }
+            events.push_back(XidEvent { xid, at: Time(at) });
+            let room = inner.counts.len() < MAX_COUNTED_PAIRS;
+            match inner.counts.get_mut(&(index, xid)) {
+                Some(count) => *count += 1,
+                None if room => {
+                    inner.counts.insert((index, xid), 1);
+                }
+                None => {}
+            }
+            inner.total += 1;
+            inner.total
+        };
+        self.notify.send_replace(total);
+    }
+
+    /// The XIDs of GPU `index`, oldest first.
+    pub fn for_gpu(&self, index: u32) -> Vec<XidEvent> {
+        self.lock()
+            .per_gpu
+            .get(&index)
+            .map(|q| q.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// How many XIDs were received in total.
+    pub fn total(&self) -> u64 {
+        self.lock().total
+    }
+
+    /// XIDs received per (GPU index, XID code), for metrics.
+    pub fn counts(&self) -> BTreeMap<(u32, u32), u64> {
+        self.lock().counts.clone()
+    }
+
+    /// Why the event thread is not (fully) listening, if it is not.
+    pub fn watcher_error(&self) -> Option<String> {
+        self.lock().watcher_error.clone()
+    }
+
+    fn set_watcher_error(&self, error: Option<String>) {
+        self.lock().watcher_error = error;
+    }
+
+    /// A receiver that changes whenever an XID arrives.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.notify.subscribe()
+    }
+}
+
+/// The thread that waits on the NVML event set. Dropping it stops and joins the thread.
+#[derive(Debug)]
+pub struct XidWatcher {
+    stop: Arc<AtomicBool>,
+    ready: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl XidWatcher {
+    /// Starts the thread: it registers for critical XID events on every GPU that supports
+    /// them, drains what is already queued, reports ready, then waits for events in
+    /// `wait` slices (the slice bounds how long a stop takes).
+    pub fn start(nvml: Arc<Nvml>, log: Arc<XidLog>, wait: Duration) -> std::io::Result<XidWatcher> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ready = Arc::new((Mutex::new(false), Condvar::new()));
+        let thread = {
+            let (stop, ready) = (stop.clone(), ready.clone());
+            std::thread::Builder::new()
+                .name("nvml-xid-events".to_owned())
+                .spawn(move || watch_events(&nvml, &log, &stop, &ready, wait))?
+        };
+        Ok(XidWatcher {
+            stop,
+            ready,
+            thread: Some(thread),
+        })
+    }
+
+    /// Waits until the thread registered its event set and drained queued events, or the deadline.
+    pub fn wait_ready(&self, timeout: Duration) -> bool {
+        let (lock, cvar) = &*self.ready;
+        let guard = lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (guard, _) = cvar
+            .wait_timeout_while(guard, timeout, |ready| !*ready)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *guard
+    }
+
+    /// Whether the thread has ended (it ends on stop, or when it cannot create an event set).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(JoinHandle::is_finished)
+    }
+}
+
+impl Drop for XidWatcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the XID event thread panicked");
+        }
+    }
+}
+
+fn mark_ready(ready: &(Mutex<bool>, Condvar)) {
+    let (lock, cvar) = ready;
+    *lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = true;
+    cvar.notify_all();
+}
+
+/// XID code of an event; NVML's "unknown" becomes 999, oversized values saturate.
+fn xid_code(data: Option<XidError>) -> u32 {
+    match data {
+        Some(XidError::Value(v)) => u32::try_from(v).unwrap_or(u32::MAX),
+        Some(XidError::Unknown) | None => XID_UNKNOWN,
+    }
+}
+
+fn watch_events(
+    nvml: &Nvml,
+    log: &XidLog,
+    stop: &AtomicBool,
+    ready: &(Mutex<bool>, Condvar),
+    wait: Duration,
+) {
+    let _span = tracing::info_span!("xid_events").entered();
+    let (set, registered, skipped) = match register(nvml) {
+        Ok(registered) => registered,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for XID events");
+            log.set_watcher_error(Some(format!("XID events: {}", super::nvml_reason(&e))));
+            mark_ready(ready);
+            return;
+        }
+    };
+    tracing::info!(gpus = ?registered, "listening for XID events");
+    log.set_watcher_error(
+        (!skipped.is_empty()).then(|| format!("XID events not registered on {}", skipped.join("; "))),
+    );
+
+    // Events already queued are delivered before the thread reports ready.
+    let mut slice_ms = 0;
+    let mut failures: u32 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        match set.wait(slice_ms) {
+            Ok(event) => {
+                failures = 0;
+                let index = match event.device.index() {
+                    Ok(index) => index,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "XID event from a device without an index");
+                        continue;
+                    }
+                };
+                let xid = xid_code(event.event_data);
+                tracing::warn!(gpu = index, xid, "XID error");
+                log.record(index, xid, jiff::Timestamp::now());
+            }
+            Err(NvmlError::Timeout) => {
+                if slice_ms == 0 {
+                    mark_ready(ready);
+                    slice_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
+                }
+            }
+            Err(e) => {
+                // A failing wait (GPU lost, driver reloaded) must not spin: back off, capped.
+                failures = failures.saturating_add(1);
+                log.set_watcher_error(Some(format!("XID event wait: {}", super::nvml_reason(&e))));
+                mark_ready(ready);
+                slice_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
+                let pause = Duration::from_millis(100u64 << failures.min(6));
+                let until = Instant::now() + pause;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                    std::thread::park_timeout(Duration::from_millis(50));
+                }
+            }
+        }
+    }
+}
+
+type Registered<'n> = (nvml_wrapper::EventSet<'n>, Vec<u32>, Vec<String>);
+
+/// Creates an event set and registers critical XID events on every GPU that supports them.
+/// nvml-wrapper frees the set when a registration fails, so the set is then rebuilt with the
+/// GPUs registered so far.
+fn register(nvml: &Nvml) -> Result<Registered<'_>, NvmlError> {
+    let count = nvml.device_count()?;
+    let mut set = nvml.create_event_set()?;
+    let mut registered = Vec::new();
+    let mut skipped = Vec::new();
+    for index in 0..count {
+        let device = match nvml.device_by_index(index) {
+            Ok(device) => device,
+            Err(e) => {
+                skipped.push(format!("GPU {index}: {}", super::nvml_reason(&e)));
+                continue;
+            }
+        };
+        match device.supported_event_types() {
+            Ok(types) if types.contains(EventTypes::CRITICAL_XID_ERROR) => {}
+            Ok(_) => {
+                skipped.push(format!("GPU {index}: XID events not supported"));
+                continue;
+            }
+            Err(e) => {
+                skipped.push(format!("GPU {index}: {}", super::nvml_reason(&e)));
+                continue;
+            }
+        }
+        match device.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+            Ok(same) => {
+                set = same;
+                registered.push(index);
+            }
+            Err(e) => {
+                skipped.push(format!("GPU {index}: {}", super::nvml_reason(&e.error)));
+                set = nvml.create_event_set()?;
+                let mut kept = Vec::new();
+                for &again in &registered {
+                    let device = nvml.device_by_index(again)?;
+                    set = device
+                        .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                        .map_err(|e| e.error)?;
+                    kept.push(again);
+                }
+                registered = kept;
+            }
+        }
+    }
+    Ok((set, registered, skipped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_newest_xids_per_gpu_and_counts_all() {
+        let log = XidLog::default();
+        let rx = log.subscribe();
+        for i in 0..40u32 {
+            log.record(0, 100 + i, jiff::Timestamp::UNIX_EPOCH);
+        }
+        log.record(1, 79, jiff::Timestamp::UNIX_EPOCH);
+        let gpu0 = log.for_gpu(0);
+        assert_eq!(gpu0.len(), MAX_XIDS_PER_GPU);
+        assert_eq!(gpu0.first().map(|e| e.xid), Some(108));
+        assert_eq!(gpu0.last().map(|e| e.xid), Some(139));
+        assert_eq!(log.for_gpu(1).len(), 1);
+        assert!(log.for_gpu(2).is_empty());
+        assert_eq!(log.total(), 41);
+        assert_eq!(*rx.borrow(), 41);
+    }
+
+    #[test]
+    fn bounds_the_counted_pairs() {
+        let log = XidLog::default();
+        for xid in 0..1000u32 {
+            log.record(0, xid, jiff::Timestamp::UNIX_EPOCH);
+        }
+        assert_eq!(log.counts().len(), MAX_COUNTED_PAIRS);
+        assert_eq!(log.total(), 1000);
+    }
+
+    #[test]
+    fn decodes_xid_codes() {
+        assert_eq!(xid_code(Some(XidError::Value(79))), 79);
+        assert_eq!(xid_code(Some(XidError::Unknown)), XID_UNKNOWN);
+        assert_eq!(xid_code(None), XID_UNKNOWN);
+        assert_eq!(xid_code(Some(XidError::Value(u64::MAX))), u32::MAX);
+    }
+}
