@@ -3,3 +3,5 @@
 //! The pipeline is observe → evaluate (pure) → plan (pure) → apply (the only writer) → status.
 
 pub mod crdgen;
+pub mod evaluate;
+pub mod verdict;

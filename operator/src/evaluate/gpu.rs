@@ -1,0 +1,367 @@
+//! `gpu.*`: inventory, driver and CUDA versions, modes, memory health, PCIe, NVLink, fatal XIDs.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpunode_crds::{
+    DriftClass, EnabledState, Version, VersionRange, policy::GpuRequirements, report::CollectorName,
+    report::GpuStatus,
+};
+use jiff::Timestamp;
+
+use super::{Context, Findings, check, field_error, list, missing_reason};
+
+pub(super) fn check(req: &GpuRequirements, ctx: &Context<'_>, f: &mut Findings) {
+    let node = node_checks(req);
+    let per_gpu = per_gpu_checks(req);
+    if let Some(reason) = ctx.collector_failure(CollectorName::Nvml) {
+        f.all_unknown(&node, &reason);
+        f.all_unknown(&per_gpu, &reason);
+        return;
+    }
+
+    if let Some(want) = req.count {
+        match ctx.status.gpu_count {
+            None => f.unknown(check::GPU_COUNT, None, "not reported".to_string()),
+            Some(have) if have != want => f.drift(
+                DriftClass::Inventory,
+                check::GPU_COUNT,
+                None,
+                None,
+                want.to_string(),
+                have.to_string(),
+            ),
+            Some(_) => {}
+        }
+    }
+    if let Some(range) = &req.driver_version {
+        version(
+            f,
+            check::GPU_DRIVER_VERSION,
+            "driver",
+            range,
+            ctx.status.driver_version.as_deref(),
+        );
+    }
+    if let Some(range) = &req.cuda_version {
+        version(
+            f,
+            check::GPU_CUDA_VERSION,
+            "CUDA",
+            range,
+            ctx.status.cuda_version.as_deref(),
+        );
+    }
+
+    ctx.for_each_gpu(&per_gpu, f, |gpu, f| each_gpu(req, ctx.now, gpu, f));
+}
+
+/// The node-level checks the policy asks for.
+fn node_checks(req: &GpuRequirements) -> Vec<&'static str> {
+    [
+        (req.count.is_some(), check::GPU_COUNT),
+        (req.driver_version.is_some(), check::GPU_DRIVER_VERSION),
+        (req.cuda_version.is_some(), check::GPU_CUDA_VERSION),
+    ]
+    .into_iter()
+    .filter_map(|(asked, name)| asked.then_some(name))
+    .collect()
+}
+
+/// The per-GPU checks the policy asks for.
+fn per_gpu_checks(req: &GpuRequirements) -> Vec<&'static str> {
+    let pcie = req.pcie.as_ref();
+    [
+        (!req.products.is_empty(), check::GPU_PRODUCTS),
+        (req.min_memory_mib.is_some(), check::GPU_MIN_MEMORY_MIB),
+        (req.ecc_mode.is_some(), check::GPU_ECC_MODE),
+        (req.persistence_mode.is_some(), check::GPU_PERSISTENCE_MODE),
+        (req.mig_mode.is_some(), check::GPU_MIG_MODE),
+        (
+            pcie.is_some_and(|p| p.min_generation.is_some()),
+            check::GPU_PCIE_MIN_GENERATION,
+        ),
+        (
+            pcie.is_some_and(|p| p.min_width.is_some()),
+            check::GPU_PCIE_MIN_WIDTH,
+        ),
+        (
+            min_active_links(req).is_some(),
+            check::GPU_NVLINK_MIN_ACTIVE_LINKS,
+        ),
+        (
+            req.max_volatile_uncorrected_ecc.is_some(),
+            check::GPU_MAX_VOLATILE_UNCORRECTED_ECC,
+        ),
+        (req.max_retired_pages.is_some(), check::GPU_MAX_RETIRED_PAGES),
+        (!req.allow_row_remap_failure, check::GPU_ALLOW_ROW_REMAP_FAILURE),
+        (!req.fatal_xids.is_empty(), check::GPU_FATAL_XIDS),
+    ]
+    .into_iter()
+    .filter_map(|(asked, name)| asked.then_some(name))
+    .collect()
+}
+
+/// `nvlink.minActiveLinks`, unless it is 0, which every GPU satisfies (with or without NVLink).
+fn min_active_links(req: &GpuRequirements) -> Option<u32> {
+    req.nvlink.as_ref().map(|n| n.min_active_links).filter(|n| *n > 0)
+}
+
+fn version(f: &mut Findings, check: &str, what: &str, range: &VersionRange, observed: Option<&str>) {
+    let Some(observed) = observed else {
+        f.unknown(check, None, "not reported".to_string());
+        return;
+    };
+    match observed.parse::<Version>() {
+        Err(e) => f.unknown(check, None, format!("cannot parse the {what} version: {e}")),
+        Ok(v) if !range.matches(&v) => f.drift(
+            DriftClass::Driver,
+            check,
+            None,
+            None,
+            range.to_string(),
+            observed.to_string(),
+        ),
+        Ok(_) => {}
+    }
+}
+
+fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Findings) {
+    let i = Some(gpu.index);
+    // Whether the GPU reported the field a check reads; when not, the check is Unknown.
+    let observed = |f: &mut Findings, check: &str, field: &str, present: bool| {
+        if !present {
+            f.unknown(check, i, missing_reason(&gpu.errors, field));
+        }
+        present
+    };
+
+    if !req.products.is_empty() {
+        match gpu.product.as_deref() {
+            None => f.unknown(check::GPU_PRODUCTS, i, missing_reason(&gpu.errors, "product")),
+            Some(product) => {
+                let lower = product.to_lowercase();
+                if !req.products.iter().any(|p| lower.contains(&p.to_lowercase())) {
+                    f.drift(
+                        DriftClass::Inventory,
+                        check::GPU_PRODUCTS,
+                        i,
+                        None,
+                        format!("one of {}", list(&req.products)),
+                        product.to_string(),
+                    );
+                }
+            }
+        }
+    }
+
+    if let Some(min) = req.min_memory_mib
+        && observed(
+            f,
+            check::GPU_MIN_MEMORY_MIB,
+            "memoryMiB",
+            gpu.memory_mib.is_some(),
+        )
+        && let Some(have) = gpu.memory_mib.filter(|have| *have < min)
+    {
+        f.drift(
+            DriftClass::Inventory,
+            check::GPU_MIN_MEMORY_MIB,
+            i,
+            None,
+            format!(">= {min} MiB"),
+            format!("{have} MiB"),
+        );
+    }
+
+    let modes = [
+        (req.ecc_mode, gpu.ecc_mode, check::GPU_ECC_MODE, "eccMode"),
+        (
+            req.persistence_mode,
+            gpu.persistence_mode,
+            check::GPU_PERSISTENCE_MODE,
+            "persistenceMode",
+        ),
+        (req.mig_mode, gpu.mig_mode, check::GPU_MIG_MODE, "migMode"),
+    ];
+    for (want, have, check, field) in modes {
+        if let Some(want) = want
+            && observed(f, check, field, have.is_some())
+            && let Some(have) = have.filter(|have| *have != want)
+        {
+            f.drift(
+                DriftClass::Config,
+                check,
+                i,
+                None,
+                enabled(want).to_string(),
+                enabled(have).to_string(),
+            );
+        }
+    }
+
+    if let Some(pcie) = &req.pcie {
+        if let Some(min) = pcie.min_generation
+            && observed(f, check::GPU_PCIE_MIN_GENERATION, "pcie", gpu.pcie.is_some())
+            && let Some(link) = gpu.pcie.as_ref().filter(|l| l.current_generation < min)
+        {
+            f.drift(
+                DriftClass::Pcie,
+                check::GPU_PCIE_MIN_GENERATION,
+                i,
+                None,
+                format!(">= Gen{min}"),
+                format!("Gen{} (max Gen{})", link.current_generation, link.max_generation),
+            );
+        }
+        if let Some(min) = pcie.min_width
+            && observed(f, check::GPU_PCIE_MIN_WIDTH, "pcie", gpu.pcie.is_some())
+            && let Some(link) = gpu.pcie.as_ref().filter(|l| l.current_width < min)
+        {
+            f.drift(
+                DriftClass::Pcie,
+                check::GPU_PCIE_MIN_WIDTH,
+                i,
+                None,
+                format!(">= x{min}"),
+                format!("x{} (max x{})", link.current_width, link.max_width),
+            );
+        }
+    }
+
+    if let Some(min) = min_active_links(req)
+        && observed(
+            f,
+            check::GPU_NVLINK_MIN_ACTIVE_LINKS,
+            "nvlink",
+            gpu.nvlink.is_some(),
+        )
+        && let Some(links) = gpu.nvlink.as_ref().filter(|l| l.active < min)
+    {
+        f.drift(
+            DriftClass::Nvlink,
+            check::GPU_NVLINK_MIN_ACTIVE_LINKS,
+            i,
+            None,
+            format!(">= {min} active"),
+            format!("{} active of {}", links.active, links.total),
+        );
+    }
+
+    if let Some(max) = req.max_volatile_uncorrected_ecc
+        && observed(
+            f,
+            check::GPU_MAX_VOLATILE_UNCORRECTED_ECC,
+            "ecc",
+            gpu.ecc.is_some(),
+        )
+        && let Some(ecc) = gpu.ecc.as_ref().filter(|e| e.volatile_uncorrected > max)
+    {
+        f.drift(
+            DriftClass::Memory,
+            check::GPU_MAX_VOLATILE_UNCORRECTED_ECC,
+            i,
+            None,
+            format!("<= {max}"),
+            ecc.volatile_uncorrected.to_string(),
+        );
+    }
+
+    if let Some(max) = req.max_retired_pages
+        && observed(
+            f,
+            check::GPU_MAX_RETIRED_PAGES,
+            "retiredPages",
+            gpu.retired_pages.is_some(),
+        )
+        && let Some(pages) = gpu.retired_pages.as_ref()
+    {
+        let total = pages.single_bit.saturating_add(pages.double_bit);
+        if total > max || pages.pending {
+            let pending = if pages.pending { ", retirement pending" } else { "" };
+            f.drift(
+                DriftClass::Memory,
+                check::GPU_MAX_RETIRED_PAGES,
+                i,
+                None,
+                format!("<= {max} retired pages, none pending"),
+                format!(
+                    "{total} retired pages ({} single-bit, {} double-bit){pending}",
+                    pages.single_bit, pages.double_bit
+                ),
+            );
+        }
+    }
+
+    if !req.allow_row_remap_failure
+        && observed(
+            f,
+            check::GPU_ALLOW_ROW_REMAP_FAILURE,
+            "remappedRows",
+            gpu.remapped_rows.is_some(),
+        )
+        && let Some(rows) = gpu.remapped_rows.as_ref().filter(|r| r.failure || r.pending)
+    {
+        let what = match (rows.failure, rows.pending) {
+            (true, true) => "row remap failed and a remap is pending",
+            (true, false) => "row remap failed",
+            _ => "row remap pending",
+        };
+        f.drift(
+            DriftClass::Memory,
+            check::GPU_ALLOW_ROW_REMAP_FAILURE,
+            i,
+            None,
+            "no failed or pending row remap".to_string(),
+            format!(
+                "{what} ({} correctable, {} uncorrectable rows remapped)",
+                rows.correctable, rows.uncorrectable
+            ),
+        );
+    }
+
+    if !req.fatal_xids.is_empty() {
+        fatal_xids(req, now, gpu, f);
+    }
+}
+
+fn fatal_xids(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Findings) {
+    let fatal: BTreeSet<u32> = req.fatal_xids.iter().copied().collect();
+    let window = req.xid_window.map(|w| w.get());
+    // The latest time each fatal XID was seen within the window.
+    let mut seen: BTreeMap<u32, Timestamp> = BTreeMap::new();
+    for event in gpu.xids.iter().filter(|x| fatal.contains(&x.xid)) {
+        let age = now.duration_since(event.at.0);
+        // An XID stamped in the future (clock skew) is recent.
+        let within = window.is_none_or(|w| age.is_negative() || age.unsigned_abs() <= w);
+        if within {
+            let latest = seen.entry(event.xid).or_insert(event.at.0);
+            *latest = (*latest).max(event.at.0);
+        }
+    }
+    if !seen.is_empty() {
+        let since = req
+            .xid_window
+            .map_or_else(|| "since boot".to_string(), |w| format!("within {w}"));
+        f.drift(
+            DriftClass::Xid,
+            check::GPU_FATAL_XIDS,
+            Some(gpu.index),
+            None,
+            format!("none of {} {since}", list(&fatal)),
+            seen.iter()
+                .map(|(xid, at)| format!("XID {xid} at {at}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+    } else if let Some(err) = field_error(&gpu.errors, "xids") {
+        // No fatal XID seen, but the probe could not listen for them.
+        f.unknown(check::GPU_FATAL_XIDS, Some(gpu.index), err.reason.clone());
+    }
+}
+
+pub(super) fn enabled(state: EnabledState) -> &'static str {
+    match state {
+        EnabledState::Enabled => "Enabled",
+        EnabledState::Disabled => "Disabled",
+    }
+}
