@@ -41,7 +41,12 @@ pub async fn token(admin: &Client, namespace: &str, name: &str, pod: Option<&Pod
 }
 
 /// A client authenticated as ServiceAccount `namespace/name` (bound to `pod` when given).
-pub async fn client_for(admin: &Client, namespace: &str, name: &str, pod: Option<&Pod>) -> Result<Client, Error> {
+pub async fn client_for(
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+    pod: Option<&Pod>,
+) -> Result<Client, Error> {
     let token = token(admin, namespace, name, pod).await?;
     let mut config = admin_config().await?;
     config.auth_info = AuthInfo {

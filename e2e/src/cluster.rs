@@ -67,7 +67,10 @@ fn start() -> Result<Cluster, Error> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().unwrap_or_default().trim();
     if last.is_empty() {
-        return Err(Error::ClusterStart(format!("{} printed no kubeconfig path", script.display())));
+        return Err(Error::ClusterStart(format!(
+            "{} printed no kubeconfig path",
+            script.display()
+        )));
     }
     Ok(Cluster {
         kubeconfig: PathBuf::from(last),
@@ -82,7 +85,8 @@ pub async fn admin_config() -> Result<Config, Error> {
     let cluster = tokio::task::spawn_blocking(cluster)
         .await
         .map_err(|e| Error::ClusterStart(format!("starting the cluster panicked: {e}")))??;
-    let kubeconfig = Kubeconfig::read_from(&cluster.kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let kubeconfig =
+        Kubeconfig::read_from(&cluster.kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| Error::Kubeconfig(e.to_string()))?;

@@ -32,7 +32,8 @@ impl Default for GpuNodeShape {
 /// The node template with every placeholder filled in.
 pub fn render(name: &str, shape: &GpuNodeShape) -> Result<Node, Error> {
     let path = repo_root().join("e2e/cluster/templates/fake-gpu-node.yaml");
-    let template = std::fs::read_to_string(&path).map_err(|e| Error::Unexpected(format!("{}: {e}", path.display())))?;
+    let template =
+        std::fs::read_to_string(&path).map_err(|e| Error::Unexpected(format!("{}: {e}", path.display())))?;
     let yaml = template
         .replace("@NAME@", name)
         .replace("@PRODUCT@", &shape.product)

@@ -23,7 +23,13 @@ impl Scratch {
     pub async fn new(client: &Client, test: &str) -> Result<Self, Error> {
         let slug: String = test
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
             .take(40)
             .collect();
         let name = format!("e2e-{}-{:06x}", slug.trim_matches('-'), rand_suffix());

@@ -128,9 +128,13 @@ async fn invalid_policies_are_rejected_with_their_message() {
     let fixtures = fixtures::invalid_policies().unwrap_or_else(|e| fail(e));
     let mut failures = Vec::new();
     for f in &fixtures {
-        let object: DynamicObject = serde_json::from_value(f.manifest.value.clone()).unwrap_or_else(|e| fail(e));
+        let object: DynamicObject =
+            serde_json::from_value(f.manifest.value.clone()).unwrap_or_else(|e| fail(e));
         match api.create(&dry_run, &object).await {
-            Ok(_) => failures.push(format!("{}: accepted, but should be rejected ({})", f.manifest.name, f.rule)),
+            Ok(_) => failures.push(format!(
+                "{}: accepted, but should be rejected ({})",
+                f.manifest.name, f.rule
+            )),
             Err(kube::Error::Api(status)) => {
                 let msg = status.message.clone();
                 if status.code != 422 || !msg.contains(&f.field) || !msg.contains(&f.expect) {
@@ -150,13 +154,19 @@ async fn invalid_policies_are_rejected_with_their_message() {
 async fn gpu_nodes_run_daemonset_pods() {
     let client = setup().await;
     let names = ready_nodes(&client, "smoke-ds", 3).await;
-    let ns = Scratch::new(&client, "daemonset").await.unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&client, "daemonset")
+        .await
+        .unwrap_or_else(|e| fail(e));
     // Select only this test's nodes through a label set on them.
     let nodes_api: Api<Node> = Api::all(client.clone());
     for name in &names {
         let patch = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {"gpunode.dev/e2e-set": ns.name}}});
         nodes_api
-            .patch(name, &PatchParams::apply("gpunode-e2e-set"), &Patch::Apply(&patch))
+            .patch(
+                name,
+                &PatchParams::apply("gpunode-e2e-set"),
+                &Patch::Apply(&patch),
+            )
             .await
             .unwrap_or_else(|e| fail(e));
     }
@@ -202,8 +212,10 @@ async fn pod_bound_tokens_carry_the_node_name() {
     let client = setup().await;
     let node = ready_nodes(&client, "smoke-token", 1).await.remove(0);
     let ns = Scratch::new(&client, "token").await.unwrap_or_else(|e| fail(e));
-    let sa: ServiceAccount = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "probe"}}))
-        .unwrap_or_else(|e| fail(e));
+    let sa: ServiceAccount = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "probe"}}),
+    )
+    .unwrap_or_else(|e| fail(e));
     Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
         .create(&PostParams::default(), &sa)
         .await
@@ -213,14 +225,18 @@ async fn pod_bound_tokens_carry_the_node_name() {
     if let Some(spec) = p.spec.as_mut() {
         spec.service_account_name = Some("probe".to_string());
     }
-    pods.create(&PostParams::default(), &p).await.unwrap_or_else(|e| fail(e));
+    pods.create(&PostParams::default(), &p)
+        .await
+        .unwrap_or_else(|e| fail(e));
     let p = running(&pods, "probe").await;
 
     let sa_client = accounts::client_for(&client, &ns.name, "probe", Some(&p))
         .await
         .unwrap_or_else(|e| fail(e));
-    let review: SelfSubjectReview = serde_json::from_value(json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}))
-        .unwrap_or_else(|e| fail(e));
+    let review: SelfSubjectReview = serde_json::from_value(
+        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
+    )
+    .unwrap_or_else(|e| fail(e));
     let me = Api::<SelfSubjectReview>::all(sa_client)
         .create(&PostParams::default(), &review)
         .await
@@ -252,10 +268,15 @@ async fn eviction_honours_pod_disruption_budgets() {
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train"}}}
     }))
     .unwrap_or_else(|e| fail(e));
-    pdbs.create(&PostParams::default(), &pdb).await.unwrap_or_else(|e| fail(e));
-    pods.create(&PostParams::default(), &pod("train-0", &node, json!({"app": "train"})))
+    pdbs.create(&PostParams::default(), &pdb)
         .await
         .unwrap_or_else(|e| fail(e));
+    pods.create(
+        &PostParams::default(),
+        &pod("train-0", &node, json!({"app": "train"})),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
     running(&pods, "train-0").await;
 
     let allowed = |n: i32| {
@@ -264,7 +285,10 @@ async fn eviction_honours_pod_disruption_budgets() {
             wait::until(&format!("PDB to allow {n} disruption(s)"), DEADLINE, || async {
                 let p = pdbs.get("train").await?;
                 let s = p.status.unwrap_or_default();
-                Ok((s.observed_generation.is_some() && s.disruptions_allowed == n && s.current_healthy >= 1).then_some(()))
+                Ok(
+                    (s.observed_generation.is_some() && s.disruptions_allowed == n && s.current_healthy >= 1)
+                        .then_some(()),
+                )
             })
             .await
             .unwrap_or_else(|e| fail(e))
@@ -277,12 +301,20 @@ async fn eviction_honours_pod_disruption_budgets() {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 429, "{s:?}"),
         other => panic!("eviction should be refused while the budget is exhausted, got {other:?}"),
     }
-    assert!(pods.get_opt("train-0").await.unwrap_or_else(|e| fail(e)).is_some());
+    assert!(
+        pods.get_opt("train-0")
+            .await
+            .unwrap_or_else(|e| fail(e))
+            .is_some()
+    );
 
     // A second healthy pod frees one disruption: now the eviction goes through.
-    pods.create(&PostParams::default(), &pod("train-1", &node, json!({"app": "train"})))
-        .await
-        .unwrap_or_else(|e| fail(e));
+    pods.create(
+        &PostParams::default(),
+        &pod("train-1", &node, json!({"app": "train"})),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
     running(&pods, "train-1").await;
     allowed(1).await;
     pods.evict("train-0", &EvictParams::default())
@@ -290,4 +322,3 @@ async fn eviction_honours_pod_disruption_budgets() {
         .unwrap_or_else(|e| panic!("eviction should be allowed now: {e}"));
     ns.delete().await.unwrap_or_else(|e| fail(e));
 }
-
