@@ -2,6 +2,9 @@
 //!
 //! The pipeline is observe → evaluate (pure) → plan (pure) → apply (the only writer) → status.
 
+pub mod check;
 pub mod crdgen;
 pub mod evaluate;
+pub mod markers;
+pub mod plan;
 pub mod verdict;

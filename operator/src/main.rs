@@ -2,8 +2,8 @@
 
 use std::{path::PathBuf, process::ExitCode};
 
-use clap::{Parser, Subcommand};
-use gpunode_operator::crdgen;
+use clap::{Parser, Subcommand, ValueEnum};
+use gpunode_operator::{check, crdgen};
 
 #[derive(Parser)]
 #[command(
@@ -16,8 +16,34 @@ struct Cli {
     command: Command,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,
+    /// 1 drifted, 2 unknown, 3 bad input (naming the file and field).
+    Check {
+        /// The GpuNodePolicy (YAML, as applied with kubectl).
+        #[arg(long, value_name = "FILE")]
+        policy: PathBuf,
+        /// The node's GpuNodeReport (`kubectl get gnr NODE -o yaml`).
+        #[arg(long, value_name = "FILE")]
+        report: PathBuf,
+        /// The Node (`kubectl get node NODE -o yaml`): its taints, cordon, skip label and
+        /// gpunode's bookkeeping are taken into account.
+        #[arg(long, value_name = "FILE")]
+        node: Option<PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "text")]
+        output: Output,
+        /// Evaluate as of this time (RFC 3339) instead of now, e.g. for saved reports.
+        #[arg(long, value_name = "TIME")]
+        now: Option<jiff::Timestamp>,
+    },
     /// Print the CustomResourceDefinitions as YAML (pipe into `kubectl apply -f -`).
     Crds {
         /// Also write one file per CRD into this directory (the chart keeps them in
@@ -30,6 +56,36 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Check {
+            policy,
+            report,
+            node,
+            output,
+            now,
+        } => {
+            let inputs = match check::load(&policy, &report, node.as_deref()) {
+                Ok(i) => i,
+                Err(e) => {
+                    eprintln!("gpunode-operator check: bad input: {e}");
+                    return ExitCode::from(check::exit::BAD_INPUT);
+                }
+            };
+            let Some(outcome) = check::check(&inputs, now.unwrap_or_else(jiff::Timestamp::now)) else {
+                eprintln!("gpunode-operator check: the planner returned no plan for the node");
+                return ExitCode::from(check::exit::BAD_INPUT);
+            };
+            match output {
+                Output::Text => print!("{}", outcome.text()),
+                Output::Json => match serde_json::to_string_pretty(&outcome) {
+                    Ok(json) => println!("{json}"),
+                    Err(e) => {
+                        eprintln!("gpunode-operator check: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
+            }
+            ExitCode::from(outcome.exit_code())
+        }
         Command::Crds { write } => {
             let result = crdgen::render_all().and_then(|yaml| {
                 if let Some(dir) = write {

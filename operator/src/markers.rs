@@ -1,0 +1,241 @@
+//! What gpunode writes on a Node, and the bookkeeping it reads back so that a restarted or newly
+//! elected operator resumes exactly where the last one stopped.
+//!
+//! | marker | meaning |
+//! |---|---|
+//! | label `gpunode.dev/policy` | the policy governing the node |
+//! | label `gpunode.dev/state` | `compliant`, `drifted` or `unknown` |
+//! | label `gpunode.dev/drift.<class>` | `true` per active drift class |
+//! | taint `gpunode.dev/drift=<class>:<effect>` | from the remediation ladder; any taint with this key is gpunode's |
+//! | annotation `gpunode.dev/classes` | per class: when its drift began and when it cleared (JSON) |
+//! | annotation `gpunode.dev/cordoned` | `true` when gpunode set `spec.unschedulable` |
+//! | annotation `gpunode.dev/drain-started` | when the current drain began |
+//! | annotation `gpunode.dev/uncordoned-by-user` | a person uncordoned the node during gpunode's cordon or drain: no cordon or drain until it recovers |
+
+use std::collections::BTreeMap;
+
+use gpunode_crds::{DriftClass, policy::TaintEffect};
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// Label naming the governing policy.
+pub const POLICY_LABEL: &str = "gpunode.dev/policy";
+/// Label with the node's state.
+pub const STATE_LABEL: &str = "gpunode.dev/state";
+/// Prefix of the per-class drift labels (`gpunode.dev/drift.thermal=true`).
+pub const DRIFT_LABEL_PREFIX: &str = "gpunode.dev/drift.";
+/// A node labelled `gpunode.dev/skip=true` is evaluated and reported, never acted on.
+pub const SKIP_LABEL: &str = "gpunode.dev/skip";
+/// Key of every taint gpunode adds.
+pub const TAINT_KEY: &str = "gpunode.dev/drift";
+/// The Node condition gpunode maintains.
+pub const CONDITION_TYPE: &str = "GpuPolicyCompliant";
+/// Per-class drift bookkeeping (JSON).
+pub const CLASSES_ANNOTATION: &str = "gpunode.dev/classes";
+/// gpunode cordoned the node.
+pub const CORDONED_ANNOTATION: &str = "gpunode.dev/cordoned";
+/// When the current drain began (RFC 3339).
+pub const DRAIN_STARTED_ANNOTATION: &str = "gpunode.dev/drain-started";
+/// When a person uncordoned the node under gpunode's cordon or drain (RFC 3339).
+pub const USER_UNCORDONED_ANNOTATION: &str = "gpunode.dev/uncordoned-by-user";
+
+/// The drift label key of a class.
+pub fn drift_label(class: DriftClass) -> String {
+    format!("{DRIFT_LABEL_PREFIX}{}", class.label())
+}
+
+/// The life of one drift class on one node.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClassTrack {
+    /// When the drift began (kept through short recoveries, see [`crate::plan`]).
+    pub since: Timestamp,
+    /// When it was last seen cleared; `None` while it is drifting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleared_at: Option<Timestamp>,
+}
+
+/// gpunode's bookkeeping on one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Markers {
+    /// Per drift class: since when, and whether it cleared.
+    pub classes: BTreeMap<DriftClass, ClassTrack>,
+    /// gpunode set `spec.unschedulable`.
+    pub cordoned_by_us: bool,
+    /// The drain in progress began then.
+    pub drain_started: Option<Timestamp>,
+    /// A person uncordoned the node under gpunode's cordon or drain then.
+    pub user_uncordoned: Option<Timestamp>,
+}
+
+/// A marker gpunode could not read back (hand-edited or corrupted); it is ignored and
+/// rewritten.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("annotation {key}={value:?} is not valid: {reason}")]
+pub struct MarkerError {
+    /// The annotation.
+    pub key: &'static str,
+    /// Its value.
+    pub value: String,
+    /// Why it was ignored.
+    pub reason: String,
+}
+
+impl Markers {
+    /// Reads the markers from a node's annotations. Unreadable ones are returned as errors and
+    /// treated as absent, so one bad annotation never stops the node from being reconciled.
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> (Markers, Vec<MarkerError>) {
+        let mut errors = Vec::new();
+        let mut markers = Markers::default();
+        if let Some(v) = annotations.get(CLASSES_ANNOTATION) {
+            match serde_json::from_str(v) {
+                Ok(classes) => markers.classes = classes,
+                Err(e) => errors.push(MarkerError {
+                    key: CLASSES_ANNOTATION,
+                    value: v.clone(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        markers.cordoned_by_us = annotations.get(CORDONED_ANNOTATION).is_some_and(|v| v == "true");
+        let mut time = |key: &'static str| {
+            annotations.get(key).and_then(|v| match v.parse::<Timestamp>() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    errors.push(MarkerError {
+                        key,
+                        value: v.clone(),
+                        reason: e.to_string(),
+                    });
+                    None
+                }
+            })
+        };
+        markers.drain_started = time(DRAIN_STARTED_ANNOTATION);
+        markers.user_uncordoned = time(USER_UNCORDONED_ANNOTATION);
+        (markers, errors)
+    }
+
+    /// The annotations that represent these markers: the complete set gpunode owns, so a
+    /// server-side apply of it also removes the ones no longer needed.
+    pub fn to_annotations(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        if !self.classes.is_empty() {
+            // Serializing a map of plain structs cannot fail.
+            if let Ok(json) = serde_json::to_string(&self.classes) {
+                out.insert(CLASSES_ANNOTATION.to_string(), json);
+            }
+        }
+        if self.cordoned_by_us {
+            out.insert(CORDONED_ANNOTATION.to_string(), "true".to_string());
+        }
+        if let Some(t) = self.drain_started {
+            out.insert(DRAIN_STARTED_ANNOTATION.to_string(), t.to_string());
+        }
+        if let Some(t) = self.user_uncordoned {
+            out.insert(USER_UNCORDONED_ANNOTATION.to_string(), t.to_string());
+        }
+        out
+    }
+}
+
+/// One gpunode taint: `gpunode.dev/drift=<class>:<effect>`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DriftTaint {
+    /// The effect; gpunode has at most one taint per effect.
+    pub effect: TaintEffect,
+    /// The first class (in ladder order) that asks for it, lower case.
+    pub value: String,
+}
+
+impl DriftTaint {
+    /// `gpunode.dev/drift=thermal:NoSchedule`.
+    pub fn display(&self) -> String {
+        format!("{TAINT_KEY}={}:{}", self.value, self.effect.as_str())
+    }
+}
+
+/// gpunode's taint among a node's taints (key `gpunode.dev/drift`), if this is one.
+pub fn drift_taint(t: &k8s_openapi::api::core::v1::Taint) -> Option<DriftTaint> {
+    if t.key != TAINT_KEY {
+        return None;
+    }
+    let effect = match t.effect.as_str() {
+        "NoSchedule" => TaintEffect::NoSchedule,
+        "PreferNoSchedule" => TaintEffect::PreferNoSchedule,
+        "NoExecute" => TaintEffect::NoExecute,
+        _ => return None,
+    };
+    Some(DriftTaint {
+        effect,
+        value: t.value.clone().unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn markers_round_trip_through_annotations() {
+        let markers = Markers {
+            classes: BTreeMap::from([
+                (
+                    DriftClass::Thermal,
+                    ClassTrack {
+                        since: ts("2026-11-29T10:00:00Z"),
+                        cleared_at: None,
+                    },
+                ),
+                (
+                    DriftClass::Xid,
+                    ClassTrack {
+                        since: ts("2026-11-29T09:00:00Z"),
+                        cleared_at: Some(ts("2026-11-29T09:30:00Z")),
+                    },
+                ),
+            ]),
+            cordoned_by_us: true,
+            drain_started: Some(ts("2026-11-29T10:01:00Z")),
+            user_uncordoned: None,
+        };
+        let annotations = markers.to_annotations();
+        assert_eq!(
+            annotations.get(CLASSES_ANNOTATION).map(String::as_str),
+            Some(
+                r#"{"Xid":{"since":"2026-11-29T09:00:00Z","clearedAt":"2026-11-29T09:30:00Z"},"Thermal":{"since":"2026-11-29T10:00:00Z"}}"#
+            )
+        );
+        let (back, errors) = Markers::from_annotations(&annotations);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(back, markers);
+    }
+
+    #[test]
+    fn unreadable_markers_are_reported_and_ignored() {
+        let annotations = BTreeMap::from([
+            (CLASSES_ANNOTATION.to_string(), "{not json".to_string()),
+            (DRAIN_STARTED_ANNOTATION.to_string(), "yesterday".to_string()),
+            (CORDONED_ANNOTATION.to_string(), "true".to_string()),
+        ]);
+        let (markers, errors) = Markers::from_annotations(&annotations);
+        assert_eq!(errors.len(), 2);
+        assert!(markers.classes.is_empty());
+        assert_eq!(markers.drain_started, None);
+        assert!(markers.cordoned_by_us);
+    }
+
+    #[test]
+    fn taints_display_like_kubectl() {
+        let t = DriftTaint {
+            effect: TaintEffect::NoSchedule,
+            value: "thermal".to_string(),
+        };
+        assert_eq!(t.display(), "gpunode.dev/drift=thermal:NoSchedule");
+        assert_eq!(drift_label(DriftClass::Nvlink), "gpunode.dev/drift.nvlink");
+    }
+}

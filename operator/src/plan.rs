@@ -1,0 +1,691 @@
+//! The planner: from a policy, the verdicts of its nodes and what gpunode already did to them,
+//! decide what each node should look like now. Pure: time is a parameter, nothing is written.
+//!
+//! Rules (DESIGN §3):
+//! - **Hysteresis.** A class is *active* while it drifts and until it has stayed clear for
+//!   `recovery.healthyFor`; a drift that returns within that time keeps its original start. A rule
+//!   fires once one of its classes has been active for the rule's `after`; what it did is undone
+//!   only when none of its classes is active any more. Flapping input therefore gives one action
+//!   and one undo, never a flapping taint.
+//! - **Budget.** NoSchedule/NoExecute taints, cordons and drains are disruptive. A node that is
+//!   not yet disrupted by gpunode is admitted only while fewer than `maxUnavailable` of the
+//!   policy's nodes are; the rest queue, oldest drift first. Undoing is never limited.
+//! - **Circuit breaker.** When more than `maxDriftedPercent` of the nodes began drifting within
+//!   `window`, no disruption is added anywhere.
+//! - **Conflict, skip, dry run, pause.** A node selected by another policy gets no new disruption;
+//!   `gpunode.dev/skip=true` and a paused policy leave the node untouched; dry run writes only
+//!   the labels, the condition and the bookkeeping, and lists every action as pending.
+//! - **People win.** gpunode never uncordons a node it did not cordon; a person who uncordons a
+//!   node gpunode cordoned or is draining cancels that, and gpunode does not cordon it again until
+//!   the node has recovered.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpunode_crds::{
+    DriftClass, GpuNodePolicySpec,
+    policy::{RemediationAction, TaintEffect},
+};
+use jiff::{SignedDuration, Timestamp};
+
+use crate::{
+    markers::{ClassTrack, DriftTaint, Markers},
+    verdict::{NodeState, Verdict},
+};
+
+/// What the planner needs to know about one node selected by the policy.
+#[derive(Clone, Debug)]
+pub struct NodeView {
+    /// Node name.
+    pub name: String,
+    /// Labelled `gpunode.dev/skip=true`.
+    pub skip: bool,
+    /// `spec.unschedulable` as observed.
+    pub unschedulable: bool,
+    /// gpunode's taints currently on the node.
+    pub taints: BTreeSet<DriftTaint>,
+    /// gpunode's bookkeeping as read from the node.
+    pub markers: Markers,
+    /// The state label as observed, if any.
+    pub current_state: Option<NodeState>,
+    /// The reason of the node's `GpuPolicyCompliant` condition as observed, if any.
+    pub current_reason: Option<String>,
+    /// What the policy says about the node now.
+    pub verdict: Verdict,
+    /// Other policies that also select this node.
+    pub conflicts: Vec<String>,
+}
+
+/// An action of the ladder as it applies to one node.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Action {
+    /// Add a gpunode taint.
+    Taint(DriftTaint),
+    /// Mark the node unschedulable.
+    Cordon,
+    /// Evict the node's pods.
+    Drain,
+}
+
+impl Action {
+    /// Takes capacity away (counts against `maxUnavailable`).
+    pub fn is_disruptive(&self) -> bool {
+        match self {
+            Action::Taint(t) => t.effect.is_disruptive(),
+            Action::Cordon | Action::Drain => true,
+        }
+    }
+
+    /// For status and events: `Taint NoSchedule (thermal)`, `Cordon`, `Drain`.
+    pub fn describe(&self) -> String {
+        match self {
+            Action::Taint(t) => format!("Taint {} ({})", t.effect.as_str(), t.value),
+            Action::Cordon => "Cordon".to_string(),
+            Action::Drain => "Drain".to_string(),
+        }
+    }
+}
+
+/// Why wanted actions are not taken.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Block {
+    /// The policy is in dry run.
+    DryRun,
+    /// The policy is paused.
+    Paused,
+    /// The node is labelled `gpunode.dev/skip=true`.
+    Skip,
+    /// Another policy selects the node too.
+    Conflict(Vec<String>),
+    /// The circuit breaker is open.
+    CircuitOpen,
+    /// `maxUnavailable` nodes are already disrupted.
+    Budget,
+}
+
+impl Block {
+    /// A short reason for status and events.
+    pub fn describe(&self) -> String {
+        match self {
+            Block::DryRun => "dry run".to_string(),
+            Block::Paused => "policy paused".to_string(),
+            Block::Skip => "node labelled gpunode.dev/skip=true".to_string(),
+            Block::Conflict(others) => format!("node also selected by {}", others.join(", ")),
+            Block::CircuitOpen => "circuit breaker open".to_string(),
+            Block::Budget => "disruption budget exhausted".to_string(),
+        }
+    }
+}
+
+/// The state of a drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DrainStep {
+    /// No drain.
+    None,
+    /// Evict pods; the drain began at `started` and is stuck once its timeout has passed.
+    Run {
+        /// When it began.
+        started: Timestamp,
+        /// It has run longer than `disruption.drain.timeout`.
+        stuck: bool,
+    },
+}
+
+/// What a node should look like now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodePlan {
+    /// Node name.
+    pub node: String,
+    /// False when nothing may be written to the node (skip label, paused policy).
+    pub write: bool,
+    /// The verdict's state.
+    pub state: NodeState,
+    /// Classes for the `gpunode.dev/drift.<class>` labels: those drifting now.
+    pub drifting: BTreeSet<DriftClass>,
+    /// Bookkeeping to store.
+    pub markers: Markers,
+    /// gpunode's taints the node should carry (the complete set).
+    pub taints: BTreeSet<DriftTaint>,
+    /// `Some(true)`: cordon; `Some(false)`: uncordon (only ever what gpunode cordoned); `None`:
+    /// leave `spec.unschedulable` alone.
+    pub cordon: Option<bool>,
+    /// Whether pods should be evicted.
+    pub drain: DrainStep,
+    /// Actions in effect after this plan (for status).
+    pub actions: Vec<Action>,
+    /// Actions wanted but not taken, and why.
+    pub pending: Vec<Action>,
+    /// Why the pending actions wait.
+    pub blocked: Option<Block>,
+    /// The node condition: status, reason and message.
+    pub condition: NodeCondition,
+    /// Transitions worth an Event.
+    pub events: Vec<PlannedEvent>,
+    /// When the oldest active drift began.
+    pub since: Option<Timestamp>,
+}
+
+/// The `GpuPolicyCompliant` condition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeCondition {
+    /// `True`, `False` or `Unknown`.
+    pub status: &'static str,
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// One line.
+    pub message: String,
+}
+
+/// An Event to publish on the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedEvent {
+    /// A Warning (drift, stuck drain) rather than Normal.
+    pub warning: bool,
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// One line.
+    pub note: String,
+}
+
+/// The plan for every node of a policy, plus the policy-wide decisions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyPlan {
+    /// One per node, in the order disruption was admitted (oldest drift first).
+    pub nodes: Vec<NodePlan>,
+    /// Nodes that may be disrupted at once.
+    pub budget_allowed: u32,
+    /// Nodes disrupted by gpunode after this plan.
+    pub budget_in_use: u32,
+    /// Nodes waiting for the budget.
+    pub budget_queued: u32,
+    /// The circuit breaker is open.
+    pub circuit_open: bool,
+    /// Nodes that began drifting within the breaker window.
+    pub recently_drifted: u32,
+}
+
+fn elapsed(now: Timestamp, since: Timestamp) -> SignedDuration {
+    now.duration_since(since)
+}
+
+fn signed(d: gpunode_crds::Duration) -> SignedDuration {
+    SignedDuration::try_from(d.get()).unwrap_or(SignedDuration::MAX)
+}
+
+/// Updates the per-class tracks from a verdict: drifting classes start (or resume within
+/// `healthy_for`), cleared ones get a clear time, and those clear for `healthy_for` are dropped.
+/// While some check is unknown nothing new is considered cleared: unknown is not healthy.
+pub fn track_classes(
+    old: &BTreeMap<DriftClass, ClassTrack>,
+    verdict: &Verdict,
+    healthy_for: SignedDuration,
+    now: Timestamp,
+) -> BTreeMap<DriftClass, ClassTrack> {
+    let drifting = verdict.classes();
+    let evidence_of_health = verdict.unknowns.is_empty();
+    let mut out = BTreeMap::new();
+    for class in &drifting {
+        let since = match old.get(class) {
+            Some(t) if t.cleared_at.is_none_or(|c| elapsed(now, c) < healthy_for) => t.since,
+            _ => now,
+        };
+        out.insert(
+            *class,
+            ClassTrack {
+                since,
+                cleared_at: None,
+            },
+        );
+    }
+    for (class, track) in old {
+        if drifting.contains(class) {
+            continue;
+        }
+        let cleared_at = match track.cleared_at {
+            Some(c) => Some(c),
+            None if evidence_of_health || *class == DriftClass::Stale => Some(now),
+            None => None,
+        };
+        if cleared_at.is_some_and(|c| elapsed(now, c) >= healthy_for) {
+            continue;
+        }
+        out.insert(
+            *class,
+            ClassTrack {
+                since: track.since,
+                cleared_at,
+            },
+        );
+    }
+    out
+}
+
+/// What the ladder asks for given the tracks (ignoring budget, breaker and the rest).
+fn wanted(
+    policy: &GpuNodePolicySpec,
+    tracks: &BTreeMap<DriftClass, ClassTrack>,
+    now: Timestamp,
+) -> BTreeSet<Action> {
+    let mut taints: BTreeMap<TaintEffect, DriftClass> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    for rule in &policy.remediation {
+        let after = signed(rule.after);
+        let firing: Vec<DriftClass> = rule
+            .classes
+            .iter()
+            .copied()
+            .filter(|c| tracks.get(c).is_some_and(|t| elapsed(now, t.since) >= after))
+            .collect();
+        let Some(first) = firing.iter().min().copied() else {
+            continue;
+        };
+        match (rule.action, rule.effect) {
+            (RemediationAction::Label, _) => {}
+            (RemediationAction::Taint, Some(effect)) => {
+                let e = taints.entry(effect).or_insert(first);
+                *e = (*e).min(first);
+            }
+            // Rejected by the API server; a rule that slipped through does nothing.
+            (RemediationAction::Taint, None) => {}
+            (RemediationAction::Cordon, _) => {
+                out.insert(Action::Cordon);
+            }
+            (RemediationAction::Drain, _) => {
+                out.insert(Action::Cordon);
+                out.insert(Action::Drain);
+            }
+        }
+    }
+    out.extend(taints.into_iter().map(|(effect, class)| {
+        Action::Taint(DriftTaint {
+            effect,
+            value: class.label(),
+        })
+    }));
+    out
+}
+
+/// What gpunode has in effect on a node now.
+fn current(node: &NodeView) -> BTreeSet<Action> {
+    let mut out: BTreeSet<Action> = node.taints.iter().cloned().map(Action::Taint).collect();
+    if node.markers.cordoned_by_us && node.unschedulable {
+        out.insert(Action::Cordon);
+    }
+    if node.markers.drain_started.is_some() {
+        out.insert(Action::Drain);
+    }
+    out
+}
+
+fn is_disrupted(actions: &BTreeSet<Action>) -> bool {
+    actions.iter().any(Action::is_disruptive)
+}
+
+/// Plans every node of one policy.
+pub fn plan(policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> PolicyPlan {
+    let healthy_for = signed(policy.recovery.healthy_for);
+    let matched = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
+
+    // Per node: tracks, what the ladder wants, what is in effect.
+    struct Work<'a> {
+        node: &'a NodeView,
+        tracks: BTreeMap<DriftClass, ClassTrack>,
+        wanted: BTreeSet<Action>,
+        current: BTreeSet<Action>,
+        user_uncordoned: Option<Timestamp>,
+        since: Option<Timestamp>,
+    }
+    let mut work: Vec<Work> = nodes
+        .iter()
+        .map(|node| {
+            let tracks = track_classes(&node.markers.classes, &node.verdict, healthy_for, now);
+            let mut wanted = wanted(policy, &tracks, now);
+            let mut current = current(node);
+            // A person uncordoned what gpunode cordoned: cancel, and hold off until recovery.
+            let mut user_uncordoned = node.markers.user_uncordoned;
+            if node.markers.cordoned_by_us && !node.unschedulable {
+                user_uncordoned = Some(now);
+                current.remove(&Action::Drain);
+            }
+            if user_uncordoned.is_some() {
+                if wanted.contains(&Action::Cordon) {
+                    wanted.remove(&Action::Cordon);
+                    wanted.remove(&Action::Drain);
+                    current.remove(&Action::Drain);
+                } else {
+                    user_uncordoned = None;
+                }
+            }
+            let since = tracks
+                .values()
+                .filter(|t| t.cleared_at.is_none())
+                .map(|t| t.since)
+                .min();
+            Work {
+                node,
+                tracks,
+                wanted,
+                current,
+                user_uncordoned,
+                since,
+            }
+        })
+        .collect();
+
+    // Oldest drift first gets the budget; ties by name for determinism.
+    work.sort_by(|a, b| {
+        (a.since.is_none(), a.since, &a.node.name).cmp(&(b.since.is_none(), b.since, &b.node.name))
+    });
+
+    let passive = |node: &NodeView| {
+        if node.skip {
+            Some(Block::Skip)
+        } else if policy.paused {
+            Some(Block::Paused)
+        } else if policy.dry_run {
+            Some(Block::DryRun)
+        } else {
+            None
+        }
+    };
+    // What stays in effect before anything new is admitted: everything when nothing may be
+    // written, otherwise what the ladder still wants (recovered actions are undone first, so
+    // their budget is free for the queue).
+    let kept: Vec<BTreeSet<Action>> = work
+        .iter()
+        .map(|w| match passive(w.node) {
+            Some(_) => w.current.clone(),
+            None => w.current.intersection(&w.wanted).cloned().collect(),
+        })
+        .collect();
+
+    let budget_allowed = policy.disruption.max_unavailable.resolve(matched);
+    let mut in_use = u32::try_from(kept.iter().filter(|k| is_disrupted(k)).count()).unwrap_or(u32::MAX);
+
+    let window = signed(policy.disruption.circuit_breaker.window);
+    let recently_drifted = u32::try_from(
+        work.iter()
+            .filter(|w| w.since.is_some_and(|s| elapsed(now, s) <= window))
+            .count(),
+    )
+    .unwrap_or(u32::MAX);
+    let pct = policy.disruption.circuit_breaker.max_drifted_percent;
+    let circuit_open = pct < 100 && u64::from(recently_drifted) * 100 > u64::from(pct) * u64::from(matched);
+
+    let mut queued = 0;
+    let mut plans = Vec::with_capacity(work.len());
+    for (w, kept) in work.into_iter().zip(kept) {
+        let node = w.node;
+        let additions: Vec<Action> = w.wanted.difference(&kept).cloned().collect();
+        let (effective, pending, blocked) = if let Some(b) = passive(node) {
+            (kept, additions, Some(b))
+        } else {
+            let disruptive_additions = additions.iter().any(Action::is_disruptive);
+            let gate = if !disruptive_additions {
+                None
+            } else if !node.conflicts.is_empty() {
+                Some(Block::Conflict(node.conflicts.clone()))
+            } else if circuit_open {
+                Some(Block::CircuitOpen)
+            } else if !is_disrupted(&kept) && in_use >= budget_allowed {
+                Some(Block::Budget)
+            } else {
+                None
+            };
+            match gate {
+                None => {
+                    if disruptive_additions && !is_disrupted(&kept) {
+                        in_use += 1;
+                    }
+                    (w.wanted.clone(), Vec::new(), None)
+                }
+                Some(gate) => {
+                    if gate == Block::Budget {
+                        queued += 1;
+                    }
+                    // Take the harmless additions, hold back the disruptive ones.
+                    let (held, harmless): (Vec<Action>, Vec<Action>) =
+                        additions.into_iter().partition(Action::is_disruptive);
+                    let mut eff = kept;
+                    eff.extend(harmless);
+                    (eff, held, Some(gate))
+                }
+            }
+        };
+        plans.push(node_plan(
+            policy,
+            node,
+            w.tracks,
+            w.user_uncordoned,
+            w.since,
+            effective,
+            pending,
+            blocked,
+            now,
+        ));
+    }
+
+    PolicyPlan {
+        nodes: plans,
+        budget_allowed,
+        budget_in_use: in_use,
+        budget_queued: queued,
+        circuit_open,
+        recently_drifted,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn node_plan(
+    policy: &GpuNodePolicySpec,
+    node: &NodeView,
+    tracks: BTreeMap<DriftClass, ClassTrack>,
+    user_uncordoned: Option<Timestamp>,
+    since: Option<Timestamp>,
+    effective: BTreeSet<Action>,
+    pending: Vec<Action>,
+    blocked: Option<Block>,
+    now: Timestamp,
+) -> NodePlan {
+    let write = !matches!(blocked, Some(Block::Skip | Block::Paused));
+    let taints: BTreeSet<DriftTaint> = effective
+        .iter()
+        .filter_map(|a| match a {
+            Action::Taint(t) => Some(t.clone()),
+            _ => None,
+        })
+        .collect();
+    let want_cordon = effective.contains(&Action::Cordon);
+    let want_drain = effective.contains(&Action::Drain);
+
+    // Cordon: only if nobody else did; uncordon only what gpunode cordoned.
+    let (cordon, cordoned_by_us) = if want_cordon {
+        if node.markers.cordoned_by_us && node.unschedulable {
+            (None, true)
+        } else if node.unschedulable {
+            (None, false) // cordoned by someone else: leave it theirs
+        } else {
+            (Some(true), true)
+        }
+    } else if node.markers.cordoned_by_us && node.unschedulable {
+        (Some(false), false)
+    } else {
+        (None, false)
+    };
+
+    let drain_started = if want_drain {
+        Some(node.markers.drain_started.unwrap_or(now))
+    } else {
+        None
+    };
+    let drain = match drain_started {
+        Some(started) => DrainStep::Run {
+            started,
+            stuck: elapsed(now, started) >= signed(policy.disruption.drain.timeout),
+        },
+        None => DrainStep::None,
+    };
+
+    let markers = Markers {
+        classes: tracks,
+        cordoned_by_us,
+        drain_started,
+        user_uncordoned,
+    };
+
+    let state = node.verdict.state;
+    let condition = condition(node, &drain, &blocked, &pending);
+    let events = events(
+        node,
+        state,
+        &taints,
+        cordon,
+        &drain,
+        user_uncordoned,
+        &blocked,
+        &pending,
+    );
+    let drifting = node.verdict.classes();
+    NodePlan {
+        node: node.name.clone(),
+        write,
+        state,
+        drifting,
+        markers,
+        taints,
+        cordon,
+        drain,
+        actions: effective.into_iter().collect(),
+        pending,
+        blocked,
+        condition,
+        events,
+        since,
+    }
+}
+
+fn condition(
+    node: &NodeView,
+    drain: &DrainStep,
+    blocked: &Option<Block>,
+    pending: &[Action],
+) -> NodeCondition {
+    let summary = node.verdict.summary();
+    let (status, reason) = match node.verdict.state {
+        NodeState::Compliant => ("True", "Compliant"),
+        NodeState::Drifted => ("False", "Drifted"),
+        NodeState::Unknown => ("Unknown", "Unknown"),
+    };
+    let (reason, mut message) = match drain {
+        DrainStep::Run { stuck: true, started } => (
+            "DrainStuck",
+            format!("{summary}; drain running since {started} is stuck"),
+        ),
+        DrainStep::Run { .. } => ("Draining", format!("{summary}; draining")),
+        DrainStep::None => (reason, summary),
+    };
+    if let Some(b) = blocked
+        && !pending.is_empty()
+    {
+        let actions: Vec<String> = pending.iter().map(Action::describe).collect();
+        message = format!("{message}; waiting ({}): {}", b.describe(), actions.join(", "));
+    }
+    NodeCondition {
+        status,
+        reason,
+        message,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn events(
+    node: &NodeView,
+    state: NodeState,
+    taints: &BTreeSet<DriftTaint>,
+    cordon: Option<bool>,
+    drain: &DrainStep,
+    user_uncordoned: Option<Timestamp>,
+    blocked: &Option<Block>,
+    pending: &[Action],
+) -> Vec<PlannedEvent> {
+    let mut out = Vec::new();
+    if node.current_state != Some(state) {
+        let (warning, reason) = match state {
+            NodeState::Compliant => (false, "Compliant"),
+            NodeState::Drifted => (true, "Drifted"),
+            NodeState::Unknown => (true, "Unknown"),
+        };
+        out.push(PlannedEvent {
+            warning,
+            reason,
+            note: node.verdict.summary(),
+        });
+    }
+    if blocked.is_some() && !matches!(blocked, Some(Block::DryRun | Block::Skip | Block::Paused)) {
+        // Only when something new is held back, so a queue does not repeat itself.
+        if !pending.is_empty() && node.current_state != Some(state) {
+            out.push(PlannedEvent {
+                warning: false,
+                reason: "RemediationWaiting",
+                note: blocked.as_ref().map(Block::describe).unwrap_or_default(),
+            });
+        }
+    }
+    for t in taints.difference(&node.taints) {
+        out.push(PlannedEvent {
+            warning: true,
+            reason: "Tainted",
+            note: format!("added taint {}", t.display()),
+        });
+    }
+    for t in node.taints.difference(taints) {
+        out.push(PlannedEvent {
+            warning: false,
+            reason: "TaintRemoved",
+            note: format!("removed taint {}", t.display()),
+        });
+    }
+    match cordon {
+        Some(true) => out.push(PlannedEvent {
+            warning: true,
+            reason: "Cordoned",
+            note: "marked unschedulable by gpunode".to_string(),
+        }),
+        Some(false) => out.push(PlannedEvent {
+            warning: false,
+            reason: "Uncordoned",
+            note: "gpunode's cordon lifted after recovery".to_string(),
+        }),
+        None => {}
+    }
+    match (node.markers.drain_started, drain) {
+        (None, DrainStep::Run { .. }) => out.push(PlannedEvent {
+            warning: true,
+            reason: "DrainStarted",
+            note: "evicting pods through the Eviction API".to_string(),
+        }),
+        (Some(_), DrainStep::Run { stuck: true, .. })
+            if node.current_reason.as_deref() != Some("DrainStuck") =>
+        {
+            out.push(PlannedEvent {
+                warning: true,
+                reason: "DrainStuck",
+                note: "drain has run past its timeout; still retrying, never forcing".to_string(),
+            })
+        }
+        (Some(_), DrainStep::None) if user_uncordoned.is_some() && node.markers.user_uncordoned.is_none() => {
+            out.push(PlannedEvent {
+                warning: true,
+                reason: "DrainCancelled",
+                note: "node uncordoned by a user; gpunode will not cordon it again until it recovers"
+                    .to_string(),
+            })
+        }
+        (Some(_), DrainStep::None) => out.push(PlannedEvent {
+            warning: false,
+            reason: "DrainEnded",
+            note: "drain no longer needed".to_string(),
+        }),
+        _ => {}
+    }
+    out
+}

@@ -1,0 +1,102 @@
+//! `gpunode-operator check`: exit codes and output for each outcome, from files.
+
+use std::process::{Command, Output};
+
+const NOW: &str = "2026-11-29T12:00:30Z";
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/evaluate");
+const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples");
+const INVALID: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../e2e/fixtures/invalid-policies");
+
+fn check(policy: &str, report: &str, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpunode-operator"))
+        .args(["check", "--policy", policy, "--report", report])
+        .args(extra)
+        .output()
+        .unwrap_or_else(|e| panic!("run gpunode-operator check: {e}"))
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn a_healthy_node_is_compliant_with_exit_0() {
+    let o = check(
+        &format!("{EXAMPLES}/h100-training.yaml"),
+        &format!("{FIXTURES}/healthy-h100-report.yaml"),
+        &["--now", NOW],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stdout(&o).contains("under policy h100-training: compliant"));
+}
+
+#[test]
+fn a_broken_node_is_drifted_with_exit_1_and_one_line_per_drift() {
+    let o = check(
+        &format!("{EXAMPLES}/h100-training.yaml"),
+        &format!("{FIXTURES}/broken-h100-report.yaml"),
+        &["--now", NOW],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let out = stdout(&o);
+    assert!(out.contains("drift    Xid"), "{out}");
+    assert!(
+        out.contains("gpu.driverVersion: expected >=550.54.15, <560, got 535.183.01"),
+        "{out}"
+    );
+    assert!(out.contains("now: Cordon, Drain"), "{out}");
+}
+
+#[test]
+fn a_stale_report_is_unknown_with_exit_2() {
+    let o = check(
+        &format!("{EXAMPLES}/h100-training.yaml"),
+        &format!("{FIXTURES}/healthy-h100-report.yaml"),
+        &["--now", "2026-11-29T13:00:00Z", "-o", "json"],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("json: {e}"));
+    assert_eq!(v["verdict"]["state"], "unknown");
+    assert_eq!(v["labels"]["gpunode.dev/state"], "unknown");
+}
+
+#[test]
+fn every_invalid_policy_is_bad_input_naming_the_field() {
+    let dir = std::fs::read_dir(INVALID).unwrap_or_else(|e| panic!("{INVALID}: {e}"));
+    let mut n = 0;
+    for entry in dir.flatten() {
+        let path = entry.path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let field = text
+            .lines()
+            .find_map(|l| l.strip_prefix("# field: "))
+            .unwrap_or_else(|| panic!("{}: no field header", path.display()));
+        let o = check(
+            &path.to_string_lossy(),
+            &format!("{FIXTURES}/healthy-h100-report.yaml"),
+            &[],
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(3), "{}: {err}", path.display());
+        // The field, or its parent for errors found while parsing a list element.
+        let parent = field.rsplit_once(['.', '[']).map_or(field, |(p, _)| p);
+        assert!(
+            err.contains(field) || err.contains(parent),
+            "{}: {err}",
+            path.display()
+        );
+        n += 1;
+    }
+    assert!(n >= 10);
+}
+
+#[test]
+fn a_missing_file_is_bad_input() {
+    let o = check(
+        "/nonexistent/policy.yaml",
+        &format!("{FIXTURES}/healthy-h100-report.yaml"),
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/policy.yaml"));
+}

@@ -1,0 +1,553 @@
+//! The planner's rules, one behaviour per test, driven through a small simulator that applies
+//! each plan back onto the nodes the way the operator's apply step does.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpunode_crds::{
+    DriftClass, GpuNodePolicySpec,
+    policy::{RemediationAction, RemediationRule, TaintEffect},
+};
+use gpunode_operator::{
+    markers::{DriftTaint, Markers},
+    plan::{Action, Block, DrainStep, NodeView, PolicyPlan, plan},
+    verdict::{Drift, NodeState, Unknown, Verdict},
+};
+use jiff::{SignedDuration, Timestamp};
+
+fn t0() -> Timestamp {
+    Timestamp::from_second(1_790_000_000).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn at(secs: i64) -> Timestamp {
+    t0() + SignedDuration::from_secs(secs)
+}
+
+fn policy(yaml: &str) -> GpuNodePolicySpec {
+    serde_yaml::from_str(yaml).unwrap_or_else(|e| panic!("policy fixture: {e}"))
+}
+
+/// Throttle taints NoSchedule after 30s, Xid drains, healthyFor 5m, budget 1, breaker off.
+fn ladder() -> GpuNodePolicySpec {
+    policy(
+        r#"
+remediation:
+  - {classes: [Throttle, Thermal], action: Taint, effect: NoSchedule, after: 30s}
+  - {classes: [Memory, Xid], action: Drain}
+disruption:
+  maxUnavailable: 1
+  circuitBreaker: {maxDriftedPercent: 100}
+recovery: {healthyFor: 5m}
+"#,
+    )
+}
+
+fn drift(class: DriftClass) -> Drift {
+    Drift {
+        class,
+        check: format!("check.{}", class.label()),
+        expected: "ok".to_string(),
+        actual: "bad".to_string(),
+        gpu: Some(0),
+        device: None,
+    }
+}
+
+fn drifted(classes: &[DriftClass]) -> Verdict {
+    Verdict::new(classes.iter().copied().map(drift).collect(), Vec::new())
+}
+
+fn compliant() -> Verdict {
+    Verdict::new(Vec::new(), Vec::new())
+}
+
+fn stale() -> Verdict {
+    Verdict::new(
+        Vec::new(),
+        vec![Unknown {
+            check: "report".to_string(),
+            reason: "report is 10m old (staleAfter 3m)".to_string(),
+            gpu: None,
+        }],
+    )
+}
+
+fn node(name: &str) -> NodeView {
+    NodeView {
+        name: name.to_string(),
+        skip: false,
+        unschedulable: false,
+        taints: BTreeSet::new(),
+        markers: Markers::default(),
+        current_state: None,
+        current_reason: None,
+        verdict: compliant(),
+        conflicts: Vec::new(),
+    }
+}
+
+fn no_schedule(class: &str) -> DriftTaint {
+    DriftTaint {
+        effect: TaintEffect::NoSchedule,
+        value: class.to_string(),
+    }
+}
+
+/// Applies a plan to the nodes as the apply step would.
+fn apply(nodes: &mut [NodeView], plan: &PolicyPlan) {
+    for p in &plan.nodes {
+        let Some(n) = nodes.iter_mut().find(|n| n.name == p.node) else {
+            panic!("plan for unknown node {}", p.node)
+        };
+        if !p.write {
+            continue;
+        }
+        n.taints = p.taints.clone();
+        n.markers = p.markers.clone();
+        if let Some(c) = p.cordon {
+            n.unschedulable = c;
+        }
+        n.current_state = Some(p.state);
+        n.current_reason = Some(p.condition.reason.to_string());
+    }
+}
+
+/// Plans and applies once.
+fn step(policy: &GpuNodePolicySpec, nodes: &mut [NodeView], now: Timestamp) -> PolicyPlan {
+    let p = plan(policy, nodes, now);
+    apply(nodes, &p);
+    p
+}
+
+fn of<'a>(p: &'a PolicyPlan, name: &str) -> &'a gpunode_operator::plan::NodePlan {
+    p.nodes
+        .iter()
+        .find(|n| n.node == name)
+        .unwrap_or_else(|| panic!("no plan for {name}"))
+}
+
+#[test]
+fn a_taint_waits_for_after() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Throttle]);
+    let p = step(&policy, &mut nodes, at(0));
+    assert!(of(&p, "a").taints.is_empty(), "tainted before 30s");
+    assert_eq!(of(&p, "a").state, NodeState::Drifted);
+    assert_eq!(of(&p, "a").drifting, BTreeSet::from([DriftClass::Throttle]));
+    let p = step(&policy, &mut nodes, at(29));
+    assert!(of(&p, "a").taints.is_empty());
+    let p = step(&policy, &mut nodes, at(30));
+    assert_eq!(of(&p, "a").taints, BTreeSet::from([no_schedule("throttle")]));
+    assert!(of(&p, "a").events.iter().any(|e| e.reason == "Tainted"));
+}
+
+#[test]
+fn recovery_waits_for_healthy_for_then_removes_only_gpunode_taints() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Thermal]);
+    step(&policy, &mut nodes, at(0));
+    step(&policy, &mut nodes, at(30));
+    assert_eq!(nodes[0].taints, BTreeSet::from([no_schedule("thermal")]));
+
+    nodes[0].verdict = compliant();
+    let p = step(&policy, &mut nodes, at(60));
+    assert_eq!(of(&p, "a").state, NodeState::Compliant);
+    assert_eq!(nodes[0].taints.len(), 1, "undone before healthyFor");
+    step(&policy, &mut nodes, at(60 + 299));
+    assert_eq!(nodes[0].taints.len(), 1);
+    let p = step(&policy, &mut nodes, at(60 + 300));
+    assert!(nodes[0].taints.is_empty());
+    assert!(of(&p, "a").events.iter().any(|e| e.reason == "TaintRemoved"));
+    assert!(
+        nodes[0].markers.classes.is_empty(),
+        "bookkeeping cleared after recovery"
+    );
+}
+
+#[test]
+fn a_drift_returning_within_healthy_for_keeps_its_start() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Throttle]);
+    step(&policy, &mut nodes, at(0));
+    nodes[0].verdict = compliant();
+    step(&policy, &mut nodes, at(20));
+    nodes[0].verdict = drifted(&[DriftClass::Throttle]);
+    // 35s after the first sighting, though only 5s into the second episode.
+    step(&policy, &mut nodes, at(35));
+    assert_eq!(nodes[0].taints, BTreeSet::from([no_schedule("throttle")]));
+}
+
+#[test]
+fn a_flapping_input_gives_one_taint_and_no_flapping() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    let mut changes = 0;
+    let mut last = BTreeSet::new();
+    // Drifting 10s, healthy 10s, for 30 minutes.
+    for i in 0..180 {
+        nodes[0].verdict = if i % 2 == 0 {
+            drifted(&[DriftClass::Throttle])
+        } else {
+            compliant()
+        };
+        step(&policy, &mut nodes, at(i * 10));
+        if nodes[0].taints != last {
+            changes += 1;
+            last = nodes[0].taints.clone();
+        }
+    }
+    assert_eq!(
+        changes, 1,
+        "the taint was added once and never removed while flapping"
+    );
+    assert_eq!(last, BTreeSet::from([no_schedule("throttle")]));
+}
+
+#[test]
+fn drain_cordons_then_evicts_and_recovery_uncordons() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Xid]);
+    let p = step(&policy, &mut nodes, at(0));
+    let a = of(&p, "a");
+    assert_eq!(a.cordon, Some(true));
+    assert_eq!(
+        a.drain,
+        DrainStep::Run {
+            started: at(0),
+            stuck: false
+        }
+    );
+    assert!(nodes[0].unschedulable && nodes[0].markers.cordoned_by_us);
+
+    // The drain keeps its start across reconciles and turns stuck after the 10m default timeout.
+    let p = step(&policy, &mut nodes, at(600));
+    assert_eq!(
+        of(&p, "a").drain,
+        DrainStep::Run {
+            started: at(0),
+            stuck: true
+        }
+    );
+    assert_eq!(of(&p, "a").condition.reason, "DrainStuck");
+    assert!(of(&p, "a").events.iter().any(|e| e.reason == "DrainStuck"));
+    let p = step(&policy, &mut nodes, at(610));
+    assert!(
+        !of(&p, "a").events.iter().any(|e| e.reason == "DrainStuck"),
+        "stuck reported once"
+    );
+
+    nodes[0].verdict = compliant();
+    step(&policy, &mut nodes, at(700));
+    let p = step(&policy, &mut nodes, at(1000));
+    assert_eq!(of(&p, "a").cordon, Some(false));
+    assert_eq!(of(&p, "a").drain, DrainStep::None);
+    assert!(!nodes[0].unschedulable && !nodes[0].markers.cordoned_by_us);
+}
+
+#[test]
+fn a_human_cordon_is_never_lifted() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].unschedulable = true; // cordoned by someone else
+    nodes[0].verdict = drifted(&[DriftClass::Memory]);
+    let p = step(&policy, &mut nodes, at(0));
+    assert_eq!(of(&p, "a").cordon, None);
+    assert!(matches!(of(&p, "a").drain, DrainStep::Run { .. }));
+    assert!(!nodes[0].markers.cordoned_by_us);
+    nodes[0].verdict = compliant();
+    step(&policy, &mut nodes, at(10));
+    let p = step(&policy, &mut nodes, at(400));
+    assert_eq!(of(&p, "a").cordon, None);
+    assert!(nodes[0].unschedulable, "the human's cordon stays");
+}
+
+#[test]
+fn a_human_uncordon_cancels_the_drain_until_the_node_recovers() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Xid]);
+    step(&policy, &mut nodes, at(0));
+    nodes[0].unschedulable = false; // kubectl uncordon
+    let p = step(&policy, &mut nodes, at(5));
+    let a = of(&p, "a");
+    assert_eq!(a.drain, DrainStep::None);
+    assert_eq!(a.cordon, None);
+    assert!(a.events.iter().any(|e| e.reason == "DrainCancelled"));
+    assert!(nodes[0].markers.user_uncordoned.is_some());
+    // Still drifting: gpunode does not fight the human.
+    let p = step(&policy, &mut nodes, at(60));
+    assert_eq!(of(&p, "a").cordon, None);
+    assert!(!nodes[0].unschedulable);
+    // After recovery the hold is lifted, and a new drift is acted on again.
+    nodes[0].verdict = compliant();
+    step(&policy, &mut nodes, at(100));
+    step(&policy, &mut nodes, at(400));
+    assert!(nodes[0].markers.user_uncordoned.is_none());
+    nodes[0].verdict = drifted(&[DriftClass::Xid]);
+    let p = step(&policy, &mut nodes, at(500));
+    assert_eq!(of(&p, "a").cordon, Some(true));
+}
+
+#[test]
+fn thirty_nodes_drifting_under_a_ten_percent_budget_proceed_three_at_a_time() {
+    let policy = policy(
+        r#"
+remediation:
+  - {classes: [Xid], action: Drain}
+disruption:
+  maxUnavailable: "10%"
+  circuitBreaker: {maxDriftedPercent: 100}
+recovery: {healthyFor: 1m}
+"#,
+    );
+    let mut nodes: Vec<NodeView> = (0..30).map(|i| node(&format!("n{i:02}"))).collect();
+    for (i, n) in nodes.iter_mut().enumerate() {
+        n.verdict = drifted(&[DriftClass::Xid]);
+        // Staggered starts make the queue order observable: n00 drifted first.
+        n.markers.classes.insert(
+            DriftClass::Xid,
+            gpunode_operator::markers::ClassTrack {
+                since: at(i64::try_from(i).unwrap_or(0) - 100),
+                cleared_at: None,
+            },
+        );
+    }
+    let p = step(&policy, &mut nodes, at(0));
+    let draining: Vec<&str> = p
+        .nodes
+        .iter()
+        .filter(|n| n.actions.contains(&Action::Drain))
+        .map(|n| n.node.as_str())
+        .collect();
+    assert_eq!(
+        draining,
+        ["n00", "n01", "n02"],
+        "exactly the budget acts, oldest first"
+    );
+    assert_eq!(p.budget_allowed, 3);
+    assert_eq!(p.budget_in_use, 3);
+    assert_eq!(p.budget_queued, 27);
+    assert!(
+        p.nodes
+            .iter()
+            .filter(|n| n.blocked == Some(Block::Budget))
+            .all(|n| n.pending.contains(&Action::Drain))
+    );
+
+    // The queue holds while the first three are still out.
+    let p = step(&policy, &mut nodes, at(30));
+    assert_eq!(p.budget_in_use, 3);
+    assert_eq!(p.budget_queued, 27);
+
+    // Repair the first three; once healthy for 1m their slots go to the next three.
+    let mut t = 60;
+    let mut admitted = vec!["n00".to_string(), "n01".to_string(), "n02".to_string()];
+    for round in 1..10 {
+        for n in nodes.iter_mut().filter(|n| admitted.contains(&n.name)) {
+            n.verdict = compliant();
+        }
+        step(&policy, &mut nodes, at(t));
+        let p = step(&policy, &mut nodes, at(t + 60));
+        let now_draining: Vec<String> = p
+            .nodes
+            .iter()
+            .filter(|n| n.actions.contains(&Action::Drain))
+            .map(|n| n.node.clone())
+            .collect();
+        let expected: Vec<String> = (round * 3..round * 3 + 3).map(|i| format!("n{i:02}")).collect();
+        assert_eq!(now_draining, expected, "round {round}");
+        assert!(p.budget_in_use <= 3);
+        admitted = expected;
+        t += 120;
+    }
+}
+
+#[test]
+fn escalating_an_already_disrupted_node_needs_no_extra_budget() {
+    let policy = ladder();
+    let mut nodes = vec![node("a"), node("b")];
+    nodes[0].verdict = drifted(&[DriftClass::Throttle]);
+    step(&policy, &mut nodes, at(0));
+    step(&policy, &mut nodes, at(30));
+    assert_eq!(nodes[0].taints.len(), 1);
+    nodes[0].verdict = drifted(&[DriftClass::Throttle, DriftClass::Xid]);
+    nodes[1].verdict = drifted(&[DriftClass::Xid]);
+    let p = step(&policy, &mut nodes, at(40));
+    assert!(
+        of(&p, "a").actions.contains(&Action::Drain),
+        "a escalates within its slot"
+    );
+    assert_eq!(of(&p, "b").blocked, Some(Block::Budget));
+}
+
+#[test]
+fn the_circuit_breaker_stops_new_disruption_when_many_nodes_drift_at_once() {
+    let policy = policy(
+        r#"
+remediation:
+  - {classes: [Driver], action: Cordon}
+  - {classes: [Driver], action: Taint, effect: PreferNoSchedule}
+disruption:
+  maxUnavailable: "100%"
+  circuitBreaker: {maxDriftedPercent: 30, window: 10m}
+"#,
+    );
+    let mut nodes: Vec<NodeView> = (0..10).map(|i| node(&format!("n{i}"))).collect();
+    for n in nodes.iter_mut().take(4) {
+        n.verdict = drifted(&[DriftClass::Driver]);
+    }
+    let p = step(&policy, &mut nodes, at(0));
+    assert!(p.circuit_open);
+    assert_eq!(p.recently_drifted, 4);
+    for n in p.nodes.iter().filter(|n| n.state == NodeState::Drifted) {
+        assert_eq!(n.blocked, Some(Block::CircuitOpen));
+        assert_eq!(n.cordon, None);
+        assert_eq!(n.pending, vec![Action::Cordon]);
+        // A non-disruptive taint is not held back.
+        assert_eq!(n.taints.len(), 1);
+        assert_eq!(n.condition.status, "False");
+        assert!(
+            n.condition.message.contains("circuit breaker open"),
+            "{}",
+            n.condition.message
+        );
+    }
+    // Outside the window the drifts no longer count as a sudden wave.
+    let p = step(&policy, &mut nodes, at(601));
+    assert!(!p.circuit_open);
+    assert_eq!(p.nodes.iter().filter(|n| n.cordon == Some(true)).count(), 4);
+}
+
+#[test]
+fn a_conflicting_node_gets_labels_but_no_disruption() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].conflicts = vec!["other-policy".to_string()];
+    nodes[0].verdict = drifted(&[DriftClass::Xid]);
+    let p = step(&policy, &mut nodes, at(0));
+    let a = of(&p, "a");
+    assert!(a.write);
+    assert_eq!(a.blocked, Some(Block::Conflict(vec!["other-policy".to_string()])));
+    assert_eq!(a.cordon, None);
+    assert_eq!(a.drain, DrainStep::None);
+    assert_eq!(a.drifting, BTreeSet::from([DriftClass::Xid]));
+}
+
+#[test]
+fn a_skipped_node_is_evaluated_but_never_written() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].skip = true;
+    nodes[0].verdict = drifted(&[DriftClass::Xid]);
+    let p = step(&policy, &mut nodes, at(0));
+    let a = of(&p, "a");
+    assert!(!a.write);
+    assert_eq!(a.state, NodeState::Drifted);
+    assert_eq!(a.blocked, Some(Block::Skip));
+    assert!(!nodes[0].unschedulable);
+}
+
+#[test]
+fn dry_run_lists_what_would_happen_and_does_nothing_disruptive() {
+    let mut policy = ladder();
+    policy.dry_run = true;
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Xid, DriftClass::Throttle]);
+    step(&policy, &mut nodes, at(0));
+    let p = step(&policy, &mut nodes, at(30));
+    let a = of(&p, "a");
+    assert!(a.write, "labels, condition and bookkeeping are still written");
+    assert_eq!(a.blocked, Some(Block::DryRun));
+    assert_eq!(
+        a.pending,
+        vec![
+            Action::Taint(no_schedule("throttle")),
+            Action::Cordon,
+            Action::Drain
+        ]
+    );
+    assert!(a.taints.is_empty() && a.cordon.is_none() && a.drain == DrainStep::None);
+    assert!(a.condition.message.contains("dry run"));
+}
+
+#[test]
+fn a_paused_policy_neither_acts_nor_undoes() {
+    let mut policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Thermal]);
+    step(&policy, &mut nodes, at(0));
+    step(&policy, &mut nodes, at(30));
+    assert_eq!(nodes[0].taints.len(), 1);
+    policy.paused = true;
+    nodes[0].verdict = compliant();
+    let p = step(&policy, &mut nodes, at(1000));
+    assert!(!of(&p, "a").write);
+    assert_eq!(nodes[0].taints.len(), 1, "paused: the taint stays");
+}
+
+#[test]
+fn unknown_is_never_acted_on_unless_the_policy_lists_stale() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = stale();
+    let p = step(&policy, &mut nodes, at(0));
+    let p2 = step(&policy, &mut nodes, at(3600));
+    for p in [&p, &p2] {
+        let a = of(p, "a");
+        assert_eq!(a.state, NodeState::Unknown);
+        assert!(a.actions.is_empty() && a.pending.is_empty());
+        assert_eq!(a.condition.status, "Unknown");
+    }
+
+    let explicit = policy_with_stale_rule();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = stale();
+    step(&explicit, &mut nodes, at(0));
+    let p = step(&explicit, &mut nodes, at(600));
+    assert_eq!(of(&p, "a").cordon, Some(true));
+}
+
+fn policy_with_stale_rule() -> GpuNodePolicySpec {
+    let mut p = ladder();
+    p.remediation.push(RemediationRule {
+        classes: vec![DriftClass::Stale],
+        action: RemediationAction::Cordon,
+        effect: None,
+        after: gpunode_crds::Duration::from_secs(300),
+    });
+    p
+}
+
+#[test]
+fn unknown_does_not_count_as_recovery() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Thermal]);
+    step(&policy, &mut nodes, at(0));
+    step(&policy, &mut nodes, at(30));
+    nodes[0].verdict = stale();
+    step(&policy, &mut nodes, at(60));
+    step(&policy, &mut nodes, at(3600));
+    assert_eq!(nodes[0].taints.len(), 1, "no evidence of health, no undo");
+}
+
+#[test]
+fn the_oldest_class_in_ladder_order_names_the_taint() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Throttle, DriftClass::Thermal]);
+    step(&policy, &mut nodes, at(0));
+    step(&policy, &mut nodes, at(30));
+    let values: BTreeMap<TaintEffect, String> = nodes[0]
+        .taints
+        .iter()
+        .map(|t| (t.effect, t.value.clone()))
+        .collect();
+    assert_eq!(
+        values,
+        BTreeMap::from([(TaintEffect::NoSchedule, "thermal".to_string())])
+    );
+}
