@@ -252,18 +252,24 @@ impl Findings {
     }
 }
 
+/// Error fields that make a whole GPU or RDMA port unknown: the probe lists a GPU whose NVML
+/// handle it could not get with a `device` error, and a device whose ports it could not list
+/// with a `ports` error.
+const WHOLE_ENTRY_FIELDS: [&str; 2] = ["device", "ports"];
+
 /// Why `field` is missing: the reason of the first error that names it (or one of its
-/// sub-fields, `pcie.currentWidth` for `pcie`), else "not reported".
+/// sub-fields, `pcie.currentWidth` for `pcie`, or the whole GPU or port), else "not reported".
 pub(crate) fn missing_reason(errors: &[FieldError], field: &str) -> String {
-    errors
-        .iter()
-        .find(|e| names_field(&e.field, field))
-        .map_or_else(|| "not reported".to_string(), |e| e.reason.clone())
+    field_error(errors, field).map_or_else(|| "not reported".to_string(), |e| e.reason.clone())
 }
 
-/// The error that names `field`, if any.
+/// The error that names `field`, one of its sub-fields, or the whole GPU or port, if any.
 pub(crate) fn field_error<'a>(errors: &'a [FieldError], field: &str) -> Option<&'a FieldError> {
-    errors.iter().find(|e| names_field(&e.field, field))
+    errors.iter().find(|e| names_field(&e.field, field)).or_else(|| {
+        errors
+            .iter()
+            .find(|e| WHOLE_ENTRY_FIELDS.contains(&e.field.as_str()))
+    })
 }
 
 fn names_field(error_field: &str, field: &str) -> bool {
@@ -301,6 +307,14 @@ mod tests {
         assert_eq!(missing_reason(&errors, "pcie"), "NVML: Unknown");
         assert_eq!(missing_reason(&errors, "pci"), "not reported");
         assert_eq!(missing_reason(&errors, "ecc"), "not reported");
+    }
+
+    #[test]
+    fn an_error_on_the_whole_gpu_or_port_explains_every_missing_field() {
+        let errors = [err("device", "NVML: GpuIsLost"), err("ecc", "NVML: NotSupported")];
+        assert_eq!(missing_reason(&errors, "ecc"), "NVML: NotSupported");
+        assert_eq!(missing_reason(&errors, "temperatureCelsius"), "NVML: GpuIsLost");
+        assert_eq!(missing_reason(&[err("ports", "EACCES")], "mtu"), "EACCES");
     }
 
     #[test]

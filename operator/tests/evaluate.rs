@@ -1146,6 +1146,48 @@ fn a_missing_field_takes_the_reason_of_the_gpu_error_naming_it() {
 }
 
 #[test]
+fn a_gpu_the_probe_could_not_open_makes_each_of_its_checks_unknown_with_that_reason() {
+    let report = healthy().set(
+        "status.gpus.7",
+        "{index: 7, errors: [{field: device, reason: 'NVML: GpuIsLost'}]}",
+    );
+    let v = eval(&strict(), &report);
+    assert_eq!(v.state, NodeState::Unknown);
+    assert_eq!(v.drifts, []);
+    // Every per-GPU check of the strict policy: 12 gpu.* and 4 cooling.* ones, throttle
+    // reasons and XIDs included although their lists are merely empty.
+    assert_eq!(v.unknowns.len(), 16, "{:#?}", v.unknowns);
+    assert!(
+        v.unknowns
+            .iter()
+            .all(|u| u.gpu == Some(7) && u.reason == "NVML: GpuIsLost")
+    );
+    assert!(
+        v.unknowns
+            .iter()
+            .any(|u| u.check == "cooling.forbiddenThrottleReasons")
+    );
+    assert!(v.unknowns.iter().any(|u| u.check == "gpu.fatalXids"));
+}
+
+#[test]
+fn an_rdma_device_whose_ports_could_not_be_read_is_unknown_with_that_reason() {
+    let report = healthy().set(
+        "status.network.rdmaDevices.7",
+        "{device: mlx5_7, port: 0, errors: [{field: ports, reason: 'read ports: Permission denied'}]}",
+    );
+    let v = eval(&strict(), &report);
+    assert_eq!(v.state, NodeState::Unknown);
+    // roceV2, pfcPriorities, trust, ecnPriorities, minMtu, minRateGbps, portState.
+    assert_eq!(v.unknowns.len(), 7, "{:#?}", v.unknowns);
+    assert!(
+        v.unknowns
+            .iter()
+            .all(|u| u.reason == "mlx5_7: read ports: Permission denied")
+    );
+}
+
+#[test]
 fn a_missing_node_field_is_unknown_for_the_node() {
     let report = healthy().remove("status.gpuCount").remove("status.cudaVersion");
     assert_unknowns(
