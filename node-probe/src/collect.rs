@@ -4,6 +4,7 @@
 //! in `collectors[]`), the others still run.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use gpunode_crds::ThrottleReason;
@@ -57,13 +58,13 @@ pub fn is_throttled(gpu: &GpuStatus) -> bool {
 
 /// All collectors plus the node-level facts of a report.
 pub struct Probe {
-    collectors: Vec<Box<dyn Collector>>,
+    collectors: Vec<Arc<dyn Collector>>,
     proc_root: PathBuf,
 }
 
 impl Probe {
     /// A probe running `collectors` in order; `proc_root` is where `sys/kernel/random/boot_id` is.
-    pub fn new(collectors: Vec<Box<dyn Collector>>, proc_root: PathBuf) -> Self {
+    pub fn new(collectors: Vec<Arc<dyn Collector>>, proc_root: PathBuf) -> Self {
         Probe {
             collectors,
             proc_root,

@@ -4,11 +4,20 @@
 //! * [`collect`]: the collector trait and the [`collect::Probe`] that runs them into a report.
 //! * [`nvml`], [`cooling`], [`network`]: the collectors.
 //! * [`limits`]: keeps a report inside the CRD schema's bounds.
+//! * [`change`]: whether an observation differs materially from the last published one.
+//! * [`publish`]: the publish loop and the server-side-apply sink; [`metrics`]: `/metrics`,
+//!   `/healthz`; [`app`]: wiring for the binary (`--once` and [`app::run`]).
 #![warn(missing_docs)]
 
+pub mod app;
+pub mod change;
 pub mod collect;
+pub mod config;
 pub mod cooling;
 pub mod limits;
+pub mod metrics;
 pub mod network;
 pub mod nvml;
+pub mod publish;
+pub mod state;
 pub mod sysfs;

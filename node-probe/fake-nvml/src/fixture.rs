@@ -78,7 +78,7 @@ pub struct Device {
     /// Events to deliver through event sets registered on this device (see [`Event`]).
     pub events: Vec<Event>,
     /// Return codes by C symbol name, checked before anything else. `"*"` applies to every
-    /// device call (a GPU that fell off the bus: `{"*": 15}`); `"field:<id>"` fails one
+    /// call on the device except getting its handle (a GPU that fell off the bus: `{"*": 15}`); `"field:<id>"` fails one
     /// field-value sample.
     pub errors: HashMap<String, u32>,
 }

@@ -120,7 +120,13 @@ impl State {
             .checked_sub(1)
             .and_then(|index| self.fixture.devices.get(index))
             .ok_or(code::INVALID_ARGUMENT)?;
-        if let Some(code) = device.errors.get(symbol).or_else(|| device.errors.get("*")) {
+        // "*" covers calls on the device; getting its handle is configured by its own key.
+        let wildcard = if symbol == "nvmlDeviceGetHandleByIndex_v2" {
+            None
+        } else {
+            device.errors.get("*")
+        };
+        if let Some(code) = device.errors.get(symbol).or(wildcard) {
             return Err(*code);
         }
         Ok(device)

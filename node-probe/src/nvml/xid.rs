@@ -22,6 +22,8 @@ use tokio::sync::watch;
 pub const XID_UNKNOWN: u32 = 999;
 /// Distinct (GPU, XID) pairs counted for metrics; bounds the metric's cardinality.
 const MAX_COUNTED_PAIRS: usize = 256;
+/// Most queued events drained before the thread reports ready.
+const MAX_DRAIN: usize = 1024;
 
 /// Recent XIDs per GPU, shared between the event thread and the collector.
 #[derive(Debug)]
@@ -200,13 +202,23 @@ fn watch_events(
         (!skipped.is_empty()).then(|| format!("XID events not registered on {}", skipped.join("; "))),
     );
 
-    // Events already queued are delivered before the thread reports ready.
+    // Events already queued are delivered before the thread reports ready (bounded, so a
+    // storm cannot hold readiness back).
+    let full_slice = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
     let mut slice_ms = 0;
+    let mut drained = 0usize;
     let mut failures: u32 = 0;
     while !stop.load(Ordering::Relaxed) {
         match set.wait(slice_ms) {
             Ok(event) => {
                 failures = 0;
+                if slice_ms == 0 {
+                    drained += 1;
+                    if drained >= MAX_DRAIN {
+                        mark_ready(ready);
+                        slice_ms = full_slice;
+                    }
+                }
                 let index = match event.device.index() {
                     Ok(index) => index,
                     Err(e) => {
@@ -221,7 +233,7 @@ fn watch_events(
             Err(NvmlError::Timeout) => {
                 if slice_ms == 0 {
                     mark_ready(ready);
-                    slice_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
+                    slice_ms = full_slice;
                 }
             }
             Err(e) => {
@@ -229,7 +241,7 @@ fn watch_events(
                 failures = failures.saturating_add(1);
                 log.set_watcher_error(Some(format!("XID event wait: {}", super::nvml_reason(&e))));
                 mark_ready(ready);
-                slice_ms = u32::try_from(wait.as_millis()).unwrap_or(u32::MAX);
+                slice_ms = full_slice;
                 let pause = Duration::from_millis(100u64 << failures.min(6));
                 let until = Instant::now() + pause;
                 while !stop.load(Ordering::Relaxed) && Instant::now() < until {

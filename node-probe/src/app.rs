@@ -1,0 +1,149 @@
+//! Wiring: collectors from the configuration, `--once`, and the long-running [`run`].
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpunode_crds::report::GpuNodeReportStatus;
+use gpunode_crds::{GpuNodeReport, GpuNodeReportSpec};
+use kube::Client;
+use tokio::sync::watch;
+
+use crate::collect::{Collector, Probe};
+use crate::config::{Config, Output};
+use crate::cooling::CoolingCollector;
+use crate::metrics;
+use crate::network::NetworkCollector;
+use crate::nvml::{NvmlCollector, NvmlConfig};
+use crate::publish::{KubeSink, run_loop};
+use crate::state::ProbeState;
+
+/// How long `--once` waits for the XID thread to drain already-queued events.
+const ONCE_XID_WAIT: Duration = Duration::from_secs(2);
+
+/// Why the probe could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No node name was given.
+    #[error("the node name is required (--node-name or NODE_NAME)")]
+    NoNodeName,
+    /// The metrics address could not be bound.
+    #[error("serving metrics on {addr}: {source}")]
+    Serve {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// The report could not be encoded.
+    #[error("encoding the report: {0}")]
+    Encode(String),
+}
+
+/// The probe with all collectors, and the NVML collector on its own for its XID log.
+pub fn build(config: &Config) -> (Arc<Probe>, Arc<NvmlCollector>) {
+    let nvml = Arc::new(NvmlCollector::new(NvmlConfig {
+        lib_path: config.nvml_lib.clone(),
+        watch_xids: !config.no_xid_events,
+        ..NvmlConfig::default()
+    }));
+    let network = match &config.net_fixtures {
+        Some(dir) => NetworkCollector::with_fixtures(&config.sysfs_root, dir),
+        None => NetworkCollector::real(&config.sysfs_root),
+    };
+    let collectors: Vec<Arc<dyn Collector>> = vec![
+        nvml.clone(),
+        Arc::new(CoolingCollector::new(&config.sysfs_root)),
+        Arc::new(network),
+    ];
+    (Arc::new(Probe::new(collectors, config.proc_root.clone())), nvml)
+}
+
+/// The host name, for `--once` without a node name.
+fn host_name(proc_root: &Path) -> String {
+    crate::sysfs::read_text(&proc_root.join("sys/kernel/hostname")).unwrap_or_else(|_| "localhost".to_owned())
+}
+
+/// A full GpuNodeReport object around an observation.
+pub fn report_object(node: &str, status: GpuNodeReportStatus) -> GpuNodeReport {
+    let mut report = GpuNodeReport::new(
+        node,
+        GpuNodeReportSpec {
+            node_name: node.to_owned(),
+        },
+    );
+    report.status = Some(status);
+    report
+}
+
+/// `--once`: one observation, printed as a GpuNodeReport.
+pub fn once(config: &Config) -> Result<String, RunError> {
+    let node = config
+        .node_name
+        .clone()
+        .unwrap_or_else(|| host_name(&config.proc_root));
+    let (probe, nvml) = build(config);
+    if !config.no_xid_events {
+        // XIDs already queued by the driver are part of this observation.
+        nvml.prepare(ONCE_XID_WAIT);
+    }
+    let status = probe.observe();
+    nvml.shutdown();
+    let report = report_object(&node, status);
+    match config.output {
+        Output::Yaml => serde_yaml::to_string(&report).map_err(|e| RunError::Encode(e.to_string())),
+        Output::Json => serde_json::to_string_pretty(&report)
+            .map(|s| s + "\n")
+            .map_err(|e| RunError::Encode(e.to_string())),
+    }
+}
+
+/// Runs the probe until `shutdown` completes: observes, publishes to the cluster, serves
+/// `/metrics` and `/healthz`, then stops the XID thread and unloads NVML.
+pub async fn run(
+    config: Config,
+    client: Client,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let node = config.node_name.clone().ok_or(RunError::NoNodeName)?;
+    let (probe, nvml) = build(&config);
+    let xids = nvml.xids();
+    let stale_after = config.interval * 3 + Duration::from_secs(30);
+    let state = Arc::new(ProbeState::new(&node, stale_after, Some(xids.clone())));
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+
+    let addr = config.metrics_addr;
+    let (bound, server) = metrics::serve(addr, state.clone(), stopped(stop_rx.clone()))
+        .await
+        .map_err(|source| RunError::Serve { addr, source })?;
+    tracing::info!(%bound, node = %node, "serving /metrics and /healthz");
+
+    let mut sink = KubeSink::new(client, &node);
+    run_loop(
+        &config.publish(),
+        probe,
+        &mut sink,
+        Some(xids.subscribe()),
+        state,
+        stopped(stop_rx),
+    )
+    .await;
+
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "metrics server failed"),
+        Err(e) => tracing::warn!(error = %e, "metrics server task failed"),
+    }
+    let _ = tokio::task::spawn_blocking(move || nvml.shutdown()).await;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,658 @@
+//! Whether a new observation differs materially from the last published one: the pure decision
+//! behind "publish now" versus "wait for the heartbeat".
+//!
+//! Material: anything the operator's drift checks could flip on — collector health, inventory,
+//! driver, modes, throttle reasons, XIDs, ECC / retirement / remap counters, PCIe and NVLink
+//! state, RDMA port state and lossless settings, field errors appearing or clearing, and
+//! temperatures crossing a band (margin to slowdown for GPUs, absolute for HBM and chassis
+//! sensors) by more than the hysteresis. Not material: temperature noise inside a band, power
+//! draw, PCIe replay and pause counters, timestamps.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use gpunode_crds::report::{
+    CoolingStatus, FieldError, GpuNodeReportStatus, GpuStatus, NetworkStatus, PcieStatus, RdmaDevice,
+    SensorReading,
+};
+
+/// Temperature bands used to decide when a temperature change matters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChangeConfig {
+    /// Edges (°C of margin to the slowdown threshold) between GPU temperature bands.
+    pub margin_edges: Vec<i32>,
+    /// Edges (°C) between HBM temperature bands.
+    pub memory_edges: Vec<i32>,
+    /// Width (°C) of chassis sensor bands.
+    pub sensor_band: f64,
+    /// How far (°C) past an edge a temperature must move before the move counts.
+    pub hysteresis: f64,
+}
+
+impl Default for ChangeConfig {
+    fn default() -> Self {
+        ChangeConfig {
+            margin_edges: vec![0, 3, 5, 10, 15],
+            memory_edges: vec![80, 85, 90, 95],
+            sensor_band: 5.0,
+            hysteresis: 1.0,
+        }
+    }
+}
+
+/// One material difference, for logs and the publish span.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing was published yet.
+    First,
+    /// A node-level value (driver, CUDA, GPU count, boot id, collector health).
+    Node(&'static str),
+    /// A GPU appeared or disappeared.
+    GpuSet,
+    /// A GPU value.
+    Gpu {
+        /// NVML index.
+        index: u32,
+        /// Which value.
+        what: &'static str,
+    },
+    /// Cooling sensors or fans.
+    Cooling(&'static str),
+    /// An RDMA port.
+    Port {
+        /// `mlx5_0/1`.
+        port: String,
+        /// Which value.
+        what: &'static str,
+    },
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::First => f.write_str("first observation"),
+            Change::Node(what) => write!(f, "{what} changed"),
+            Change::GpuSet => f.write_str("GPU set changed"),
+            Change::Gpu { index, what } => write!(f, "GPU {index}: {what} changed"),
+            Change::Cooling(what) => write!(f, "cooling: {what} changed"),
+            Change::Port { port, what } => write!(f, "{port}: {what} changed"),
+        }
+    }
+}
+
+/// Every material difference between the last published observation and the new one
+/// (empty: only noise changed).
+pub fn material_changes(
+    prev: &GpuNodeReportStatus,
+    next: &GpuNodeReportStatus,
+    cfg: &ChangeConfig,
+) -> Vec<Change> {
+    let mut out = Vec::new();
+    let collectors = |r: &GpuNodeReportStatus| {
+        r.collectors
+            .iter()
+            .map(|c| (c.name, c.ok))
+            .collect::<BTreeSet<_>>()
+    };
+    if collectors(prev) != collectors(next) {
+        out.push(Change::Node("collector health"));
+    }
+    if prev.boot_id != next.boot_id {
+        out.push(Change::Node("boot id"));
+    }
+    if prev.driver_version != next.driver_version || prev.cuda_version != next.cuda_version {
+        out.push(Change::Node("driver version"));
+    }
+    if prev.gpu_count != next.gpu_count || prev.throttled_gpus != next.throttled_gpus {
+        out.push(Change::Node("GPU counts"));
+    }
+    let indexes = |r: &GpuNodeReportStatus| r.gpus.iter().map(|g| g.index).collect::<Vec<_>>();
+    if indexes(prev) != indexes(next) {
+        out.push(Change::GpuSet);
+    }
+    for (a, b) in prev
+        .gpus
+        .iter()
+        .zip(&next.gpus)
+        .filter(|(a, b)| a.index == b.index)
+    {
+        gpu_changes(a, b, cfg, &mut out);
+    }
+    cooling_changes(prev.cooling.as_ref(), next.cooling.as_ref(), cfg, &mut out);
+    network_changes(prev.network.as_ref(), next.network.as_ref(), &mut out);
+    out
+}
+
+fn error_fields(errors: &[FieldError]) -> BTreeSet<&str> {
+    errors.iter().map(|e| e.field.as_str()).collect()
+}
+
+/// Link state of a PCIe status, without the (cumulative) replay counter.
+fn pcie_link(p: &Option<PcieStatus>) -> Option<(u32, u32, u32, u32)> {
+    p.as_ref().map(|p| {
+        (
+            p.current_generation,
+            p.max_generation,
+            p.current_width,
+            p.max_width,
+        )
+    })
+}
+
+fn gpu_changes(a: &GpuStatus, b: &GpuStatus, cfg: &ChangeConfig, out: &mut Vec<Change>) {
+    let mut changed = |what: &'static str, differs: bool| {
+        if differs {
+            out.push(Change::Gpu { index: b.index, what });
+        }
+    };
+    changed(
+        "identity",
+        a.uuid != b.uuid || a.product != b.product || a.pci_bus_id != b.pci_bus_id,
+    );
+    changed("memory size", a.memory_mib != b.memory_mib);
+    changed("ECC mode", a.ecc_mode != b.ecc_mode);
+    changed("ECC counters", a.ecc != b.ecc);
+    changed("retired pages", a.retired_pages != b.retired_pages);
+    changed("remapped rows", a.remapped_rows != b.remapped_rows);
+    changed(
+        "thresholds",
+        a.slowdown_celsius != b.slowdown_celsius || a.shutdown_celsius != b.shutdown_celsius,
+    );
+    changed("power limit", a.power_limit_watts != b.power_limit_watts);
+    changed("throttle reasons", a.throttle_reasons != b.throttle_reasons);
+    changed("PCIe link", pcie_link(&a.pcie) != pcie_link(&b.pcie));
+    changed("NVLink", a.nvlink != b.nvlink);
+    changed("persistence mode", a.persistence_mode != b.persistence_mode);
+    changed("MIG mode", a.mig_mode != b.mig_mode);
+    changed("XIDs", a.xids != b.xids);
+    changed("field errors", error_fields(&a.errors) != error_fields(&b.errors));
+    let margin = |g: &GpuStatus| Some(f64::from(g.slowdown_celsius? - g.temperature_celsius?));
+    let edges: Vec<f64> = cfg.margin_edges.iter().map(|e| f64::from(*e)).collect();
+    changed(
+        "temperature band",
+        crossed(margin(a), margin(b), &edges, cfg.hysteresis),
+    );
+    let memory = |g: &GpuStatus| g.memory_temperature_celsius.map(f64::from);
+    let edges: Vec<f64> = cfg.memory_edges.iter().map(|e| f64::from(*e)).collect();
+    changed(
+        "memory temperature band",
+        crossed(memory(a), memory(b), &edges, cfg.hysteresis),
+    );
+}
+
+/// Whether a reading crossed an edge and got at least `hysteresis` past it: down from at or
+/// above an edge to `edge - hysteresis` or below, or up from below it to `edge + hysteresis` or
+/// above. Since the comparison is with the last *published* reading, a value flapping around an
+/// edge publishes once, then stays quiet. A reading appearing or disappearing counts (that is
+/// also a field error change).
+pub fn crossed(prev: Option<f64>, next: Option<f64>, edges: &[f64], hysteresis: f64) -> bool {
+    match (prev, next) {
+        (Some(p), Some(n)) => edges
+            .iter()
+            .any(|&e| (p >= e && n <= e - hysteresis) || (p < e && n >= e + hysteresis)),
+        (None, None) => false,
+        _ => true,
+    }
+}
+
+fn cooling_changes(
+    a: Option<&CoolingStatus>,
+    b: Option<&CoolingStatus>,
+    cfg: &ChangeConfig,
+    out: &mut Vec<Change>,
+) {
+    let (a, b) = match (a, b) {
+        (None, None) => return,
+        (Some(a), Some(b)) => (a, b),
+        _ => return out.push(Change::Cooling("availability")),
+    };
+    fn sensors(c: &CoolingStatus) -> BTreeMap<(&str, &str), &SensorReading> {
+        c.sensors
+            .iter()
+            .map(|s| ((s.chip.as_str(), s.label.as_str()), s))
+            .collect()
+    }
+    let (sa, sb) = (sensors(a), sensors(b));
+    if sa.keys().ne(sb.keys()) {
+        out.push(Change::Cooling("sensor set"));
+    }
+    let band_edges = |center: f64| -> Vec<f64> {
+        // Edges every `sensor_band` degrees around the readings.
+        let width = cfg.sensor_band.max(0.5);
+        let base = (center / width).floor() * width;
+        (-3..=3).map(|k| base + f64::from(k) * width).collect()
+    };
+    let mut crossed_band = false;
+    let mut crossed_crit = false;
+    for (key, s) in &sa {
+        let Some(t) = sb.get(key) else { continue };
+        crossed_band |= crossed(
+            Some(s.celsius),
+            Some(t.celsius),
+            &band_edges(s.celsius),
+            cfg.hysteresis,
+        );
+        let over = |c: f64, crit: Option<f64>| crit.is_some_and(|crit| c >= crit);
+        crossed_crit |= over(s.celsius, s.crit_celsius) != over(t.celsius, t.crit_celsius);
+    }
+    if crossed_band {
+        out.push(Change::Cooling("sensor temperature band"));
+    }
+    if crossed_crit {
+        out.push(Change::Cooling("critical threshold"));
+    }
+    let fans = |c: &CoolingStatus| {
+        c.fans
+            .iter()
+            .map(|f| (f.name.clone(), f.rpm > 0))
+            .collect::<BTreeMap<_, _>>()
+    };
+    if fans(a) != fans(b) {
+        out.push(Change::Cooling("fans"));
+    }
+    if error_fields(&a.errors) != error_fields(&b.errors) {
+        out.push(Change::Cooling("field errors"));
+    }
+}
+
+fn network_changes(a: Option<&NetworkStatus>, b: Option<&NetworkStatus>, out: &mut Vec<Change>) {
+    let (a, b) = match (a, b) {
+        (None, None) => return,
+        (Some(a), Some(b)) => (a, b),
+        _ => {
+            return out.push(Change::Port {
+                port: "*".into(),
+                what: "availability",
+            });
+        }
+    };
+    fn ports(n: &NetworkStatus) -> BTreeMap<String, &RdmaDevice> {
+        n.rdma_devices
+            .iter()
+            .map(|d| (format!("{}/{}", d.device, d.port), d))
+            .collect()
+    }
+    let (pa, pb) = (ports(a), ports(b));
+    if pa.keys().ne(pb.keys()) {
+        out.push(Change::Port {
+            port: "*".into(),
+            what: "port set",
+        });
+    }
+    for (key, x) in &pa {
+        let Some(y) = pb.get(key) else { continue };
+        let mut changed = |what: &'static str, differs: bool| {
+            if differs {
+                out.push(Change::Port {
+                    port: key.clone(),
+                    what,
+                });
+            }
+        };
+        changed("netdev", x.netdev != y.netdev);
+        changed(
+            "state",
+            x.state != y.state || x.physical_state != y.physical_state,
+        );
+        changed("rate", x.rate_gbps != y.rate_gbps);
+        changed("RoCE v2 GID", x.roce_v2_gid != y.roce_v2_gid);
+        changed("MTU", x.mtu != y.mtu);
+        changed("PFC priorities", x.pfc_priorities != y.pfc_priorities);
+        changed("trust", x.trust != y.trust);
+        changed("ECN priorities", x.ecn_priorities != y.ecn_priorities);
+        changed("field errors", port_errors(x) != port_errors(y));
+    }
+}
+
+fn port_errors(d: &RdmaDevice) -> BTreeSet<&str> {
+    error_fields(&d.errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use gpunode_crds::report::{
+        CollectorName, CollectorStatus, EccCounters, FanReading, NvlinkStatus, PauseCounters, RemappedRows,
+        SensorReading, XidEvent,
+    };
+    use gpunode_crds::{ObservedTrust, ThrottleReason};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    type Edit<T> = Box<dyn Fn(&mut T)>;
+
+    fn gpu(index: u32) -> GpuStatus {
+        GpuStatus {
+            index,
+            uuid: Some(format!("GPU-{index}")),
+            temperature_celsius: Some(40),
+            memory_temperature_celsius: Some(45),
+            slowdown_celsius: Some(89),
+            shutdown_celsius: Some(92),
+            power_watts: Some(70),
+            power_limit_watts: Some(700),
+            throttle_reasons: vec![ThrottleReason::GpuIdle],
+            pcie: Some(PcieStatus {
+                current_generation: 5,
+                max_generation: 5,
+                current_width: 16,
+                max_width: 16,
+                replay_counter: 0,
+            }),
+            nvlink: Some(NvlinkStatus {
+                active: 18,
+                total: 18,
+            }),
+            ecc: Some(EccCounters::default()),
+            remapped_rows: Some(RemappedRows::default()),
+            ..GpuStatus::default()
+        }
+    }
+
+    fn port(i: u32) -> RdmaDevice {
+        RdmaDevice {
+            device: format!("mlx5_{i}"),
+            port: 1,
+            netdev: Some(format!("ens{i}")),
+            state: Some("Active".into()),
+            physical_state: Some("LinkUp".into()),
+            rate_gbps: Some(400),
+            roce_v2_gid: Some(true),
+            mtu: Some(9000),
+            pfc_priorities: Some(vec![3]),
+            trust: Some(ObservedTrust::Dscp),
+            ecn_priorities: Some(vec![3]),
+            pfc_pause: vec![PauseCounters {
+                priority: 3,
+                rx: 1,
+                tx: 1,
+            }],
+            errors: vec![],
+        }
+    }
+
+    fn node() -> GpuNodeReportStatus {
+        GpuNodeReportStatus {
+            observed_at: Some(Time(jiff::Timestamp::UNIX_EPOCH)),
+            collectors: vec![CollectorStatus {
+                name: CollectorName::Nvml,
+                ok: true,
+                error: None,
+                duration_ms: 3,
+            }],
+            driver_version: Some("550.90.07".into()),
+            gpu_count: Some(2),
+            throttled_gpus: Some(0),
+            gpus: vec![gpu(0), gpu(1)],
+            cooling: Some(CoolingStatus {
+                sensors: vec![SensorReading {
+                    chip: "nvme".into(),
+                    label: "Composite".into(),
+                    celsius: 38.0,
+                    crit_celsius: Some(84.0),
+                }],
+                fans: vec![FanReading {
+                    name: "nct/fan1".into(),
+                    rpm: 5400,
+                }],
+                errors: vec![],
+            }),
+            network: Some(NetworkStatus {
+                rdma_devices: vec![port(0), port(1)],
+            }),
+            ..GpuNodeReportStatus::default()
+        }
+    }
+
+    fn changes(f: impl FnOnce(&mut GpuNodeReportStatus)) -> Vec<String> {
+        let prev = node();
+        let mut next = node();
+        f(&mut next);
+        material_changes(&prev, &next, &ChangeConfig::default())
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn gpu0(r: &mut GpuNodeReportStatus) -> &mut GpuStatus {
+        &mut r.gpus[0]
+    }
+
+    #[test]
+    fn identical_observations_are_not_a_change() {
+        assert!(changes(|_| {}).is_empty());
+    }
+
+    #[test]
+    fn noise_is_not_a_change() {
+        assert!(
+            changes(|r| {
+                r.observed_at = Some(Time(jiff::Timestamp::now()));
+                r.collectors[0].duration_ms = 99;
+                r.collectors[0].error = Some("note".into());
+                let g = gpu0(r);
+                g.temperature_celsius = Some(47); // margin 42: same band
+                g.memory_temperature_celsius = Some(60);
+                g.power_watts = Some(690);
+                if let Some(p) = g.pcie.as_mut() {
+                    p.replay_counter = 12;
+                }
+                if let Some(c) = r.cooling.as_mut() {
+                    c.sensors[0].celsius = 39.5;
+                    c.fans[0].rpm = 5100;
+                }
+                if let Some(n) = r.network.as_mut() {
+                    n.rdma_devices[0].pfc_pause[0].rx = 1_000_000;
+                }
+            })
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn gpu_health_changes_are_material() {
+        let cases: Vec<(&str, Edit<GpuStatus>)> = vec![
+            (
+                "throttle reasons",
+                Box::new(|g| g.throttle_reasons.push(ThrottleReason::HwSlowdown)),
+            ),
+            (
+                "ECC counters",
+                Box::new(|g| {
+                    g.ecc = Some(EccCounters {
+                        volatile_corrected: 1,
+                        ..Default::default()
+                    })
+                }),
+            ),
+            (
+                "remapped rows",
+                Box::new(|g| {
+                    g.remapped_rows = Some(RemappedRows {
+                        pending: true,
+                        ..Default::default()
+                    })
+                }),
+            ),
+            (
+                "retired pages",
+                Box::new(|g| g.retired_pages = Some(Default::default())),
+            ),
+            (
+                "XIDs",
+                Box::new(|g| {
+                    g.xids.push(XidEvent {
+                        xid: 79,
+                        at: Time(jiff::Timestamp::UNIX_EPOCH),
+                    })
+                }),
+            ),
+            (
+                "PCIe link",
+                Box::new(|g| {
+                    if let Some(p) = g.pcie.as_mut() {
+                        p.current_width = 8;
+                    }
+                }),
+            ),
+            (
+                "NVLink",
+                Box::new(|g| {
+                    g.nvlink = Some(NvlinkStatus {
+                        active: 17,
+                        total: 18,
+                    })
+                }),
+            ),
+            ("thresholds", Box::new(|g| g.slowdown_celsius = Some(87))),
+            ("power limit", Box::new(|g| g.power_limit_watts = Some(500))),
+            (
+                "field errors",
+                Box::new(|g| {
+                    g.errors.push(FieldError {
+                        field: "uuid".into(),
+                        reason: "NVML: GpuLost".into(),
+                    })
+                }),
+            ),
+            ("identity", Box::new(|g| g.uuid = Some("GPU-other".into()))),
+            (
+                "MIG mode",
+                Box::new(|g| g.mig_mode = Some(gpunode_crds::EnabledState::Enabled)),
+            ),
+        ];
+        for (what, edit) in cases {
+            let got = changes(|r| edit(gpu0(r)));
+            assert!(got.contains(&format!("GPU 0: {what} changed")), "{what}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn temperature_counts_only_when_crossing_a_margin_band() {
+        // Slowdown 89; margin edges 0, 3, 5, 10, 15; hysteresis 1.
+        let at = |prev: i32, next: i32| {
+            let mut a = node();
+            let mut b = node();
+            a.gpus[0].temperature_celsius = Some(prev);
+            b.gpus[0].temperature_celsius = Some(next);
+            !material_changes(&a, &b, &ChangeConfig::default()).is_empty()
+        };
+        assert!(!at(40, 73), "margin 49 → 16: same band");
+        assert!(at(40, 78), "margin 49 → 11: past edge 15");
+        assert!(at(84, 85), "margin 5 → 4: one degree past edge 5");
+        assert!(!at(85, 84), "margin 4 → 5: back at the edge, not past it");
+        assert!(at(85, 83), "margin 4 → 6: one degree above edge 5");
+        assert!(at(87, 90), "margin 2 → -1: past slowdown");
+        // A reading flapping around an edge publishes once, then stays quiet.
+        let mut published = 84;
+        let mut publishes = 0;
+        for t in [85, 84, 85, 84, 85, 84] {
+            if at(published, t) {
+                published = t;
+                publishes += 1;
+            }
+        }
+        assert_eq!(publishes, 1);
+    }
+
+    #[test]
+    fn a_temperature_appearing_or_disappearing_counts() {
+        assert!(crossed(Some(1.0), None, &[0.0], 1.0));
+        assert!(crossed(None, Some(1.0), &[0.0], 1.0));
+        assert!(!crossed(None, None, &[0.0], 1.0));
+    }
+
+    #[test]
+    fn memory_temperature_bands() {
+        assert!(
+            changes(|r| gpu0(r).memory_temperature_celsius = Some(86))
+                .contains(&"GPU 0: memory temperature band changed".to_owned())
+        );
+        assert!(changes(|r| gpu0(r).memory_temperature_celsius = Some(79)).is_empty());
+    }
+
+    #[test]
+    fn node_level_changes_are_material() {
+        assert_eq!(
+            changes(|r| r.collectors[0].ok = false),
+            vec!["collector health changed"]
+        );
+        assert_eq!(
+            changes(|r| r.driver_version = Some("560.1".into())),
+            vec!["driver version changed"]
+        );
+        assert_eq!(changes(|r| r.boot_id = Some("b".into())), vec!["boot id changed"]);
+        let got = changes(|r| {
+            r.gpus.pop();
+            r.gpu_count = Some(1);
+        });
+        assert_eq!(got, vec!["GPU counts changed", "GPU set changed"]);
+    }
+
+    #[test]
+    fn cooling_changes() {
+        let got = changes(|r| {
+            if let Some(c) = r.cooling.as_mut() {
+                c.sensors[0].celsius = 84.5;
+            }
+        });
+        assert!(
+            got.contains(&"cooling: critical threshold changed".to_owned()),
+            "{got:?}"
+        );
+        let got = changes(|r| {
+            if let Some(c) = r.cooling.as_mut() {
+                c.fans[0].rpm = 0;
+            }
+        });
+        assert_eq!(got, vec!["cooling: fans changed"]);
+        let got = changes(|r| {
+            if let Some(c) = r.cooling.as_mut() {
+                c.sensors[0].celsius = 47.0;
+            }
+        });
+        assert_eq!(got, vec!["cooling: sensor temperature band changed"]);
+        assert_eq!(
+            changes(|r| r.cooling = None),
+            vec!["cooling: availability changed"]
+        );
+    }
+
+    #[test]
+    fn network_setting_changes_are_material() {
+        let cases: Vec<(&str, Edit<RdmaDevice>)> = vec![
+            ("state", Box::new(|d| d.state = Some("Down".into()))),
+            ("state", Box::new(|d| d.physical_state = Some("Polling".into()))),
+            ("rate", Box::new(|d| d.rate_gbps = Some(200))),
+            ("RoCE v2 GID", Box::new(|d| d.roce_v2_gid = Some(false))),
+            ("MTU", Box::new(|d| d.mtu = Some(1500))),
+            ("PFC priorities", Box::new(|d| d.pfc_priorities = Some(vec![4]))),
+            ("trust", Box::new(|d| d.trust = Some(ObservedTrust::Pcp))),
+            ("ECN priorities", Box::new(|d| d.ecn_priorities = None)),
+            ("netdev", Box::new(|d| d.netdev = Some("bond0".into()))),
+            (
+                "field errors",
+                Box::new(|d| {
+                    d.errors.push(FieldError {
+                        field: "mtu".into(),
+                        reason: "x".into(),
+                    })
+                }),
+            ),
+        ];
+        for (what, edit) in cases {
+            let got = changes(|r| {
+                if let Some(n) = r.network.as_mut() {
+                    edit(&mut n.rdma_devices[1]);
+                }
+            });
+            assert_eq!(got, vec![format!("mlx5_1/1: {what} changed")], "{what}");
+        }
+        let got = changes(|r| {
+            if let Some(n) = r.network.as_mut() {
+                n.rdma_devices.pop();
+            }
+        });
+        assert_eq!(got, vec!["*: port set changed"]);
+    }
+}

@@ -1,0 +1,155 @@
+//! Command line and environment of the probe binary.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::change::ChangeConfig;
+use crate::nvml::DEFAULT_LIB;
+use crate::publish::PublishConfig;
+
+/// Output format of `--once`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// YAML, as `kubectl get -o yaml` would show it.
+    Yaml,
+    /// JSON.
+    Json,
+}
+
+/// Log format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d: gpunode_crds::Duration = s.parse().map_err(|e| format!("{e}"))?;
+    if d.get().is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d.get())
+}
+
+/// gpunode node-probe: observes this GPU node (NVML, cooling sensors, RoCE lossless settings)
+/// and publishes its GpuNodeReport.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "gpunode-probe", version)]
+pub struct Config {
+    /// Observe once, print the GpuNodeReport and exit (no cluster needed).
+    #[arg(long)]
+    pub once: bool,
+
+    /// Output format of --once.
+    #[arg(short = 'o', long, value_enum, default_value = "yaml")]
+    pub output: Output,
+
+    /// Name of this node (the report's name). Defaults to the host name with --once.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// Where sysfs is mounted (a fixture tree in tests).
+    #[arg(long, env = "GPUNODE_SYSFS_ROOT", default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+
+    /// Where procfs is mounted (for the boot id).
+    #[arg(long, env = "GPUNODE_PROC_ROOT", default_value = "/proc")]
+    pub proc_root: PathBuf,
+
+    /// Path or name of the NVML library.
+    #[arg(long, env = "GPUNODE_NVML_LIB", default_value = DEFAULT_LIB)]
+    pub nvml_lib: OsString,
+
+    /// Read DCB and ethtool answers from DIR/dcb/<if>.json and DIR/ethtool/<if>.json instead of
+    /// netlink and ioctl (fixture trees, demos).
+    #[arg(long, env = "GPUNODE_NET_FIXTURES", value_name = "DIR")]
+    pub net_fixtures: Option<PathBuf>,
+
+    /// Do not listen for XID events.
+    #[arg(long)]
+    pub no_xid_events: bool,
+
+    /// How often to observe, e.g. 10s.
+    #[arg(long, env = "GPUNODE_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub interval: Duration,
+
+    /// Longest time between two publishes while nothing changes, e.g. 60s.
+    #[arg(long, env = "GPUNODE_HEARTBEAT", default_value = "60s", value_parser = parse_duration)]
+    pub heartbeat: Duration,
+
+    /// Longest retry delay after failed publishes.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub max_backoff: Duration,
+
+    /// Edges (°C of margin to the GPU slowdown threshold) whose crossing is published at once.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0,3,5,10,15",
+        allow_hyphen_values = true
+    )]
+    pub margin_bands: Vec<i32>,
+
+    /// Address of /metrics and /healthz.
+    #[arg(long, env = "GPUNODE_METRICS_ADDR", default_value = "0.0.0.0:9400")]
+    pub metrics_addr: SocketAddr,
+
+    /// Log format.
+    #[arg(long, env = "GPUNODE_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// Timing and change detection of the publish loop.
+    pub fn publish(&self) -> PublishConfig {
+        PublishConfig {
+            interval: self.interval,
+            heartbeat: self.heartbeat,
+            backoff_max: self.max_backoff,
+            change: ChangeConfig {
+                margin_edges: self.margin_bands.clone(),
+                ..ChangeConfig::default()
+            },
+            ..PublishConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = Config::try_parse_from(["gpunode-probe"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.interval, Duration::from_secs(10));
+        assert_eq!(c.heartbeat, Duration::from_secs(60));
+        assert_eq!(c.metrics_addr.port(), 9400);
+        assert_eq!(c.margin_bands, vec![0, 3, 5, 10, 15]);
+        let c = Config::try_parse_from([
+            "gpunode-probe",
+            "--once",
+            "-o",
+            "json",
+            "--interval",
+            "2s",
+            "--margin-bands",
+            "-2,5",
+            "--nvml-lib",
+            "/x.so",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.once);
+        assert_eq!(c.output, Output::Json);
+        assert_eq!(c.interval, Duration::from_secs(2));
+        assert_eq!(c.publish().change.margin_edges, vec![-2, 5]);
+        assert!(Config::try_parse_from(["gpunode-probe", "--interval", "0s"]).is_err());
+        assert!(Config::try_parse_from(["gpunode-probe", "--interval", "soon"]).is_err());
+    }
+}

@@ -1,0 +1,87 @@
+//! What the publish loop shares with the HTTP endpoints: the latest observation, when it was
+//! made, and publish outcomes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpunode_crds::report::GpuNodeReportStatus;
+
+use crate::nvml::XidLog;
+
+/// Shared probe state.
+#[derive(Debug)]
+pub struct ProbeState {
+    node: String,
+    /// Observations older than this make `/healthz` fail.
+    stale_after: Duration,
+    latest: Mutex<Option<(GpuNodeReportStatus, Instant)>>,
+    publish_ok: AtomicU64,
+    publish_failed: AtomicU64,
+    xids: Option<Arc<XidLog>>,
+}
+
+impl ProbeState {
+    /// State for `node`; healthy while observations are newer than `stale_after`.
+    pub fn new(node: &str, stale_after: Duration, xids: Option<Arc<XidLog>>) -> Self {
+        ProbeState {
+            node: node.to_owned(),
+            stale_after,
+            latest: Mutex::new(None),
+            publish_ok: AtomicU64::new(0),
+            publish_failed: AtomicU64::new(0),
+            xids,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(GpuNodeReportStatus, Instant)>> {
+        self.latest
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stores the newest observation.
+    pub fn set_latest(&self, status: GpuNodeReportStatus) {
+        *self.lock() = Some((status, Instant::now()));
+    }
+
+    /// The newest observation.
+    pub fn latest(&self) -> Option<GpuNodeReportStatus> {
+        self.lock().as_ref().map(|(s, _)| s.clone())
+    }
+
+    /// Counts a publish.
+    pub fn record_publish(&self, ok: bool) {
+        let counter = if ok {
+            &self.publish_ok
+        } else {
+            &self.publish_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (successful, failed) publishes so far.
+    pub fn publishes(&self) -> (u64, u64) {
+        (
+            self.publish_ok.load(Ordering::Relaxed),
+            self.publish_failed.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The node name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The XID log, when NVML is in use.
+    pub fn xids(&self) -> Option<&XidLog> {
+        self.xids.as_deref()
+    }
+
+    /// Healthy: an observation was made recently.
+    pub fn healthy(&self) -> bool {
+        self.lock()
+            .as_ref()
+            .is_some_and(|(_, at)| at.elapsed() <= self.stale_after)
+    }
+}

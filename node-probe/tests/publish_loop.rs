@@ -1,0 +1,280 @@
+//! The publish loop with a scripted observer and a recording sink, on tokio's paused clock (time
+//! advances only when every task waits, so the timings below are exact and nothing sleeps).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpunode_crds::ThrottleReason;
+use gpunode_crds::report::{GpuNodeReportStatus, GpuStatus};
+use gpunode_probe::publish::{Observe, PublishConfig, PublishError, ReportSink, run_loop};
+use gpunode_probe::state::ProbeState;
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+/// Observations whose content the test changes through `throttled` and `temperature`.
+#[derive(Default)]
+struct Scripted {
+    count: AtomicU64,
+    throttled: Mutex<bool>,
+    temperature: Mutex<i32>,
+}
+
+impl Observe for Scripted {
+    fn observe(&self) -> GpuNodeReportStatus {
+        let n = self.count.fetch_add(1, Ordering::SeqCst);
+        let throttled = *self.throttled.lock().unwrap_or_else(|e| e.into_inner());
+        let temperature = *self.temperature.lock().unwrap_or_else(|e| e.into_inner());
+        GpuNodeReportStatus {
+            probe_version: Some(format!("obs-{n}")),
+            gpus: vec![GpuStatus {
+                index: 0,
+                temperature_celsius: Some(40 + temperature),
+                slowdown_celsius: Some(89),
+                throttle_reasons: if throttled {
+                    vec![ThrottleReason::HwSlowdown]
+                } else {
+                    vec![]
+                },
+                ..GpuStatus::default()
+            }],
+            ..GpuNodeReportStatus::default()
+        }
+    }
+}
+
+#[derive(Clone, Default)]
+struct Recorder {
+    published: Arc<Mutex<Vec<(Instant, String)>>>,
+    attempts: Arc<Mutex<Vec<Instant>>>,
+    failures_left: Arc<AtomicU64>,
+}
+
+impl Recorder {
+    fn published(&self) -> Vec<(Instant, String)> {
+        self.published.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl ReportSink for Recorder {
+    async fn publish(&mut self, status: &GpuNodeReportStatus) -> Result<(), PublishError> {
+        self.attempts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Instant::now());
+        if self.failures_left.load(Ordering::SeqCst) > 0 {
+            self.failures_left.fetch_sub(1, Ordering::SeqCst);
+            return Err(PublishError::Encode(serde_json::Error::io(
+                std::io::Error::other("apiserver down"),
+            )));
+        }
+        let tag = status.probe_version.clone().unwrap_or_default();
+        self.published
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((Instant::now(), tag));
+        Ok(())
+    }
+}
+
+struct Harness {
+    observer: Arc<Scripted>,
+    sink: Recorder,
+    xid_tx: watch::Sender<u64>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+    start: Instant,
+}
+
+fn start(config: PublishConfig) -> Harness {
+    let observer = Arc::new(Scripted::default());
+    let sink = Recorder::default();
+    let (xid_tx, xid_rx) = watch::channel(0);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let state = Arc::new(ProbeState::new("node-a", Duration::from_secs(60), None));
+    let task = {
+        let (observer, mut sink) = (observer.clone(), sink.clone());
+        tokio::spawn(async move {
+            run_loop(&config, observer, &mut sink, Some(xid_rx), state, async {
+                let _ = stopped.await;
+            })
+            .await;
+        })
+    };
+    Harness {
+        observer,
+        sink,
+        xid_tx,
+        stop: Some(stop),
+        task,
+        start: Instant::now(),
+    }
+}
+
+impl Harness {
+    /// Advances the paused clock in small steps until `cond` holds or `limit` passed.
+    async fn wait_for(&self, limit: Duration, cond: impl Fn(&Self) -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        while !cond(self) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        true
+    }
+
+    async fn run_for(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+
+    fn since_start(&self, t: Instant) -> Duration {
+        t.duration_since(self.start)
+    }
+
+    async fn stop(mut self) -> Recorder {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .unwrap_or_else(|_| panic!("loop did not stop"))
+            .unwrap_or_else(|e| panic!("loop panicked: {e}"));
+        self.sink
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn unchanged_observations_publish_only_at_the_heartbeat() {
+    let h = start(PublishConfig::default());
+    h.run_for(Duration::from_secs(125)).await;
+    assert!(
+        h.observer.count.load(Ordering::SeqCst) >= 12,
+        "observes every 10 s"
+    );
+    let sink = h.stop().await;
+    let times: Vec<u64> = sink
+        .published()
+        .iter()
+        .map(|(t, _)| t.elapsed().as_secs())
+        .collect();
+    assert_eq!(times.len(), 3, "first + heartbeats at 60 s and 120 s: {times:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_material_change_publishes_at_once_and_noise_does_not() {
+    let h = start(PublishConfig::default());
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    // Noise: a few degrees inside the same margin band.
+    *h.observer.temperature.lock().unwrap_or_else(|e| e.into_inner()) = 3;
+    h.run_for(Duration::from_secs(21)).await;
+    assert_eq!(h.sink.published().len(), 1, "temperature noise is not a change");
+    // Throttling starts: the next observation (≤ 10 s) is published within 2 s of it.
+    *h.observer.throttled.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    let flipped = Instant::now();
+    assert!(
+        h.wait_for(Duration::from_secs(12), |h| h.sink.published().len() == 2)
+            .await
+    );
+    let (at, _) = h.sink.published()[1];
+    assert!(at.duration_since(flipped) <= Duration::from_secs(10) + Duration::from_secs(2));
+    let observed_before = h.observer.count.load(Ordering::SeqCst);
+    assert!(observed_before >= 4);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_xid_notification_observes_and_publishes_immediately() {
+    let h = start(PublishConfig::default());
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    h.run_for(Duration::from_secs(3)).await;
+    *h.observer.throttled.lock().unwrap_or_else(|e| e.into_inner()) = true; // stands in for the XID's effect
+    let sent = Instant::now();
+    h.xid_tx.send_replace(1);
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 2)
+            .await
+    );
+    let (at, _) = h.sink.published()[1];
+    assert!(
+        at.duration_since(sent) < Duration::from_secs(2),
+        "{:?}",
+        at.duration_since(sent)
+    );
+    assert!(
+        h.since_start(at) < Duration::from_secs(10),
+        "did not wait for the interval"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_xid_storm_is_rate_limited() {
+    let h = start(PublishConfig::default());
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    for i in 0..200u64 {
+        h.xid_tx.send_replace(i + 1);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // 2 s of storm: at most one observation per min_gap (1 s) on top of the interval.
+    let observed = h.observer.count.load(Ordering::SeqCst);
+    assert!(observed <= 4, "observed {observed} times during a 2 s storm");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_publishes_back_off_and_keep_only_the_newest_observation() {
+    let config = PublishConfig {
+        interval: Duration::from_secs(1),
+        ..PublishConfig::default()
+    };
+    let h = start(config);
+    h.sink.failures_left.store(5, Ordering::SeqCst);
+    assert!(
+        h.wait_for(Duration::from_secs(60), |h| !h.sink.published().is_empty())
+            .await
+    );
+    let attempts = h.sink.attempts.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let gaps: Vec<u64> = attempts
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs())
+        .collect();
+    assert_eq!(gaps, vec![1, 2, 4, 8, 16], "exponential backoff");
+    let published = h.sink.published();
+    let (at, tag) = &published[0];
+    // What finally went out is the observation made just before, not the first one.
+    let n: u64 = tag.trim_start_matches("obs-").parse().unwrap_or(0);
+    assert!(n >= 25, "published {tag} at {:?}", h.since_start(*at));
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn backoff_is_capped() {
+    let config = PublishConfig {
+        interval: Duration::from_secs(1),
+        backoff_max: Duration::from_secs(5),
+        ..PublishConfig::default()
+    };
+    let h = start(config);
+    h.sink.failures_left.store(8, Ordering::SeqCst);
+    assert!(
+        h.wait_for(Duration::from_secs(120), |h| !h.sink.published().is_empty())
+            .await
+    );
+    let attempts = h.sink.attempts.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let gaps: Vec<u64> = attempts
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs())
+        .collect();
+    assert_eq!(gaps, vec![1, 2, 4, 5, 5, 5, 5, 5]);
+    h.stop().await;
+}
