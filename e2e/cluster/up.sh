@@ -56,6 +56,9 @@ api_ready() { # PORT
 		"https://127.0.0.1:$1/readyz" >/dev/null 2>&1
 }
 
+# what makes a running cluster reusable: its binaries and start-up options
+UP_KEY="$GPUNODE_ETCD $GPUNODE_KUBE_APISERVER $GPUNODE_KWOK scale=${GPUNODE_SCALE:-0} ${GPUNODE_ETCD_ARGS:-}|${GPUNODE_APISERVER_ARGS:-}|${GPUNODE_KCM_ARGS:-}|${GPUNODE_SCHEDULER_ARGS:-}|${GPUNODE_KWOK_ARGS:-}"
+
 # ---- already up? ---------------------------------------------------------------------------------
 if [[ -f $D/cluster.env && -f $KUBECONFIG_OUT ]]; then
 	all=1
@@ -65,6 +68,8 @@ if [[ -f $D/cluster.env && -f $KUBECONFIG_OUT ]]; then
 			break
 		fi
 	done
+	# same binaries and options as asked for now?
+	[[ $(sed -n 's/^export GPUNODE_UP_KEY=//p' "$D/cluster.env") == "$(printf '%q' "$UP_KEY")" ]] || all=0
 	if ((all)); then
 		port=$(sed -n 's/^export GPUNODE_API_PORT=//p' "$D/cluster.env")
 		deadline=$((SECONDS + 10))
@@ -78,7 +83,7 @@ if [[ -f $D/cluster.env && -f $KUBECONFIG_OUT ]]; then
 		printf '%s\n' "$KUBECONFIG_OUT"
 		exit 0
 	fi
-	log "$PROG: cluster in $D is not healthy (or only partly running); restarting it from scratch"
+	log "$PROG: cluster in $D is not healthy, only partly running or was started with other binaries/options; restarting it from scratch"
 fi
 stop_cluster || die "could not stop the old processes of $D"
 
@@ -411,10 +416,10 @@ log "  default ServiceAccount present at +$(elapsed)s"
 
 cp "$D/admin.kubeconfig" "$KUBECONFIG_OUT.tmp" && mv "$KUBECONFIG_OUT.tmp" "$KUBECONFIG_OUT"
 {
-	for kv in GPUNODE_CLUSTER_NAME="$CLUSTER_NAME" GPUNODE_CLUSTER_DIR="$D" GPUNODE_KUBECONFIG="$KUBECONFIG_OUT" \
+	for kv in GPUNODE_CLUSTER_NAME="$CLUSTER_NAME" GPUNODE_CLUSTER_DIR="$D" GPUNODE_CLUSTER_KUBECONFIG="$KUBECONFIG_OUT" \
 		GPUNODE_API_URL="https://127.0.0.1:$API_PORT" GPUNODE_API_PORT="$API_PORT" \
 		GPUNODE_ETCD_URL="http://127.0.0.1:$ETCD_PORT" GPUNODE_KCM_PORT="$KCM_PORT" \
-		GPUNODE_SCHEDULER_PORT="$SCHED_PORT" GPUNODE_KWOK_PORT="$KWOK_PORT"; do
+		GPUNODE_SCHEDULER_PORT="$SCHED_PORT" GPUNODE_KWOK_PORT="$KWOK_PORT" GPUNODE_UP_KEY="$UP_KEY"; do
 		printf 'export %s=%q\n' "${kv%%=*}" "${kv#*=}"
 	done
 	for c in "${COMPONENTS[@]}"; do
