@@ -5,6 +5,9 @@
 pub mod check;
 pub mod crdgen;
 pub mod evaluate;
+pub mod leader;
 pub mod markers;
+pub mod metrics;
 pub mod plan;
+pub mod server;
 pub mod verdict;

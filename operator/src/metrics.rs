@@ -1,0 +1,616 @@
+//! The operator's Prometheus metrics, prefixed `gpunode_`.
+//!
+//! Every label is bounded: error kinds, actions and results are enums, node states the three
+//! verdicts, and policies are few. Node names are never labels (one series per node and policy
+//! would grow with the fleet; per-node detail belongs in events and status).
+//!
+//! | Metric | Type | Labels |
+//! |---|---|---|
+//! | `gpunode_reconciles_total` | counter | |
+//! | `gpunode_reconcile_errors_total` | counter | `kind` ([`ErrorKind`]) |
+//! | `gpunode_actions_total` | counter | `action` ([`ActionKind`]), `result` ([`ActionResult`]) |
+//! | `gpunode_nodes` | gauge | `policy`, `state` (`compliant`, `drifted`, `unknown`) |
+//! | `gpunode_reconcile_duration_seconds` | histogram | |
+//! | `gpunode_reaction_seconds` | histogram (report observed → action applied) | |
+//! | `gpunode_leader` | gauge (1 while this replica leads) | |
+
+use std::{fmt::Write as _, time::Duration};
+
+use jiff::Timestamp;
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, text::encode},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::{Registry, Unit},
+};
+use tokio::{sync::watch, time::Instant};
+
+use crate::verdict::NodeState;
+
+/// The `Content-Type` of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Histogram buckets of both latency histograms: 10 ms to 60 s.
+pub const LATENCY_BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// Why a reconcile failed, by pipeline step (the `kind` label of
+/// `gpunode_reconcile_errors_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// Reading from the cluster failed (a get or list), or a cache was not ready.
+    Read,
+    /// Writing a node's labels or annotations failed.
+    Labels,
+    /// Writing a node's taints or cordon failed.
+    Taints,
+    /// Writing a node's condition failed.
+    Condition,
+    /// Listing or evicting pods failed.
+    Drain,
+    /// Writing a policy's status failed.
+    Status,
+    /// Publishing an event failed.
+    Event,
+    /// An object kept changing under every retry (409 Conflict).
+    Conflict,
+    /// An object could not be decoded or is invalid.
+    InvalidObject,
+    /// Anything else.
+    Other,
+}
+
+impl ErrorKind {
+    /// Every kind, for exhaustive tests and dashboards.
+    pub const ALL: [ErrorKind; 10] = [
+        ErrorKind::Read,
+        ErrorKind::Labels,
+        ErrorKind::Taints,
+        ErrorKind::Condition,
+        ErrorKind::Drain,
+        ErrorKind::Status,
+        ErrorKind::Event,
+        ErrorKind::Conflict,
+        ErrorKind::InvalidObject,
+        ErrorKind::Other,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::Read => "read",
+            ErrorKind::Labels => "labels",
+            ErrorKind::Taints => "taints",
+            ErrorKind::Condition => "condition",
+            ErrorKind::Drain => "drain",
+            ErrorKind::Status => "status",
+            ErrorKind::Event => "event",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::InvalidObject => "invalid_object",
+            ErrorKind::Other => "other",
+        }
+    }
+}
+
+/// What was done to a node (the `action` label of `gpunode_actions_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActionKind {
+    /// Labels or annotations written.
+    Label,
+    /// A gpunode taint added.
+    Taint,
+    /// A gpunode taint removed.
+    Untaint,
+    /// The node marked unschedulable.
+    Cordon,
+    /// The node made schedulable again.
+    Uncordon,
+    /// One pod evicted.
+    Evict,
+    /// A drain began.
+    DrainStart,
+    /// A drain ran past its timeout.
+    DrainStuck,
+}
+
+impl ActionKind {
+    /// Every action.
+    pub const ALL: [ActionKind; 8] = [
+        ActionKind::Label,
+        ActionKind::Taint,
+        ActionKind::Untaint,
+        ActionKind::Cordon,
+        ActionKind::Uncordon,
+        ActionKind::Evict,
+        ActionKind::DrainStart,
+        ActionKind::DrainStuck,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::Label => "label",
+            ActionKind::Taint => "taint",
+            ActionKind::Untaint => "untaint",
+            ActionKind::Cordon => "cordon",
+            ActionKind::Uncordon => "uncordon",
+            ActionKind::Evict => "evict",
+            ActionKind::DrainStart => "drain_start",
+            ActionKind::DrainStuck => "drain_stuck",
+        }
+    }
+}
+
+/// How an action went (the `result` label of `gpunode_actions_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActionResult {
+    /// Done.
+    Ok,
+    /// The write failed.
+    Error,
+    /// Wanted but held back (budget, breaker, dry run, pause, skip, conflict, a
+    /// PodDisruptionBudget refusing an eviction).
+    Blocked,
+}
+
+impl ActionResult {
+    /// Every result.
+    pub const ALL: [ActionResult; 3] = [ActionResult::Ok, ActionResult::Error, ActionResult::Blocked];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionResult::Ok => "ok",
+            ActionResult::Error => "error",
+            ActionResult::Blocked => "blocked",
+        }
+    }
+}
+
+macro_rules! label_value {
+    ($($t:ty),*) => {$(
+        impl EncodeLabelValue for $t {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+                encoder.write_str(self.as_str())
+            }
+        }
+    )*};
+}
+
+label_value!(ErrorKind, ActionKind, ActionResult, NodeState);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    kind: ErrorKind,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: ActionKind,
+    result: ActionResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    policy: String,
+    state: NodeState,
+}
+
+const NODE_STATES: [NodeState; 3] = [NodeState::Compliant, NodeState::Drifted, NodeState::Unknown];
+
+/// The registry and its metrics. Share it as `Arc<Metrics>`; every method takes `&self`.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Counter,
+    reconcile_errors: Family<ErrorLabels, Counter>,
+    actions: Family<ActionLabels, Counter>,
+    nodes: Family<NodeLabels, Gauge>,
+    reconcile_duration: Histogram,
+    reaction: Histogram,
+    leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with prefix `gpunode` and every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("gpunode");
+        let reconciles = Counter::default();
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        let actions = Family::<ActionLabels, Counter>::default();
+        let nodes = Family::<NodeLabels, Gauge>::default();
+        let reconcile_duration = Histogram::new(LATENCY_BUCKETS);
+        let reaction = Histogram::new(LATENCY_BUCKETS);
+        let leader = Gauge::default();
+        // Every bounded series starts at zero, so rates and alerts work before the first error.
+        for kind in ErrorKind::ALL {
+            let _ = reconcile_errors.get_or_create(&ErrorLabels { kind });
+        }
+        for action in ActionKind::ALL {
+            for result in ActionResult::ALL {
+                let _ = actions.get_or_create(&ActionLabels { action, result });
+            }
+        }
+        registry.register(
+            "reconciles",
+            "Reconciles of a GpuNodePolicy started",
+            reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by the step that failed",
+            reconcile_errors.clone(),
+        );
+        registry.register(
+            "actions",
+            "Actions on nodes, by action and result",
+            actions.clone(),
+        );
+        registry.register(
+            "nodes",
+            "Nodes selected by each policy, by verdict",
+            nodes.clone(),
+        );
+        registry.register_with_unit(
+            "reconcile_duration",
+            "Time a reconcile of a GpuNodePolicy took",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        registry.register_with_unit(
+            "reaction",
+            "Time from a report's observation to the action taken on its node",
+            Unit::Seconds,
+            reaction.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease (and may write), else 0",
+            leader.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_errors,
+            actions,
+            nodes,
+            reconcile_duration,
+            reaction,
+            leader,
+        }
+    }
+
+    /// Counts a reconcile now and observes its duration when the returned guard drops.
+    pub fn start_reconcile(&self) -> ReconcileTimer<'_> {
+        self.reconciles.inc();
+        ReconcileTimer {
+            metrics: self,
+            start: Instant::now(),
+        }
+    }
+
+    /// Counts a reconcile that took `duration` (for callers that time it themselves).
+    pub fn reconciled(&self, duration: Duration) {
+        self.reconciles.inc();
+        self.reconcile_duration.observe(duration.as_secs_f64());
+    }
+
+    /// Counts a failed reconcile.
+    pub fn reconcile_error(&self, kind: ErrorKind) {
+        self.reconcile_errors.get_or_create(&ErrorLabels { kind }).inc();
+    }
+
+    /// Counts an action on a node.
+    pub fn action(&self, action: ActionKind, result: ActionResult) {
+        self.actions.get_or_create(&ActionLabels { action, result }).inc();
+    }
+
+    /// Sets how many of `policy`'s nodes are in `state`.
+    pub fn set_nodes(&self, policy: &str, state: NodeState, count: usize) {
+        self.nodes
+            .get_or_create(&NodeLabels {
+                policy: policy.to_string(),
+                state,
+            })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Sets all three states of `policy` at once, from its verdicts.
+    pub fn set_policy_nodes(&self, policy: &str, states: impl IntoIterator<Item = NodeState>) {
+        let mut counts = [0usize; 3];
+        for state in states {
+            counts[state_index(state)] += 1;
+        }
+        for state in NODE_STATES {
+            self.set_nodes(policy, state, counts[state_index(state)]);
+        }
+    }
+
+    /// Drops `policy`'s series (the policy was deleted).
+    pub fn forget_policy(&self, policy: &str) {
+        for state in NODE_STATES {
+            self.nodes.remove(&NodeLabels {
+                policy: policy.to_string(),
+                state,
+            });
+        }
+    }
+
+    /// Observes the latency from a report's observation to an action on its node.
+    pub fn reaction(&self, latency: Duration) {
+        self.reaction.observe(latency.as_secs_f64());
+    }
+
+    /// Observes the latency from `observed` (the report's `observedAt`) to `acted`; a negative
+    /// span (clock skew between node and operator) counts as zero.
+    pub fn reaction_between(&self, observed: Timestamp, acted: Timestamp) {
+        let latency = Duration::try_from(acted.duration_since(observed)).unwrap_or_default();
+        self.reaction(latency);
+    }
+
+    /// Sets the leader gauge.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    /// Keeps the leader gauge equal to `leadership` until its sender is gone (spawn it:
+    /// `tokio::spawn({ let m = metrics.clone(); async move { m.follow_leader(rx).await } })`).
+    pub async fn follow_leader(&self, mut leadership: watch::Receiver<bool>) {
+        loop {
+            self.set_leader(*leadership.borrow_and_update());
+            if leadership.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The registry in the OpenMetrics text format ([`CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            // Writing into a String cannot fail; keep whatever was written.
+            tracing::error!(error = %e, "encoding metrics");
+        }
+        out
+    }
+}
+
+fn state_index(state: NodeState) -> usize {
+    match state {
+        NodeState::Compliant => 0,
+        NodeState::Drifted => 1,
+        NodeState::Unknown => 2,
+    }
+}
+
+/// Observes a reconcile's duration when dropped (also on early return and `?`).
+#[derive(Debug)]
+#[must_use = "the duration is observed when the timer drops"]
+pub struct ReconcileTimer<'a> {
+    metrics: &'a Metrics,
+    start: Instant,
+}
+
+impl Drop for ReconcileTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .reconcile_duration
+            .observe(self.start.elapsed().as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(prefix))
+    }
+
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|l| {
+            let (name, v) = l.rsplit_once(' ')?;
+            (name == series).then(|| v.parse().ok()).flatten()
+        })
+    }
+
+    #[test]
+    fn names_types_and_help_are_exposed() {
+        let m = Metrics::new();
+        m.set_nodes("h100", NodeState::Compliant, 1);
+        let text = m.encode();
+        for (name, kind) in [
+            ("gpunode_reconciles", "counter"),
+            ("gpunode_reconcile_errors", "counter"),
+            ("gpunode_actions", "counter"),
+            ("gpunode_nodes", "gauge"),
+            ("gpunode_reconcile_duration_seconds", "histogram"),
+            ("gpunode_reaction_seconds", "histogram"),
+            ("gpunode_leader", "gauge"),
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {name} {kind}\n")),
+                "{name} {kind} missing from\n{text}"
+            );
+            assert!(line(&text, &format!("# HELP {name} ")).is_some(), "{name}");
+        }
+        assert!(text.ends_with("# EOF\n"));
+        assert_eq!(value(&text, "gpunode_reconciles_total"), Some(0.0));
+        assert_eq!(value(&text, "gpunode_leader"), Some(0.0));
+        // Bounded series are there from the start, at zero.
+        assert_eq!(
+            value(&text, r#"gpunode_reconcile_errors_total{kind="conflict"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"gpunode_actions_total{action="drain_stuck",result="blocked"}"#
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.starts_with("gpunode_actions_total{"))
+                .count(),
+            ActionKind::ALL.len() * ActionResult::ALL.len()
+        );
+        assert!(
+            !Metrics::new().encode().contains("gpunode_nodes"),
+            "no policy, no nodes series"
+        );
+    }
+
+    #[test]
+    fn counters_carry_bounded_labels() {
+        let m = Metrics::new();
+        m.reconcile_error(ErrorKind::Taints);
+        m.reconcile_error(ErrorKind::Taints);
+        m.reconcile_error(ErrorKind::InvalidObject);
+        m.action(ActionKind::DrainStart, ActionResult::Ok);
+        m.action(ActionKind::Evict, ActionResult::Blocked);
+        m.action(ActionKind::Evict, ActionResult::Blocked);
+        m.action(ActionKind::Untaint, ActionResult::Error);
+        let text = m.encode();
+        assert_eq!(
+            value(&text, r#"gpunode_reconcile_errors_total{kind="taints"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(&text, r#"gpunode_reconcile_errors_total{kind="invalid_object"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                r#"gpunode_actions_total{action="drain_start",result="ok"}"#
+            ),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&text, r#"gpunode_actions_total{action="evict",result="blocked"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(&text, r#"gpunode_actions_total{action="untaint",result="error"}"#),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn label_values_are_snake_case_and_distinct() {
+        let mut seen = std::collections::BTreeSet::new();
+        for v in ErrorKind::ALL.map(ErrorKind::as_str) {
+            assert!(v.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{v}");
+            assert!(seen.insert(("kind", v)), "{v}");
+        }
+        for v in ActionKind::ALL.map(ActionKind::as_str) {
+            assert!(v.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{v}");
+            assert!(seen.insert(("action", v)), "{v}");
+        }
+    }
+
+    #[test]
+    fn nodes_by_policy_and_state() {
+        let m = Metrics::new();
+        m.set_policy_nodes(
+            "h100",
+            [NodeState::Compliant, NodeState::Drifted, NodeState::Compliant],
+        );
+        m.set_nodes("a100", NodeState::Unknown, 4);
+        let text = m.encode();
+        let series = |p: &str, s: &str| format!(r#"gpunode_nodes{{policy="{p}",state="{s}"}}"#);
+        assert_eq!(value(&text, &series("h100", "compliant")), Some(2.0));
+        assert_eq!(value(&text, &series("h100", "drifted")), Some(1.0));
+        assert_eq!(value(&text, &series("h100", "unknown")), Some(0.0));
+        assert_eq!(value(&text, &series("a100", "unknown")), Some(4.0));
+        m.set_policy_nodes("h100", []);
+        assert_eq!(value(&m.encode(), &series("h100", "compliant")), Some(0.0));
+        m.forget_policy("h100");
+        let text = m.encode();
+        assert!(!text.contains(r#"policy="h100""#), "{text}");
+        assert!(text.contains(r#"policy="a100""#), "{text}");
+    }
+
+    #[test]
+    fn histograms_span_10ms_to_60s() {
+        let m = Metrics::new();
+        m.reconciled(Duration::from_millis(30));
+        {
+            let _timer = m.start_reconcile();
+        }
+        m.reaction(Duration::from_secs(3));
+        m.reaction_between(
+            Timestamp::UNIX_EPOCH,
+            Timestamp::from_second(120).unwrap_or_else(|e| panic!("{e}")),
+        );
+        // The node's clock ran ahead: counted as zero, not as a negative latency.
+        m.reaction_between(
+            Timestamp::from_second(5).unwrap_or_else(|e| panic!("{e}")),
+            Timestamp::UNIX_EPOCH,
+        );
+        let text = m.encode();
+        assert_eq!(value(&text, "gpunode_reconciles_total"), Some(2.0));
+        assert_eq!(
+            value(&text, "gpunode_reconcile_duration_seconds_count"),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(&text, r#"gpunode_reconcile_duration_seconds_bucket{le="0.01"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&text, r#"gpunode_reconcile_duration_seconds_bucket{le="0.05"}"#),
+            Some(2.0)
+        );
+        assert_eq!(value(&text, "gpunode_reaction_seconds_count"), Some(3.0));
+        assert_eq!(
+            value(&text, r#"gpunode_reaction_seconds_bucket{le="0.01"}"#),
+            Some(1.0)
+        );
+        assert_eq!(
+            value(&text, r#"gpunode_reaction_seconds_bucket{le="5.0"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(&text, r#"gpunode_reaction_seconds_bucket{le="60.0"}"#),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(&text, r#"gpunode_reaction_seconds_bucket{le="+Inf"}"#),
+            Some(3.0)
+        );
+    }
+
+    #[tokio::test]
+    async fn the_leader_gauge_follows_leadership() {
+        let m = std::sync::Arc::new(Metrics::new());
+        let (tx, rx) = watch::channel(false);
+        let task = tokio::spawn({
+            let m = m.clone();
+            async move { m.follow_leader(rx).await }
+        });
+        let gauge = || value(&m.encode(), "gpunode_leader");
+        let reaches = |want: f64| {
+            tokio::time::timeout(Duration::from_secs(5), async move {
+                while gauge() != Some(want) {
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        tx.send_replace(true);
+        reaches(1.0)
+            .await
+            .unwrap_or_else(|_| panic!("gauge never became 1"));
+        tx.send_replace(false);
+        reaches(0.0)
+            .await
+            .unwrap_or_else(|_| panic!("gauge never became 0"));
+        drop(tx);
+        task.await.unwrap_or_else(|e| panic!("{e}"));
+    }
+}
