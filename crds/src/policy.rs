@@ -560,8 +560,8 @@ fn default_max_unavailable() -> MaxUnavailable {
 #[serde(rename_all = "camelCase")]
 pub struct CircuitBreaker {
     /// Percentage of the selected nodes that may become drifted within `window` before the
-    /// breaker opens (condition CircuitOpen) and new disruptive actions stop. 100 disables the
-    /// breaker. Defaults to 30.
+    /// breaker opens (condition CircuitOpen) and new disruptive actions stop; a single drifting
+    /// node never opens it. 100 disables the breaker. Defaults to 30.
     #[serde(default = "default_max_drifted_percent")]
     #[schemars(range(min = 0, max = 100))]
     pub max_drifted_percent: u32,

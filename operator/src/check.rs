@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::{
     evaluate::evaluate,
     markers::{self, Markers},
-    plan::{self, Action, NodePlan, NodeView},
+    plan::{self, Action, NodeView},
     verdict::{NodeState, Verdict},
 };
 
@@ -262,18 +262,6 @@ fn describe(actions: &[Action]) -> Vec<String> {
     actions.iter().map(Action::describe).collect()
 }
 
-/// The labels a node plan implies.
-pub fn labels(policy: &str, p: &NodePlan) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::from([
-        (markers::POLICY_LABEL.to_string(), policy.to_string()),
-        (markers::STATE_LABEL.to_string(), p.state.to_string()),
-    ]);
-    for c in &p.drifting {
-        out.insert(markers::drift_label(*c), "true".to_string());
-    }
-    out
-}
-
 /// Evaluates and plans one node at `now`. `None` only if the planner returned no plan for the
 /// node, which it never does for a node it is given.
 pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
@@ -313,7 +301,7 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
     let policy = inputs.policy.metadata.name.clone().unwrap_or_default();
     Some(Outcome {
         node: p.node.clone(),
-        labels: labels(&policy, &p),
+        labels: crate::apply::desired_labels(&policy, &p),
         policy,
         condition: [
             p.condition.status.to_string(),

@@ -2,7 +2,9 @@
 //!
 //! The pipeline is observe → evaluate (pure) → plan (pure) → apply (the only writer) → status.
 
+pub mod apply;
 pub mod check;
+pub mod controller;
 pub mod crdgen;
 pub mod evaluate;
 pub mod leader;
@@ -10,4 +12,5 @@ pub mod markers;
 pub mod metrics;
 pub mod plan;
 pub mod server;
+pub mod status;
 pub mod verdict;

@@ -24,6 +24,15 @@ enum Output {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the operator (in-cluster, or with the current kubeconfig).
+    Run {
+        /// Name of this replica in events and the leader lease (the pod name).
+        #[arg(long, env = "POD_NAME")]
+        instance: Option<String>,
+        /// Log as JSON lines instead of text.
+        #[arg(long, env = "GPUNODE_LOG_JSON")]
+        log_json: bool,
+    },
     /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,
     /// 1 drifted, 2 unknown, 3 bad input (naming the file and field).
     Check {
@@ -53,9 +62,84 @@ enum Command {
     },
 }
 
+fn run(instance: Option<String>, log_json: bool) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    if log_json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gpunode-operator run: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let mut config = match kube::Config::infer().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "no Kubernetes configuration (in-cluster or kubeconfig)");
+                return ExitCode::FAILURE;
+            }
+        };
+        // Refused evictions (429) are retried by the next reconcile, not hidden in the client.
+        config.default_retry = false;
+        let client = match kube::Client::try_from(config) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "building the Kubernetes client");
+                return ExitCode::FAILURE;
+            }
+        };
+        let instance = instance
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "gpunode-operator".to_string());
+        let leader = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let shutdown = async {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+        };
+        gpunode_operator::controller::run(
+            client,
+            gpunode_operator::controller::Options { instance, leader },
+            shutdown,
+        )
+        .await;
+        ExitCode::SUCCESS
+    })
+}
+
+/// SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Run { instance, log_json } => run(instance, log_json),
         Command::Check {
             policy,
             report,

@@ -10,8 +10,8 @@
 //! - **Budget.** NoSchedule/NoExecute taints, cordons and drains are disruptive. A node that is
 //!   not yet disrupted by gpunode is admitted only while fewer than `maxUnavailable` of the
 //!   policy's nodes are; the rest queue, oldest drift first. Undoing is never limited.
-//! - **Circuit breaker.** When more than `maxDriftedPercent` of the nodes began drifting within
-//!   `window`, no disruption is added anywhere.
+//! - **Circuit breaker.** When more than `maxDriftedPercent` of the nodes (and more than one
+//!   node) began drifting within `window`, no disruption is added anywhere.
 //! - **Conflict, skip, dry run, pause.** A node selected by another policy gets no new disruption;
 //!   `gpunode.dev/skip=true` and a paused policy leave the node untouched; dry run writes only
 //!   the labels, the condition and the bookkeeping, and lists every action as pending.
@@ -409,7 +409,9 @@ pub fn plan(policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> P
     )
     .unwrap_or(u32::MAX);
     let pct = policy.disruption.circuit_breaker.max_drifted_percent;
-    let circuit_open = pct < 100 && u64::from(recently_drifted) * 100 > u64::from(pct) * u64::from(matched);
+    // A single drifting node is a node fault, never a systemic one: the threshold is at least 1.
+    let threshold = (u64::from(pct) * u64::from(matched) / 100).max(1);
+    let circuit_open = pct < 100 && u64::from(recently_drifted) > threshold;
 
     let mut queued = 0;
     let mut plans = Vec::with_capacity(work.len());

@@ -551,3 +551,28 @@ fn the_oldest_class_in_ladder_order_names_the_taint() {
         BTreeMap::from([(TaintEffect::NoSchedule, "thermal".to_string())])
     );
 }
+
+#[test]
+fn a_single_drifting_node_never_opens_the_breaker() {
+    let policy = policy(
+        r#"
+remediation:
+  - {classes: [Xid], action: Cordon}
+"#,
+    );
+    let mut nodes = vec![node("only")];
+    nodes[0].verdict = drifted(&[DriftClass::Xid]);
+    let p = step(&policy, &mut nodes, at(0));
+    assert!(!p.circuit_open);
+    assert_eq!(of(&p, "only").cordon, Some(true));
+
+    let mut three: Vec<NodeView> = (0..3).map(|i| node(&format!("n{i}"))).collect();
+    for n in three.iter_mut().take(2) {
+        n.verdict = drifted(&[DriftClass::Xid]);
+    }
+    let p = step(&policy, &mut three, at(0));
+    assert!(
+        p.circuit_open,
+        "two of three is more than 30% and more than one node"
+    );
+}

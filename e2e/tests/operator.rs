@@ -1,0 +1,207 @@
+//! The operator on the real API server: a throttled report leads to the taint once `after` has
+//! passed, recovery removes it after `healthyFor`, and a taint someone else added survives.
+//! The operator runs in-process against the local control plane.
+
+use std::time::{Duration, Instant};
+
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use gpunode_e2e::{cluster::admin_client, crds, nodes, scratch::rand_suffix, wait};
+use gpunode_operator::controller;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    panic!("{e}")
+}
+
+fn report_status(throttle: &[&str]) -> serde_json::Value {
+    json!({
+        "observedAt": jiff::Timestamp::now().to_string(),
+        "collectors": [{"name": "nvml", "ok": true, "durationMs": 5}],
+        "driverVersion": "550.90.07",
+        "gpuCount": 1,
+        "gpus": [{"index": 0, "product": "NVIDIA H100 80GB HBM3", "temperatureCelsius": 70,
+                  "slowdownCelsius": 87, "throttleReasons": throttle}],
+    })
+}
+
+async fn publish_report(client: &Client, node: &str, throttle: &[&str]) {
+    let api: Api<GpuNodeReport> = Api::all(client.clone());
+    let patch = json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
+        "metadata": {"name": node}, "spec": {"nodeName": node},
+    });
+    api.patch(
+        node,
+        &PatchParams::apply("gpunode-e2e").force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let status = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport", "status": report_status(throttle)});
+    api.patch_status(
+        node,
+        &PatchParams::apply("gpunode-e2e").force(),
+        &Patch::Apply(&status),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+}
+
+fn taints(node: &Node) -> Vec<(String, Option<String>, String)> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| (t.key, t.value, t.effect))
+        .collect()
+}
+
+fn label(node: &Node, key: &str) -> Option<String> {
+    node.metadata.labels.as_ref().and_then(|l| l.get(key).cloned())
+}
+
+#[tokio::test]
+async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for() {
+    // RUST_LOG=gpunode_operator=debug shows the operator's decisions.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let client = admin_client().await.unwrap_or_else(|e| fail(e));
+    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let name = format!("op-throttle-{:06x}", rand_suffix());
+    nodes::create(
+        &client,
+        std::slice::from_ref(&name),
+        &nodes::GpuNodeShape::default(),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let node_api: Api<Node> = Api::all(client.clone());
+    // Someone else's taint, which gpunode must never touch.
+    let human = json!({"spec": {"taints": [{"key": "example.com/maintenance", "value": "planned", "effect": "NoSchedule"}]}});
+    node_api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&human))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    publish_report(&client, &name, &[]).await;
+
+    let policy: GpuNodePolicy = serde_json::from_value(json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": name}},
+            "cooling": {},
+            "remediation": [{"classes": ["Throttle"], "action": "Taint", "effect": "NoSchedule", "after": "2s"}],
+            "recovery": {"healthyFor": "3s"},
+            "staleAfter": "5m",
+        }
+    }))
+    .unwrap_or_else(|e| fail(e));
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap_or_else(|e| fail(e));
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(controller::run(
+        client.clone(),
+        controller::Options {
+            instance: "e2e".to_string(),
+            leader: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        },
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+
+    wait::until("node labelled compliant", DEADLINE, || async {
+        let n = node_api.get(&name).await?;
+        Ok((label(&n, "gpunode.dev/state").as_deref() == Some("compliant")).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    let throttled_at = Instant::now();
+    publish_report(&client, &name, &["HwThermalSlowdown", "SwThermalSlowdown"]).await;
+    wait::until("node labelled drifted", DEADLINE, || async {
+        let n = node_api.get(&name).await?;
+        Ok((label(&n, "gpunode.dev/drift.throttle").as_deref() == Some("true")).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let tainted = wait::until("gpunode taint", DEADLINE, || async {
+        let n = node_api.get(&name).await?;
+        Ok(taints(&n)
+            .iter()
+            .any(|t| t.0 == "gpunode.dev/drift" && t.1.as_deref() == Some("throttle") && t.2 == "NoSchedule")
+            .then_some(n))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(
+        throttled_at.elapsed() >= Duration::from_secs(2),
+        "tainted before `after`"
+    );
+    assert!(taints(&tainted).iter().any(|t| t.0 == "example.com/maintenance"));
+    let condition = tainted
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuPolicyCompliant").cloned())
+        .unwrap_or_else(|| panic!("no GpuPolicyCompliant condition"));
+    assert_eq!(condition.status, "False");
+
+    let recovered_at = Instant::now();
+    publish_report(&client, &name, &[]).await;
+    let untainted = wait::until("gpunode taint removed", DEADLINE, || async {
+        let n = node_api.get(&name).await?;
+        Ok((!taints(&n).iter().any(|t| t.0 == "gpunode.dev/drift")).then_some(n))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(
+        recovered_at.elapsed() >= Duration::from_secs(3),
+        "untainted before healthyFor"
+    );
+    assert_eq!(
+        taints(&untainted),
+        vec![(
+            "example.com/maintenance".to_string(),
+            Some("planned".to_string()),
+            "NoSchedule".to_string()
+        )],
+        "the other owner's taint is exactly as it was"
+    );
+    assert_eq!(
+        label(&untainted, "gpunode.dev/state").as_deref(),
+        Some("compliant")
+    );
+
+    let status = wait::until("policy status counts", DEADLINE, || async {
+        let p = policies.get(&name).await?;
+        Ok(p.status.filter(|s| s.matched == 1 && s.compliant == 1))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert_eq!(status.drifted, 0);
+
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), operator)
+        .await
+        .unwrap_or_else(|e| fail(e))
+        .unwrap_or_else(|e| fail(e));
+    policies
+        .delete(&name, &Default::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+}

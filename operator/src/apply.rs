@@ -1,0 +1,450 @@
+//! apply: the only code that writes to nodes. Each write is idempotent and skipped when the node
+//! already looks as planned, so a reconcile that changes nothing writes nothing.
+//!
+//! - Labels and bookkeeping annotations: server-side apply with one field manager.
+//! - Taints and cordon: read-modify-write with a resourceVersion precondition, retried on
+//!   conflict. `spec.taints` is an atomic list, so SSA or a merge patch without the precondition
+//!   would clobber other owners' taints; only taints with gpunode's key are ever changed. The
+//!   cordon marker travels in the same write as the cordon, so a crash never leaves one without
+//!   the other.
+//! - The `GpuPolicyCompliant` condition: server-side apply of the status (conditions merge by
+//!   type), `lastTransitionTime` moved only when the status flips.
+//! - Drain: the Eviction API (PodDisruptionBudgets honoured; a refusal is retried on the next
+//!   reconcile); DaemonSet and mirror pods, pods in protected namespaces and terminating pods are
+//!   skipped, so a restarted operator resumes without evicting anything twice.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpunode_crds::policy::DrainPolicy;
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::{Node, Pod, Taint},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
+use kube::{
+    Api, Client,
+    api::{EvictParams, ListParams, Patch, PatchParams},
+    core::{Selector, SelectorExt},
+};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use crate::{
+    markers::{self, CONDITION_TYPE, CORDONED_ANNOTATION, DRIFT_LABEL_PREFIX, DriftTaint, TAINT_KEY},
+    plan::{DrainStep, NodePlan},
+};
+
+/// The field manager of every gpunode write.
+pub const FIELD_MANAGER: &str = "gpunode-operator";
+
+/// How often a conflicting taint/cordon write is retried before the reconcile gives up.
+const MAX_CONFLICT_RETRIES: usize = 5;
+
+/// Why a write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The API server refused or failed a request.
+    #[error("{step} on node {node}: {source}")]
+    Api {
+        /// What was being written.
+        step: &'static str,
+        /// The node.
+        node: String,
+        /// The error.
+        source: kube::Error,
+    },
+    /// The node changed under every retry.
+    #[error("node {0} kept changing while its taints were updated; retrying later")]
+    Conflict(String),
+}
+
+impl ApplyError {
+    /// A bounded label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ApplyError::Api { step, .. } => step,
+            ApplyError::Conflict(_) => "conflict",
+        }
+    }
+}
+
+/// What one node's apply did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct NodeOutcome {
+    /// Labels or annotations were written.
+    pub wrote_metadata: bool,
+    /// Taints or the cordon were written.
+    pub wrote_spec: bool,
+    /// The condition was written.
+    pub wrote_condition: bool,
+    /// Pods evicted in this pass.
+    pub evicted: u32,
+    /// Evictable pods still on the node (0: the drain is complete).
+    pub remaining: u32,
+    /// Evictions refused by a PodDisruptionBudget in this pass.
+    pub refused: u32,
+}
+
+/// The labels a node plan implies: every `gpunode.dev/` label gpunode owns.
+pub fn desired_labels(policy: &str, plan: &NodePlan) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::from([
+        (markers::POLICY_LABEL.to_string(), policy.to_string()),
+        (markers::STATE_LABEL.to_string(), plan.state.to_string()),
+    ]);
+    for c in &plan.drifting {
+        out.insert(markers::drift_label(*c), "true".to_string());
+    }
+    out
+}
+
+/// The bookkeeping annotations written by server-side apply (the cordon marker travels with
+/// the cordon itself).
+fn desired_annotations(plan: &NodePlan) -> BTreeMap<String, String> {
+    let mut a = plan.markers.to_annotations();
+    a.remove(CORDONED_ANNOTATION);
+    a
+}
+
+fn is_ours_label(key: &str) -> bool {
+    key == markers::POLICY_LABEL || key == markers::STATE_LABEL || key.starts_with(DRIFT_LABEL_PREFIX)
+}
+
+fn is_ours_annotation(key: &str) -> bool {
+    key.starts_with("gpunode.dev/") && key != CORDONED_ANNOTATION
+}
+
+fn ours(map: Option<&BTreeMap<String, String>>, keep: fn(&str) -> bool) -> BTreeMap<&str, &str> {
+    map.into_iter()
+        .flatten()
+        .filter(|(k, _)| keep(k))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
+fn as_refs(map: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
+    map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// gpunode's taints on a node.
+pub fn drift_taints(node: &Node) -> BTreeSet<DriftTaint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|ts| ts.iter().filter_map(markers::drift_taint).collect())
+        .unwrap_or_default()
+}
+
+fn to_taint(t: &DriftTaint, now: Timestamp) -> Taint {
+    Taint {
+        key: TAINT_KEY.to_string(),
+        value: Some(t.value.clone()),
+        effect: t.effect.as_str().to_string(),
+        time_added: Some(Time(now)),
+    }
+}
+
+/// Writes nodes as planned.
+#[derive(Clone)]
+pub struct Applier {
+    nodes: Api<Node>,
+    client: Client,
+}
+
+impl Applier {
+    /// An applier; `client` should have kube's automatic 429 retry off, so a refused eviction
+    /// returns at once and is retried by the next reconcile.
+    pub fn new(client: Client) -> Self {
+        Applier {
+            nodes: Api::all(client.clone()),
+            client,
+        }
+    }
+
+    /// Brings `observed` to what `plan` says, writing only what differs.
+    #[tracing::instrument(skip_all, fields(node = %plan.node, policy = policy))]
+    pub async fn apply(
+        &self,
+        policy: &str,
+        plan: &NodePlan,
+        observed: &Node,
+        drain: &DrainPolicy,
+        now: Timestamp,
+    ) -> Result<NodeOutcome, ApplyError> {
+        let mut out = NodeOutcome::default();
+        if !plan.write {
+            return Ok(out);
+        }
+        out.wrote_spec = self.apply_spec(plan, observed, now).await?;
+        out.wrote_metadata = self.apply_metadata(policy, plan, observed).await?;
+        out.wrote_condition = self.apply_condition(plan, observed, now).await?;
+        if let DrainStep::Run { .. } = plan.drain {
+            let (evicted, remaining, refused) = self.drain(&plan.node, drain).await?;
+            out.evicted = evicted;
+            out.remaining = remaining;
+            out.refused = refused;
+        }
+        Ok(out)
+    }
+
+    async fn apply_metadata(
+        &self,
+        policy: &str,
+        plan: &NodePlan,
+        observed: &Node,
+    ) -> Result<bool, ApplyError> {
+        let labels = desired_labels(policy, plan);
+        let annotations = desired_annotations(plan);
+        let meta = &observed.metadata;
+        if ours(meta.labels.as_ref(), is_ours_label) == as_refs(&labels)
+            && ours(meta.annotations.as_ref(), is_ours_annotation) == as_refs(&annotations)
+        {
+            return Ok(false);
+        }
+        let patch = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": plan.node, "labels": labels, "annotations": annotations},
+        });
+        self.nodes
+            .patch(
+                &plan.node,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(|source| ApplyError::Api {
+                step: "labels",
+                node: plan.node.clone(),
+                source,
+            })?;
+        debug!("labels and annotations applied");
+        Ok(true)
+    }
+
+    /// Taints and cordon in one write with a resourceVersion precondition.
+    async fn apply_spec(&self, plan: &NodePlan, observed: &Node, now: Timestamp) -> Result<bool, ApplyError> {
+        let mut node = observed.clone();
+        for _ in 0..MAX_CONFLICT_RETRIES {
+            let spec = node.spec.clone().unwrap_or_default();
+            let current: Vec<Taint> = spec.taints.clone().unwrap_or_default();
+            let existing_ours = drift_taints(&node);
+            // Keep everyone else's taints untouched and in order; keep our unchanged ones as they
+            // are (their timeAdded), add the new ones.
+            let mut taints: Vec<Taint> = current
+                .iter()
+                .filter(|t| {
+                    t.key != TAINT_KEY || markers::drift_taint(t).is_some_and(|d| plan.taints.contains(&d))
+                })
+                .cloned()
+                .collect();
+            taints.extend(plan.taints.difference(&existing_ours).map(|t| to_taint(t, now)));
+            let unschedulable = spec.unschedulable.unwrap_or(false);
+            let cordoned_by_us = node
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.get(CORDONED_ANNOTATION).is_some_and(|v| v == "true"));
+            // Cordon only a schedulable node; uncordon only what gpunode cordoned. The marker
+            // says whether gpunode's cordon is the one in place, and is cleared when a person
+            // lifted it.
+            let (new_unschedulable, marker) = match plan.cordon {
+                Some(true) if !unschedulable => (true, true),
+                Some(false) if cordoned_by_us && unschedulable => (false, false),
+                _ => (
+                    unschedulable,
+                    cordoned_by_us && unschedulable && plan.markers.cordoned_by_us,
+                ),
+            };
+            if taints == current && new_unschedulable == unschedulable && marker == cordoned_by_us {
+                return Ok(false);
+            }
+            let rv = node.metadata.resource_version.clone();
+            let mut patch = json!({
+                "metadata": {"resourceVersion": rv},
+                "spec": {"taints": taints, "unschedulable": new_unschedulable},
+            });
+            if marker != cordoned_by_us {
+                patch["metadata"]["annotations"] =
+                    json!({CORDONED_ANNOTATION: if marker { json!("true") } else { json!(null) }});
+            }
+            match self
+                .nodes
+                .patch(&plan.node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    info!(taints = ?plan.taints, unschedulable = new_unschedulable, "taints/cordon written");
+                    return Ok(true);
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    debug!("node changed under us; re-reading");
+                    node = self
+                        .nodes
+                        .get(&plan.node)
+                        .await
+                        .map_err(|source| ApplyError::Api {
+                            step: "read node",
+                            node: plan.node.clone(),
+                            source,
+                        })?;
+                }
+                Err(source) => {
+                    return Err(ApplyError::Api {
+                        step: "taints",
+                        node: plan.node.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        Err(ApplyError::Conflict(plan.node.clone()))
+    }
+
+    async fn apply_condition(
+        &self,
+        plan: &NodePlan,
+        observed: &Node,
+        now: Timestamp,
+    ) -> Result<bool, ApplyError> {
+        let existing = observed
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_TYPE));
+        let c = &plan.condition;
+        if let Some(e) = existing
+            && e.status == c.status
+            && e.reason.as_deref() == Some(c.reason)
+            && e.message.as_deref() == Some(c.message.as_str())
+        {
+            return Ok(false);
+        }
+        let since = existing
+            .filter(|e| e.status == c.status)
+            .and_then(|e| e.last_transition_time.clone())
+            .map_or(now, |t| t.0);
+        let patch = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "status": {"conditions": [{
+                "type": CONDITION_TYPE,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": since.to_string(),
+                "lastHeartbeatTime": now.to_string(),
+            }]},
+        });
+        self.nodes
+            .patch_status(
+                &plan.node,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(|source| ApplyError::Api {
+                step: "condition",
+                node: plan.node.clone(),
+                source,
+            })?;
+        Ok(true)
+    }
+
+    /// One pass of evictions; returns (evicted, remaining, refused).
+    async fn drain(&self, node: &str, policy: &DrainPolicy) -> Result<(u32, u32, u32), ApplyError> {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let list = pods
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(|source| ApplyError::Api {
+                step: "list pods",
+                node: node.to_string(),
+                source,
+            })?;
+        let selector: Option<Selector> = policy
+            .pod_selector
+            .clone()
+            .and_then(|s| Selector::try_from(s).ok());
+        let (mut evicted, mut remaining, mut refused) = (0, 0, 0);
+        for pod in list
+            .items
+            .iter()
+            .filter(|p| evictable(p, policy, selector.as_ref()))
+        {
+            let ns = pod.metadata.namespace.clone().unwrap_or_default();
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let params = EvictParams {
+                delete_options: policy.grace_period_seconds.map(|g| kube::api::DeleteParams {
+                    grace_period_seconds: u32::try_from(g).ok(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            match Api::<Pod>::namespaced(self.client.clone(), &ns)
+                .evict(&name, &params)
+                .await
+            {
+                Ok(_) => {
+                    info!(pod = %format!("{ns}/{name}"), "evicted");
+                    evicted += 1;
+                }
+                Err(kube::Error::Api(s)) if s.code == 429 => {
+                    debug!(pod = %format!("{ns}/{name}"), "eviction refused by a PodDisruptionBudget");
+                    refused += 1;
+                    remaining += 1;
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => {
+                    warn!(pod = %format!("{ns}/{name}"), error = %e, "eviction failed");
+                    remaining += 1;
+                }
+            }
+        }
+        Ok((evicted, remaining, refused))
+    }
+}
+
+/// Whether a drain evicts this pod: not already terminating or finished, not a DaemonSet or
+/// mirror pod, not in a protected namespace, selected by the policy's pod selector, and without
+/// emptyDir data unless the policy allows losing it.
+pub fn evictable(pod: &Pod, policy: &DrainPolicy, selector: Option<&Selector>) -> bool {
+    let meta = &pod.metadata;
+    if meta.deletion_timestamp.is_some() {
+        return false;
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded" | "Failed")) {
+        return false;
+    }
+    if meta.owner_references.as_ref().is_some_and(|os| {
+        os.iter()
+            .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
+    }) {
+        return false;
+    }
+    if meta
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+    {
+        return false;
+    }
+    if meta
+        .namespace
+        .as_ref()
+        .is_some_and(|ns| policy.protected_namespaces.iter().any(|p| p == ns))
+    {
+        return false;
+    }
+    if let Some(sel) = selector
+        && !sel.matches(meta.labels.as_ref().unwrap_or(&BTreeMap::new()))
+    {
+        return false;
+    }
+    let has_empty_dir = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|vs| vs.iter().any(|v| v.empty_dir.is_some()));
+    !has_empty_dir || policy.delete_empty_dir_data
+}

@@ -1,0 +1,437 @@
+//! The controller: watches policies, reports and nodes (one watch each, shared by the caches and
+//! the triggers), and reconciles a policy whenever one of its nodes or their reports changes.
+//! A reconcile is observe → evaluate → plan → apply → status; only [`crate::apply`] writes to
+//! nodes, and only while this replica leads.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::StreamExt;
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    core::{Selector, SelectorExt},
+    runtime::{
+        Controller, WatchStreamExt,
+        controller::{self, Action},
+        events::{Event, EventType, Recorder, Reporter},
+        reflector::{self, ObjectRef, Store},
+        watcher,
+    },
+};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use crate::{
+    apply::{Applier, FIELD_MANAGER, drift_taints},
+    evaluate::evaluate,
+    markers::{CONDITION_TYPE, Markers, SKIP_LABEL, STATE_LABEL},
+    plan::{self, NodeView, PolicyPlan},
+    status,
+    verdict::NodeState,
+};
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The policy's node selector cannot be used (rejected by the API server normally).
+    #[error("policy {policy}: invalid nodeSelector: {reason}")]
+    InvalidSelector {
+        /// The policy.
+        policy: String,
+        /// Why.
+        reason: String,
+    },
+    /// Writing a node failed.
+    #[error(transparent)]
+    Apply(#[from] crate::apply::ApplyError),
+    /// Writing the policy status failed.
+    #[error("policy {policy}: status: {source}")]
+    Status {
+        /// The policy.
+        policy: String,
+        /// The error.
+        source: kube::Error,
+    },
+}
+
+impl Error {
+    /// A bounded label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidSelector { .. } => "invalid_selector",
+            Error::Apply(e) => e.kind(),
+            Error::Status { .. } => "status",
+        }
+    }
+}
+
+/// Everything a reconcile needs.
+pub struct Context {
+    /// Client for policy status.
+    pub client: Client,
+    /// The node writer.
+    pub applier: Applier,
+    /// Nodes (managed fields stripped).
+    pub nodes: Store<Node>,
+    /// Reports.
+    pub reports: Store<GpuNodeReport>,
+    /// Policies.
+    pub policies: Store<GpuNodePolicy>,
+    /// One recorder for every event, so repeats aggregate.
+    pub recorder: Recorder,
+    /// True while this replica may write.
+    pub leader: Arc<AtomicBool>,
+    /// True once the node and report caches hold a full list.
+    pub synced: Arc<AtomicBool>,
+}
+
+fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, Error> {
+    Selector::try_from(policy.spec.node_selector.clone()).map_err(|e| Error::InvalidSelector {
+        policy: policy.name_any(),
+        reason: e.to_string(),
+    })
+}
+
+fn selects(policy: &GpuNodePolicy, labels: &BTreeMap<String, String>) -> bool {
+    policy.metadata.deletion_timestamp.is_none() && selector_of(policy).is_ok_and(|s| s.matches(labels))
+}
+
+/// The policies that select a node with these labels.
+fn policies_for(
+    store: &Store<GpuNodePolicy>,
+    labels: &BTreeMap<String, String>,
+) -> Vec<ObjectRef<GpuNodePolicy>> {
+    store
+        .state()
+        .iter()
+        .filter(|p| selects(p, labels))
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
+fn view(
+    policy: &GpuNodePolicy,
+    node: &Node,
+    ctx: &Context,
+    all: &[Arc<GpuNodePolicy>],
+    now: Timestamp,
+) -> NodeView {
+    let name = node.name_any();
+    let labels = node.labels();
+    let report = ctx.reports.get(&ObjectRef::new(&name));
+    let verdict = evaluate(&policy.spec, report.as_deref(), now);
+    let (markers, errors) = Markers::from_annotations(node.annotations());
+    for e in errors {
+        warn!(node = %name, error = %e, "ignoring unreadable gpunode annotation");
+    }
+    let mut conflicts: Vec<String> = all
+        .iter()
+        .filter(|p| p.name_any() != policy.name_any() && selects(p, labels))
+        .map(|p| p.name_any())
+        .collect();
+    conflicts.sort();
+    let condition = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_TYPE));
+    NodeView {
+        skip: labels.get(SKIP_LABEL).is_some_and(|v| v == "true"),
+        unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
+        taints: drift_taints(node),
+        markers,
+        current_state: labels.get(STATE_LABEL).and_then(|v| match v.as_str() {
+            "compliant" => Some(NodeState::Compliant),
+            "drifted" => Some(NodeState::Drifted),
+            "unknown" => Some(NodeState::Unknown),
+            _ => None,
+        }),
+        current_reason: condition.and_then(|c| c.reason.clone()),
+        verdict,
+        conflicts,
+        name,
+    }
+}
+
+/// When the plan next changes on its own (an `after`, a `healthyFor`, a report going stale, a
+/// drain timing out), so the reconcile can requeue exactly then.
+fn next_wakeup(policy: &GpuNodePolicy, plan: &PolicyPlan, ctx: &Context, now: Timestamp) -> Duration {
+    let spec = &policy.spec;
+    let d = |x: gpunode_crds::Duration| SignedDuration::try_from(x.get()).unwrap_or(SignedDuration::MAX);
+    let mut times: Vec<Timestamp> = Vec::new();
+    for n in &plan.nodes {
+        for track in n.markers.classes.values() {
+            times.extend(
+                spec.remediation
+                    .iter()
+                    .filter_map(|r| track.since.checked_add(d(r.after)).ok()),
+            );
+            if let Some(c) = track.cleared_at {
+                times.extend(c.checked_add(d(spec.recovery.healthy_for)).ok());
+            }
+        }
+        if let plan::DrainStep::Run {
+            started,
+            stuck: false,
+        } = n.drain
+        {
+            times.extend(started.checked_add(d(spec.disruption.drain.timeout)).ok());
+        }
+        let observed = ctx
+            .reports
+            .get(&ObjectRef::new(&n.node))
+            .and_then(|r| r.status.as_ref().and_then(|s| s.observed_at.clone()));
+        if let Some(t) = observed {
+            times.extend(t.0.checked_add(d(spec.stale_after)).ok());
+        }
+    }
+    let next = times.into_iter().filter(|t| *t > now).min();
+    let wait = next.map_or(Duration::from_secs(300), |t| {
+        Duration::try_from(t.duration_since(now)).unwrap_or(Duration::from_secs(300))
+    });
+    // Draining nodes are revisited often: evictions refused by a PDB are retried.
+    let draining = plan
+        .nodes
+        .iter()
+        .any(|n| matches!(n.drain, plan::DrainStep::Run { .. }));
+    let cap = if draining {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(300)
+    };
+    (wait + Duration::from_millis(100)).min(cap)
+}
+
+async fn publish(ctx: &Context, node: &Node, events: &[plan::PlannedEvent]) {
+    let reference = node.object_ref(&());
+    for e in events {
+        let event = Event {
+            type_: if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: e.reason.to_string(),
+            note: Some(e.note.chars().take(1000).collect()),
+            action: e.reason.to_string(),
+            secondary: None,
+        };
+        if let Err(err) = ctx.recorder.publish(&event, &reference).await {
+            warn!(node = %node.name_any(), error = %err, "publishing an event failed");
+        }
+    }
+}
+
+/// Reconciles one policy over all of its nodes.
+#[tracing::instrument(skip_all, fields(policy = %policy.name_any()))]
+pub async fn reconcile(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.leader.load(Ordering::Acquire) {
+        // Followers neither compute nor write; the leader covers everything.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    if !ctx.synced.load(Ordering::Acquire) {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
+    let name = policy.name_any();
+    let selector = selector_of(&policy)?;
+    let now = Timestamp::now();
+    let all = ctx.policies.state();
+    let nodes: Vec<Arc<Node>> = ctx
+        .nodes
+        .state()
+        .into_iter()
+        .filter(|n| selector.matches(n.labels()))
+        .collect();
+    let views: Vec<NodeView> = nodes.iter().map(|n| view(&policy, n, &ctx, &all, now)).collect();
+    let plan = plan::plan(&policy.spec, &views, now);
+
+    let by_name: BTreeMap<String, Arc<Node>> = nodes.iter().map(|n| (n.name_any(), n.clone())).collect();
+    let conflicts: BTreeMap<String, Vec<String>> = views.into_iter().map(|v| (v.name, v.conflicts)).collect();
+    // Owned jobs, so the concurrent writes borrow nothing from this frame.
+    let jobs: Vec<(plan::NodePlan, Arc<Node>, Vec<String>)> = plan
+        .nodes
+        .iter()
+        .filter_map(|np| {
+            let node = by_name.get(&np.node)?.clone();
+            let others = conflicts.get(&np.node).cloned().unwrap_or_default();
+            Some((np.clone(), node, others))
+        })
+        .collect();
+    let mut first_error = None;
+    let results: Vec<Result<crate::apply::NodeOutcome, crate::apply::ApplyError>> =
+        futures::stream::iter(jobs)
+            .map(|(mut np, node, others)| {
+                let ctx = ctx.clone();
+                let policy = policy.clone();
+                async move {
+                    // With overlapping policies, only the first by name labels the node, so the
+                    // two do not flip its labels back and forth.
+                    if others.iter().any(|c| c < &policy.name_any()) {
+                        np.write = false;
+                    }
+                    let r = ctx
+                        .applier
+                        .apply(&policy.name_any(), &np, &node, &policy.spec.disruption.drain, now)
+                        .await;
+                    if np.write && r.is_ok() {
+                        publish(&ctx, &node, &np.events).await;
+                    }
+                    r
+                }
+            })
+            .buffer_unordered(8)
+            .collect()
+            .await;
+    for r in results {
+        if let Err(e) = r {
+            warn!(error = %e, "applying a node plan failed");
+            first_error.get_or_insert(e);
+        }
+    }
+
+    debug!(nodes = plan.nodes.len(), "node plans applied");
+    let new_status = status::status(
+        &plan,
+        policy.metadata.generation,
+        policy.spec.paused,
+        policy.status.as_ref(),
+        now,
+    );
+    if policy
+        .status
+        .as_ref()
+        .is_none_or(|old| !status::same_ignoring_time(old, &new_status))
+    {
+        let patch = json!({
+            "apiVersion": "gpunode.dev/v1alpha1",
+            "kind": "GpuNodePolicy",
+            "status": new_status,
+        });
+        Api::<GpuNodePolicy>::all(ctx.client.clone())
+            .patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(|source| Error::Status {
+                policy: name.clone(),
+                source,
+            })?;
+    }
+    if let Some(e) = first_error {
+        return Err(e.into());
+    }
+    let wake = next_wakeup(&policy, &plan, &ctx, now);
+    debug!(requeue_after = ?wake, "reconciled");
+    Ok(Action::requeue(wake))
+}
+
+fn error_policy(policy: Arc<GpuNodePolicy>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(policy = %policy.name_any(), kind = error.kind(), %error, "reconcile failed");
+    match error {
+        Error::InvalidSelector { .. } => Action::await_change(),
+        _ => Action::requeue(Duration::from_secs(2)),
+    }
+}
+
+/// How the controller runs.
+pub struct Options {
+    /// Reporter instance for events (the pod name).
+    pub instance: String,
+    /// True while this replica may write (leader election flips it).
+    pub leader: Arc<AtomicBool>,
+}
+
+/// Runs the controller until `shutdown` completes.
+pub async fn run(
+    client: Client,
+    options: Options,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let strip = |n: &mut Node| {
+        n.managed_fields_mut().clear();
+    };
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let node_stream = watcher(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff()
+    .modify(strip)
+    .reflect(node_writer)
+    .touched_objects();
+    let (reports, report_writer) = reflector::store::<GpuNodeReport>();
+    let report_stream = watcher(
+        Api::<GpuNodeReport>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff()
+    .modify(|r: &mut GpuNodeReport| r.managed_fields_mut().clear())
+    .reflect(report_writer)
+    .touched_objects();
+
+    let controller = Controller::new(
+        Api::<GpuNodePolicy>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    )
+    .with_config(controller::Config::default().debounce(Duration::from_millis(50)));
+    let policies = controller.store();
+
+    let synced = Arc::new(AtomicBool::new(false));
+    {
+        let (nodes, reports, synced) = (nodes.clone(), reports.clone(), synced.clone());
+        tokio::spawn(async move {
+            if nodes.wait_until_ready().await.is_ok() && reports.wait_until_ready().await.is_ok() {
+                synced.store(true, Ordering::Release);
+                info!("node and report caches synced");
+            }
+        });
+    }
+
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        applier: Applier::new(client.clone()),
+        nodes: nodes.clone(),
+        reports,
+        policies: policies.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "gpunode-operator".into(),
+                instance: Some(options.instance),
+            },
+        ),
+        leader: options.leader,
+        synced,
+    });
+
+    let (p1, p2) = (policies.clone(), policies.clone());
+    controller
+        .watches_stream(node_stream, move |node: Node| policies_for(&p1, node.labels()))
+        .watches_stream(report_stream, move |report: GpuNodeReport| {
+            let labels = nodes
+                .get(&ObjectRef::new(&report.name_any()))
+                .map(|n| n.labels().clone())
+                .unwrap_or_default();
+            policies_for(&p2, &labels)
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                warn!(error = %e, "controller");
+            }
+        })
+        .await;
+}
