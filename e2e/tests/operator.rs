@@ -117,7 +117,9 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         client.clone(),
         controller::Options {
             instance: "e2e".to_string(),
-            leader: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            leadership: gpunode_operator::leader::Leadership::fixed(true),
+            metrics: std::sync::Arc::new(gpunode_operator::metrics::Metrics::new()),
+            readiness: gpunode_operator::server::Readiness::new(),
         },
         async move {
             let _ = stop_rx.await;

@@ -12,6 +12,12 @@ use std::{
     time::Duration,
 };
 
+use crate::{
+    leader::Leadership,
+    metrics::{ActionKind, ActionResult, ErrorKind, Metrics},
+    server::Readiness,
+};
+
 use futures::StreamExt;
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use jiff::{SignedDuration, Timestamp};
@@ -89,8 +95,10 @@ pub struct Context {
     pub policies: Store<GpuNodePolicy>,
     /// One recorder for every event, so repeats aggregate.
     pub recorder: Recorder,
-    /// True while this replica may write.
-    pub leader: Arc<AtomicBool>,
+    /// Whether this replica may write.
+    pub leadership: Leadership,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
     /// True once the node and report caches hold a full list.
     pub synced: Arc<AtomicBool>,
 }
@@ -235,7 +243,8 @@ async fn publish(ctx: &Context, node: &Node, events: &[plan::PlannedEvent]) {
 /// Reconciles one policy over all of its nodes.
 #[tracing::instrument(skip_all, fields(policy = %policy.name_any()))]
 pub async fn reconcile(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.leader.load(Ordering::Acquire) {
+    let _timer = ctx.metrics.start_reconcile();
+    if !ctx.leadership.is_leader() {
         // Followers neither compute nor write; the leader covers everything.
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
@@ -268,36 +277,50 @@ pub async fn reconcile(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<
         })
         .collect();
     let mut first_error = None;
-    let results: Vec<Result<crate::apply::NodeOutcome, crate::apply::ApplyError>> =
-        futures::stream::iter(jobs)
-            .map(|(mut np, node, others)| {
-                let ctx = ctx.clone();
-                let policy = policy.clone();
-                async move {
-                    // With overlapping policies, only the first by name labels the node, so the
-                    // two do not flip its labels back and forth.
-                    if others.iter().any(|c| c < &policy.name_any()) {
-                        np.write = false;
-                    }
-                    let r = ctx
-                        .applier
-                        .apply(&policy.name_any(), &np, &node, &policy.spec.disruption.drain, now)
-                        .await;
-                    if np.write && r.is_ok() {
-                        publish(&ctx, &node, &np.events).await;
-                    }
-                    r
+    let results: Vec<Result<u32, crate::apply::ApplyError>> = futures::stream::iter(jobs)
+        .map(|(mut np, node, others)| {
+            let ctx = ctx.clone();
+            let policy = policy.clone();
+            async move {
+                // With overlapping policies, only the first by name labels the node, so the
+                // two do not flip its labels back and forth.
+                if others.iter().any(|c| c < &policy.name_any()) {
+                    np.write = false;
                 }
-            })
-            .buffer_unordered(8)
-            .collect()
-            .await;
+                // Only the leader writes; a replica that lost its lease mid-reconcile stops.
+                if !ctx.leadership.is_leader() {
+                    return Ok(0);
+                }
+                let r = ctx
+                    .applier
+                    .apply(&policy.name_any(), &np, &node, &policy.spec.disruption.drain, now)
+                    .await;
+                if np.write && r.is_ok() {
+                    record_actions(&ctx, &np, &node);
+                    publish(&ctx, &node, &np.events).await;
+                }
+                r.map(|o| o.evicted)
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await;
     for r in results {
-        if let Err(e) = r {
-            warn!(error = %e, "applying a node plan failed");
-            first_error.get_or_insert(e);
+        match r {
+            Ok(evicted) => {
+                for _ in 0..evicted {
+                    ctx.metrics.action(ActionKind::Evict, ActionResult::Ok);
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "applying a node plan failed");
+                ctx.metrics.reconcile_error(error_kind(e.kind()));
+                first_error.get_or_insert(e);
+            }
         }
     }
+    ctx.metrics
+        .set_policy_nodes(&name, plan.nodes.iter().map(|n| n.state));
 
     debug!(nodes = plan.nodes.len(), "node plans applied");
     let new_status = status::status(
@@ -337,8 +360,58 @@ pub async fn reconcile(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<
     Ok(Action::requeue(wake))
 }
 
-fn error_policy(policy: Arc<GpuNodePolicy>, error: &Error, _ctx: Arc<Context>) -> Action {
+/// The metric kind of an apply or reconcile error.
+fn error_kind(kind: &str) -> ErrorKind {
+    match kind {
+        "labels" => ErrorKind::Labels,
+        "taints" => ErrorKind::Taints,
+        "read node" => ErrorKind::Read,
+        "condition" => ErrorKind::Condition,
+        "list pods" => ErrorKind::Drain,
+        "conflict" => ErrorKind::Conflict,
+        "status" => ErrorKind::Status,
+        "invalid_selector" => ErrorKind::InvalidObject,
+        _ => ErrorKind::Other,
+    }
+}
+
+/// Counts the actions a written plan took, and the report-to-action latency of state changes.
+fn record_actions(ctx: &Context, np: &plan::NodePlan, node: &Node) {
+    for e in &np.events {
+        let kind = match e.reason {
+            "Tainted" => Some(ActionKind::Taint),
+            "TaintRemoved" => Some(ActionKind::Untaint),
+            "Cordoned" => Some(ActionKind::Cordon),
+            "Uncordoned" => Some(ActionKind::Uncordon),
+            "DrainStarted" => Some(ActionKind::DrainStart),
+            "DrainStuck" => Some(ActionKind::DrainStuck),
+            "Drifted" | "Compliant" | "Unknown" => Some(ActionKind::Label),
+            _ => None,
+        };
+        if let Some(k) = kind {
+            ctx.metrics.action(k, ActionResult::Ok);
+        }
+    }
+    for _ in &np.pending {
+        ctx.metrics.action(ActionKind::Label, ActionResult::Blocked);
+    }
+    let changed_state = np
+        .events
+        .iter()
+        .any(|e| matches!(e.reason, "Drifted" | "Compliant" | "Unknown"));
+    if changed_state
+        && let Some(observed) = ctx
+            .reports
+            .get(&ObjectRef::new(&node.name_any()))
+            .and_then(|r| r.status.as_ref().and_then(|s| s.observed_at.clone()))
+    {
+        ctx.metrics.reaction_between(observed.0, Timestamp::now());
+    }
+}
+
+fn error_policy(policy: Arc<GpuNodePolicy>, error: &Error, ctx: Arc<Context>) -> Action {
     warn!(policy = %policy.name_any(), kind = error.kind(), %error, "reconcile failed");
+    ctx.metrics.reconcile_error(error_kind(error.kind()));
     match error {
         Error::InvalidSelector { .. } => Action::await_change(),
         _ => Action::requeue(Duration::from_secs(2)),
@@ -349,8 +422,12 @@ fn error_policy(policy: Arc<GpuNodePolicy>, error: &Error, _ctx: Arc<Context>) -
 pub struct Options {
     /// Reporter instance for events (the pod name).
     pub instance: String,
-    /// True while this replica may write (leader election flips it).
-    pub leader: Arc<AtomicBool>,
+    /// Whether this replica may write (leader election flips it).
+    pub leadership: Leadership,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Set once the caches are synced, for /readyz.
+    pub readiness: Readiness,
 }
 
 /// Runs the controller until `shutdown` completes.
@@ -391,9 +468,11 @@ pub async fn run(
     let synced = Arc::new(AtomicBool::new(false));
     {
         let (nodes, reports, synced) = (nodes.clone(), reports.clone(), synced.clone());
+        let readiness = options.readiness.clone();
         tokio::spawn(async move {
             if nodes.wait_until_ready().await.is_ok() && reports.wait_until_ready().await.is_ok() {
                 synced.store(true, Ordering::Release);
+                readiness.set_ready();
                 info!("node and report caches synced");
             }
         });
@@ -412,12 +491,23 @@ pub async fn run(
                 instance: Some(options.instance),
             },
         ),
-        leader: options.leader,
+        leadership: options.leadership.clone(),
+        metrics: options.metrics,
         synced,
     });
 
     let (p1, p2) = (policies.clone(), policies.clone());
+    // A new leader looks at every policy at once instead of waiting for the next event.
+    let became_leader = futures::stream::unfold(options.leadership.subscribe(), |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    });
     controller
+        .reconcile_all_on(became_leader)
         .watches_stream(node_stream, move |node: Node| policies_for(&p1, node.labels()))
         .watches_stream(report_stream, move |report: GpuNodeReport| {
             let labels = nodes

@@ -32,6 +32,15 @@ enum Command {
         /// Log as JSON lines instead of text.
         #[arg(long, env = "GPUNODE_LOG_JSON")]
         log_json: bool,
+        /// Address of /metrics, /healthz and /readyz.
+        #[arg(long, env = "GPUNODE_METRICS_ADDR", default_value = gpunode_operator::server::DEFAULT_ADDR)]
+        metrics_addr: std::net::SocketAddr,
+        /// Elect one active replica through a Lease; without it this replica always writes.
+        #[arg(long, env = "GPUNODE_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+        leader_elect: bool,
+        /// Namespace of the leader Lease (the operator's own namespace).
+        #[arg(long, env = "POD_NAMESPACE", default_value = "gpunode-system")]
+        lease_namespace: String,
     },
     /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,
     /// 1 drifted, 2 unknown, 3 bad input (naming the file and field).
@@ -62,11 +71,22 @@ enum Command {
     },
 }
 
-fn run(instance: Option<String>, log_json: bool) -> ExitCode {
+struct RunArgs {
+    instance: Option<String>,
+    log_json: bool,
+    metrics_addr: std::net::SocketAddr,
+    leader_elect: bool,
+    lease_namespace: String,
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    use gpunode_operator::{controller, leader, metrics::Metrics, server};
+    use std::sync::Arc;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    if log_json {
+    if args.log_json {
         builder.json().init();
     } else {
         builder.init();
@@ -95,20 +115,82 @@ fn run(instance: Option<String>, log_json: bool) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let instance = instance
-            .or_else(|| std::env::var("HOSTNAME").ok())
+        let instance = args
+            .instance
+            .or_else(leader::default_identity)
             .unwrap_or_else(|| "gpunode-operator".to_string());
-        let leader = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let shutdown = async {
-            shutdown_signal().await;
-            tracing::info!("shutting down");
+
+        let metrics = Arc::new(Metrics::new());
+        let readiness = server::Readiness::new();
+        let server = match server::Server::bind(args.metrics_addr, metrics.clone(), readiness.clone()).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "starting the metrics server");
+                return ExitCode::FAILURE;
+            }
         };
-        gpunode_operator::controller::run(
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let server_task = tokio::spawn(server.serve(stopped()));
+
+        let leadership = if args.leader_elect {
+            leader::Leadership::new()
+        } else {
+            leader::Leadership::fixed(true)
+        };
+        tokio::spawn({
+            let m = metrics.clone();
+            let rx = leadership.subscribe();
+            async move { m.follow_leader(rx).await }
+        });
+        // The lease is released only after the controller has stopped writing.
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let leader_task = args.leader_elect.then(|| {
+            let cfg = leader::LeaderConfig::new(
+                args.lease_namespace.clone(),
+                leader::DEFAULT_LEASE_NAME,
+                instance.clone(),
+            );
+            let l = leadership.clone();
+            let c = client.clone();
+            tokio::spawn(async move {
+                if let Err(e) = l
+                    .run(c, cfg, async move {
+                        let _ = release_rx.await;
+                    })
+                    .await
+                {
+                    tracing::error!(error = %e, "leader election stopped");
+                }
+            })
+        });
+
+        controller::run(
             client,
-            gpunode_operator::controller::Options { instance, leader },
-            shutdown,
+            controller::Options {
+                instance,
+                leadership,
+                metrics,
+                readiness: readiness.clone(),
+            },
+            async {
+                shutdown_signal().await;
+                tracing::info!("shutting down");
+            },
         )
         .await;
+        readiness.set_not_ready();
+        let _ = release_tx.send(());
+        if let Some(t) = leader_task {
+            let _ = t.await;
+        }
+        let _ = stop_tx.send(true);
+        let _ = server_task.await;
         ExitCode::SUCCESS
     })
 }
@@ -139,7 +221,19 @@ async fn shutdown_signal() {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { instance, log_json } => run(instance, log_json),
+        Command::Run {
+            instance,
+            log_json,
+            metrics_addr,
+            leader_elect,
+            lease_namespace,
+        } => run(RunArgs {
+            instance,
+            log_json,
+            metrics_addr,
+            leader_elect,
+            lease_namespace,
+        }),
         Command::Check {
             policy,
             report,
