@@ -15,6 +15,7 @@ demo: ## run the demo (not available yet)
 # The e2e tests start (or reuse) the local control plane .cluster/test; it is stopped afterwards
 # whatever the outcome. GPUNODE_KUBECONFIG=path runs them against an existing cluster instead.
 test: lint cluster-build ## every test: fmt, clippy, unit, property, CRD freshness, e2e on a local control plane
+	$(CARGO) build --workspace --locked
 	@status=0; GPUNODE_CLUSTER_NAME=test $(CARGO) test --workspace --locked || status=$$?; \
 	  if [ -z "$$GPUNODE_KUBECONFIG" ]; then GPUNODE_CLUSTER_NAME=test e2e/cluster/down.sh || true; fi; \
 	  exit $$status
