@@ -102,7 +102,7 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
-    let mut running = Probe(cmd.spawn().unwrap_or_else(|e| fail(e)));
+    let running = Probe(cmd.spawn().unwrap_or_else(|e| fail(e)));
 
     let reports: Api<GpuNodeReport> = Api::all(client.clone());
     let stored = wait::until("the probe's first report", DEADLINE, || async {
