@@ -4,6 +4,7 @@
 
 use gpunode_crds::{GpuNodePolicy, generate};
 use gpunode_e2e::fixtures;
+use gpunode_operator::check::dotted;
 use serde_json::Value;
 
 /// The openAPIV3Schema of the GpuNodePolicy CRD as generated.
@@ -28,22 +29,6 @@ struct Rejection {
     path: String,
     message: String,
     cel: bool,
-}
-
-/// `/spec/remediation/0/classes` → `spec.remediation[0].classes`.
-fn dotted(pointer: &str) -> String {
-    let mut out = String::new();
-    for seg in pointer.split('/').filter(|s| !s.is_empty()) {
-        if seg.bytes().all(|b| b.is_ascii_digit()) {
-            out.push_str(&format!("[{seg}]"));
-        } else {
-            if !out.is_empty() {
-                out.push('.');
-            }
-            out.push_str(seg);
-        }
-    }
-    out
 }
 
 fn rejections(schema: &Value, object: &Value) -> Vec<Rejection> {

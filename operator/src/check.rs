@@ -112,8 +112,9 @@ pub fn validate_policy(path: &Path, text: &str) -> Result<(), InputError> {
     }
 }
 
-/// `/spec/remediation/0/effect` → `spec.remediation[0].effect`.
-fn dotted(pointer: &str) -> String {
+/// `/spec/remediation/0/effect` → `spec.remediation[0].effect`: a JSON pointer as the API
+/// server prints field paths.
+pub fn dotted(pointer: &str) -> String {
     let mut out = String::new();
     for seg in pointer.split('/').filter(|s| !s.is_empty()) {
         if seg.bytes().all(|b| b.is_ascii_digit()) {

@@ -1,0 +1,255 @@
+//! Drain on the real API server: a fatal XID cordons the node and evicts its pods through the
+//! Eviction API while a PodDisruptionBudget holds one back until the budget allows; an operator
+//! killed mid-drain is replaced by a fresh one that finishes the same drain without starting
+//! over. (A separate test binary: one operator per process.)
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use gpunode_e2e::{cluster::admin_client, crds, nodes, scratch::Scratch, scratch::rand_suffix, wait};
+use gpunode_operator::{controller, leader::Leadership, metrics::Metrics, server::Readiness};
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    events::v1::Event,
+    policy::v1::PodDisruptionBudget,
+};
+use kube::{
+    Api, Client,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    panic!("{e}")
+}
+
+async fn publish_report(client: &Client, node: &str, xids: serde_json::Value) {
+    let api: Api<GpuNodeReport> = Api::all(client.clone());
+    let object = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
+        "metadata": {"name": node}, "spec": {"nodeName": node}});
+    api.patch(
+        node,
+        &PatchParams::apply("gpunode-e2e").force(),
+        &Patch::Apply(&object),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let status = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport", "status": {
+        "observedAt": jiff::Timestamp::now().to_string(),
+        "collectors": [{"name": "nvml", "ok": true, "durationMs": 5}],
+        "gpuCount": 1,
+        "gpus": [{"index": 0, "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false},
+                  "xids": xids}],
+    }});
+    api.patch_status(
+        node,
+        &PatchParams::apply("gpunode-e2e").force(),
+        &Patch::Apply(&status),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+}
+
+fn pod(name: &str, node: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "train"}},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.invalid/train:1"}]},
+    }))
+    .unwrap_or_else(|e| fail(e))
+}
+
+async fn ready(pods: &Api<Pod>, name: &str) {
+    wait::until(&format!("pod {name} Ready"), DEADLINE, || async {
+        let p = pods.get(name).await?;
+        let ok = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        Ok(ok.then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+}
+
+/// Pods still on the node and not terminating.
+async fn alive(pods: &Api<Pod>, names: &[&str]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for n in names {
+        if let Ok(Some(p)) = pods.get_opt(n).await
+            && p.metadata.deletion_timestamp.is_none()
+        {
+            out.insert((*n).to_string());
+        }
+    }
+    out
+}
+
+fn start_operator(client: &Client) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(controller::run(
+        client.clone(),
+        controller::Options {
+            instance: "e2e-drain".to_string(),
+            leadership: Leadership::fixed(true),
+            metrics: Arc::new(Metrics::new()),
+            readiness: Readiness::new(),
+        },
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    (handle, tx)
+}
+
+fn annotation(node: &Node, key: &str) -> Option<String> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key).cloned())
+}
+
+#[tokio::test]
+async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes_the_same_drain() {
+    let client = admin_client().await.unwrap_or_else(|e| fail(e));
+    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let id = format!("{:06x}", rand_suffix());
+    let (bad, spare) = (format!("drain-{id}"), format!("spare-{id}"));
+    nodes::create(
+        &client,
+        &[bad.clone(), spare.clone()],
+        &nodes::GpuNodeShape::default(),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&client, "drain").await.unwrap_or_else(|e| fail(e));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "train"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train"}}}}))
+    .unwrap_or_else(|e| fail(e));
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    for p in ["a", "b"] {
+        pods.create(&PostParams::default(), &pod(p, &bad))
+            .await
+            .unwrap_or_else(|e| fail(e));
+        ready(&pods, p).await;
+    }
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns.name);
+    wait::until("PDB to count both pods", DEADLINE, || async {
+        let s = pdbs.get("train").await?.status.unwrap_or_default();
+        Ok((s.current_healthy == 2 && s.disruptions_allowed == 1).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    publish_report(&client, &bad, json!([])).await;
+    let policy: GpuNodePolicy = serde_json::from_value(json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy", "metadata": {"name": bad},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": bad}},
+            "gpu": {},
+            "remediation": [{"classes": ["Xid"], "action": "Drain"}],
+        }
+    }))
+    .unwrap_or_else(|e| fail(e));
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap_or_else(|e| fail(e));
+
+    let node_api: Api<Node> = Api::all(client.clone());
+    let (first, stop_first) = start_operator(&client);
+    wait::until("node labelled compliant", DEADLINE, || async {
+        let n = node_api.get(&bad).await?;
+        Ok((n
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("gpunode.dev/state")
+            .map(String::as_str)
+            == Some("compliant"))
+        .then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    publish_report(
+        &client,
+        &bad,
+        json!([{"xid": 79, "at": jiff::Timestamp::now().to_string()}]),
+    )
+    .await;
+    let cordoned = wait::until("cordon and drain start", DEADLINE, || async {
+        let n = node_api.get(&bad).await?;
+        let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+        Ok((unschedulable && annotation(&n, "gpunode.dev/drain-started").is_some()).then_some(n))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert_eq!(
+        annotation(&cordoned, "gpunode.dev/cordoned").as_deref(),
+        Some("true")
+    );
+    let started = annotation(&cordoned, "gpunode.dev/drain-started");
+
+    // The budget lets exactly one pod go; the other is held back.
+    let held = wait::until("one pod evicted, one held back", DEADLINE, || async {
+        let left = alive(&pods, &["a", "b"]).await;
+        Ok((left.len() == 1).then_some(left))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let held = held.into_iter().next().unwrap_or_else(|| fail("no pod left"));
+
+    // Kill the operator mid-drain (no graceful shutdown), then start a fresh one.
+    first.abort();
+    drop(stop_first);
+    let _ = first.await;
+    let (second, stop_second) = start_operator(&client);
+
+    // A new healthy replica elsewhere frees the budget: the held pod is evicted now.
+    pods.create(&PostParams::default(), &pod("c", &spare))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    ready(&pods, "c").await;
+    wait::until(&format!("held-back pod {held} evicted"), DEADLINE, || async {
+        Ok(alive(&pods, &[held.as_str()]).await.is_empty().then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(
+        !alive(&pods, &["c"]).await.is_empty(),
+        "the pod on the healthy node stays"
+    );
+
+    // The same drain was resumed, not started over.
+    let n = node_api.get(&bad).await.unwrap_or_else(|e| fail(e));
+    assert_eq!(annotation(&n, "gpunode.dev/drain-started"), started);
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let drain_started = events
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| fail(e))
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(bad.as_str()))
+        .filter(|e| e.reason.as_deref() == Some("DrainStarted"))
+        .count();
+    assert_eq!(drain_started, 1, "one DrainStarted event across both operators");
+
+    let _ = stop_second.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), second).await;
+    policies
+        .delete(&bad, &Default::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    ns.delete().await.unwrap_or_else(|e| fail(e));
+}
