@@ -245,11 +245,34 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         .count();
     assert_eq!(drain_started, 1, "one DrainStarted event across both operators");
 
-    let _ = stop_second.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), second).await;
+    // Deleting the policy undoes what it did: cordon, labels, annotations, condition.
     policies
         .delete(&bad, &Default::default())
         .await
         .unwrap_or_else(|e| fail(e));
+    let released = wait::until("node released by the deleted policy", DEADLINE, || async {
+        let n = node_api.get(&bad).await?;
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        let annotations = n.metadata.annotations.clone().unwrap_or_default();
+        let clean = !n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+            && !labels.keys().any(|k| k.starts_with("gpunode.dev/"))
+            && !annotations.keys().any(|k| k.starts_with("gpunode.dev/"));
+        Ok(clean.then_some(n))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let conditions = released.status.and_then(|s| s.conditions).unwrap_or_default();
+    assert!(
+        !conditions.iter().any(|c| c.type_ == "GpuPolicyCompliant"),
+        "{conditions:?}"
+    );
+    wait::until("policy gone (finalizer removed)", DEADLINE, || async {
+        Ok(policies.get_opt(&bad).await?.is_none().then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    let _ = stop_second.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), second).await;
     ns.delete().await.unwrap_or_else(|e| fail(e));
 }

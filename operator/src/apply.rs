@@ -223,6 +223,28 @@ impl Applier {
 
     /// Taints and cordon in one write with a resourceVersion precondition.
     async fn apply_spec(&self, plan: &NodePlan, observed: &Node, now: Timestamp) -> Result<bool, ApplyError> {
+        self.write_spec(
+            &plan.node,
+            &plan.taints,
+            plan.cordon,
+            plan.markers.cordoned_by_us,
+            observed,
+            now,
+        )
+        .await
+    }
+
+    /// Sets gpunode's taints to `desired` and applies `cordon`, keeping everything else.
+    /// `ours` says whether gpunode's cordon, if any, is still the one in place.
+    async fn write_spec(
+        &self,
+        name: &str,
+        desired: &BTreeSet<DriftTaint>,
+        cordon: Option<bool>,
+        ours: bool,
+        observed: &Node,
+        now: Timestamp,
+    ) -> Result<bool, ApplyError> {
         let mut node = observed.clone();
         for _ in 0..MAX_CONFLICT_RETRIES {
             let spec = node.spec.clone().unwrap_or_default();
@@ -233,11 +255,11 @@ impl Applier {
             let mut taints: Vec<Taint> = current
                 .iter()
                 .filter(|t| {
-                    t.key != TAINT_KEY || markers::drift_taint(t).is_some_and(|d| plan.taints.contains(&d))
+                    t.key != TAINT_KEY || markers::drift_taint(t).is_some_and(|d| desired.contains(&d))
                 })
                 .cloned()
                 .collect();
-            taints.extend(plan.taints.difference(&existing_ours).map(|t| to_taint(t, now)));
+            taints.extend(desired.difference(&existing_ours).map(|t| to_taint(t, now)));
             let unschedulable = spec.unschedulable.unwrap_or(false);
             let cordoned_by_us = node
                 .metadata
@@ -247,13 +269,10 @@ impl Applier {
             // Cordon only a schedulable node; uncordon only what gpunode cordoned. The marker
             // says whether gpunode's cordon is the one in place, and is cleared when a person
             // lifted it.
-            let (new_unschedulable, marker) = match plan.cordon {
+            let (new_unschedulable, marker) = match cordon {
                 Some(true) if !unschedulable => (true, true),
                 Some(false) if cordoned_by_us && unschedulable => (false, false),
-                _ => (
-                    unschedulable,
-                    cordoned_by_us && unschedulable && plan.markers.cordoned_by_us,
-                ),
+                _ => (unschedulable, cordoned_by_us && unschedulable && ours),
             };
             if taints == current && new_unschedulable == unschedulable && marker == cordoned_by_us {
                 return Ok(false);
@@ -269,35 +288,31 @@ impl Applier {
             }
             match self
                 .nodes
-                .patch(&plan.node, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
                 Ok(_) => {
-                    info!(taints = ?plan.taints, unschedulable = new_unschedulable, "taints/cordon written");
+                    info!(taints = ?desired, unschedulable = new_unschedulable, "taints/cordon written");
                     return Ok(true);
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     debug!("node changed under us; re-reading");
-                    node = self
-                        .nodes
-                        .get(&plan.node)
-                        .await
-                        .map_err(|source| ApplyError::Api {
-                            step: "read node",
-                            node: plan.node.clone(),
-                            source,
-                        })?;
+                    node = self.nodes.get(name).await.map_err(|source| ApplyError::Api {
+                        step: "read node",
+                        node: name.to_string(),
+                        source,
+                    })?;
                 }
                 Err(source) => {
                     return Err(ApplyError::Api {
                         step: "taints",
-                        node: plan.node.clone(),
+                        node: name.to_string(),
                         source,
                     });
                 }
             }
         }
-        Err(ApplyError::Conflict(plan.node.clone()))
+        Err(ApplyError::Conflict(name.to_string()))
     }
 
     async fn apply_condition(
@@ -348,6 +363,53 @@ impl Applier {
                 source,
             })?;
         Ok(true)
+    }
+
+    /// Undoes everything gpunode did to a node its policy no longer governs (the policy was
+    /// deleted, or the node left its selector): its labels, annotations and condition, its
+    /// taints, and its cordon if gpunode's. Returns whether anything was written.
+    #[tracing::instrument(skip_all, fields(node = %observed.metadata.name.as_deref().unwrap_or_default()))]
+    pub async fn release(&self, observed: &Node, now: Timestamp) -> Result<bool, ApplyError> {
+        let name = observed.metadata.name.clone().unwrap_or_default();
+        let meta = &observed.metadata;
+        let has_condition = observed
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == CONDITION_TYPE));
+        let has_metadata = !ours(meta.labels.as_ref(), is_ours_label).is_empty()
+            || !ours(meta.annotations.as_ref(), is_ours_annotation).is_empty();
+        let mut wrote = self
+            .write_spec(&name, &BTreeSet::new(), Some(false), false, observed, now)
+            .await?;
+        let err = |step: &'static str| {
+            let node = name.clone();
+            move |source| ApplyError::Api { step, node, source }
+        };
+        let bare = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": &name}});
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        if has_metadata {
+            // Applying nothing under our field manager removes every label and annotation we own.
+            self.nodes
+                .patch(&name, &pp, &Patch::Apply(&bare))
+                .await
+                .map_err(err("labels"))?;
+            wrote = true;
+        }
+        if has_condition {
+            // Other writers of the conditions list (the kubelet, kwok) co-own our entry, so
+            // releasing it through apply is not enough: delete it by its merge key.
+            let delete = json!({"status": {"conditions": [{"type": CONDITION_TYPE, "$patch": "delete"}]}});
+            self.nodes
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&delete))
+                .await
+                .map_err(err("condition"))?;
+            wrote = true;
+        }
+        if wrote {
+            info!("released: gpunode's labels, taints, cordon and condition removed");
+        }
+        Ok(wrote)
     }
 
     /// One pass of evictions; returns (evicted, remaining, refused).

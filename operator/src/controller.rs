@@ -37,10 +37,15 @@ use kube::{
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+/// Finalizer that lets a deleted policy undo what it did before it goes.
+pub const FINALIZER: &str = "gpunode.dev/cleanup";
+
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+
 use crate::{
     apply::{Applier, FIELD_MANAGER, drift_taints},
     evaluate::evaluate,
-    markers::{CONDITION_TYPE, Markers, SKIP_LABEL, STATE_LABEL},
+    markers::{self, CONDITION_TYPE, Markers, SKIP_LABEL, STATE_LABEL},
     plan::{self, NodeView, PolicyPlan},
     status,
     verdict::NodeState,
@@ -60,6 +65,9 @@ pub enum Error {
     /// Writing a node failed.
     #[error(transparent)]
     Apply(#[from] crate::apply::ApplyError),
+    /// Adding or removing the cleanup finalizer failed, or the cleanup did.
+    #[error("finalizer: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     /// Writing the policy status failed.
     #[error("policy {policy}: status: {source}")]
     Status {
@@ -76,6 +84,7 @@ impl Error {
         match self {
             Error::InvalidSelector { .. } => "invalid_selector",
             Error::Apply(e) => e.kind(),
+            Error::Finalizer(_) => "finalizer",
             Error::Status { .. } => "status",
         }
     }
@@ -251,8 +260,53 @@ pub async fn reconcile(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<
     if !ctx.synced.load(Ordering::Acquire) {
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
+    let api = Api::<GpuNodePolicy>::all(ctx.client.clone());
+    finalizer(&api, FINALIZER, policy, |event| async {
+        match event {
+            FinalizerEvent::Apply(p) => reconcile_policy(p, ctx.clone()).await,
+            FinalizerEvent::Cleanup(p) => release_policy(&p, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// Nodes this policy labelled that no policy selects any more: everything gpunode did to them
+/// is undone. (A node another policy selects is left to that policy's plan.)
+fn orphans(policy: &GpuNodePolicy, ctx: &Context) -> Vec<Arc<Node>> {
+    let name = policy.name_any();
+    let all = ctx.policies.state();
+    ctx.nodes
+        .state()
+        .into_iter()
+        .filter(|n| n.labels().get(markers::POLICY_LABEL) == Some(&name))
+        .filter(|n| !all.iter().any(|p| selects(p, n.labels())))
+        .collect()
+}
+
+async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context) -> Result<(), Error> {
+    let now = Timestamp::now();
+    for n in nodes {
+        if !ctx.leadership.is_leader() {
+            break;
+        }
+        ctx.applier.release(&n, now).await?;
+    }
+    Ok(())
+}
+
+/// The policy is being deleted: undo what it did to every node no other policy selects.
+async fn release_policy(policy: &GpuNodePolicy, ctx: &Context) -> Result<Action, Error> {
+    let nodes = orphans(policy, ctx);
+    info!(policy = %policy.name_any(), nodes = nodes.len(), "policy deleted: releasing its nodes");
+    release_nodes(nodes, ctx).await?;
+    Ok(Action::await_change())
+}
+
+async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = policy.name_any();
     let selector = selector_of(&policy)?;
+    release_nodes(orphans(&policy, &ctx), &ctx).await?;
     let now = Timestamp::now();
     let all = ctx.policies.state();
     let nodes: Vec<Arc<Node>> = ctx
@@ -371,6 +425,7 @@ fn error_kind(kind: &str) -> ErrorKind {
         "conflict" => ErrorKind::Conflict,
         "status" => ErrorKind::Status,
         "invalid_selector" => ErrorKind::InvalidObject,
+        "finalizer" => ErrorKind::Other,
         _ => ErrorKind::Other,
     }
 }
