@@ -1137,12 +1137,31 @@ fn a_field_the_policy_checks_but_the_report_lacks_is_unknown() {
 fn a_missing_field_takes_the_reason_of_the_gpu_error_naming_it() {
     let report = healthy().remove("status.gpus.2.remappedRows").set(
         "status.gpus.2.errors",
-        "[{field: remappedRows, reason: 'NVML: NotSupported'}]",
+        "[{field: remappedRows, reason: 'NVML: Unknown'}]",
     );
     assert_unknowns(
         &eval(&strict(), &report),
-        &[unknown("gpu.allowRowRemapFailure", Some(2), "NVML: NotSupported")],
+        &[unknown("gpu.allowRowRemapFailure", Some(2), "NVML: Unknown")],
     );
+}
+
+#[test]
+fn retired_pages_not_supported_on_ampere_and_later_is_not_applicable() {
+    // H100s retire no pages (row remapping replaced page retirement): NVML says NotSupported.
+    let report = healthy().remove("status.gpus.2.retiredPages").set(
+        "status.gpus.2.errors",
+        "[{field: retiredPages, reason: 'NVML: NotSupported'}]",
+    );
+    assert_compliant(&eval(&strict(), &report));
+}
+
+#[test]
+fn remapped_rows_not_supported_before_ampere_is_not_applicable() {
+    let report = healthy().remove("status.gpus.2.remappedRows").set(
+        "status.gpus.2.errors",
+        "[{field: remappedRows, reason: 'NVML: NotSupported'}]",
+    );
+    assert_compliant(&eval(&strict(), &report));
 }
 
 #[test]

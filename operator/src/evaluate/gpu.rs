@@ -267,6 +267,7 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
     }
 
     if let Some(max) = req.max_retired_pages
+        && !not_supported(gpu, "retiredPages")
         && observed(
             f,
             check::GPU_MAX_RETIRED_PAGES,
@@ -293,6 +294,7 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
     }
 
     if !req.allow_row_remap_failure
+        && !not_supported(gpu, "remappedRows")
         && observed(
             f,
             check::GPU_ALLOW_ROW_REMAP_FAILURE,
@@ -364,4 +366,13 @@ pub(super) fn enabled(state: EnabledState) -> &'static str {
         EnabledState::Enabled => "Enabled",
         EnabledState::Disabled => "Disabled",
     }
+}
+
+/// The GPU has no such feature: NVML answered NotSupported for this field. Page retirement ended
+/// with Ampere (row remapping replaced it) and row remapping began there, so on any GPU one of
+/// the two is NotSupported: it cannot drift, and is not unknown either.
+fn not_supported(gpu: &gpunode_crds::report::GpuStatus, field: &str) -> bool {
+    gpu.errors
+        .iter()
+        .any(|e| e.field == field && e.reason.ends_with("NotSupported"))
 }
