@@ -1,0 +1,80 @@
+//! Evaluate and plan one policy over 5,000 nodes (target: under 50 ms together).
+//! `cargo bench -p gpunode-operator --bench plan` prints medians over 21 runs.
+
+use std::time::{Duration, Instant};
+
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use gpunode_operator::{
+    evaluate::evaluate,
+    markers::Markers,
+    plan::{NodeView, plan},
+};
+use jiff::Timestamp;
+
+const NODES: usize = 5_000;
+const RUNS: usize = 21;
+
+fn load<T: serde::de::DeserializeOwned>(name: &str) -> T {
+    let path = format!("{}/tests/fixtures/evaluate/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let policy: GpuNodePolicy = load("strict-policy.yaml");
+    let healthy: GpuNodeReport = load("healthy-h100-report.yaml");
+    let broken: GpuNodeReport = load("broken-h100-report.yaml");
+    let now: Timestamp = "2026-11-29T12:00:30Z".parse().unwrap_or_else(|e| panic!("{e}"));
+    // One node in twenty is broken, the rest healthy.
+    let reports: Vec<GpuNodeReport> = (0..NODES)
+        .map(|i| {
+            let mut r = if i % 20 == 0 {
+                broken.clone()
+            } else {
+                healthy.clone()
+            };
+            r.metadata.name = Some(format!("gpu-node-{i:05}"));
+            r
+        })
+        .collect();
+
+    let (mut eval_times, mut plan_times) = (Vec::new(), Vec::new());
+    let mut drifted = 0;
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        let verdicts: Vec<_> = reports
+            .iter()
+            .map(|r| evaluate(&policy.spec, Some(r), now))
+            .collect();
+        eval_times.push(t.elapsed());
+        let views: Vec<NodeView> = reports
+            .iter()
+            .zip(verdicts)
+            .map(|(r, verdict)| NodeView {
+                name: r.metadata.name.clone().unwrap_or_default(),
+                skip: false,
+                unschedulable: false,
+                taints: Default::default(),
+                markers: Markers::default(),
+                current_state: None,
+                current_reason: None,
+                verdict,
+                conflicts: Vec::new(),
+            })
+            .collect();
+        let t = Instant::now();
+        let p = plan(&policy.spec, &views, now);
+        plan_times.push(t.elapsed());
+        drifted = p.nodes.iter().filter(|n| !n.drifting.is_empty()).count();
+    }
+    let (e, p) = (median(eval_times), median(plan_times));
+    println!("nodes: {NODES} ({drifted} drifted), runs: {RUNS}");
+    println!("evaluate: median {e:?} ({:?} per node)", e / NODES as u32);
+    println!("plan:     median {p:?}");
+    println!("total:    median {:?} (target < 50ms)", e + p);
+}
