@@ -117,7 +117,7 @@ run_long() {
 	fi
 	pid=$!
 	while kill -0 "$pid" 2>/dev/null; do
-		sleep 1
+		sleep 1 # poll interval
 		avail=$(mem_avail_kib)
 		((avail < min)) && min=$avail
 		if ((SECONDS - last >= 30)); then

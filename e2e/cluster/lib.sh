@@ -81,10 +81,10 @@ stop_pids() {
 				for pid; do alive "$pid" && running+=("$pid"); done
 				((${#running[@]})) || return 0
 				((SECONDS < deadline)) || { log "  could not kill ${running[*]}"; return 1; }
-				sleep 0.1
+				sleep 0.1 # poll interval
 			done
 		fi
-		sleep 0.1
+		sleep 0.1 # poll interval
 	done
 }
 

@@ -94,7 +94,7 @@ if ((WAIT > 0)); then
 		left=$(not_ready) || left=$N
 		((left == 0)) && break
 		((SECONDS < deadline)) || die "$left of $N fake node(s) not Ready within ${WAIT}s (is kwok running? see the cluster's logs/kwok.log)"
-		sleep 0.5
+		sleep 0.5 # poll interval
 	done
 	log "$PROG: $N node(s) Ready in $((SECONDS - t0))s"
 fi

@@ -38,7 +38,7 @@ poll() {
 	shift
 	until "$@"; do
 		((SECONDS < deadline)) || return 1
-		sleep 0.2
+		sleep 0.2 # poll interval
 	done
 }
 

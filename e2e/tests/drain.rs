@@ -5,8 +5,10 @@
 
 use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
-use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
-use gpunode_e2e::{cluster::admin_client, crds, nodes, scratch::Scratch, scratch::rand_suffix, wait};
+use gpunode_crds::GpuNodePolicy;
+use gpunode_e2e::{
+    cluster::admin_client, crds, nodes, reports, scratch::Scratch, scratch::rand_suffix, wait,
+};
 use gpunode_operator::{controller, leader::Leadership, metrics::Metrics, server::Readiness};
 use k8s_openapi::api::{
     core::v1::{Node, Pod},
@@ -15,7 +17,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{ListParams, PostParams},
 };
 use serde_json::json;
 
@@ -26,30 +28,16 @@ fn fail(e: impl std::fmt::Display) -> ! {
 }
 
 async fn publish_report(client: &Client, node: &str, xids: serde_json::Value) {
-    let api: Api<GpuNodeReport> = Api::all(client.clone());
-    let object = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
-        "metadata": {"name": node}, "spec": {"nodeName": node}});
-    api.patch(
-        node,
-        &PatchParams::apply("gpunode-e2e").force(),
-        &Patch::Apply(&object),
-    )
-    .await
-    .unwrap_or_else(|e| fail(e));
-    let status = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport", "status": {
+    let status = json!({
         "observedAt": jiff::Timestamp::now().to_string(),
         "collectors": [{"name": "nvml", "ok": true, "durationMs": 5}],
         "gpuCount": 1,
         "gpus": [{"index": 0, "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false},
                   "xids": xids}],
-    }});
-    api.patch_status(
-        node,
-        &PatchParams::apply("gpunode-e2e").force(),
-        &Patch::Apply(&status),
-    )
-    .await
-    .unwrap_or_else(|e| fail(e));
+    });
+    reports::publish(client, node, status)
+        .await
+        .unwrap_or_else(|e| fail(e));
 }
 
 fn pod(name: &str, node: &str) -> Pod {

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
-use gpunode_e2e::{cluster::admin_client, crds, nodes, scratch::rand_suffix, wait};
+use gpunode_crds::GpuNodePolicy;
+use gpunode_e2e::{cluster::admin_client, crds, nodes, reports, scratch::rand_suffix, wait};
 use gpunode_operator::controller;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
@@ -32,26 +32,9 @@ fn report_status(throttle: &[&str]) -> serde_json::Value {
 }
 
 async fn publish_report(client: &Client, node: &str, throttle: &[&str]) {
-    let api: Api<GpuNodeReport> = Api::all(client.clone());
-    let patch = json!({
-        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
-        "metadata": {"name": node}, "spec": {"nodeName": node},
-    });
-    api.patch(
-        node,
-        &PatchParams::apply("gpunode-e2e").force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .unwrap_or_else(|e| fail(e));
-    let status = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport", "status": report_status(throttle)});
-    api.patch_status(
-        node,
-        &PatchParams::apply("gpunode-e2e").force(),
-        &Patch::Apply(&status),
-    )
-    .await
-    .unwrap_or_else(|e| fail(e));
+    reports::publish(client, node, report_status(throttle))
+        .await
+        .unwrap_or_else(|e| fail(e));
 }
 
 fn taints(node: &Node) -> Vec<(String, Option<String>, String)> {

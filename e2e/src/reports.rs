@@ -1,0 +1,25 @@
+//! Writing a node's GpuNodeReport as a probe would (server-side apply of the object, then of
+//! its status), for tests that play the probe.
+
+use gpunode_crds::GpuNodeReport;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+
+use crate::Error;
+
+/// Creates or updates `node`'s report with `status` (the `status` object of a GpuNodeReport).
+pub async fn publish(client: &Client, node: &str, status: serde_json::Value) -> Result<(), Error> {
+    let api: Api<GpuNodeReport> = Api::all(client.clone());
+    let pp = PatchParams::apply("gpunode-e2e").force();
+    let object = json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
+        "metadata": {"name": node}, "spec": {"nodeName": node},
+    });
+    api.patch(node, &pp, &Patch::Apply(&object)).await?;
+    let status = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport", "status": status});
+    api.patch_status(node, &pp, &Patch::Apply(&status)).await?;
+    Ok(())
+}
