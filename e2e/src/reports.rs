@@ -4,15 +4,16 @@
 use gpunode_crds::GpuNodeReport;
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams},
+    api::{ApiResource, DynamicObject, Patch, PatchParams},
 };
 use serde_json::json;
 
 use crate::Error;
 
 /// Creates or updates `node`'s report with `status` (the `status` object of a GpuNodeReport).
+/// Untyped, so tests can also write reports the operator's types cannot read.
 pub async fn publish(client: &Client, node: &str, status: serde_json::Value) -> Result<(), Error> {
-    let api: Api<GpuNodeReport> = Api::all(client.clone());
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<GpuNodeReport>(&()));
     let pp = PatchParams::apply("gpunode-e2e").force();
     let object = json!({
         "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",

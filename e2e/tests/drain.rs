@@ -197,6 +197,23 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
     .unwrap_or_else(|e| fail(e));
     let held = held.into_iter().next().unwrap_or_else(|| fail("no pod left"));
 
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let drain_events = || async {
+        let list = events.list(&ListParams::default()).await?;
+        Ok::<usize, kube::Error>(
+            list.items
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(bad.as_str()))
+                .filter(|e| e.reason.as_deref() == Some("DrainStarted"))
+                .count(),
+        )
+    };
+    wait::until("the DrainStarted event", DEADLINE, || async {
+        Ok((drain_events().await? >= 1).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
     // Kill the operator mid-drain (no graceful shutdown), then start a fresh one.
     first.abort();
     drop(stop_first);
@@ -221,16 +238,7 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
     // The same drain was resumed, not started over.
     let n = node_api.get(&bad).await.unwrap_or_else(|e| fail(e));
     assert_eq!(annotation(&n, "gpunode.dev/drain-started"), started);
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let drain_started = events
-        .list(&ListParams::default())
-        .await
-        .unwrap_or_else(|e| fail(e))
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(bad.as_str()))
-        .filter(|e| e.reason.as_deref() == Some("DrainStarted"))
-        .count();
+    let drain_started = drain_events().await.unwrap_or_else(|e| fail(e));
     assert_eq!(drain_started, 1, "one DrainStarted event across both operators");
 
     // Deleting the policy undoes what it did: cordon, labels, annotations, condition.

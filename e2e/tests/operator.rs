@@ -172,6 +172,36 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         Some("compliant")
     );
 
+    // A report the operator cannot read (a count beyond 32 bits passes the API schema) makes
+    // the node Unknown with the reason; the watch and the other nodes carry on.
+    let mut bad = report_status(&[]);
+    bad["gpuCount"] = json!(5_000_000_000u64);
+    reports::publish(&client, &name, bad)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let unknown = wait::until("node Unknown for an unreadable report", DEADLINE, || async {
+        let n = node_api.get(&name).await?;
+        Ok((label(&n, "gpunode.dev/state").as_deref() == Some("unknown")).then_some(n))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let message = unknown
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "GpuPolicyCompliant")
+        .and_then(|c| c.message)
+        .unwrap_or_default();
+    assert!(message.contains("cannot be read"), "{message}");
+    publish_report(&client, &name, &[]).await;
+    wait::until("node compliant again", DEADLINE, || async {
+        let n = node_api.get(&name).await?;
+        Ok((label(&n, "gpunode.dev/state").as_deref() == Some("compliant")).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
     let status = wait::until("policy status counts", DEADLINE, || async {
         let p = policies.get(&name).await?;
         Ok(p.status.filter(|s| s.matched == 1 && s.compliant == 1))

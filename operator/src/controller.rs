@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
+    core::DeserializeGuard,
     core::{Selector, SelectorExt},
     runtime::{
         Controller, WatchStreamExt,
@@ -48,7 +49,7 @@ use crate::{
     markers::{self, CONDITION_TYPE, Markers, SKIP_LABEL, STATE_LABEL},
     plan::{self, NodeView, PolicyPlan},
     status,
-    verdict::NodeState,
+    verdict::{NodeState, REPORT_CHECK, Unknown, Verdict},
 };
 
 /// Why a reconcile failed.
@@ -99,9 +100,9 @@ pub struct Context {
     /// Nodes (managed fields stripped).
     pub nodes: Store<Node>,
     /// Reports.
-    pub reports: Store<GpuNodeReport>,
+    pub reports: Store<Guarded<GpuNodeReport>>,
     /// Policies.
-    pub policies: Store<GpuNodePolicy>,
+    pub policies: Store<Guarded<GpuNodePolicy>>,
     /// One recorder for every event, so repeats aggregate.
     pub recorder: Recorder,
     /// Whether this replica may write.
@@ -119,20 +120,47 @@ fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, Error> {
     })
 }
 
+/// A watched object that may not have deserialized: one malformed policy or report is logged
+/// and skipped instead of stalling the watch.
+pub type Guarded<K> = DeserializeGuard<K>;
+
+impl Context {
+    /// The node's report: `Ok(None)` when there is none, `Err` with the reason when it is
+    /// malformed.
+    fn report(&self, node: &str) -> Result<Option<Arc<GpuNodeReport>>, String> {
+        match self.reports.get(&ObjectRef::new(node)) {
+            None => Ok(None),
+            Some(g) => match &g.0 {
+                Ok(r) => Ok(Some(Arc::new(r.clone()))),
+                Err(e) => Err(e.error.clone()),
+            },
+        }
+    }
+
+    /// Every policy that deserialized.
+    fn valid_policies(&self) -> Vec<Arc<GpuNodePolicy>> {
+        self.policies
+            .state()
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok().cloned().map(Arc::new))
+            .collect()
+    }
+}
+
 fn selects(policy: &GpuNodePolicy, labels: &BTreeMap<String, String>) -> bool {
     policy.metadata.deletion_timestamp.is_none() && selector_of(policy).is_ok_and(|s| s.matches(labels))
 }
 
 /// The policies that select a node with these labels.
 fn policies_for(
-    store: &Store<GpuNodePolicy>,
+    store: &Store<Guarded<GpuNodePolicy>>,
     labels: &BTreeMap<String, String>,
-) -> Vec<ObjectRef<GpuNodePolicy>> {
+) -> Vec<ObjectRef<Guarded<GpuNodePolicy>>> {
     store
         .state()
         .iter()
-        .filter(|p| selects(p, labels))
-        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .filter(|g| g.0.as_ref().is_ok_and(|p| selects(p, labels)))
+        .map(|g| ObjectRef::from_obj(g.as_ref()))
         .collect()
 }
 
@@ -145,8 +173,17 @@ fn view(
 ) -> NodeView {
     let name = node.name_any();
     let labels = node.labels();
-    let report = ctx.reports.get(&ObjectRef::new(&name));
-    let verdict = evaluate(&policy.spec, report.as_deref(), now);
+    let verdict = match ctx.report(&name) {
+        Ok(report) => evaluate(&policy.spec, report.as_deref(), now),
+        Err(reason) => Verdict::new(
+            Vec::new(),
+            vec![Unknown {
+                check: REPORT_CHECK.to_string(),
+                reason: format!("the GpuNodeReport cannot be read: {reason}"),
+                gpu: None,
+            }],
+        ),
+    };
     let (markers, errors) = Markers::from_annotations(node.annotations());
     for e in errors {
         warn!(node = %name, error = %e, "ignoring unreadable gpunode annotation");
@@ -205,8 +242,9 @@ fn next_wakeup(policy: &GpuNodePolicy, plan: &PolicyPlan, ctx: &Context, now: Ti
             times.extend(started.checked_add(d(spec.disruption.drain.timeout)).ok());
         }
         let observed = ctx
-            .reports
-            .get(&ObjectRef::new(&n.node))
+            .report(&n.node)
+            .ok()
+            .flatten()
             .and_then(|r| r.status.as_ref().and_then(|s| s.observed_at.clone()));
         if let Some(t) = observed {
             times.extend(t.0.checked_add(d(spec.stale_after)).ok());
@@ -250,9 +288,19 @@ async fn publish(ctx: &Context, node: &Node, events: &[plan::PlannedEvent]) {
 }
 
 /// Reconciles one policy over all of its nodes.
-#[tracing::instrument(skip_all, fields(policy = %policy.name_any()))]
-pub async fn reconcile(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
+#[tracing::instrument(skip_all, fields(policy = %guarded.name_any()))]
+pub async fn reconcile(guarded: Arc<Guarded<GpuNodePolicy>>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.start_reconcile();
+    let policy = match &guarded.0 {
+        Ok(p) => Arc::new(p.clone()),
+        Err(e) => {
+            // The API server validates policies, so this is version skew or a hand-made object:
+            // say so and wait for it to change.
+            warn!(error = %e.error, "skipping a GpuNodePolicy that cannot be read");
+            ctx.metrics.reconcile_error(ErrorKind::InvalidObject);
+            return Ok(Action::await_change());
+        }
+    };
     if !ctx.leadership.is_leader() {
         // Followers neither compute nor write; the leader covers everything.
         return Ok(Action::requeue(Duration::from_secs(5)));
@@ -275,7 +323,7 @@ pub async fn reconcile(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<
 /// is undone. (A node another policy selects is left to that policy's plan.)
 fn orphans(policy: &GpuNodePolicy, ctx: &Context) -> Vec<Arc<Node>> {
     let name = policy.name_any();
-    let all = ctx.policies.state();
+    let all = ctx.valid_policies();
     ctx.nodes
         .state()
         .into_iter()
@@ -308,7 +356,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     let selector = selector_of(&policy)?;
     release_nodes(orphans(&policy, &ctx), &ctx).await?;
     let now = Timestamp::now();
-    let all = ctx.policies.state();
+    let all = ctx.valid_policies();
     let nodes: Vec<Arc<Node>> = ctx
         .nodes
         .state()
@@ -456,15 +504,16 @@ fn record_actions(ctx: &Context, np: &plan::NodePlan, node: &Node) {
         .any(|e| matches!(e.reason, "Drifted" | "Compliant" | "Unknown"));
     if changed_state
         && let Some(observed) = ctx
-            .reports
-            .get(&ObjectRef::new(&node.name_any()))
+            .report(&node.name_any())
+            .ok()
+            .flatten()
             .and_then(|r| r.status.as_ref().and_then(|s| s.observed_at.clone()))
     {
         ctx.metrics.reaction_between(observed.0, Timestamp::now());
     }
 }
 
-fn error_policy(policy: Arc<GpuNodePolicy>, error: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy(policy: Arc<Guarded<GpuNodePolicy>>, error: &Error, ctx: Arc<Context>) -> Action {
     warn!(policy = %policy.name_any(), kind = error.kind(), %error, "reconcile failed");
     ctx.metrics.reconcile_error(error_kind(error.kind()));
     match error {
@@ -503,18 +552,18 @@ pub async fn run(
     .modify(strip)
     .reflect(node_writer)
     .touched_objects();
-    let (reports, report_writer) = reflector::store::<GpuNodeReport>();
+    let (reports, report_writer) = reflector::store::<Guarded<GpuNodeReport>>();
     let report_stream = watcher(
-        Api::<GpuNodeReport>::all(client.clone()),
+        Api::<Guarded<GpuNodeReport>>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
     .default_backoff()
-    .modify(|r: &mut GpuNodeReport| r.managed_fields_mut().clear())
+    .modify(|r: &mut Guarded<GpuNodeReport>| r.managed_fields_mut().clear())
     .reflect(report_writer)
     .touched_objects();
 
     let controller = Controller::new(
-        Api::<GpuNodePolicy>::all(client.clone()),
+        Api::<Guarded<GpuNodePolicy>>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
     .with_config(controller::Config::default().debounce(Duration::from_millis(50)));
@@ -564,7 +613,7 @@ pub async fn run(
     controller
         .reconcile_all_on(became_leader)
         .watches_stream(node_stream, move |node: Node| policies_for(&p1, node.labels()))
-        .watches_stream(report_stream, move |report: GpuNodeReport| {
+        .watches_stream(report_stream, move |report: Guarded<GpuNodeReport>| {
             let labels = nodes
                 .get(&ObjectRef::new(&report.name_any()))
                 .map(|n| n.labels().clone())
