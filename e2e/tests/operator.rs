@@ -47,6 +47,13 @@ fn taints(node: &Node) -> Vec<(String, Option<String>, String)> {
         .collect()
 }
 
+fn condition(node: &Node) -> Option<k8s_openapi::api::core::v1::NodeCondition> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuPolicyCompliant").cloned())
+}
+
 fn label(node: &Node, key: &str) -> Option<String> {
     node.metadata.labels.as_ref().and_then(|l| l.get(key).cloned())
 }
@@ -138,13 +145,12 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         "tainted before `after`"
     );
     assert!(taints(&tainted).iter().any(|t| t.0 == "example.com/maintenance"));
-    let condition = tainted
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuPolicyCompliant").cloned())
-        .unwrap_or_else(|| panic!("no GpuPolicyCompliant condition"));
-    assert_eq!(condition.status, "False");
+    wait::until("condition GpuPolicyCompliant=False", DEADLINE, || async {
+        let n = node_api.get(&name).await?;
+        Ok(condition(&n).filter(|c| c.status == "False").map(|_| ()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
 
     let recovered_at = Instant::now();
     publish_report(&client, &name, &[]).await;
@@ -179,21 +185,18 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
     reports::publish(&client, &name, bad)
         .await
         .unwrap_or_else(|e| fail(e));
-    let unknown = wait::until("node Unknown for an unreadable report", DEADLINE, || async {
-        let n = node_api.get(&name).await?;
-        Ok((label(&n, "gpunode.dev/state").as_deref() == Some("unknown")).then_some(n))
-    })
+    wait::until(
+        "node Unknown, saying the report cannot be read",
+        DEADLINE,
+        || async {
+            let n = node_api.get(&name).await?;
+            let unknown = label(&n, "gpunode.dev/state").as_deref() == Some("unknown");
+            let message = condition(&n).and_then(|c| c.message).unwrap_or_default();
+            Ok((unknown && message.contains("cannot be read")).then_some(()))
+        },
+    )
     .await
     .unwrap_or_else(|e| fail(e));
-    let message = unknown
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|c| c.type_ == "GpuPolicyCompliant")
-        .and_then(|c| c.message)
-        .unwrap_or_default();
-    assert!(message.contains("cannot be read"), "{message}");
     publish_report(&client, &name, &[]).await;
     wait::until("node compliant again", DEADLINE, || async {
         let n = node_api.get(&name).await?;
