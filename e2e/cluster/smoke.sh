@@ -163,7 +163,7 @@ if [[ ${SMOKE_LONG:-} == 1 ]]; then
 	while ((SECONDS < end)); do
 		s=$("$K" get nodes "${NODES[@]}" -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{.spec.taints}{" "}{end}')
 		[[ $s == *False* || $s == *Unknown* || $s == *unreachable* || $s == *not-ready* ]] && notready=$s
-		sleep 2
+		sleep 2 # sampling interval of the 70 s observation (poll)
 	done
 	if [[ -z $notready ]]; then
 		ok "fake nodes stayed Ready for 70 s (leases renewed by kwok)"

@@ -75,7 +75,7 @@ if [[ -f $D/cluster.env && -f $KUBECONFIG_OUT ]]; then
 		deadline=$((SECONDS + 10))
 		until api_ready "$port"; do
 			((SECONDS < deadline)) || { all=0; break; }
-			sleep 0.5
+			sleep 0.5 # poll interval
 		done
 	fi
 	if ((all)); then
@@ -211,7 +211,7 @@ start() {
 	deadline=$((SECONDS + 10))
 	until [[ -s $RUN/$name.pid ]]; do
 		((SECONDS < deadline)) || die "$name did not start (no pid file)"
-		sleep 0.02
+		sleep 0.02 # poll interval
 	done
 }
 
@@ -225,7 +225,7 @@ wait_ready() {
 		"$@" && return 0
 		alive "$pid" || return 2
 		((SECONDS < deadline)) || return 1
-		sleep 0.2
+		sleep 0.2 # poll interval
 	done
 }
 

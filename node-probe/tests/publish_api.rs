@@ -199,7 +199,7 @@ async fn run_publishes_and_stops_on_shutdown() {
             "no status publish: {:#?}",
             api.requests()
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await; // poll interval
     }
     let status = api
         .requests()

@@ -119,13 +119,13 @@ impl Harness {
             if Instant::now() >= deadline {
                 return false;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await; // poll interval on the paused clock
         }
         true
     }
 
     async fn run_for(&self, d: Duration) {
-        tokio::time::sleep(d).await;
+        tokio::time::sleep(d).await; // advances the paused clock by this interval
     }
 
     fn since_start(&self, t: Instant) -> Duration {
@@ -223,7 +223,7 @@ async fn an_xid_storm_is_rate_limited() {
     );
     for i in 0..200u64 {
         h.xid_tx.send_replace(i + 1);
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await; // storm interval, paused clock
     }
     // 2 s of storm: at most one observation per min_gap (1 s) on top of the interval.
     let observed = h.observer.count.load(Ordering::SeqCst);
