@@ -30,7 +30,9 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::{
-    markers::{self, CONDITION_TYPE, CORDONED_ANNOTATION, DRIFT_LABEL_PREFIX, DriftTaint, TAINT_KEY},
+    markers::{
+        self, CONDITION_TYPE, CORDONED_ANNOTATION, DRIFT_LABEL_PREFIX, DriftTaint, TAINT_KEY, drift_taints,
+    },
     plan::{DrainStep, NodePlan},
 };
 
@@ -123,15 +125,6 @@ fn ours(map: Option<&BTreeMap<String, String>>, keep: fn(&str) -> bool) -> BTree
 
 fn as_refs(map: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
     map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
-}
-
-/// gpunode's taints on a node.
-pub fn drift_taints(node: &Node) -> BTreeSet<DriftTaint> {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .map(|ts| ts.iter().filter_map(markers::drift_taint).collect())
-        .unwrap_or_default()
 }
 
 fn to_taint(t: &DriftTaint, now: Timestamp) -> Taint {

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::{
     evaluate::evaluate,
-    markers::{self, Markers},
+    markers::Markers,
     plan::{self, Action, NodeView},
     verdict::{NodeState, Verdict},
 };
@@ -237,25 +237,19 @@ impl Outcome {
 }
 
 fn view(inputs: &Inputs, verdict: Verdict) -> NodeView {
-    let name = inputs.report.metadata.name.clone().unwrap_or_default();
-    let meta = inputs.node.as_ref().map(|n| &n.metadata);
-    let labels = meta.and_then(|m| m.labels.clone()).unwrap_or_default();
-    let annotations = meta.and_then(|m| m.annotations.clone()).unwrap_or_default();
-    let spec = inputs.node.as_ref().and_then(|n| n.spec.as_ref());
-    let taints = spec
-        .and_then(|s| s.taints.as_ref())
-        .map(|ts| ts.iter().filter_map(markers::drift_taint).collect())
-        .unwrap_or_default();
-    NodeView {
-        name,
-        skip: labels.get(markers::SKIP_LABEL).is_some_and(|v| v == "true"),
-        unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
-        taints,
-        markers: Markers::from_annotations(&annotations).0,
-        current_state: None,
-        current_reason: None,
-        verdict,
-        conflicts: Vec::new(),
+    match &inputs.node {
+        Some(node) => NodeView::observe(node, verdict, Vec::new()).0,
+        None => NodeView {
+            name: inputs.report.metadata.name.clone().unwrap_or_default(),
+            skip: false,
+            unschedulable: false,
+            taints: Default::default(),
+            markers: Markers::default(),
+            current_state: None,
+            current_reason: None,
+            verdict,
+            conflicts: Vec::new(),
+        },
     }
 }
 

@@ -44,12 +44,12 @@ pub const FINALIZER: &str = "gpunode.dev/cleanup";
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 
 use crate::{
-    apply::{Applier, FIELD_MANAGER, drift_taints},
+    apply::{Applier, FIELD_MANAGER},
     evaluate::evaluate,
-    markers::{self, CONDITION_TYPE, Markers, SKIP_LABEL, STATE_LABEL},
+    markers,
     plan::{self, NodeView, PolicyPlan},
     status,
-    verdict::{NodeState, REPORT_CHECK, Unknown, Verdict},
+    verdict::{REPORT_CHECK, Unknown, Verdict},
 };
 
 /// Why a reconcile failed.
@@ -125,30 +125,35 @@ fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, Error> {
 pub type Guarded<K> = DeserializeGuard<K>;
 
 impl Context {
-    /// The node's report: `Ok(None)` when there is none, `Err` with the reason when it is
-    /// malformed.
-    fn report(&self, node: &str) -> Result<Option<Arc<GpuNodeReport>>, String> {
-        match self.reports.get(&ObjectRef::new(node)) {
-            None => Ok(None),
-            Some(g) => match &g.0 {
-                Ok(r) => Ok(Some(Arc::new(r.clone()))),
-                Err(e) => Err(e.error.clone()),
-            },
-        }
+    /// The node's report as the cache holds it (readable or not).
+    fn report(&self, node: &str) -> Option<Arc<Guarded<GpuNodeReport>>> {
+        self.reports.get(&ObjectRef::new(node))
     }
 
-    /// Every policy that deserialized.
-    fn valid_policies(&self) -> Vec<Arc<GpuNodePolicy>> {
+    /// Name and parsed node selector of every readable policy not being deleted; parsed once
+    /// per reconcile instead of once per node and policy.
+    fn selectors(&self) -> Vec<(String, Selector)> {
         self.policies
             .state()
             .iter()
-            .filter_map(|g| g.0.as_ref().ok().cloned().map(Arc::new))
+            .filter_map(|g| g.0.as_ref().ok())
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| selector_of(p).ok().map(|s| (p.name_any(), s)))
             .collect()
     }
 }
 
 fn selects(policy: &GpuNodePolicy, labels: &BTreeMap<String, String>) -> bool {
     policy.metadata.deletion_timestamp.is_none() && selector_of(policy).is_ok_and(|s| s.matches(labels))
+}
+
+/// When the report was observed, if it is readable and says.
+fn observed_at(report: Option<&Guarded<GpuNodeReport>>) -> Option<Timestamp> {
+    report
+        .and_then(|g| g.0.as_ref().ok())
+        .and_then(|r| r.status.as_ref())
+        .and_then(|s| s.observed_at.as_ref())
+        .map(|t| t.0)
 }
 
 /// The policies that select a node with these labels.
@@ -168,53 +173,34 @@ fn view(
     policy: &GpuNodePolicy,
     node: &Node,
     ctx: &Context,
-    all: &[Arc<GpuNodePolicy>],
+    selectors: &[(String, Selector)],
     now: Timestamp,
 ) -> NodeView {
     let name = node.name_any();
-    let labels = node.labels();
-    let verdict = match ctx.report(&name) {
-        Ok(report) => evaluate(&policy.spec, report.as_deref(), now),
-        Err(reason) => Verdict::new(
+    let report = ctx.report(&name);
+    let verdict = match report.as_deref().map(|g| &g.0) {
+        None => evaluate(&policy.spec, None, now),
+        Some(Ok(r)) => evaluate(&policy.spec, Some(r), now),
+        Some(Err(e)) => Verdict::new(
             Vec::new(),
             vec![Unknown {
                 check: REPORT_CHECK.to_string(),
-                reason: format!("the GpuNodeReport cannot be read: {reason}"),
+                reason: format!("the GpuNodeReport cannot be read: {}", e.error),
                 gpu: None,
             }],
         ),
     };
-    let (markers, errors) = Markers::from_annotations(node.annotations());
+    let mut conflicts: Vec<String> = selectors
+        .iter()
+        .filter(|(other, s)| *other != policy.name_any() && s.matches(node.labels()))
+        .map(|(other, _)| other.clone())
+        .collect();
+    conflicts.sort();
+    let (view, errors) = NodeView::observe(node, verdict, conflicts);
     for e in errors {
         warn!(node = %name, error = %e, "ignoring unreadable gpunode annotation");
     }
-    let mut conflicts: Vec<String> = all
-        .iter()
-        .filter(|p| p.name_any() != policy.name_any() && selects(p, labels))
-        .map(|p| p.name_any())
-        .collect();
-    conflicts.sort();
-    let condition = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_TYPE));
-    NodeView {
-        skip: labels.get(SKIP_LABEL).is_some_and(|v| v == "true"),
-        unschedulable: node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false),
-        taints: drift_taints(node),
-        markers,
-        current_state: labels.get(STATE_LABEL).and_then(|v| match v.as_str() {
-            "compliant" => Some(NodeState::Compliant),
-            "drifted" => Some(NodeState::Drifted),
-            "unknown" => Some(NodeState::Unknown),
-            _ => None,
-        }),
-        current_reason: condition.and_then(|c| c.reason.clone()),
-        verdict,
-        conflicts,
-        name,
-    }
+    view
 }
 
 /// When the plan next changes on its own (an `after`, a `healthyFor`, a report going stale, a
@@ -241,13 +227,8 @@ fn next_wakeup(policy: &GpuNodePolicy, plan: &PolicyPlan, ctx: &Context, now: Ti
         {
             times.extend(started.checked_add(d(spec.disruption.drain.timeout)).ok());
         }
-        let observed = ctx
-            .report(&n.node)
-            .ok()
-            .flatten()
-            .and_then(|r| r.status.as_ref().and_then(|s| s.observed_at.clone()));
-        if let Some(t) = observed {
-            times.extend(t.0.checked_add(d(spec.stale_after)).ok());
+        if let Some(t) = observed_at(ctx.report(&n.node).as_deref()) {
+            times.extend(t.checked_add(d(spec.stale_after)).ok());
         }
     }
     let next = times.into_iter().filter(|t| *t > now).min();
@@ -321,14 +302,13 @@ pub async fn reconcile(guarded: Arc<Guarded<GpuNodePolicy>>, ctx: Arc<Context>) 
 
 /// Nodes this policy labelled that no policy selects any more: everything gpunode did to them
 /// is undone. (A node another policy selects is left to that policy's plan.)
-fn orphans(policy: &GpuNodePolicy, ctx: &Context) -> Vec<Arc<Node>> {
+fn orphans(policy: &GpuNodePolicy, ctx: &Context, selectors: &[(String, Selector)]) -> Vec<Arc<Node>> {
     let name = policy.name_any();
-    let all = ctx.valid_policies();
     ctx.nodes
         .state()
         .into_iter()
         .filter(|n| n.labels().get(markers::POLICY_LABEL) == Some(&name))
-        .filter(|n| !all.iter().any(|p| selects(p, n.labels())))
+        .filter(|n| !selectors.iter().any(|(_, s)| s.matches(n.labels())))
         .collect()
 }
 
@@ -345,7 +325,7 @@ async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context) -> Result<(), Error
 
 /// The policy is being deleted: undo what it did to every node no other policy selects.
 async fn release_policy(policy: &GpuNodePolicy, ctx: &Context) -> Result<Action, Error> {
-    let nodes = orphans(policy, ctx);
+    let nodes = orphans(policy, ctx, &ctx.selectors());
     info!(policy = %policy.name_any(), nodes = nodes.len(), "policy deleted: releasing its nodes");
     release_nodes(nodes, ctx).await?;
     Ok(Action::await_change())
@@ -354,16 +334,19 @@ async fn release_policy(policy: &GpuNodePolicy, ctx: &Context) -> Result<Action,
 async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = policy.name_any();
     let selector = selector_of(&policy)?;
-    release_nodes(orphans(&policy, &ctx), &ctx).await?;
+    let selectors = ctx.selectors();
+    release_nodes(orphans(&policy, &ctx, &selectors), &ctx).await?;
     let now = Timestamp::now();
-    let all = ctx.valid_policies();
     let nodes: Vec<Arc<Node>> = ctx
         .nodes
         .state()
         .into_iter()
         .filter(|n| selector.matches(n.labels()))
         .collect();
-    let views: Vec<NodeView> = nodes.iter().map(|n| view(&policy, n, &ctx, &all, now)).collect();
+    let views: Vec<NodeView> = nodes
+        .iter()
+        .map(|n| view(&policy, n, &ctx, &selectors, now))
+        .collect();
     let plan = plan::plan(&policy.spec, &views, now);
 
     let by_name: BTreeMap<String, Arc<Node>> = nodes.iter().map(|n| (n.name_any(), n.clone())).collect();
@@ -502,14 +485,8 @@ fn record_actions(ctx: &Context, np: &plan::NodePlan, node: &Node) {
         .events
         .iter()
         .any(|e| matches!(e.reason, "Drifted" | "Compliant" | "Unknown"));
-    if changed_state
-        && let Some(observed) = ctx
-            .report(&node.name_any())
-            .ok()
-            .flatten()
-            .and_then(|r| r.status.as_ref().and_then(|s| s.observed_at.clone()))
-    {
-        ctx.metrics.reaction_between(observed.0, Timestamp::now());
+    if changed_state && let Some(observed) = observed_at(ctx.report(&node.name_any()).as_deref()) {
+        ctx.metrics.reaction_between(observed, Timestamp::now());
     }
 }
 

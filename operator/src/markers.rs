@@ -172,6 +172,15 @@ pub fn drift_taint(t: &k8s_openapi::api::core::v1::Taint) -> Option<DriftTaint> 
     })
 }
 
+/// gpunode's taints on a node.
+pub fn drift_taints(node: &k8s_openapi::api::core::v1::Node) -> std::collections::BTreeSet<DriftTaint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|ts| ts.iter().filter_map(drift_taint).collect())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,8 +27,10 @@ use gpunode_crds::{
 };
 use jiff::{SignedDuration, Timestamp};
 
+use k8s_openapi::api::core::v1::Node;
+
 use crate::{
-    markers::{ClassTrack, DriftTaint, Markers},
+    markers::{self, ClassTrack, DriftTaint, Markers},
     verdict::{NodeState, Verdict},
 };
 
@@ -53,6 +55,45 @@ pub struct NodeView {
     pub verdict: Verdict,
     /// Other policies that also select this node.
     pub conflicts: Vec<String>,
+}
+
+impl NodeView {
+    /// What gpunode has in effect on `node`: skip label, cordon, its taints, its bookkeeping,
+    /// its state label and condition reason. Unreadable bookkeeping is returned to be logged.
+    pub fn observe(
+        node: &Node,
+        verdict: Verdict,
+        conflicts: Vec<String>,
+    ) -> (NodeView, Vec<markers::MarkerError>) {
+        let empty = BTreeMap::new();
+        let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+        let (markers, errors) =
+            Markers::from_annotations(node.metadata.annotations.as_ref().unwrap_or(&empty));
+        let spec = node.spec.as_ref();
+        let reason = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == markers::CONDITION_TYPE))
+            .and_then(|c| c.reason.clone());
+        let view = NodeView {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            skip: labels.get(markers::SKIP_LABEL).is_some_and(|v| v == "true"),
+            unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            taints: markers::drift_taints(node),
+            markers,
+            current_state: labels.get(markers::STATE_LABEL).and_then(|v| match v.as_str() {
+                "compliant" => Some(NodeState::Compliant),
+                "drifted" => Some(NodeState::Drifted),
+                "unknown" => Some(NodeState::Unknown),
+                _ => None,
+            }),
+            current_reason: reason,
+            verdict,
+            conflicts,
+        };
+        (view, errors)
+    }
 }
 
 /// An action of the ladder as it applies to one node.
