@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod crds;
 pub mod fixtures;
 pub mod nodes;
+pub mod pods;
 pub mod reports;
 pub mod scratch;
 pub mod wait;

@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
-    cluster::admin_client, crds, nodes, reports, scratch::Scratch, scratch::rand_suffix, wait,
+    cluster::admin_client, crds, nodes, pods, reports, scratch::Scratch, scratch::rand_suffix, wait,
 };
 use gpunode_operator::{controller, leader::Leadership, metrics::Metrics, server::Readiness};
 use k8s_openapi::api::{
@@ -41,26 +41,13 @@ async fn publish_report(client: &Client, node: &str, xids: serde_json::Value) {
 }
 
 fn pod(name: &str, node: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "train"}},
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.invalid/train:1"}]},
-    }))
-    .unwrap_or_else(|e| fail(e))
+    pods::on_node(name, node, json!({"app": "train"})).unwrap_or_else(|e| fail(e))
 }
 
-async fn ready(pods: &Api<Pod>, name: &str) {
-    wait::until(&format!("pod {name} Ready"), DEADLINE, || async {
-        let p = pods.get(name).await?;
-        let ok = p
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        Ok(ok.then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+async fn ready(api: &Api<Pod>, name: &str) {
+    pods::running(api, name, DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
 }
 
 /// Pods still on the node and not terminating.

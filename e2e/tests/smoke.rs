@@ -9,7 +9,7 @@ use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
     accounts,
     cluster::{self, admin_client},
-    crds, fixtures, nodes,
+    crds, fixtures, nodes, pods,
     scratch::{Scratch, rand_suffix},
     wait,
 };
@@ -56,30 +56,13 @@ async fn ready_nodes(client: &Client, prefix: &str, n: usize) -> Vec<String> {
 }
 
 fn pod(name: &str, node: &str, labels: serde_json::Value) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "nodeName": node,
-            "containers": [{"name": "main", "image": "registry.invalid/workload:1"}],
-        }
-    }))
-    .unwrap_or_else(|e| fail(e))
+    pods::on_node(name, node, labels).unwrap_or_else(|e| fail(e))
 }
 
 async fn running(api: &Api<Pod>, name: &str) -> Pod {
-    wait::until(&format!("pod {name} Running and Ready"), DEADLINE, || async {
-        let p = api.get(name).await?;
-        let ready = p.status.as_ref().is_some_and(|s| {
-            s.phase.as_deref() == Some("Running")
-                && s.conditions
-                    .as_ref()
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        });
-        Ok(ready.then_some(p))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e))
+    pods::running(api, name, DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e))
 }
 
 #[tokio::test]
