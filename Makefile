@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help demo test lint unit crds cluster-build cluster-up cluster-down
+.PHONY: help demo test lint unit crds cluster-build cluster-up cluster-down bench-probe
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -35,3 +35,6 @@ cluster-up: ## start a local control plane; prints the kubeconfig path last
 
 cluster-down: ## stop the local control plane started by cluster-up
 	@e2e/cluster/down.sh
+
+bench-probe: ## node-probe steady-state CPU, RSS and writes/hour at default intervals (SECONDS=600)
+	node-probe/benches/soak.sh $(or $(SECONDS),600)
