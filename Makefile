@@ -3,14 +3,16 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help demo test lint unit crds cluster-build cluster-up cluster-down bench-probe
+.PHONY: help demo test lint unit crds cluster-build cluster-up cluster-down bench-probe demo-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-demo: ## run the demo (not available yet)
-	@echo "make demo: the demo does not exist yet (issue 6: Helm chart and demo). Nothing was run." >&2
-	@exit 1
+demo: ## build everything, start a local control plane with fake GPU nodes and watch gpunode act
+	e2e/demo/demo.sh
+
+demo-down: ## stop the demo
+	e2e/demo/down.sh
 
 # The e2e tests start (or reuse) the local control plane .cluster/test; it is stopped afterwards
 # whatever the outcome. GPUNODE_KUBECONFIG=path runs them against an existing cluster instead.

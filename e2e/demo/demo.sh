@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# `make demo`: gpunode at work on a local control plane with fake GPU nodes.
+#
+# Builds everything (the first run builds the control plane from the Go module proxy: ~20 min on
+# two cores, cached in ~/.cache/gpunode), starts the local control plane `.cluster/demo`, installs
+# the Helm chart, creates 21 KWOK nodes (17 healthy H100 nodes, one thermally throttled, one with
+# PFC on the wrong priority, one with an uncorrectable ECC error and XID 79, and a system node for
+# the operator's pods), runs a node-probe per GPU node against the fake NVML library and fixture
+# sysfs trees, and the operator (two replicas, leader election), each as a local process with a
+# token of the chart's ServiceAccount bound to its pod, so the chart's RBAC and admission policy are
+# what the demo runs under. A training Deployment with a PodDisruptionBudget sits on the node that
+# will fail. Then it applies examples/ and shows what happens until the end state is reached.
+#
+# Environment: DEMO_TIMEOUT (seconds to reach the end state, default 300), GPUNODE_CACHE.
+# Stop it with `make demo-down`; explore it with e2e/demo/ctl.sh (printed at the end).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source e2e/demo/lib.sh
+TIMEOUT=${DEMO_TIMEOUT:-300}
+STEPS=8
+
+step 1 "Building the local control plane: etcd, kube-apiserver, controller-manager, scheduler, kwok, helm"
+note "(first run on a fresh machine: about 20 minutes on two cores, with progress every 30 s; cached afterwards)"
+e2e/cluster/build.sh
+eval "$(e2e/cluster/build.sh --print-env)"
+HELM=$GPUNODE_HELM
+KUBECTL=${GPUNODE_KUBECTL:-kubectl}
+
+step 2 "Building gpunode: the operator, the node-probe and the fake NVML library (cargo build)"
+cargo build --locked -p gpunode-operator -p gpunode-probe -p fake-nvml 2>&1 | grep -v '^\s*Compiling' >&2 || true
+for b in gpunode-operator gpunode-probe libfake_nvml.so; do
+	[[ -e $BIN/$b ]] || die "cargo build did not produce $BIN/$b"
+done
+
+step 3 "Starting the local control plane (.cluster/demo)"
+demo_stop_processes
+GPUNODE_CLUSTER_NAME=demo e2e/cluster/down.sh --purge >/dev/null 2>&1 || true
+KUBECONFIG=$(GPUNODE_CLUSTER_NAME=demo e2e/cluster/up.sh | tail -1)
+export KUBECONFIG
+mkdir -p "$WORK" "$LOGS"
+echo "$KUBECONFIG" >"$WORK/kubeconfig-path"
+
+step 4 "Creating the first KWOK nodes: $SYSTEM_NODE (for the operator's pods) and $XID"
+make_node "$SYSTEM_NODE" system
+make_node "$XID" gpu
+"$KUBECTL" wait --for=condition=Ready node --all --timeout=120s >/dev/null
+
+step 5 "Installing the gpunode Helm chart (namespace $NS)"
+"$HELM" install gpunode charts/gpunode --namespace "$NS" --create-namespace \
+	--set-string "operator.nodeSelector.gpunode\.dev/demo-role=system" >"$LOGS/helm-install.log"
+sed -n '/^NOTES:/,$p' "$LOGS/helm-install.log" >&2
+wait_for "two operator pods" 120 operator_pods_running
+
+step 6 "A training job protected by a PodDisruptionBudget (maxUnavailable 1), running on $XID"
+# While $XID is the only GPU node, all three replicas land on it; the replacements that its drain
+# causes go to the healthy nodes created next.
+"$KUBECTL" apply --server-side -f e2e/demo/workload.yaml >/dev/null
+wait_for "3 trainer pods running on $XID" 120 trainers_on_xid_running
+
+step 7 "Starting ${#GPU_NODES[@]} GPU nodes, one node-probe each (fake NVML + fixture sysfs), and the operator (2 replicas)"
+for n in "${HEALTHY[@]}" "$HOT" "$ROCE"; do make_node "$n" gpu; done
+"$KUBECTL" wait --for=condition=Ready node --all --timeout=120s >/dev/null
+wait_for "the probe DaemonSet's pod on each GPU node" 120 probe_pods_running
+for n in "${HEALTHY[@]}"; do start_probe "$n" healthy-8xh100.json lossless-8port; done
+start_probe "$HOT" throttled.json lossless-8port
+start_probe "$ROCE" healthy-8xh100.json pfc-wrong-priority
+start_probe "$XID" ecc-xid79.json lossless-8port
+start_operators
+wait_for "a GpuNodeReport from every GPU node" 120 all_reports_published
+
+step 8 "Applying examples/ (h100-training, a100-inference, roce-fabric)"
+"$KUBECTL" apply -f examples/
+note "watching until: $HOT tainted, $XID cordoned and drained within the PDB, $ROCE drifted, the rest compliant"
+START=$(date +%s)
+while true; do
+	screen >"$WORK/screen.txt" 2>&1 || true
+	if [[ -t 1 ]]; then clear; fi
+	cat "$WORK/screen.txt"
+	if end_state_reached; then break; fi
+	if (($(date +%s) - START > TIMEOUT)); then
+		echo >&2
+		die "the end state was not reached within ${TIMEOUT}s; logs: $LOGS (operator-*.log, probe-*.log)"
+	fi
+	# Refresh interval of the live view (a display loop, not a test wait).
+	sleep 2
+done
+echo
+printf '\033[1mEnd state reached in %ss after applying examples/.\033[0m\n' "$(($(date +%s) - START))"
+explore_help

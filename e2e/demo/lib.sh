@@ -1,0 +1,205 @@
+# Shared by e2e/demo/{demo,ctl,down}.sh: names, paths and the small steps of the demo.
+# shellcheck shell=bash
+
+# shellcheck disable=SC2034 # used by the scripts that source this file
+ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+CLUSTER_DIR=$ROOT/.cluster/demo
+WORK=$CLUSTER_DIR/demo
+LOGS=$WORK/logs
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
+NS=gpunode-system
+NVML_FIXTURES=$ROOT/node-probe/fake-nvml/fixtures
+SYSFS_FIXTURES=$ROOT/node-probe/tests/fixtures/sysfs
+KUBECTL=${KUBECTL:-kubectl}
+
+SYSTEM_NODE=system-0
+HOT=h100-hot
+ROCE=h100-roce
+XID=h100-xid
+HEALTHY=()
+for i in $(seq -w 0 16); do HEALTHY+=("h100-0$i"); done
+GPU_NODES=("${HEALTHY[@]}" "$HOT" "$ROCE" "$XID")
+
+die() {
+	printf 'demo: %s\n' "$*" >&2
+	exit 1
+}
+note() { printf '      %s\n' "$*" >&2; }
+step() { printf '\n\033[1m[%s/%s] %s\033[0m\n' "$1" "${STEPS:-8}" "$2" >&2; }
+
+# wait_for WHAT SECONDS COMMAND...: run COMMAND until it succeeds or SECONDS pass.
+wait_for() {
+	local what=$1 secs=$2 deadline
+	shift 2
+	deadline=$(($(date +%s) + secs))
+	until "$@" >/dev/null 2>&1; do
+		(($(date +%s) < deadline)) || die "timed out after ${secs}s waiting for $what"
+		sleep 1 # poll interval
+	done
+}
+
+# make_node NAME ROLE: a KWOK node; ROLE gpu renders the fake H100 node template, system a plain node.
+make_node() {
+	local name=$1 role=$2
+	if [[ $role == gpu ]]; then
+		sed -e "s/@NAME@/$name/g" -e 's/@PRODUCT@/NVIDIA-H100-80GB-HBM3/g' -e 's/@GPUS@/8/g' \
+			-e 's/@GPU_MEMORY@/81559/g' -e 's/@CPU@/32/g' -e 's/@MEMORY@/256Gi/g' -e 's/@PODS@/110/g' \
+			"$ROOT/e2e/cluster/templates/fake-gpu-node.yaml"
+	else
+		sed -e "s/@NAME@/$name/g" -e 's/@PRODUCT@/none/g' -e 's/@GPUS@/0/g' -e 's/@GPU_MEMORY@/0/g' \
+			-e 's/@CPU@/8/g' -e 's/@MEMORY@/32Gi/g' -e 's/@PODS@/110/g' \
+			-e '/nvidia.com\/gpu/d' "$ROOT/e2e/cluster/templates/fake-gpu-node.yaml"
+	fi | "$KUBECTL" apply --server-side --field-manager gpunode-demo -f - >/dev/null
+	"$KUBECTL" label node "$name" --overwrite "gpunode.dev/demo-role=$role" >/dev/null
+}
+
+running_pods() { # NAMESPACE SELECTOR: running pods as "name node" lines
+	"$KUBECTL" get pods -n "$1" -l "$2" --field-selector status.phase=Running \
+		-o jsonpath='{range .items[*]}{.metadata.name} {.spec.nodeName}{"\n"}{end}'
+}
+
+probe_pods_running() {
+	(($(running_pods "$NS" app.kubernetes.io/component=node-probe | wc -l) == ${#GPU_NODES[@]}))
+}
+operator_pods_running() {
+	(($(running_pods "$NS" app.kubernetes.io/component=operator | wc -l) == 2))
+}
+
+trainers_on() { running_pods training app=trainer | awk -v n="$1" '$2 == n' | wc -l; }
+trainers_on_xid_running() { (($(trainers_on "$XID") == 3)); }
+
+# kubeconfig_for SERVICEACCOUNT POD FILE: a kubeconfig holding a token of the chart's ServiceAccount
+# bound to POD, as the kubelet would mount it (the token carries the pod's node name).
+kubeconfig_for() {
+	local sa=$1 pod=$2 file=$3 server ca token
+	server=$("$KUBECTL" config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
+	ca=$("$KUBECTL" config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority}')
+	token=$("$KUBECTL" create token "$sa" -n "$NS" --bound-object-kind Pod --bound-object-name "$pod" --duration 24h)
+	rm -f "$file"
+	KUBECONFIG=$file "$KUBECTL" config set-cluster demo --server "$server" --certificate-authority "$ca" >/dev/null
+	KUBECONFIG=$file "$KUBECTL" config set-credentials "$sa" --token "$token" >/dev/null
+	KUBECONFIG=$file "$KUBECTL" config set-context demo --cluster demo --user "$sa" >/dev/null
+	KUBECONFIG=$file "$KUBECTL" config use-context demo >/dev/null
+	chmod 600 "$file"
+}
+
+# run_bg NAME ENV... -- COMMAND...: start COMMAND in its own session, logging to $LOGS/NAME.log.
+run_bg() {
+	local name=$1
+	shift
+	local envs=()
+	while [[ $1 != -- ]]; do
+		envs+=("$1")
+		shift
+	done
+	shift
+	mkdir -p "$WORK/pids"
+	env "${envs[@]}" setsid "$@" </dev/null >"$LOGS/$name.log" 2>&1 &
+	echo $! >"$WORK/pids/$name.pid"
+}
+
+# start_probe NODE NVML_FIXTURE SYSFS_TREE: the node's probe, with its fixtures behind symlinks
+# that e2e/demo/ctl.sh swaps (the probe re-reads both on every collection).
+start_probe() {
+	local node=$1 dir=$WORK/nodes/$1 pod
+	mkdir -p "$dir"
+	ln -sfn "$NVML_FIXTURES/$2" "$dir/nvml.json"
+	ln -sfn "$SYSFS_FIXTURES/$3" "$dir/tree"
+	pod=$(running_pods "$NS" app.kubernetes.io/component=node-probe | awk -v n="$node" '$2 == n {print $1}')
+	[[ -n $pod ]] || die "no node-probe pod on $node"
+	kubeconfig_for gpunode-node-probe "$pod" "$dir/kubeconfig"
+	run_bg "probe-$node" "KUBECONFIG=$dir/kubeconfig" "FAKE_NVML_FIXTURE=$dir/nvml.json" RUST_LOG=info -- \
+		"$BIN/gpunode-probe" --node-name "$node" --nvml-lib "$BIN/libfake_nvml.so" \
+		--sysfs-root "$dir/tree/sys" --net-fixtures "$dir/tree" --interval 2s --metrics-addr 127.0.0.1:0
+}
+
+start_operators() {
+	local i=0 pod port
+	for pod in $(running_pods "$NS" app.kubernetes.io/component=operator | awk '{print $1}'); do
+		kubeconfig_for gpunode-operator "$pod" "$WORK/operator-$i.kubeconfig"
+		port=$((18080 + i))
+		run_bg "operator-$i" "KUBECONFIG=$WORK/operator-$i.kubeconfig" "POD_NAMESPACE=$NS" RUST_LOG=info -- \
+			"$BIN/gpunode-operator" run --leader-elect --lease-namespace "$NS" --instance "$pod" \
+			--metrics-addr "127.0.0.1:$port"
+		echo "$port" >"$WORK/operator-$i.port"
+		i=$((i + 1))
+	done
+}
+
+all_reports_published() {
+	(($("$KUBECTL" get gnr -o name | wc -l) == ${#GPU_NODES[@]}))
+}
+
+demo_stop_processes() {
+	local f
+	[[ -d $WORK/pids ]] || return 0
+	for f in "$WORK"/pids/*.pid; do
+		[[ -e $f ]] || continue
+		kill -TERM -- "-$(cat "$f")" 2>/dev/null || kill -TERM "$(cat "$f")" 2>/dev/null || true
+		rm -f "$f"
+	done
+}
+
+label() { "$KUBECTL" get node "$1" -o jsonpath="{.metadata.labels.${2//./\\.}}" 2>/dev/null; }
+
+# The live view: what a platform engineer looks at while gpunode acts.
+screen() {
+	local healthy_ok=0 n
+	printf '\033[1mgpunode demo\033[0m  %s   KUBECONFIG=%s\n\n' "$(date +%T)" "$KUBECONFIG"
+	printf '$ kubectl get gnp\n'
+	"$KUBECTL" get gnp
+	printf '\n$ kubectl get nodes   (gpunode state label, GpuPolicyCompliant reason, gpunode taint, cordon, trainer pods)\n'
+	{
+		printf 'NODE\tSTATE\tCONDITION\tTAINT\tUNSCHEDULABLE\tTRAINERS\n'
+		for n in "${HEALTHY[@]}"; do [[ $(label "$n" gpunode.dev/state) == compliant ]] && healthy_ok=$((healthy_ok + 1)); done
+		printf '%s..%s\t%s of %s compliant\t\t\t\t\n' "${HEALTHY[0]}" "${HEALTHY[-1]}" "$healthy_ok" "${#HEALTHY[@]}"
+		for n in "$HOT" "$ROCE" "$XID"; do
+			"$KUBECTL" get node "$n" -o jsonpath='{.metadata.name}{"\t"}{.metadata.labels.gpunode\.dev/state}{"\t"}{.status.conditions[?(@.type=="GpuPolicyCompliant")].reason}{"\t"}{range .spec.taints[?(@.key=="gpunode.dev/drift")]}{.value}:{.effect}{end}{"\t"}{.spec.unschedulable}{"\t"}'
+			trainers_on "$n"
+		done
+	} | column -t -s $'\t'
+	printf '\n$ kubectl -n training get pods,pdb\n'
+	"$KUBECTL" -n training get pods -o wide --no-headers 2>/dev/null | awk '{printf "pod/%-28s %-12s %s\n", $1, $3, $7}'
+	"$KUBECTL" -n training get pdb trainer --no-headers 2>/dev/null |
+		awk '{printf "pdb/trainer  maxUnavailable %s, allowed disruptions now: %s\n", $3, $4}'
+	printf '\n$ kubectl get events  (gpunode, newest last)\n'
+	"$KUBECTL" get events -A --sort-by=.lastTimestamp \
+		-o jsonpath='{range .items[?(@.reportingComponent=="gpunode")]}{.lastTimestamp}{"  "}{.involvedObject.name}{"  "}{.reason}{": "}{.message}{"\n"}{end}' 2>/dev/null | tail -n 8
+}
+
+end_state_reached() {
+	local n
+	for n in "${HEALTHY[@]}"; do [[ $(label "$n" gpunode.dev/state) == compliant ]] || return 1; done
+	[[ $(label "$ROCE" gpunode.dev/state) == drifted ]] || return 1
+	"$KUBECTL" get node "$HOT" -o jsonpath='{.spec.taints[?(@.key=="gpunode.dev/drift")].effect}' | grep -q NoSchedule || return 1
+	[[ $("$KUBECTL" get node "$XID" -o jsonpath='{.spec.unschedulable}') == true ]] || return 1
+	(($(trainers_on "$XID") == 0)) || return 1
+	(($(running_pods training app=trainer | wc -l) == 3)) || return 1
+}
+
+explore_help() {
+	cat <<EOF
+
+The demo keeps running. Explore it:
+
+  export KUBECONFIG=$KUBECONFIG
+  kubectl get gnp                                   # policies: matched / compliant / drifted
+  kubectl get gnr                                   # one report per GPU node, from its probe
+  kubectl describe node $HOT                   # condition GpuPolicyCompliant, taint, events
+  kubectl get nodes -L gpunode.dev/state,gpunode.dev/drift.Throttle
+  kubectl get gnp h100-training -o yaml             # status: conditions, drifted nodes and why
+
+Change a node and watch the operator react (e2e/demo/ctl.sh help lists everything):
+
+  e2e/demo/ctl.sh heat h100-003                     # throttle a GPU: tainted after 'after: 30s'
+  e2e/demo/ctl.sh cool $HOT                    # recover: untainted after 'healthyFor: 5m'
+  e2e/demo/ctl.sh break-roce h100-004 trust-pcp     # RoCE drift: labelled at once, tainted after 2m if the budget allows
+  e2e/demo/ctl.sh fix-roce $ROCE
+  e2e/demo/ctl.sh xid h100-005                      # uncorrectable ECC + XID 79: cordon and drain
+  e2e/demo/ctl.sh watch                             # this live view again
+  e2e/demo/ctl.sh check $HOT                   # gpunode-operator check on the node's live report
+
+Logs: $LOGS (operator-0.log, operator-1.log: one of them is the leader; probe-<node>.log)
+Stop everything: make demo-down
+EOF
+}
