@@ -1,0 +1,58 @@
+"""The scale benchmark's chart: convergence vs N (gpunode, NFD, the API server's patch limit)
+and the reaction latency distribution per N. Usage: plot.py results.json RAW_DIR OUT.png"""
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main() -> None:
+    results, raw, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+    runs = json.loads(results.read_text())["runs"]
+    ns = [r["n"] for r in runs]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
+
+    a.plot(ns, [r["gpunode"]["convergence_s"] for r in runs], "o-", label="gpunode")
+    a.plot(ns, [r["limit"]["n_over_rate_s"] for r in runs], "s--", label="limit: N / plain-client patch rate")
+    nfd = [(r["n"], r["nfd"]) for r in runs if r.get("nfd")]
+    if nfd:
+        a.plot([n for n, _ in nfd], [x["convergence_s"] for _, x in nfd], "^-", label="NFD nfd-master")
+        for n, x in nfd:
+            if x.get("projected"):
+                a.annotate("projected", (n, x["convergence_s"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    a.set_xscale("log")
+    a.set_yscale("log")
+    a.set_xlabel("nodes (N)")
+    a.set_ylabel("seconds: policy applied → every node labelled")
+    a.set_title("Convergence")
+    a.grid(True, which="both", alpha=0.3)
+    a.legend()
+
+    for r in runs:
+        path = raw / f"reaction-{r['n']}.json"
+        if not path.exists():
+            continue
+        ms = sorted(json.loads(path.read_text())["reaction_ms"])
+        if not ms:
+            continue
+        ys = [(i + 1) / len(ms) for i in range(len(ms))]
+        b.step(ms, ys, where="post", label=f"N={r['n']} (p50 {r['gpunode']['reaction']['p50_ms']:.0f} ms, p99 {r['gpunode']['reaction']['p99_ms']:.0f} ms)")
+    b.axvline(1000, color="red", linestyle=":", label="p99 target 1 s")
+    b.set_xscale("log")
+    b.set_xlabel("milliseconds: report written → taint visible")
+    b.set_ylabel("fraction of changes")
+    b.set_title("Reaction latency (CDF)")
+    b.grid(True, which="both", alpha=0.3)
+    b.legend(fontsize=8)
+
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The scale benchmark (`make bench`; issue 8). For each N: a fresh local control plane
+# (GPUNODE_SCALE=1: inflight limits 5000), N KWOK GPU nodes, the load generator (the probe's
+# publisher, one loop per node), gpunode-operator as a release-built process with the chart's
+# ServiceAccount and RBAC, a plain concurrent client for the API server's patch limit, and
+# nfd-master as the peer. Results: docs/benchmarks/results.{json,md}, scale.png, raw/.
+#
+# Usage:  bench/run.sh                       (make bench)
+# Environment (defaults in brackets):
+#   BENCH_NS            node counts, comma-separated [100,1000,5000]
+#   BENCH_CLUSTER       cluster name under .cluster/ [bench]; stopped and purged after each N
+#   BENCH_RESULTS       output directory [docs/benchmarks]; runs of other N already in its raw/
+#                       are kept, so N values can be measured in separate invocations
+#   BENCH_CHANGES       report changes in the reaction phase [500]
+#   BENCH_WORKERS       changes in flight at once [4]
+#   BENCH_STEADY_S      steady-state window [120]
+#   BENCH_NFD=0         skip the peer;  BENCH_NFD_DEADLINE_S: NFD's wait before projecting [300]
+#   BENCH_LEASE_SECONDS kwok node lease duration [240] (kubelet's 40 s renews every 10 s:
+#                       500 writes/s at 5,000 nodes, which alone saturates a 2-core API server;
+#                       KCM's node-monitor grace period is set to twice this)
+#   BENCH_PERF=1        record a perf profile of the operator (reaction + steady phases)
+#   BENCH_KEEP=1        leave the last cluster running
+#   CARGO_TARGET_DIR    cargo's target directory [target]
+set -euo pipefail
+PROG=bench/run.sh
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { printf '%s: %s\n' "$PROG" "$*" >&2; exit 1; }
+
+IFS=, read -r -a NS <<<"${BENCH_NS:-100,1000,5000}"
+for n in "${NS[@]}"; do [[ $n =~ ^[1-9][0-9]*$ ]] || die "BENCH_NS must be positive numbers (got '$n')"; done
+NAME=${BENCH_CLUSTER:-bench}
+RESULTS=${BENCH_RESULTS:-$REPO/docs/benchmarks}
+RESULTS=$(mkdir -p "$RESULTS" && cd "$RESULTS" && pwd)
+LEASE=${BENCH_LEASE_SECONDS:-240}
+TARGET=${CARGO_TARGET_DIR:-$REPO/target}
+CACHE=${GPUNODE_CACHE:-$HOME/.cache/gpunode}
+D=$REPO/.cluster/$NAME
+WORK=$REPO/.cluster/$NAME-work
+mkdir -p "$WORK" "$RESULTS/raw"
+cd "$REPO"
+
+log "building: control plane (cached), nfd-master (cached), gpunode-operator and gpunode-bench (release)"
+e2e/cluster/build.sh
+eval "$(e2e/cluster/build.sh --print-env)"
+NFD_ARGS=()
+if [[ ${BENCH_NFD:-1} != 0 ]]; then
+	mapfile -t nfd < <(bench/nfd-build.sh)
+	NFD_ARGS=(--nfd-master "${nfd[0]}" --nfd-crds "${nfd[1]}/deployment/base/nfd-crds/nfd-api-crds.yaml"
+		--nfd-deadline-s "${BENCH_NFD_DEADLINE_S:-300}")
+fi
+CARGO_TARGET_DIR=$TARGET cargo build --release --locked -p gpunode-operator -p gpunode-bench
+OPERATOR=$TARGET/release/gpunode-operator
+BENCH=$TARGET/release/gpunode-bench
+
+"$BENCH" machine --binary "kube-apiserver=$GPUNODE_KUBE_APISERVER:--version" \
+	--binary "etcd=$GPUNODE_ETCD:--version" --binary "kwok=$GPUNODE_KWOK:--version" \
+	--binary "gpunode-operator=$OPERATOR:--version" \
+	${nfd:+--binary "nfd-master=${nfd[0]}:-version"} >"$RESULTS/raw/machine.json"
+log "machine:"
+cat "$RESULTS/raw/machine.json" >&2
+
+for N in "${NS[@]}"; do
+	log "==== N = $N ===="
+	e2e/cluster/down.sh "$NAME" --purge >/dev/null 2>&1 || true
+	rm -f "$D/logs/audit.log"
+	mkdir -p "$D/logs"
+	kubeconfig=$(GPUNODE_SCALE=1 \
+		GPUNODE_APISERVER_ARGS="--audit-policy-file=$REPO/bench/audit-policy.yaml --audit-log-path=$D/logs/audit.log --audit-log-maxsize=0 --audit-log-maxbackup=0" \
+		GPUNODE_KWOK_ARGS="--node-lease-duration-seconds=$LEASE" \
+		GPUNODE_KCM_ARGS="--node-monitor-grace-period=$((LEASE * 2))s" \
+		e2e/cluster/up.sh "$NAME" | tail -1)
+	export KUBECONFIG=$kubeconfig
+	t0=$SECONDS
+	NODE_WAIT_TIMEOUT=$((300 + N / 5)) e2e/cluster/nodes.sh "$N" >/dev/null
+	log "$N nodes Ready in $((SECONDS - t0)) s"
+	# The chart's operator ServiceAccount and ClusterRole: the operator runs with exactly them.
+	"$GPUNODE_KUBECTL" create namespace gpunode-system --dry-run=client -o yaml |
+		"$GPUNODE_KUBECTL" apply --server-side -f - >/dev/null
+	"$GPUNODE_HELM" template gpunode charts/gpunode --namespace gpunode-system \
+		--show-only templates/serviceaccounts.yaml --show-only templates/rbac-operator.yaml |
+		"$GPUNODE_KUBECTL" apply --server-side -f - >/dev/null
+	out=$WORK/n$N
+	rm -rf "$out"
+	perf=()
+	[[ ${BENCH_PERF:-0} == 1 ]] && perf=(--perf)
+	"$BENCH" run --nodes "$N" --kubeconfig "$kubeconfig" --audit-log "$D/logs/audit.log" \
+		--operator "$OPERATOR" --out "$out" --changes "${BENCH_CHANGES:-500}" \
+		--workers "${BENCH_WORKERS:-4}" --steady-s "${BENCH_STEADY_S:-120}" "${NFD_ARGS[@]}" "${perf[@]}" >/dev/null
+	cp "$out/n$N.json" "$out/reaction-$N.json" "$RESULTS/raw/"
+	if [[ -f $out/perf-$N.data ]]; then
+		perf report -i "$out/perf-$N.data" --stdio --no-children --sort symbol 2>/dev/null |
+			grep -v '^#' | grep -v '^$' | head -n 60 >"$RESULTS/raw/perf-$N.txt" || true
+	fi
+	log "N = $N done: $(tr -d '\n ' <"$out/n$N.json" | head -c 300)..."
+	[[ ${BENCH_KEEP:-0} == 1 && $N == "${NS[-1]}" ]] || e2e/cluster/down.sh "$NAME" --purge >/dev/null 2>&1 || true
+done
+
+"$BENCH" report --results "$RESULTS/raw" --out "$RESULTS"
+# The chart: matplotlib in a venv under the cache (keeps plotting out of CI and the workspace).
+VENV=$CACHE/venv
+if [[ ! -x $VENV/bin/python ]] || ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+	log "creating $VENV with matplotlib (PyPI)"
+	python3 -m venv "$VENV"
+	"$VENV/bin/pip" install --quiet 'matplotlib==3.10.*'
+fi
+"$VENV/bin/python" bench/plot.py "$RESULTS/results.json" "$RESULTS/raw" "$RESULTS/scale.png"
+log "results: $RESULTS/results.md, results.json, scale.png"
+cat "$RESULTS/results.md"

@@ -1,0 +1,192 @@
+//! `gpunode-bench`: the scale benchmark (`make bench` drives it through bench/run.sh).
+//!
+//! * `run`: one run at N nodes on a running control plane → `<out>/n<N>.json`.
+//! * `machine`: describes the machine and the binaries → JSON on stdout.
+//! * `report`: merges the runs into docs/benchmarks/results.{json,md}.
+
+mod audit;
+mod error;
+mod loadgen;
+mod nfd;
+mod procs;
+mod report;
+mod results;
+mod run;
+mod tracker;
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "gpunode-bench", about = "gpunode scale benchmark")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// One run at N nodes (the nodes exist and are Ready; the cluster is fresh).
+    Run {
+        /// Number of nodes.
+        #[arg(long)]
+        nodes: usize,
+        /// Admin kubeconfig of the cluster.
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// The API server's audit log (bench/audit-policy.yaml).
+        #[arg(long)]
+        audit_log: PathBuf,
+        /// The release gpunode-operator binary.
+        #[arg(long)]
+        operator: PathBuf,
+        /// nfd-master binary (omit to skip the peer).
+        #[arg(long, requires = "nfd_crds")]
+        nfd_master: Option<PathBuf>,
+        /// NFD's CRD manifest (deployment/base/nfd-crds/nfd-api-crds.yaml of its module).
+        #[arg(long)]
+        nfd_crds: Option<PathBuf>,
+        /// Directory for the result, logs and samples.
+        #[arg(long)]
+        out: PathBuf,
+        /// Report changes measured in the reaction phase.
+        #[arg(long, default_value_t = 500)]
+        changes: usize,
+        /// Changes in flight at once.
+        #[arg(long, default_value_t = 4)]
+        workers: usize,
+        /// Steady-state window, seconds.
+        #[arg(long, default_value_t = 120)]
+        steady_s: u64,
+        /// Spread of the probes' start-up, seconds (60: heartbeats spread over the minute).
+        #[arg(long, default_value_t = 60)]
+        stagger_s: u64,
+        /// How long NFD may take before its convergence is projected from its rate, seconds.
+        #[arg(long, default_value_t = 300)]
+        nfd_deadline_s: u64,
+        /// Concurrencies the plain client tries (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+        concurrency: Vec<usize>,
+        /// Record a perf profile of the operator during the reaction and steady phases.
+        #[arg(long)]
+        perf: bool,
+    },
+    /// Describe the machine and the binaries (JSON on stdout).
+    Machine {
+        /// name=path of a binary and its version flag, e.g. kube-apiserver=/x/kube-apiserver:--version
+        #[arg(long = "binary", value_name = "NAME=PATH:FLAG")]
+        binaries: Vec<String>,
+    },
+    /// Merge the runs of a results directory into results.json and results.md.
+    Report {
+        /// Directory with machine.json and n<N>.json files.
+        #[arg(long)]
+        results: PathBuf,
+        /// Where results.json and results.md go.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Machine { binaries } => {
+            let parsed: Vec<(String, PathBuf, Vec<String>)> = binaries
+                .iter()
+                .filter_map(|b| {
+                    let (name, rest) = b.split_once('=')?;
+                    let (path, flag) = rest.rsplit_once(':').unwrap_or((rest, "--version"));
+                    Some((
+                        name.to_string(),
+                        PathBuf::from(path),
+                        flag.split(' ').map(str::to_string).collect(),
+                    ))
+                })
+                .collect();
+            match serde_json::to_string_pretty(&procs::machine(&parsed)) {
+                Ok(json) => {
+                    println!("{json}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("gpunode-bench machine: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Report { results, out } => match report::write(&results, &out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gpunode-bench report: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Run {
+            nodes,
+            kubeconfig,
+            audit_log,
+            operator,
+            nfd_master,
+            nfd_crds,
+            out,
+            changes,
+            workers,
+            steady_s,
+            stagger_s,
+            nfd_deadline_s,
+            concurrency,
+            perf,
+        } => {
+            if nodes == 0 {
+                eprintln!("gpunode-bench run: --nodes must be at least 1");
+                return ExitCode::from(2);
+            }
+            let args = run::Args {
+                n: nodes,
+                kubeconfig,
+                audit_log,
+                operator,
+                nfd: nfd_master.zip(nfd_crds),
+                out,
+                changes,
+                workers,
+                steady: Duration::from_secs(steady_s),
+                stagger: Duration::from_secs(stagger_s),
+                nfd_deadline: Duration::from_secs(nfd_deadline_s),
+                concurrency,
+                perf,
+            };
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("gpunode-bench run: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let result = runtime.block_on(run::run(&args));
+            match result.and_then(|r| {
+                let path = args.out.join(format!("n{}.json", args.n));
+                std::fs::write(&path, serde_json::to_string_pretty(&r)?)
+                    .map_err(error::Error::io(format!("writing {}", path.display())))?;
+                Ok(path)
+            }) {
+                Ok(path) => {
+                    println!("{}", path.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("gpunode-bench run: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! What one run at N nodes measured (written as JSON, read back by `report`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Latency percentiles, milliseconds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Latency {
+    /// Samples.
+    pub count: usize,
+    /// Median.
+    pub p50_ms: f64,
+    /// 90th percentile.
+    pub p90_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Largest.
+    pub max_ms: f64,
+}
+
+impl Latency {
+    /// Percentiles of `ms` (nearest rank).
+    pub fn of(ms: &[f64]) -> Latency {
+        let mut v = ms.to_vec();
+        v.sort_by(f64::total_cmp);
+        let p = |q: f64| {
+            if v.is_empty() {
+                return 0.0;
+            }
+            let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+            v[rank - 1]
+        };
+        Latency {
+            count: v.len(),
+            p50_ms: p(0.5),
+            p90_ms: p(0.9),
+            p99_ms: p(0.99),
+            max_ms: v.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// Requests of one client in one phase.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Requests {
+    /// Phase length, seconds.
+    pub seconds: f64,
+    /// Total.
+    pub total: u64,
+    /// Requests per second.
+    pub per_second: f64,
+    /// By `verb resource`.
+    pub by_verb: BTreeMap<String, u64>,
+}
+
+/// gpunode's figures.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Gpunode {
+    /// Policy applied → last node with the state label and condition, seconds.
+    pub convergence_s: f64,
+    /// Policy applied → first node, seconds.
+    pub first_node_s: f64,
+    /// Policy applied → half of the nodes, seconds.
+    pub half_nodes_s: f64,
+    /// Nodes labelled compliant at the end of convergence.
+    pub compliant: usize,
+    /// Report written → taint visible (the reaction), over the changes.
+    pub reaction: Latency,
+    /// Observation changed in the probe → taint visible (adds the probe's own publish).
+    pub reaction_from_change: Latency,
+    /// Recovered report written → taint removed (healthyFor 0s).
+    pub recovery: Latency,
+    /// Changes that timed out.
+    pub reaction_failures: usize,
+    /// Changes per second the reaction phase sustained.
+    pub changes_per_s: f64,
+    /// Peak RSS (VmHWM) over the whole run, MiB.
+    pub rss_peak_mib: f64,
+    /// RSS when the caches had synced (before the policy), MiB.
+    pub rss_synced_mib: f64,
+    /// RSS at the end of the steady phase, MiB.
+    pub rss_end_mib: f64,
+    /// CPU seconds by phase (startup, convergence, reaction, steady) and in total.
+    pub cpu_s: BTreeMap<String, f64>,
+    /// Requests by phase.
+    pub requests: BTreeMap<String, Requests>,
+    /// Steady state: requests per node per minute.
+    pub steady_requests_per_node_min: f64,
+    /// JSON size of the objects its reflectors hold (managedFields stripped), MiB.
+    pub cached_nodes_mib: f64,
+    /// Same, reports.
+    pub cached_reports_mib: f64,
+    /// Reconciles counted by the operator's own metrics, and their mean duration.
+    pub reconciles: f64,
+    /// Mean reconcile duration, milliseconds.
+    pub reconcile_mean_ms: f64,
+    /// The operator's own report-to-action histogram count (state changes).
+    pub operator_reaction_count: f64,
+}
+
+/// The plain concurrent client.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Limit {
+    /// Patches per second by concurrency.
+    pub by_concurrency: BTreeMap<String, f64>,
+    /// Best rate, patches per second.
+    pub best_rate: f64,
+    /// Its concurrency.
+    pub best_concurrency: usize,
+    /// N divided by the best rate, seconds.
+    pub n_over_rate_s: f64,
+    /// Failed patches.
+    pub errors: u64,
+}
+
+/// NFD's figures.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Nfd {
+    /// Rule created → last node labelled, seconds (projected when `projected`).
+    pub convergence_s: f64,
+    /// True when NFD did not finish within the deadline: convergence_s is then elapsed ×
+    /// N / labelled (its rate so far held constant).
+    pub projected: bool,
+    /// Nodes labelled within the deadline.
+    pub labelled: usize,
+    /// Seconds waited.
+    pub waited_s: f64,
+    /// Peak RSS, MiB.
+    pub rss_peak_mib: f64,
+    /// CPU seconds from start to the end of the wait.
+    pub cpu_s: f64,
+    /// Requests while converging.
+    pub requests: Requests,
+}
+
+/// One run at N nodes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Nodes.
+    pub n: usize,
+    /// When it started.
+    pub started: String,
+    /// Git commit of the code measured ("-dirty" when the work tree differed).
+    #[serde(default)]
+    pub commit: String,
+    /// 1-minute load average at the start, before gpunode, and at the end.
+    pub load_avg: BTreeMap<String, f64>,
+    /// Load generator: successful and failed publishes, and its publish rate in the steady
+    /// phase (per second).
+    pub loadgen: BTreeMap<String, f64>,
+    /// gpunode.
+    pub gpunode: Gpunode,
+    /// The API server's patch limit.
+    pub limit: Limit,
+    /// gpunode's convergence over N / best rate.
+    pub convergence_vs_limit: f64,
+    /// NFD (absent when not run).
+    pub nfd: Option<Nfd>,
+    /// NFD's convergence over gpunode's.
+    pub nfd_vs_gpunode: Option<f64>,
+    /// Notes about this run (timeouts, projections).
+    pub notes: Vec<String>,
+}

@@ -1,0 +1,543 @@
+//! One benchmark run at N nodes on a running control plane: the load generator, gpunode's
+//! convergence, reaction and steady state, the plain client's patch limit, and NFD.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use gpunode_crds::GpuNodeReport;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client, Config, ResourceExt,
+    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig, NamedAuthInfo},
+};
+use serde_json::json;
+use tracing::info;
+
+use crate::{
+    audit,
+    error::Error,
+    loadgen::LoadGen,
+    nfd,
+    procs::{self, Measured, http_get, prom_value},
+    results::{Latency, Limit, Requests, RunResult},
+    tracker::{NODE_SELECTOR, Tracker},
+};
+
+/// The chart's namespace and the operator's ServiceAccount (its RBAC is applied by run.sh).
+pub const OPERATOR_NAMESPACE: &str = "gpunode-system";
+/// The operator's ServiceAccount.
+pub const OPERATOR_SA: &str = "gpunode-operator";
+/// The benchmark policy's name.
+pub const POLICY: &str = "bench";
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Args {
+    /// Number of nodes (already created and Ready).
+    pub n: usize,
+    /// Admin kubeconfig.
+    pub kubeconfig: PathBuf,
+    /// The API server's audit log.
+    pub audit_log: PathBuf,
+    /// The release gpunode-operator binary.
+    pub operator: PathBuf,
+    /// nfd-master and NFD's CRD file, when the peer is measured.
+    pub nfd: Option<(PathBuf, PathBuf)>,
+    /// Where logs and the result go.
+    pub out: PathBuf,
+    /// Report changes in the reaction phase.
+    pub changes: usize,
+    /// Changes in flight at once.
+    pub workers: usize,
+    /// Length of the steady-state window.
+    pub steady: Duration,
+    /// The probes' start-up spread.
+    pub stagger: Duration,
+    /// How long NFD may take before its time is projected.
+    pub nfd_deadline: Duration,
+    /// Concurrencies the plain client tries.
+    pub concurrency: Vec<usize>,
+    /// Record a CPU profile of the operator with perf during the reaction and steady phases.
+    pub perf: bool,
+}
+
+async fn admin(kubeconfig: &Path) -> Result<(Client, Kubeconfig), Error> {
+    let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
+    let config = Config::from_custom_kubeconfig(kc.clone(), &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
+    Ok((Client::try_from(config)?, kc))
+}
+
+/// Writes a copy of `kc` that authenticates with `token`.
+pub fn token_kubeconfig(kc: &Kubeconfig, token: &str, path: &Path) -> Result<(), Error> {
+    let mut kc = kc.clone();
+    let user = "bench-token".to_string();
+    let named: NamedAuthInfo = serde_json::from_value(json!({"name": user, "user": {"token": token}}))?;
+    kc.auth_infos = vec![named];
+    for ctx in &mut kc.contexts {
+        if let Some(c) = ctx.context.as_mut() {
+            c.user = Some(user.clone());
+        }
+    }
+    std::fs::write(path, serde_yaml::to_string(&kc)?)
+        .map_err(Error::io(format!("writing {}", path.display())))
+}
+
+fn load_yaml(path: &Path) -> Result<serde_json::Value, Error> {
+    let text = std::fs::read_to_string(path).map_err(Error::io(format!("reading {}", path.display())))?;
+    Ok(serde_yaml::from_str(&text)?)
+}
+
+/// The benchmark policy: every check of the strict H100 policy (a realistic evaluation cost),
+/// Throttle → NoSchedule taint after 0s, recovery after 0s, and no budget or breaker, so the
+/// reaction phase measures the reaction and not the budget.
+pub fn policy() -> Result<serde_json::Value, Error> {
+    let path = gpunode_e2e::fixtures::repo_root().join("operator/tests/fixtures/evaluate/strict-policy.yaml");
+    let mut p = load_yaml(&path)?;
+    p["metadata"] = json!({"name": POLICY});
+    let (key, value) = NODE_SELECTOR
+        .split_once('=')
+        .ok_or_else(|| Error::Other("bad node selector".into()))?;
+    p["spec"]["nodeSelector"] = json!({"matchLabels": {key: value}});
+    p["spec"]["remediation"] =
+        json!([{"classes": ["Throttle"], "action": "Taint", "effect": "NoSchedule", "after": "0s"}]);
+    p["spec"]["disruption"] = json!({"maxUnavailable": "100%", "circuitBreaker": {"maxDriftedPercent": 100}});
+    p["spec"]["recovery"] = json!({"healthyFor": "0s"});
+    Ok(p)
+}
+
+/// The healthy 8x H100 report every fake probe observes.
+pub fn report_template() -> Result<gpunode_crds::GpuNodeReportStatus, Error> {
+    let path =
+        gpunode_e2e::fixtures::repo_root().join("operator/tests/fixtures/evaluate/healthy-h100-report.yaml");
+    let report: GpuNodeReport = serde_json::from_value(load_yaml(&path)?)?;
+    report
+        .status
+        .ok_or_else(|| Error::Other(format!("{}: no status", path.display())))
+}
+
+fn requests(all: &[audit::Request], user: &str, from: Timestamp, to: Timestamp) -> Requests {
+    let by_verb = audit::count(all, user, from, to);
+    let seconds = to.duration_since(from).as_secs_f64();
+    let total = audit::total(&by_verb);
+    Requests {
+        seconds,
+        total,
+        per_second: if seconds > 0.0 {
+            total as f64 / seconds
+        } else {
+            0.0
+        },
+        by_verb,
+    }
+}
+
+/// Waits for `GET /readyz` on `port` to answer 200.
+async fn wait_ready(proc: &mut Measured, port: u16, timeout: Duration) -> Result<(), Error> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        proc.now()?;
+        if let Ok((200, _)) = http_get(port, "/readyz").await {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: format!("{} /readyz", proc.name),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await; // poll interval
+    }
+}
+
+/// JSON size of `objects` with managedFields stripped, MiB.
+fn cached_mib<K: serde::Serialize + ResourceExt>(objects: Vec<K>) -> f64 {
+    let bytes: usize = objects
+        .into_iter()
+        .map(|mut o| {
+            o.managed_fields_mut().clear();
+            serde_json::to_vec(&o).map_or(0, |v| v.len())
+        })
+        .sum();
+    bytes as f64 / 1024.0 / 1024.0
+}
+
+/// The reaction phase: `changes` report changes on distinct nodes, `workers` at a time; each
+/// throttles GPU 0, waits for the taint, clears it and waits for the taint to go.
+async fn reaction(
+    load: &LoadGen,
+    tracker: &Tracker,
+    changes: usize,
+    workers: usize,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, usize) {
+    let workers = workers.max(1);
+    let per_worker = changes.div_ceil(workers);
+    let timeout = Duration::from_secs(60);
+    let runs = (0..workers).map(|w| {
+        let nodes: Vec<_> = load.nodes.iter().skip(w).step_by(workers).cloned().collect();
+        async move {
+            let (mut react, mut from_change, mut recover, mut failed) = (Vec::new(), Vec::new(), Vec::new(), 0);
+            for k in 0..per_worker {
+                let Some(node) = nodes.get(k % nodes.len().max(1)) else {
+                    break;
+                };
+                let name = node.name.clone();
+                let flip = Instant::now();
+                node.set_throttled(true);
+                let tainted = tracker
+                    .wait("taint", timeout, |s| {
+                        s.nodes
+                            .get(&name)
+                            .filter(|e| e.tainted && e.taint_changed_at > flip)
+                            .map(|e| e.taint_changed_at)
+                    })
+                    .await;
+                let published = load
+                    .wait_for("throttled report written", timeout, || node.published(true))
+                    .await;
+                match (tainted, published) {
+                    (Ok(t), Ok(p)) => {
+                        react.push(t.saturating_duration_since(p).as_secs_f64() * 1000.0);
+                        from_change.push(t.duration_since(flip).as_secs_f64() * 1000.0);
+                    }
+                    (t, p) => {
+                        failed += 1;
+                        tracing::warn!(node = %name, taint = ?t.err(), publish = ?p.err(), "a change timed out");
+                    }
+                }
+                let flip = Instant::now();
+                node.set_throttled(false);
+                let untainted = tracker
+                    .wait("taint removed", timeout, |s| {
+                        s.nodes
+                            .get(&name)
+                            .filter(|e| !e.tainted && e.taint_changed_at > flip)
+                            .map(|e| e.taint_changed_at)
+                    })
+                    .await;
+                let published = load
+                    .wait_for("clear report written", timeout, || node.published(false))
+                    .await;
+                if let (Ok(t), Ok(p)) = (untainted, published) {
+                    recover.push(t.saturating_duration_since(p).as_secs_f64() * 1000.0);
+                } else {
+                    tracing::warn!(node = %name, "a recovery timed out");
+                }
+            }
+            (react, from_change, recover, failed)
+        }
+    });
+    let all = futures::future::join_all(runs).await;
+    let mut out = (Vec::new(), Vec::new(), Vec::new(), 0);
+    for (a, b, c, f) in all {
+        out.0.extend(a);
+        out.1.extend(b);
+        out.2.extend(c);
+        out.3 += f;
+    }
+    out.0.truncate(changes);
+    out.1.truncate(changes);
+    out
+}
+
+/// The plain concurrent client: merge patches of one label on every node, at each concurrency,
+/// at least 1,000 patches (whole rounds over the nodes) per concurrency.
+async fn limit(client: &Client, names: &[String], concurrency: &[usize]) -> Limit {
+    let api: Api<Node> = Api::all(client.clone());
+    let mut out = Limit::default();
+    let rounds = 1000usize.div_ceil(names.len().max(1)).max(1);
+    for &c in concurrency {
+        let jobs: Vec<(String, String)> = (0..rounds)
+            .flat_map(|r| names.iter().map(move |n| (n.clone(), format!("c{c}-r{r}"))))
+            .collect();
+        let total = jobs.len();
+        let start = Instant::now();
+        let errors: u64 = futures::stream::iter(jobs)
+            .map(|(node, value)| {
+                let api = api.clone();
+                async move {
+                    let patch = json!({"metadata": {"labels": {"bench.gpunode.dev/limit": value}}});
+                    u64::from(
+                        api.patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await
+                            .is_err(),
+                    )
+                }
+            })
+            .buffer_unordered(c.max(1))
+            .fold(0u64, |acc, e| async move { acc + e })
+            .await;
+        let secs = start.elapsed().as_secs_f64();
+        let rate = (total as u64 - errors) as f64 / secs;
+        info!(
+            concurrency = c,
+            patches = total,
+            errors,
+            seconds = secs,
+            rate,
+            "plain client"
+        );
+        out.by_concurrency.insert(c.to_string(), rate);
+        out.errors += errors;
+        if rate > out.best_rate {
+            out.best_rate = rate;
+            out.best_concurrency = c;
+        }
+    }
+    out.n_over_rate_s = names.len() as f64 / out.best_rate.max(f64::MIN_POSITIVE);
+    out
+}
+
+/// Everything at N nodes.
+pub async fn run(args: &Args) -> Result<RunResult, Error> {
+    std::fs::create_dir_all(&args.out).map_err(Error::io(format!("creating {}", args.out.display())))?;
+    let n = args.n;
+    let mut result = RunResult {
+        n,
+        started: Timestamp::now().to_string(),
+        commit: procs::machine(&[]).commit,
+        ..RunResult::default()
+    };
+    result.load_avg.insert("start".into(), procs::load_avg());
+    let (client, kc) = admin(&args.kubeconfig).await?;
+
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut names: Vec<String> = nodes
+        .list_metadata(&ListParams::default().labels(NODE_SELECTOR))
+        .await?
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    names.sort();
+    if names.len() != n {
+        return Err(Error::Other(format!(
+            "expected {n} nodes with {NODE_SELECTOR}, found {} (run nodes.sh first, on a fresh cluster)",
+            names.len()
+        )));
+    }
+    let tracker = Tracker::start(client.clone());
+    tracker
+        .wait(
+            "the node watch to list every node",
+            Duration::from_secs(120),
+            |s| (s.synced && s.nodes.len() >= n).then_some(()),
+        )
+        .await?;
+    gpunode_e2e::crds::install(&client).await?;
+
+    // The load generator: every node's report written once, then heartbeats.
+    info!(n, stagger = ?args.stagger, "starting the load generator");
+    let load = LoadGen::start(&client, &names, report_template()?, args.stagger);
+    load.wait_all_published(args.stagger + Duration::from_secs(120) + Duration::from_millis(n as u64 * 100))
+        .await?;
+    info!(publishes = load.published(), "every report written");
+
+    // gpunode-operator as a process, with the chart's ServiceAccount.
+    let token = gpunode_e2e::accounts::token(&client, OPERATOR_NAMESPACE, OPERATOR_SA, None).await?;
+    let op_kc = args.out.join(format!("operator-{n}.kubeconfig"));
+    token_kubeconfig(&kc, &token, &op_kc)?;
+    let port = procs::free_port()?;
+    let t_start = Timestamp::now();
+    result.load_avg.insert("before_gpunode".into(), procs::load_avg());
+    let mut op = Measured::spawn(
+        "gpunode-operator",
+        &args.operator,
+        &[
+            "run".into(),
+            "--leader-elect=false".into(),
+            "--instance=bench".into(),
+            format!("--metrics-addr=127.0.0.1:{port}"),
+        ],
+        &[("KUBECONFIG", op_kc.display().to_string())],
+        &args.out.join(format!("operator-{n}.log")),
+    )?;
+    wait_ready(&mut op, port, Duration::from_secs(300)).await?;
+    let s_synced = op.now()?;
+    result.gpunode.rss_synced_mib = s_synced.rss_mib;
+    info!(rss_mib = s_synced.rss_mib, "operator caches synced");
+
+    // Convergence: apply the policy, wait for every node's label and condition.
+    let policies: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::erase::<gpunode_crds::GpuNodePolicy>(&()),
+    );
+    let policy: DynamicObject = serde_json::from_value(policy()?)?;
+    let t_conv = Timestamp::now();
+    let t0 = Instant::now();
+    policies.create(&PostParams::default(), &policy).await?;
+    let conv_timeout = Duration::from_secs(600) + Duration::from_millis(n as u64 * 200);
+    tracker
+        .wait("every node converged", conv_timeout, |s| {
+            (s.converged >= n).then_some(())
+        })
+        .await?;
+    let mut times: Vec<f64> = tracker.with(|s| {
+        s.nodes
+            .values()
+            .filter_map(|e| e.converged_at)
+            .map(|t| t.saturating_duration_since(t0).as_secs_f64())
+            .collect()
+    });
+    times.sort_by(f64::total_cmp);
+    let g = &mut result.gpunode;
+    g.convergence_s = times.last().copied().unwrap_or(0.0);
+    g.first_node_s = times.first().copied().unwrap_or(0.0);
+    g.half_nodes_s = times.get(times.len() / 2).copied().unwrap_or(0.0);
+    g.compliant = tracker.with(|s| {
+        s.nodes
+            .values()
+            .filter(|e| e.state.as_deref() == Some("compliant"))
+            .count()
+    });
+    let s_conv = op.now()?;
+    let t_conv_end = Timestamp::now();
+    info!(seconds = g.convergence_s, compliant = g.compliant, "converged");
+
+    // What the operator's reflectors hold, as JSON.
+    g.cached_nodes_mib = cached_mib(nodes.list(&ListParams::default()).await?.items);
+    let reports: Api<GpuNodeReport> = Api::all(client.clone());
+    g.cached_reports_mib = cached_mib(reports.list(&ListParams::default()).await?.items);
+
+    // Reaction while the other nodes heartbeat.
+    let perf = if args.perf {
+        let path = args.out.join(format!("perf-{n}.data"));
+        std::process::Command::new("perf")
+            .args(["record", "-F", "199", "-g", "-o"])
+            .arg(&path)
+            .args(["-p", &op.pid().to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()
+            .map(|c| (c, path))
+    } else {
+        None
+    };
+    let t_react = Timestamp::now();
+    let r0 = Instant::now();
+    let (react, from_change, recover, failed) = reaction(&load, &tracker, args.changes, args.workers).await;
+    let g = &mut result.gpunode;
+    g.changes_per_s = react.len() as f64 / r0.elapsed().as_secs_f64();
+    g.reaction = Latency::of(&react);
+    g.reaction_from_change = Latency::of(&from_change);
+    g.recovery = Latency::of(&recover);
+    g.reaction_failures = failed;
+    std::fs::write(
+        args.out.join(format!("reaction-{n}.json")),
+        serde_json::to_string(
+            &json!({"reaction_ms": react, "from_change_ms": from_change, "recovery_ms": recover}),
+        )?,
+    )
+    .map_err(Error::io("writing the reaction samples"))?;
+    let s_react = op.now()?;
+    let t_react_end = Timestamp::now();
+    info!(
+        p50 = g.reaction.p50_ms,
+        p99 = g.reaction.p99_ms,
+        failed,
+        "reaction measured"
+    );
+
+    // Steady state: nothing changes but heartbeats (a measurement window, not a test).
+    let published_before = load.published();
+    tokio::time::sleep(args.steady).await;
+    let s_steady = op.now()?;
+    let t_steady_end = Timestamp::now();
+    result.loadgen.insert(
+        "steady_publishes_per_s".into(),
+        (load.published() - published_before) as f64 / args.steady.as_secs_f64(),
+    );
+    if let Some((mut child, path)) = perf {
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+        info!(path = %path.display(), "perf profile written");
+    }
+
+    if let Ok((_, metrics)) = http_get(port, "/metrics").await {
+        let g = &mut result.gpunode;
+        g.reconciles = prom_value(&metrics, "gpunode_reconciles_total").unwrap_or(0.0);
+        let sum = prom_value(&metrics, "gpunode_reconcile_duration_seconds_sum").unwrap_or(0.0);
+        let count = prom_value(&metrics, "gpunode_reconcile_duration_seconds_count").unwrap_or(0.0);
+        g.reconcile_mean_ms = if count > 0.0 { sum / count * 1000.0 } else { 0.0 };
+        g.operator_reaction_count = prom_value(&metrics, "gpunode_reaction_seconds_count").unwrap_or(0.0);
+        std::fs::write(args.out.join(format!("operator-metrics-{n}.txt")), metrics)
+            .map_err(Error::io("writing the operator's metrics"))?;
+    }
+    let timeline = op.timeline.lock().map(|t| t.clone()).unwrap_or_default();
+    std::fs::write(
+        args.out.join(format!("operator-samples-{n}.json")),
+        serde_json::to_string(&timeline)?,
+    )
+    .map_err(Error::io("writing the operator's samples"))?;
+    let last = op.stop().await;
+    let g = &mut result.gpunode;
+    g.rss_peak_mib = last.hwm_mib;
+    g.rss_end_mib = s_steady.rss_mib;
+    g.cpu_s = BTreeMap::from([
+        ("startup".to_string(), s_synced.cpu_s),
+        ("convergence".to_string(), s_conv.cpu_s - s_synced.cpu_s),
+        ("reaction".to_string(), s_react.cpu_s - s_conv.cpu_s),
+        ("steady".to_string(), s_steady.cpu_s - s_react.cpu_s),
+        ("total".to_string(), last.cpu_s),
+    ]);
+    result.load_avg.insert("after_gpunode".into(), procs::load_avg());
+
+    // The API server's limit for a plain client.
+    info!("measuring the plain client's patch rate");
+    result.limit = limit(&client, &names, &args.concurrency).await;
+    result.convergence_vs_limit = result.gpunode.convergence_s / result.limit.n_over_rate_s;
+
+    // The peer.
+    let nfd_window = if let Some((bin, crds)) = &args.nfd {
+        let (r, from, to) = nfd::run(&client, &kc, &names, bin, crds, &args.out, args.nfd_deadline).await?;
+        if r.projected {
+            result.notes.push(format!(
+                "NFD labelled {} of {n} nodes within {:.0} s; its convergence time is projected from that rate",
+                r.labelled, r.waited_s
+            ));
+        }
+        result.nfd_vs_gpunode = Some(r.convergence_s / result.gpunode.convergence_s.max(f64::MIN_POSITIVE));
+        result.nfd = Some(r);
+        Some((from, to))
+    } else {
+        None
+    };
+
+    result.loadgen.insert("publishes".into(), load.published() as f64);
+    result.loadgen.insert(
+        "failed".into(),
+        load.stats.failed.load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
+    load.stop().await;
+    result.load_avg.insert("end".into(), procs::load_avg());
+
+    // Requests, as the API server logged them.
+    let all = audit::read(&args.audit_log)?;
+    let user = format!("system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}");
+    let g = &mut result.gpunode;
+    for (phase, from, to) in [
+        ("startup", t_start, t_conv),
+        ("convergence", t_conv, t_conv_end),
+        ("reaction", t_react, t_react_end),
+        ("steady", t_react_end, t_steady_end),
+    ] {
+        g.requests
+            .insert(phase.to_string(), requests(&all, &user, from, to));
+    }
+    let steady = g.requests.get("steady").map_or(0, |r| r.total);
+    g.steady_requests_per_node_min = steady as f64 / n as f64 / (args.steady.as_secs_f64() / 60.0);
+    if let (Some(nfd), Some((from, to))) = (result.nfd.as_mut(), nfd_window) {
+        nfd.requests = requests(&all, nfd::USER, from, to);
+    }
+    Ok(result)
+}
