@@ -3,6 +3,7 @@
 //! and the fixtures shared with the schema tests.
 
 pub mod accounts;
+pub mod chart;
 pub mod cluster;
 pub mod crds;
 pub mod fixtures;

@@ -1,0 +1,513 @@
+//! The chart's ServiceAccounts, RBAC and admission policy in the test cluster, and clients that
+//! act as those accounts, so every e2e test exercises exactly the permissions the chart grants.
+//!
+//! [`install_accounts`] renders `charts/gpunode` with the real helm binary (only the account,
+//! RBAC and admission-policy templates) into `gpunode-system` and applies it server-side. It is
+//! idempotent and safe to call from every test of every test binary at once, and returns only
+//! once the API server enforces the admission policy.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+    time::Duration,
+};
+
+use gpunode_crds::GpuNodeReport;
+use k8s_openapi::api::{
+    authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+    core::v1::{Namespace, Pod},
+};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
+    config::{AuthInfo, Kubeconfig, NamedAuthInfo},
+    discovery::{self, Scope},
+};
+use serde_json::json;
+
+use crate::{Error, accounts, cluster, crds, fixtures::repo_root, wait};
+
+/// Namespace the chart is meant for, and where the test accounts live.
+pub const NAMESPACE: &str = "gpunode-system";
+/// Release name the accounts are rendered with (fixes the object names below).
+pub const RELEASE: &str = "gpunode";
+/// The operator's ServiceAccount.
+pub const OPERATOR_SA: &str = "gpunode-operator";
+/// The node-probe's ServiceAccount.
+pub const PROBE_SA: &str = "gpunode-node-probe";
+/// Field manager of everything the harness applies.
+pub const FIELD_MANAGER: &str = "gpunode-e2e";
+/// The chart's templates that make up the accounts: ServiceAccounts, RBAC, admission policy.
+pub const ACCOUNT_TEMPLATES: [&str; 4] = [
+    "templates/serviceaccounts.yaml",
+    "templates/rbac-operator.yaml",
+    "templates/rbac-node-probe.yaml",
+    "templates/admission-policy.yaml",
+];
+
+/// Part of the admission policy's message for a write to another node's report.
+pub const OTHER_NODE_MESSAGE: &str = "may write only its own node's GpuNodeReport, not the one of node";
+/// Part of the admission policy's message for a token without a node-name claim.
+pub const NO_NODE_MESSAGE: &str = "its token carries no node";
+
+const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The chart's accounts as installed by [`install_accounts`].
+#[derive(Debug, Clone)]
+pub struct Accounts {
+    /// Their namespace.
+    pub namespace: String,
+    /// The operator's ServiceAccount.
+    pub operator: String,
+    /// The probe's ServiceAccount.
+    pub probe: String,
+}
+
+impl Accounts {
+    /// `system:serviceaccount:<ns>:<operator>`.
+    pub fn operator_user(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.operator)
+    }
+
+    /// `system:serviceaccount:<ns>:<probe>`.
+    pub fn probe_user(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.probe)
+    }
+}
+
+fn accounts() -> Accounts {
+    Accounts {
+        namespace: NAMESPACE.to_string(),
+        operator: OPERATOR_SA.to_string(),
+        probe: PROBE_SA.to_string(),
+    }
+}
+
+/// The chart's directory.
+pub fn chart_dir() -> PathBuf {
+    repo_root().join("charts/gpunode")
+}
+
+/// The helm binary: `GPUNODE_HELM` if set, else the one `e2e/cluster/build.sh` built.
+pub fn helm() -> Result<PathBuf, Error> {
+    static HELM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    HELM.get_or_init(|| {
+        if let Some(p) = std::env::var_os("GPUNODE_HELM").filter(|p| !p.is_empty()) {
+            return Ok(PathBuf::from(p));
+        }
+        let script = repo_root().join("e2e/cluster/build.sh");
+        let out = Command::new(&script)
+            .arg("--print-env")
+            .output()
+            .map_err(|e| format!("running {} --print-env: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} --print-env failed (build the cluster binaries with `make cluster-build`): {}",
+                script.display(),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("export GPUNODE_HELM="))
+            .map(|p| PathBuf::from(p.trim().trim_matches('"').trim_matches('\'')))
+            .ok_or_else(|| format!("{} --print-env names no GPUNODE_HELM", script.display()))
+    })
+    .clone()
+    .map_err(Error::Unexpected)
+}
+
+/// Runs helm with `args` (blocking) and returns its stdout; a failure carries helm's stderr.
+pub fn run_helm(args: &[&str]) -> Result<String, Error> {
+    run_helm_env(args, &[])
+}
+
+/// Like [`run_helm`], with extra environment variables (e.g. `KUBECONFIG`).
+pub fn run_helm_env(args: &[&str], env: &[(&str, &Path)]) -> Result<String, Error> {
+    let helm = helm()?;
+    let out = Command::new(&helm)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, *v)))
+        // Keep helm's cache and config out of the user's home and away from other runs.
+        .env(
+            "HELM_CACHE_HOME",
+            std::env::temp_dir().join("gpunode-e2e-helm/cache"),
+        )
+        .env(
+            "HELM_CONFIG_HOME",
+            std::env::temp_dir().join("gpunode-e2e-helm/config"),
+        )
+        .env(
+            "HELM_DATA_HOME",
+            std::env::temp_dir().join("gpunode-e2e-helm/data"),
+        )
+        .output()
+        .map_err(|e| Error::Unexpected(format!("running {}: {e}", helm.display())))?;
+    if !out.status.success() {
+        return Err(Error::Unexpected(format!(
+            "helm {} failed ({}):\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The API server's version (`v1.37.2`), for `helm template --kube-version`.
+pub async fn server_version(admin: &Client) -> Result<String, Error> {
+    Ok(admin.apiserver_version().await?.git_version)
+}
+
+/// Renders the chart offline: `helm template <release> charts/gpunode --namespace <ns>
+/// --kube-version <version> <extra...>`.
+pub async fn template(
+    admin: &Client,
+    release: &str,
+    namespace: &str,
+    extra: &[&str],
+) -> Result<Vec<DynamicObject>, Error> {
+    let version = server_version(admin).await?;
+    let chart = chart_dir().display().to_string();
+    let mut args: Vec<String> = [
+        "template",
+        release,
+        &chart,
+        "--namespace",
+        namespace,
+        "--kube-version",
+        &version,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let yaml = tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_helm(&refs)
+    })
+    .await
+    .map_err(|e| Error::Unexpected(format!("helm template panicked: {e}")))??;
+    parse_manifests(&yaml)
+}
+
+/// Every non-empty document of a multi-document YAML stream.
+pub fn parse_manifests(yaml: &str) -> Result<Vec<DynamicObject>, Error> {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let value = serde_json::Value::deserialize(doc)?;
+        if value.is_null() {
+            continue;
+        }
+        out.push(serde_json::from_value(value)?);
+    }
+    Ok(out)
+}
+
+/// The group, version and kind of a manifest.
+pub fn gvk_of(obj: &DynamicObject) -> Result<GroupVersionKind, Error> {
+    let types = obj.types.as_ref().ok_or_else(|| {
+        Error::Unexpected(format!("manifest {:?} has no apiVersion/kind", obj.metadata.name))
+    })?;
+    let (group, version) = match types.api_version.split_once('/') {
+        Some((g, v)) => (g.to_string(), v.to_string()),
+        None => (String::new(), types.api_version.clone()),
+    };
+    Ok(GroupVersionKind {
+        group,
+        version,
+        kind: types.kind.clone(),
+    })
+}
+
+/// An `Api` for `obj`'s kind, namespaced as the API server says the kind is (`default_ns` when
+/// a namespaced object names none).
+pub async fn api_for(
+    client: &Client,
+    obj: &DynamicObject,
+    default_ns: &str,
+) -> Result<Api<DynamicObject>, Error> {
+    let gvk = gvk_of(obj)?;
+    let (resource, caps) = discovery::pinned_kind(client, &gvk).await?;
+    Ok(match caps.scope {
+        Scope::Cluster => Api::all_with(client.clone(), &resource),
+        Scope::Namespaced => {
+            let ns = obj.metadata.namespace.as_deref().unwrap_or(default_ns);
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+    })
+}
+
+/// Server-side applies `objects` (forced, field manager [`FIELD_MANAGER`]); `dry_run` asks the
+/// API server to validate and admit them without storing anything.
+pub async fn apply(
+    client: &Client,
+    objects: &[DynamicObject],
+    default_ns: &str,
+    dry_run: bool,
+) -> Result<(), Error> {
+    let mut pp = PatchParams::apply(FIELD_MANAGER).force();
+    pp.dry_run = dry_run;
+    for obj in objects {
+        let name = obj
+            .metadata
+            .name
+            .clone()
+            .ok_or_else(|| Error::Unexpected("a rendered manifest has no name".to_string()))?;
+        let api = api_for(client, obj, default_ns).await?;
+        api.patch(&name, &pp, &Patch::Apply(obj)).await.map_err(|e| {
+            let kind = obj.types.as_ref().map(|t| t.kind.as_str()).unwrap_or("?");
+            Error::Unexpected(format!("applying {kind} {name}: {e}"))
+        })?;
+    }
+    Ok(())
+}
+
+/// Creates `namespace` if it does not exist (server-side apply, so concurrent callers agree).
+pub async fn ensure_namespace(admin: &Client, namespace: &str) -> Result<(), Error> {
+    let ns: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace},
+    }))?;
+    Api::<Namespace>::all(admin.clone())
+        .patch(namespace, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&ns))
+        .await?;
+    Ok(())
+}
+
+/// Installs the CRDs and the chart's ServiceAccounts, RBAC and admission policy into
+/// `gpunode-system`, and waits until the API server enforces them: the operator's RBAC answers
+/// yes, and a probe token without a node is refused by the admission policy. Idempotent; safe
+/// to call concurrently from many tests and test binaries (server-side apply of identical
+/// objects by one field manager).
+pub async fn install_accounts(admin: &Client) -> Result<Accounts, Error> {
+    // One installation per test process; later calls (from any test runtime) return at once.
+    static DONE: tokio::sync::Mutex<bool> = tokio::sync::Mutex::const_new(false);
+    let mut done = DONE.lock().await;
+    if *done {
+        return Ok(accounts());
+    }
+    crds::install(admin).await?;
+    ensure_namespace(admin, NAMESPACE).await?;
+    let mut extra = Vec::new();
+    for t in ACCOUNT_TEMPLATES {
+        extra.push("--show-only");
+        extra.push(t);
+    }
+    let objects = template(admin, RELEASE, NAMESPACE, &extra).await?;
+    apply(admin, &objects, NAMESPACE, false).await?;
+    let acc = accounts();
+    wait_rbac(admin, &acc).await?;
+    wait_admission_policy(admin).await?;
+    *done = true;
+    Ok(acc)
+}
+
+/// Asks the API server whether `user` may `verb` `resource` (SubjectAccessReview, as `kubectl
+/// auth can-i --as` does). `resource` is `[group/]resource[/subresource]`.
+pub async fn can_i(
+    admin: &Client,
+    user: &str,
+    verb: &str,
+    resource: &str,
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> Result<bool, Error> {
+    let (group, rest) = match resource.split_once('/') {
+        Some((g, r)) if g.contains('.') => (g.to_string(), r.to_string()),
+        _ => (String::new(), resource.to_string()),
+    };
+    let (res, sub) = match rest.split_once('/') {
+        Some((r, s)) => (r.to_string(), Some(s.to_string())),
+        None => (rest, None),
+    };
+    let sa_groups = user.strip_prefix("system:serviceaccount:").and_then(|rest| {
+        rest.split_once(':').map(|(ns, _)| {
+            vec![
+                "system:serviceaccounts".to_string(),
+                format!("system:serviceaccounts:{ns}"),
+                "system:authenticated".to_string(),
+            ]
+        })
+    });
+    let review = SubjectAccessReview {
+        metadata: Default::default(),
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_string()),
+            groups: sa_groups,
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(group),
+                resource: Some(res),
+                subresource: sub,
+                verb: Some(verb.to_string()),
+                namespace: namespace.map(str::to_string),
+                name: name.map(str::to_string),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        status: None,
+    };
+    let answer = Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// Waits until both accounts' RBAC is in the authorizer's cache.
+async fn wait_rbac(admin: &Client, acc: &Accounts) -> Result<(), Error> {
+    let (op, probe) = (acc.operator_user(), acc.probe_user());
+    wait::until("the chart's RBAC to take effect", SETUP_TIMEOUT, || async {
+        let ok = can_i(admin, &op, "watch", "nodes", None, None).await?
+            && can_i(
+                admin,
+                &op,
+                "update",
+                "coordination.k8s.io/leases",
+                Some(NAMESPACE),
+                Some("gpunode-operator"),
+            )
+            .await?
+            && can_i(
+                admin,
+                &op,
+                "create",
+                "events.k8s.io/events",
+                Some("default"),
+                None,
+            )
+            .await?
+            && can_i(
+                admin,
+                &probe,
+                "patch",
+                "gpunode.dev/gpunodereports/status",
+                None,
+                None,
+            )
+            .await?;
+        Ok(ok.then_some(()))
+    })
+    .await
+}
+
+/// A dry-run write of a report by a probe token without a node claim: refused by the admission
+/// policy once it is enforced (before that, RBAC alone would let it through). Nothing is stored.
+async fn wait_admission_policy(admin: &Client) -> Result<(), Error> {
+    let token = accounts::client_for(admin, NAMESPACE, PROBE_SA, None).await?;
+    let api: Api<DynamicObject> = Api::all_with(token, &ApiResource::erase::<GpuNodeReport>(&()));
+    let mut pp = PatchParams::apply(FIELD_MANAGER).force();
+    pp.dry_run = true;
+    let name = "gpunode-e2e-admission-canary";
+    let object = json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
+        "metadata": {"name": name}, "spec": {"nodeName": name},
+    });
+    wait::until(
+        "the probe admission policy to be enforced",
+        SETUP_TIMEOUT,
+        || async {
+            match api.patch(name, &pp, &Patch::Apply(&object)).await {
+                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(NO_NODE_MESSAGE) => {
+                    Ok(Some(()))
+                }
+                Ok(_) => Err(Error::Unexpected(
+                    "a probe write without a node claim was admitted".into(),
+                )),
+                Err(e) => Err(e.into()),
+            }
+        },
+    )
+    .await
+}
+
+/// A client acting as the operator's ServiceAccount.
+pub async fn operator_client(admin: &Client) -> Result<Client, Error> {
+    install_accounts(admin).await?;
+    accounts::client_for(admin, NAMESPACE, OPERATOR_SA, None).await
+}
+
+/// A client acting as the probe's ServiceAccount with a token bound to `pod` (a pod of that
+/// ServiceAccount on the probe's node, see [`probe_pod`]): the token carries the pod's node in
+/// its `authentication.kubernetes.io/node-name` claim, which the admission policy checks.
+pub async fn probe_client(admin: &Client, pod: &Pod) -> Result<Client, Error> {
+    accounts::client_for(admin, NAMESPACE, PROBE_SA, Some(pod)).await
+}
+
+/// The name of the stand-in probe pod of `node`.
+pub fn probe_pod_name(node: &str) -> String {
+    format!("node-probe-{node}")
+}
+
+/// A pod of the probe's ServiceAccount bound to `node` (as the DaemonSet would place one), so a
+/// token bound to it carries the node's name. It never runs a container that matters: on KWOK
+/// nodes kwok only marks it Running. Created if missing; returns the stored pod (with its uid).
+pub async fn probe_pod(admin: &Client, node: &str) -> Result<Pod, Error> {
+    install_accounts(admin).await?;
+    let name = probe_pod_name(node);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": {"app.kubernetes.io/component": "node-probe", "gpunode.dev/e2e": "true"},
+        },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": PROBE_SA,
+            // The test process uses its own token; this pod only anchors it to the node.
+            "automountServiceAccountToken": false,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [{"name": "probe", "image": "registry.invalid/gpunode/node-probe:e2e"}],
+        }
+    }))?;
+    let api: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    match api.create(&PostParams::default(), &pod).await {
+        Ok(p) => Ok(p),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(api.get(&name).await?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the stand-in probe pod of `node` (its tokens stop working).
+pub async fn delete_probe_pod(admin: &Client, node: &str) -> Result<(), Error> {
+    let api: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    match api.delete(&probe_pod_name(node), &Default::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes a kubeconfig for the test cluster that authenticates with `token` (for binaries run
+/// as processes, e.g. the probe with its pod-bound token).
+pub async fn write_kubeconfig(token: &str, path: &Path) -> Result<(), Error> {
+    let cluster = tokio::task::spawn_blocking(cluster::cluster)
+        .await
+        .map_err(|e| Error::ClusterStart(format!("starting the cluster panicked: {e}")))??;
+    let mut kubeconfig =
+        Kubeconfig::read_from(&cluster.kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let user = "gpunode-e2e-token".to_string();
+    kubeconfig.auth_infos = vec![NamedAuthInfo {
+        name: user.clone(),
+        auth_info: Some(AuthInfo {
+            token: Some(token.to_string().into()),
+            ..AuthInfo::default()
+        }),
+        other: Default::default(),
+    }];
+    for ctx in &mut kubeconfig.contexts {
+        if let Some(c) = ctx.context.as_mut() {
+            c.user = Some(user.clone());
+        }
+    }
+    let yaml = serde_yaml::to_string(&kubeconfig)?;
+    std::fs::write(path, yaml).map_err(|e| Error::Unexpected(format!("writing {}: {e}", path.display())))
+}
+
+/// A kubeconfig at `path` for the probe's ServiceAccount with a token bound to `pod`.
+pub async fn write_probe_kubeconfig(admin: &Client, pod: &Pod, path: &Path) -> Result<(), Error> {
+    let token = accounts::token(admin, NAMESPACE, PROBE_SA, Some(pod)).await?;
+    write_kubeconfig(&token, path).await
+}

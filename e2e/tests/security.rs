@@ -1,0 +1,307 @@
+//! The chart's least privilege on the real API server: what each ServiceAccount may and may not
+//! do (SubjectAccessReview, as `kubectl auth can-i --as` asks), and the admission policy that
+//! lets a probe write only its own node's GpuNodeReport.
+
+use gpunode_crds::GpuNodeReport;
+use gpunode_e2e::{
+    accounts,
+    chart::{self, Accounts, NO_NODE_MESSAGE, OTHER_NODE_MESSAGE},
+    cluster::admin_client,
+    nodes,
+    scratch::rand_suffix,
+};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams},
+};
+use serde_json::json;
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    panic!("{e}")
+}
+
+/// One row of the matrix: `verb` on `resource` (`[group/]resource[/subresource]`), optionally in
+/// a namespace and on a named object.
+struct Ask {
+    verb: &'static str,
+    resource: &'static str,
+    namespace: Option<&'static str>,
+    name: Option<&'static str>,
+}
+
+const fn ask(verb: &'static str, resource: &'static str) -> Ask {
+    Ask {
+        verb,
+        resource,
+        namespace: None,
+        name: None,
+    }
+}
+
+const fn ask_in(verb: &'static str, resource: &'static str, namespace: &'static str) -> Ask {
+    Ask {
+        verb,
+        resource,
+        namespace: Some(namespace),
+        name: None,
+    }
+}
+
+const fn ask_named(
+    verb: &'static str,
+    resource: &'static str,
+    namespace: &'static str,
+    name: &'static str,
+) -> Ask {
+    Ask {
+        verb,
+        resource,
+        namespace: Some(namespace),
+        name: Some(name),
+    }
+}
+
+/// Asks every row for `user` and returns the rows whose answer differs from `expected`.
+async fn mismatches(admin: &Client, user: &str, rows: &[Ask], expected: bool) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for a in rows {
+        let allowed = chart::can_i(admin, user, a.verb, a.resource, a.namespace, a.name)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        if allowed != expected {
+            wrong.push(format!(
+                "{} {} {}{} -> {}",
+                a.verb,
+                a.resource,
+                a.namespace.map(|n| format!("-n {n} ")).unwrap_or_default(),
+                a.name.unwrap_or(""),
+                if allowed { "allowed" } else { "denied" }
+            ));
+        }
+    }
+    wrong
+}
+
+const NS: &str = chart::NAMESPACE;
+
+#[tokio::test]
+async fn each_service_account_may_do_exactly_what_its_binary_needs() {
+    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
+    let acc: Accounts = chart::install_accounts(&admin).await.unwrap_or_else(|e| fail(e));
+
+    // Every call gpunode-operator makes (operator/src/{controller,apply,leader}.rs).
+    let operator_allowed = [
+        ask("get", "nodes"),
+        ask("list", "nodes"),
+        ask("watch", "nodes"),
+        ask("patch", "nodes"),
+        ask("patch", "nodes/status"),
+        ask("list", "pods"),
+        ask_in("create", "pods/eviction", "workloads"),
+        ask("list", "gpunode.dev/gpunodepolicies"),
+        ask("watch", "gpunode.dev/gpunodepolicies"),
+        ask("patch", "gpunode.dev/gpunodepolicies"),
+        ask("patch", "gpunode.dev/gpunodepolicies/status"),
+        ask("list", "gpunode.dev/gpunodereports"),
+        ask("watch", "gpunode.dev/gpunodereports"),
+        ask_in("create", "coordination.k8s.io/leases", NS),
+        ask_named("get", "coordination.k8s.io/leases", NS, "gpunode-operator"),
+        ask_named("update", "coordination.k8s.io/leases", NS, "gpunode-operator"),
+        ask_in("create", "events.k8s.io/events", "default"),
+        ask_in("patch", "events.k8s.io/events", "default"),
+    ];
+    let operator_denied = [
+        ask("get", "secrets"),
+        ask("list", "secrets"),
+        ask_in("get", "secrets", NS),
+        ask_in("create", "pods/exec", "workloads"),
+        ask("delete", "pods"),
+        ask("delete", "nodes"),
+        ask("create", "nodes"),
+        ask("update", "nodes"),
+        ask("create", "gpunode.dev/gpunodepolicies"),
+        ask("delete", "gpunode.dev/gpunodepolicies"),
+        ask("update", "gpunode.dev/gpunodepolicies"),
+        ask("create", "gpunode.dev/gpunodereports"),
+        ask("patch", "gpunode.dev/gpunodereports"),
+        ask("delete", "gpunode.dev/gpunodereports"),
+        ask("patch", "gpunode.dev/gpunodereports/status"),
+        ask_named("get", "coordination.k8s.io/leases", NS, "someone-elses-lease"),
+        ask_named("delete", "coordination.k8s.io/leases", NS, "gpunode-operator"),
+        ask_in("create", "coordination.k8s.io/leases", "kube-system"),
+        ask_in("create", "events.k8s.io/events", "kube-system"),
+        ask("create", "serviceaccounts/token"),
+        ask("escalate", "rbac.authorization.k8s.io/clusterroles"),
+        ask("create", "rbac.authorization.k8s.io/clusterrolebindings"),
+        ask(
+            "patch",
+            "admissionregistration.k8s.io/validatingadmissionpolicies",
+        ),
+    ];
+    // Every call gpunode-probe makes (node-probe/src/publish.rs).
+    let probe_allowed = [
+        ask("create", "gpunode.dev/gpunodereports"),
+        ask("patch", "gpunode.dev/gpunodereports"),
+        ask("patch", "gpunode.dev/gpunodereports/status"),
+        ask("get", "nodes"),
+    ];
+    let probe_denied = [
+        ask("get", "secrets"),
+        ask("list", "secrets"),
+        ask_in("get", "secrets", NS),
+        ask_in("create", "pods/exec", NS),
+        ask("list", "pods"),
+        ask("list", "nodes"),
+        ask("watch", "nodes"),
+        ask("patch", "nodes"),
+        ask("patch", "nodes/status"),
+        ask("update", "nodes"),
+        ask("delete", "nodes"),
+        ask("list", "gpunode.dev/gpunodereports"),
+        ask("watch", "gpunode.dev/gpunodereports"),
+        ask("delete", "gpunode.dev/gpunodereports"),
+        ask("deletecollection", "gpunode.dev/gpunodereports"),
+        ask("create", "gpunode.dev/gpunodepolicies"),
+        ask("patch", "gpunode.dev/gpunodepolicies"),
+        ask("update", "gpunode.dev/gpunodepolicies"),
+        ask("delete", "gpunode.dev/gpunodepolicies"),
+        ask("patch", "gpunode.dev/gpunodepolicies/status"),
+        ask("create", "pods/eviction"),
+        ask_in("create", "coordination.k8s.io/leases", NS),
+        ask_in("create", "events.k8s.io/events", "default"),
+        ask(
+            "patch",
+            "admissionregistration.k8s.io/validatingadmissionpolicies",
+        ),
+        ask(
+            "delete",
+            "admissionregistration.k8s.io/validatingadmissionpolicybindings",
+        ),
+    ];
+
+    let mut wrong = Vec::new();
+    let (op, probe) = (acc.operator_user(), acc.probe_user());
+    for (who, rows, expected) in [
+        ("operator", &operator_allowed[..], true),
+        ("operator", &operator_denied[..], false),
+        ("probe", &probe_allowed[..], true),
+        ("probe", &probe_denied[..], false),
+    ] {
+        let user = if who == "operator" { &op } else { &probe };
+        for m in mismatches(&admin, user, rows, expected).await {
+            wrong.push(format!("{who}: {m}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "RBAC differs from what the binaries need:\n{}",
+        wrong.join("\n")
+    );
+}
+
+fn reports(client: &Client) -> Api<DynamicObject> {
+    Api::all_with(client.clone(), &ApiResource::erase::<GpuNodeReport>(&()))
+}
+
+/// What the probe writes: the object (server-side apply), then its status.
+async fn write_report(client: &Client, node: &str, driver: &str) -> Result<(), kube::Error> {
+    let api = reports(client);
+    let pp = PatchParams::apply("gpunode-probe").force();
+    let object = json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
+        "metadata": {"name": node}, "spec": {"nodeName": node},
+    });
+    api.patch(node, &pp, &Patch::Apply(&object)).await?;
+    let status = json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
+        "status": {"driverVersion": driver},
+    });
+    api.patch_status(node, &pp, &Patch::Apply(&status)).await?;
+    Ok(())
+}
+
+fn expect_refused(result: Result<(), kube::Error>, message: &str, what: &str) {
+    match result {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 403, "{what}: expected 403 Forbidden, got {s:?}");
+            assert!(
+                s.message.contains(message),
+                "{what}: the refusal does not carry the policy's message ({message:?}): {}",
+                s.message
+            );
+            eprintln!("{what}: refused: {}", s.message);
+        }
+        Err(e) => fail(format!("{what}: expected the admission policy's 403, got {e}")),
+        Ok(()) => fail(format!("{what}: was admitted")),
+    }
+}
+
+#[tokio::test]
+async fn a_probe_writes_only_its_own_nodes_report() {
+    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
+    chart::install_accounts(&admin).await.unwrap_or_else(|e| fail(e));
+    let suffix = rand_suffix();
+    let (a, b) = (format!("sec-a-{suffix:06x}"), format!("sec-b-{suffix:06x}"));
+    nodes::create(&admin, &[a.clone(), b.clone()], &nodes::GpuNodeShape::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let pod_a = chart::probe_pod(&admin, &a).await.unwrap_or_else(|e| fail(e));
+    let probe_a = chart::probe_client(&admin, &pod_a)
+        .await
+        .unwrap_or_else(|e| fail(e));
+
+    // Its own node: created, then updated.
+    write_report(&probe_a, &a, "550.54.15")
+        .await
+        .unwrap_or_else(|e| fail(format!("probe on {a} writing its own report: {e}")));
+    write_report(&probe_a, &a, "550.90.07")
+        .await
+        .unwrap_or_else(|e| fail(format!("probe on {a} updating its own report: {e}")));
+    let stored = reports(&admin).get(&a).await.unwrap_or_else(|e| fail(e));
+    assert_eq!(stored.data["status"]["driverVersion"], "550.90.07");
+
+    // Another node's report: refused on create, and on update of one that exists.
+    expect_refused(
+        write_report(&probe_a, &b, "550.54.15").await,
+        OTHER_NODE_MESSAGE,
+        &format!("probe on {a} creating {b}'s report"),
+    );
+    assert!(
+        reports(&admin)
+            .get_opt(&b)
+            .await
+            .unwrap_or_else(|e| fail(e))
+            .is_none(),
+        "the refused create left a report behind"
+    );
+    gpunode_e2e::reports::publish(&admin, &b, json!({"driverVersion": "550.54.15"}))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    expect_refused(
+        write_report(&probe_a, &b, "1.0").await,
+        OTHER_NODE_MESSAGE,
+        &format!("probe on {a} updating {b}'s report"),
+    );
+    let b_report = reports(&admin).get(&b).await.unwrap_or_else(|e| fail(e));
+    assert_eq!(b_report.data["status"]["driverVersion"], "550.54.15");
+
+    // Deleting is not even granted by RBAC, own report or not.
+    match reports(&probe_a).delete(&a, &DeleteParams::default()).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
+        other => fail(format!("probe deleting its report: expected 403, got {other:?}")),
+    }
+
+    // A probe token that is not bound to a pod carries no node: refused even for "its" node.
+    let unbound = accounts::client_for(&admin, chart::NAMESPACE, chart::PROBE_SA, None)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    expect_refused(
+        write_report(&unbound, &a, "550.54.15").await,
+        NO_NODE_MESSAGE,
+        "an unbound probe token writing a report",
+    );
+
+    chart::delete_probe_pod(&admin, &a)
+        .await
+        .unwrap_or_else(|e| fail(e));
+}
