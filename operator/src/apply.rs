@@ -30,6 +30,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::{
+    leader::Leadership,
     markers::{
         self, CONDITION_TYPE, CORDONED_ANNOTATION, DRIFT_LABEL_PREFIX, DriftTaint, TAINT_KEY, drift_taints,
     },
@@ -58,6 +59,10 @@ pub enum ApplyError {
     /// The node changed under every retry.
     #[error("node {0} kept changing while its taints were updated; retrying later")]
     Conflict(String),
+    /// This replica stopped leading before the write (its lease term passed, e.g. after the
+    /// process was paused): nothing more is written.
+    #[error("node {0}: not the leader any more; write skipped")]
+    NotLeader(String),
 }
 
 impl ApplyError {
@@ -66,6 +71,7 @@ impl ApplyError {
         match self {
             ApplyError::Api { step, .. } => step,
             ApplyError::Conflict(_) => "conflict",
+            ApplyError::NotLeader(_) => "not_leader",
         }
     }
 }
@@ -141,6 +147,9 @@ fn to_taint(t: &DriftTaint, now: Timestamp) -> Taint {
 pub struct Applier {
     nodes: Api<Node>,
     client: Client,
+    /// Checked right before every request: a replica paused mid-apply (SIGSTOP, a long GC-like
+    /// stall) must not finish its writes once its lease term has passed.
+    gate: Option<Leadership>,
 }
 
 impl Applier {
@@ -150,6 +159,20 @@ impl Applier {
         Applier {
             nodes: Api::all(client.clone()),
             client,
+            gate: None,
+        }
+    }
+
+    /// Writes only while `leadership` says this replica leads, checked before each request.
+    pub fn with_gate(mut self, leadership: Leadership) -> Self {
+        self.gate = Some(leadership);
+        self
+    }
+
+    fn may_write(&self, node: &str) -> Result<(), ApplyError> {
+        match &self.gate {
+            Some(l) if !l.is_leader() => Err(ApplyError::NotLeader(node.to_string())),
+            _ => Ok(()),
         }
     }
 
@@ -198,6 +221,7 @@ impl Applier {
             "kind": "Node",
             "metadata": {"name": plan.node, "labels": labels, "annotations": annotations},
         });
+        self.may_write(&plan.node)?;
         self.nodes
             .patch(
                 &plan.node,
@@ -279,6 +303,7 @@ impl Applier {
                 patch["metadata"]["annotations"] =
                     json!({CORDONED_ANNOTATION: if marker { json!("true") } else { json!(null) }});
             }
+            self.may_write(name)?;
             match self
                 .nodes
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -343,6 +368,7 @@ impl Applier {
                 "lastHeartbeatTime": now.to_string(),
             }]},
         });
+        self.may_write(&plan.node)?;
         self.nodes
             .patch_status(
                 &plan.node,
@@ -383,6 +409,7 @@ impl Applier {
         let pp = PatchParams::apply(FIELD_MANAGER).force();
         if has_metadata {
             // Applying nothing under our field manager removes every label and annotation we own.
+            self.may_write(&name)?;
             self.nodes
                 .patch(&name, &pp, &Patch::Apply(&bare))
                 .await
@@ -393,6 +420,7 @@ impl Applier {
             // Other writers of the conditions list (the kubelet, kwok) co-own our entry, so
             // releasing it through apply is not enough: delete it by its merge key.
             let delete = json!({"status": {"conditions": [{"type": CONDITION_TYPE, "$patch": "delete"}]}});
+            self.may_write(&name)?;
             self.nodes
                 .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&delete))
                 .await
@@ -435,6 +463,7 @@ impl Applier {
                 }),
                 ..Default::default()
             };
+            self.may_write(node)?;
             match Api::<Pod>::namespaced(self.client.clone(), &ns)
                 .evict(&name, &params)
                 .await

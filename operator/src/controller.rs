@@ -380,7 +380,8 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
                     .applier
                     .apply(&policy.name_any(), &np, &node, &policy.spec.disruption.drain, now)
                     .await;
-                if np.write && r.is_ok() {
+                // Events are writes too: none from a replica whose term passed during the apply.
+                if np.write && r.is_ok() && ctx.leadership.is_leader() {
                     record_actions(&ctx, &np, &node);
                     publish(&ctx, &node, &np.events).await;
                 }
@@ -415,6 +416,11 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
         policy.status.as_ref(),
         now,
     );
+    // A replica paused mid-reconcile (SIGSTOP, a stall) may resume after another took over:
+    // it writes no status from its stale plan.
+    if !ctx.leadership.is_leader() {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     if policy
         .status
         .as_ref()
@@ -561,7 +567,7 @@ pub async fn run(
 
     let ctx = Arc::new(Context {
         client: client.clone(),
-        applier: Applier::new(client.clone()),
+        applier: Applier::new(client.clone()).with_gate(options.leadership.clone()),
         nodes: nodes.clone(),
         reports,
         policies: policies.clone(),
