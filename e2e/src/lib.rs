@@ -6,6 +6,7 @@ pub mod accounts;
 pub mod chart;
 pub mod cluster;
 pub mod crds;
+pub mod faults;
 pub mod fixtures;
 pub mod nodes;
 pub mod pods;
