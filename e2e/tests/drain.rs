@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
 use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
-    cluster::admin_client, crds, nodes, pods, reports, scratch::Scratch, scratch::rand_suffix, wait,
+    chart, cluster::admin_client, crds, nodes, pods, reports, scratch::Scratch, scratch::rand_suffix, wait,
 };
 use gpunode_operator::{controller, leader::Leadership, metrics::Metrics, server::Readiness};
 use k8s_openapi::api::{
@@ -63,6 +63,7 @@ async fn alive(pods: &Api<Pod>, names: &[&str]) -> BTreeSet<String> {
     out
 }
 
+/// Runs the operator in-process with `client`: the chart's operator ServiceAccount.
 fn start_operator(client: &Client) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let handle = tokio::spawn(controller::run(
@@ -91,6 +92,8 @@ fn annotation(node: &Node, key: &str) -> Option<String> {
 async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes_the_same_drain() {
     let client = admin_client().await.unwrap_or_else(|e| fail(e));
     crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    // Fixtures are made as admin; only the operator runs as the chart's ServiceAccount.
+    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
     let id = format!("{:06x}", rand_suffix());
     let (bad, spare) = (format!("drain-{id}"), format!("spare-{id}"));
     nodes::create(
@@ -141,7 +144,7 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         .unwrap_or_else(|e| fail(e));
 
     let node_api: Api<Node> = Api::all(client.clone());
-    let (first, stop_first) = start_operator(&client);
+    let (first, stop_first) = start_operator(&operator_client);
     wait::until("node labelled compliant", DEADLINE, || async {
         let n = node_api.get(&bad).await?;
         Ok((n
@@ -205,7 +208,7 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
     first.abort();
     drop(stop_first);
     let _ = first.await;
-    let (second, stop_second) = start_operator(&client);
+    let (second, stop_second) = start_operator(&operator_client);
 
     // A new healthy replica elsewhere frees the budget: the held pod is evicted now.
     pods.create(&PostParams::default(), &pod("c", &spare))

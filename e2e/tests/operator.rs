@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use gpunode_crds::GpuNodePolicy;
-use gpunode_e2e::{cluster::admin_client, crds, nodes, reports, scratch::rand_suffix, wait};
+use gpunode_e2e::{chart, cluster::admin_client, crds, nodes, reports, scratch::rand_suffix, wait};
 use gpunode_operator::controller;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
@@ -102,9 +102,11 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         .await
         .unwrap_or_else(|e| fail(e));
 
+    // The operator runs with the chart's ServiceAccount: its RBAC is what this test exercises.
+    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let operator = tokio::spawn(controller::run(
-        client.clone(),
+        operator_client,
         controller::Options {
             instance: "e2e".to_string(),
             leadership: gpunode_operator::leader::Leadership::fixed(true),

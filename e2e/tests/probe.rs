@@ -1,19 +1,23 @@
 //! The node-probe process on the real API server, with the fake NVML library and a fixture
 //! sysfs tree: its report round-trips through the API server unchanged, and flipping the NVML
-//! fixture to a throttled GPU shows up in the stored report.
+//! fixture to a throttled GPU shows up in the stored report. The probe runs with the chart's
+//! ServiceAccount and a token bound to a pod on its node, as in the DaemonSet: it may write its
+//! own node's report and only that.
 //!
 //! Needs the binaries built (`make test` builds them first): `gpunode-probe` and
 //! `libfake_nvml.so` next to this test's target directory.
 
 use std::{
+    io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use gpunode_crds::GpuNodeReport;
-use gpunode_e2e::{cluster, crds, fixtures::repo_root, nodes, scratch::rand_suffix, wait};
-use kube::Api;
+use gpunode_e2e::{chart, cluster, crds, fixtures::repo_root, nodes, scratch::rand_suffix, wait};
+use kube::{Api, Client};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -70,14 +74,24 @@ fn probe_args(node: &str, fixture: &Path) -> (Vec<String>, Vec<(&'static str, St
     (args, env)
 }
 
+/// A kubeconfig in `dir` for the chart's probe ServiceAccount, with a token bound to a pod of
+/// that account on `token_node` (the DaemonSet pod's projected token, in effect).
+async fn probe_kubeconfig(admin: &Client, token_node: &str, dir: &Path) -> PathBuf {
+    chart::install_accounts(admin).await.unwrap_or_else(|e| fail(e));
+    let pod = chart::probe_pod(admin, token_node)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let path = dir.join("probe.kubeconfig");
+    chart::write_probe_kubeconfig(admin, &pod, &path)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    path
+}
+
 #[tokio::test]
 async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
     let client = cluster::admin_client().await.unwrap_or_else(|e| fail(e));
     crds::install(&client).await.unwrap_or_else(|e| fail(e));
-    let c = tokio::task::spawn_blocking(cluster::cluster)
-        .await
-        .unwrap_or_else(|e| fail(e))
-        .unwrap_or_else(|e| fail(e));
     let node = format!("probe-{:06x}", rand_suffix());
     nodes::create(
         &client,
@@ -89,6 +103,7 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
 
     let dir = std::env::temp_dir().join(format!("gpunode-e2e-{node}"));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(e));
+    let kubeconfig = probe_kubeconfig(&client, &node, &dir).await;
     let fixture = dir.join("nvml.json");
     let nvml_fixtures = repo_root().join("node-probe/fake-nvml/fixtures");
     std::fs::copy(nvml_fixtures.join("healthy-8xh100.json"), &fixture).unwrap_or_else(|e| fail(e));
@@ -98,7 +113,7 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
     let mut cmd = Command::new(&probe);
     cmd.args(&args)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .env("KUBECONFIG", &c.kubeconfig)
+        .env("KUBECONFIG", &kubeconfig)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
@@ -175,5 +190,92 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
     .unwrap_or_else(|e| fail(e))
     .unwrap_or_else(|e| fail(e));
     assert!(exit.success(), "probe exited with {exit}");
+    chart::delete_probe_pod(&client, &node)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Collects a child's stderr lines (and passes them on to the test's stderr).
+fn capture_stderr(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    if let Some(stderr) = child.stderr.take() {
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("probe: {line}");
+                if let Ok(mut v) = sink.lock() {
+                    v.push(line);
+                }
+            }
+        });
+    }
+    lines
+}
+
+#[tokio::test]
+async fn a_probe_whose_token_is_bound_to_another_node_cannot_publish() {
+    let client = cluster::admin_client().await.unwrap_or_else(|e| fail(e));
+    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let id = rand_suffix();
+    let (home, other) = (format!("probe-home-{id:06x}"), format!("probe-other-{id:06x}"));
+    nodes::create(
+        &client,
+        &[home.clone(), other.clone()],
+        &nodes::GpuNodeShape::default(),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let dir = std::env::temp_dir().join(format!("gpunode-e2e-{other}"));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(e));
+    let fixture = dir.join("nvml.json");
+    std::fs::copy(
+        repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"),
+        &fixture,
+    )
+    .unwrap_or_else(|e| fail(e));
+    // The token says "home"; the probe claims to be "other".
+    let kubeconfig = probe_kubeconfig(&client, &home, &dir).await;
+    let (args, env) = probe_args(&other, &fixture);
+    let mut child = Command::new(built("gpunode-probe"))
+        .args(&args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("KUBECONFIG", &kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| fail(e));
+    let lines = capture_stderr(&mut child);
+    let _running = Probe(child);
+
+    let refusal = wait::until(
+        "the probe to report the admission policy's refusal",
+        DEADLINE,
+        || async {
+            let lines = lines.lock().map(|v| v.clone()).unwrap_or_default();
+            Ok(lines
+                .into_iter()
+                .find(|l| l.contains("publish failed") && l.contains(chart::OTHER_NODE_MESSAGE)))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(
+        refusal.contains(&home) && refusal.contains(&other),
+        "the refusal names both nodes: {refusal}"
+    );
+    let reports: Api<GpuNodeReport> = Api::all(client.clone());
+    assert!(
+        reports
+            .get_opt(&other)
+            .await
+            .unwrap_or_else(|e| fail(e))
+            .is_none(),
+        "a report for {other} was written with {home}'s token"
+    );
+    chart::delete_probe_pod(&client, &home)
+        .await
+        .unwrap_or_else(|e| fail(e));
     let _ = std::fs::remove_dir_all(&dir);
 }
