@@ -5,13 +5,20 @@
 #
 # Usage:  e2e/kind/up.sh            prints the kubeconfig path as its last line:
 #         GPUNODE_KUBECONFIG=$(e2e/kind/up.sh | tail -1) make test
-# Environment: KIND_CLUSTER (default gpunode), IMAGE_TAG (default dev), KIND (default kind).
+#         INSTALL_CHART=1 e2e/kind/up.sh    also installs the chart with the images just loaded
+#                                           (to try gpunode; the e2e suite installs what it needs
+#                                           itself, so leave it off for `make test`)
+# Environment: KIND_CLUSTER (default gpunode), IMAGE_TAG (default dev), KIND (default kind),
+#   HELM (default helm), INSTALL_CHART (default off), RELEASE (default gpunode-kind),
+#   NAMESPACE (default gpunode-kind). The release name differs from the e2e suite's accounts
+#   (gpunode in gpunode-system), so both can live in one cluster.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 name=${KIND_CLUSTER:-gpunode}
 tag=${IMAGE_TAG:-dev}
 kind=${KIND:-kind}
+helm=${HELM:-helm}
 log() { printf '%s\n' "$*" >&2; }
 die() { log "e2e/kind/up.sh: $*"; exit 1; }
 
@@ -35,4 +42,20 @@ for target in operator node-probe; do
 	docker build -f "$here/Dockerfile" --target "$target" -t "$image" "$repo" >&2 || die "docker build of $image failed"
 	"$kind" load docker-image --name "$name" "$image" >&2 || die "kind load of $image failed"
 done
+
+if [ "${INSTALL_CHART:-}" = 1 ]; then
+	command -v "$helm" >/dev/null || die "helm is not installed"
+	release=${RELEASE:-gpunode-kind}
+	namespace=${NAMESPACE:-gpunode-kind}
+	log "installing the chart as $release in $namespace"
+	# kind nodes have no NVIDIA runtime: the probes run with the default runtime and report NVML
+	# as unavailable (their nodes turn Unknown, never Drifted); cooling and RoCE are read from the
+	# node containers' /sys. Images were loaded above, so never pull them.
+	KUBECONFIG=$kubeconfig "$helm" upgrade --install "$release" "$repo/charts/gpunode" \
+		--namespace "$namespace" --create-namespace \
+		--set operator.image.tag="$tag" --set operator.image.pullPolicy=Never \
+		--set nodeProbe.image.tag="$tag" --set nodeProbe.image.pullPolicy=Never \
+		--set nodeProbe.runtimeClassName= \
+		--wait --timeout 5m >&2 || die "helm install of $release failed"
+fi
 printf '%s\n' "$kubeconfig"
