@@ -234,7 +234,7 @@ pub struct PolicyPlan {
     pub nodes: Vec<NodePlan>,
     /// Nodes that may be disrupted at once.
     pub budget_allowed: u32,
-    /// Nodes disrupted by gpunode after this plan.
+    /// Nodes disrupted by gpunode now or after this plan (an undo frees its slot once written).
     pub budget_in_use: u32,
     /// Nodes waiting for the budget.
     pub budget_queued: u32,
@@ -429,8 +429,7 @@ pub fn plan(policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> P
         }
     };
     // What stays in effect before anything new is admitted: everything when nothing may be
-    // written, otherwise what the ladder still wants (recovered actions are undone first, so
-    // their budget is free for the queue).
+    // written, otherwise what the ladder still wants.
     let kept: Vec<BTreeSet<Action>> = work
         .iter()
         .map(|w| match passive(w.node) {
@@ -440,7 +439,17 @@ pub fn plan(policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> P
         .collect();
 
     let budget_allowed = policy.disruption.max_unavailable.resolve(matched);
-    let mut in_use = u32::try_from(kept.iter().filter(|k| is_disrupted(k)).count()).unwrap_or(u32::MAX);
+    // A node counts while it is disrupted now or will be after this plan: an undo frees its
+    // slot only once written. The writes of one reconcile run concurrently, so handing the slot
+    // to a queued node in the same plan could put both out of service at once; the reconcile
+    // that the undo's node update triggers admits the queued node instead.
+    let mut in_use = u32::try_from(
+        work.iter()
+            .zip(&kept)
+            .filter(|(w, k)| is_disrupted(k) || is_disrupted(&w.current))
+            .count(),
+    )
+    .unwrap_or(u32::MAX);
 
     let window = signed(policy.disruption.circuit_breaker.window);
     let recently_drifted = u32::try_from(
@@ -469,14 +478,14 @@ pub fn plan(policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> P
                 Some(Block::Conflict(node.conflicts.clone()))
             } else if circuit_open {
                 Some(Block::CircuitOpen)
-            } else if !is_disrupted(&kept) && in_use >= budget_allowed {
+            } else if !is_disrupted(&kept) && !is_disrupted(&w.current) && in_use >= budget_allowed {
                 Some(Block::Budget)
             } else {
                 None
             };
             match gate {
                 None => {
-                    if disruptive_additions && !is_disrupted(&kept) {
+                    if disruptive_additions && !is_disrupted(&kept) && !is_disrupted(&w.current) {
                         in_use += 1;
                     }
                     (w.wanted.clone(), Vec::new(), None)

@@ -350,6 +350,16 @@ recovery: {healthyFor: 1m}
             n.verdict = compliant();
         }
         step(&policy, &mut nodes, at(t));
+        // Healthy for 1m: undone; the slots go to the queue once the undo is written.
+        let p = step(&policy, &mut nodes, at(t + 60));
+        assert!(
+            p.nodes.iter().all(|n| !n.actions.contains(&Action::Drain)),
+            "round {round}: nobody is admitted in the plan that undoes (both would be out at once)"
+        );
+        assert_eq!(
+            p.budget_in_use, 3,
+            "round {round}: the undone nodes hold their slots until written"
+        );
         let p = step(&policy, &mut nodes, at(t + 60));
         let now_draining: Vec<String> = p
             .nodes
