@@ -76,10 +76,13 @@ impl FaultCluster {
     /// The cluster name: `GPUNODE_REL_CLUSTER`, else `rel-<GPUNODE_CLUSTER_NAME or test>`, so
     /// `make test` (cluster `test`) uses `rel-test` and stops it afterwards.
     pub fn name() -> String {
-        std::env::var(CLUSTER_ENV).ok().filter(|n| !n.is_empty()).unwrap_or_else(|| {
-            let base = std::env::var(crate::cluster::CLUSTER_NAME_ENV).unwrap_or_else(|_| "test".into());
-            format!("rel-{base}")
-        })
+        std::env::var(CLUSTER_ENV)
+            .ok()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| {
+                let base = std::env::var(crate::cluster::CLUSTER_NAME_ENV).unwrap_or_else(|_| "test".into());
+                format!("rel-{base}")
+            })
     }
 
     /// Starts (or reuses, when started with the same options) the cluster and installs the CRDs.
@@ -255,7 +258,12 @@ pub struct AuditEvent {
 impl AuditEvent {
     fn parse(line: &str) -> Option<AuditEvent> {
         let v: serde_json::Value = serde_json::from_str(line).ok()?;
-        let s = |p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap_or_default().to_string();
+        let s = |p: &str| {
+            v.pointer(p)
+                .and_then(|x| x.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
         Some(AuditEvent {
             verb: s("/verb"),
             user: s("/user/username"),
@@ -314,7 +322,10 @@ pub fn eviction_checks(events: &[AuditEvent], namespace: &str, expected: &[Strin
         Check::new(
             "no pod evicted twice (audit log)",
             twice.is_empty(),
-            format!("{} evictions, repeated: {twice:?}", counts.values().sum::<usize>()),
+            format!(
+                "{} evictions, repeated: {twice:?}",
+                counts.values().sum::<usize>()
+            ),
         ),
         Check::new(
             "every pod of a drained node evicted",
@@ -338,7 +349,10 @@ pub fn disrupted(node: &Node) -> bool {
 
 /// A node's annotation.
 pub fn annotation(node: &Node, key: &str) -> Option<String> {
-    node.metadata.annotations.as_ref().and_then(|a| a.get(key).cloned())
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key).cloned())
 }
 
 /// A node's label.
@@ -394,7 +408,10 @@ impl DisruptionMonitor {
 
     /// The most nodes disrupted at once so far, and how many node states were observed.
     pub fn max(&self) -> (usize, usize) {
-        (self.max.load(Ordering::Relaxed), self.seen.load(Ordering::Relaxed))
+        (
+            self.max.load(Ordering::Relaxed),
+            self.seen.load(Ordering::Relaxed),
+        )
     }
 
     /// The budget invariant for `allowed` nodes.
@@ -466,14 +483,18 @@ impl Operator {
             .patch(
                 namespace,
                 &pp,
-                &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})),
+                &Patch::Apply(
+                    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+                ),
             )
             .await?;
         Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
             .patch(
                 identity,
                 &pp,
-                &Patch::Apply(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": identity}})),
+                &Patch::Apply(
+                    json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": identity}}),
+                ),
             )
             .await?;
         let binding = format!("rel-{namespace}-{identity}");
@@ -595,7 +616,9 @@ impl Operator {
 
     /// The process has not exited.
     pub fn alive(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Everything the replica logged.
@@ -806,7 +829,11 @@ impl Wave {
             .list(&ListParams::default())
             .await?;
         let mut out: BTreeMap<String, usize> = self.nodes.iter().map(|n| (n.clone(), 0)).collect();
-        for p in list.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        for p in list
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
             if let Some(n) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
                 *out.entry(n).or_insert(0) += 1;
             }
@@ -819,7 +846,9 @@ impl Wave {
         wait::until(&format!("every node of {} {state}", self.id), timeout, || async {
             let nodes = self.nodes_now().await?;
             Ok((nodes.len() == self.nodes.len()
-                && nodes.iter().all(|n| label(n, STATE_LABEL).as_deref() == Some(state)))
+                && nodes
+                    .iter()
+                    .all(|n| label(n, STATE_LABEL).as_deref() == Some(state)))
             .then_some(()))
         })
         .await
@@ -897,8 +926,10 @@ impl Wave {
         for n in &nodes {
             let name = n.metadata.name.clone().unwrap_or_default();
             let labels = n.metadata.labels.clone().unwrap_or_default();
-            let drift_labels: Vec<&String> =
-                labels.keys().filter(|k| k.starts_with("gpunode.dev/drift.")).collect();
+            let drift_labels: Vec<&String> = labels
+                .keys()
+                .filter(|k| k.starts_with("gpunode.dev/drift."))
+                .collect();
             if labels.get("gpunode.dev/policy") != Some(&self.policy)
                 || labels.get(STATE_LABEL).map(String::as_str) != Some("compliant")
                 || !drift_labels.is_empty()
@@ -1003,7 +1034,10 @@ impl Recorder {
     /// Adds a run and rewrites the file (so a later failure keeps what was measured).
     pub fn push(&mut self, run: Run) -> Result<(), Error> {
         for c in run.violations() {
-            eprintln!("VIOLATION [{} / {}]: {}: {}", run.class, run.fault, c.invariant, c.detail);
+            eprintln!(
+                "VIOLATION [{} / {}]: {}: {}",
+                run.class, run.fault, c.invariant, c.detail
+            );
         }
         self.runs.push(run);
         if let Some(dir) = self.path.parent() {
@@ -1064,7 +1098,9 @@ pub fn summary(dir: &Path) -> Result<Summary, Error> {
     }
     let mut rows: BTreeMap<(String, String), Vec<&Run>> = BTreeMap::new();
     for r in &runs {
-        rows.entry((r.class.clone(), r.fault.clone())).or_default().push(r);
+        rows.entry((r.class.clone(), r.fault.clone()))
+            .or_default()
+            .push(r);
     }
     let mut out = String::from(
         "| Fault class | Fault injected | Runs | Invariants checked | Violations | Recovery median | Recovery max |\n\
