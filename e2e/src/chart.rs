@@ -511,3 +511,54 @@ pub async fn write_probe_kubeconfig(admin: &Client, pod: &Pod, path: &Path) -> R
     let token = accounts::token(admin, NAMESPACE, PROBE_SA, Some(pod)).await?;
     write_kubeconfig(&token, path).await
 }
+
+/// Minimal stand-ins for the Prometheus Operator's ServiceMonitor and PrometheusRule CRDs
+/// (`monitoring.coreos.com/v1`, spec unchecked), so the chart's optional monitoring objects can
+/// be installed on a cluster without the Prometheus Operator. CRDs that already exist (a real
+/// Prometheus Operator) are left alone. Returns once both are Established.
+pub async fn install_monitoring_stand_ins(admin: &Client) -> Result<(), Error> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::runtime::wait::{await_condition, conditions::is_crd_established};
+
+    let api: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for (kind, plural) in [
+        ("ServiceMonitor", "servicemonitors"),
+        ("PrometheusRule", "prometheusrules"),
+    ] {
+        let name = format!("{plural}.monitoring.coreos.com");
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": name, "labels": {"gpunode.dev/e2e": "stand-in"}},
+            "spec": {
+                "group": "monitoring.coreos.com",
+                "scope": "Namespaced",
+                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(),
+                          "listKind": format!("{kind}List")},
+                "versions": [{
+                    "name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                    }},
+                }],
+            }
+        }))?;
+        match api.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            Err(e) => return Err(e.into()),
+        }
+        tokio::time::timeout(
+            SETUP_TIMEOUT,
+            await_condition(api.clone(), &name, is_crd_established()),
+        )
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("CRD {name} to become Established"),
+            after: SETUP_TIMEOUT,
+            last: "not established".to_string(),
+        })?
+        .map_err(|e| Error::Unexpected(format!("watching CRD {name}: {e}")))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,656 @@
+//! The Helm chart with the real helm CLI: `helm lint --strict`; `helm template` with the defaults
+//! and with each documented toggle (asserting what each one changes); every rendered manifest
+//! accepted by the real API server (server-side dry run); and `helm install`, `helm upgrade` with
+//! changed values and `helm uninstall` on the local control plane, which leaves nothing behind
+//! but the CRDs.
+//!
+//! Releases here get their own names and namespaces, so they never collide with the accounts
+//! `gpunode_e2e::chart::install_accounts` puts into `gpunode-system` for the other tests.
+
+use std::{collections::BTreeSet, path::PathBuf, time::Duration};
+
+use gpunode_e2e::{
+    chart,
+    cluster::{self, admin_client},
+    crds,
+    scratch::{Scratch, rand_suffix},
+    wait,
+};
+use k8s_openapi::{
+    api::{
+        apps::v1::{DaemonSet, Deployment},
+        core::v1::Namespace,
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client,
+    api::{DynamicObject, GroupVersionKind, ListParams},
+    discovery,
+};
+use serde_json::Value;
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    panic!("{e}")
+}
+
+/// Every optional object switched on.
+const ALL_ON: [&str; 6] = [
+    "--set",
+    "metrics.serviceMonitor.enabled=true",
+    "--set",
+    "metrics.prometheusRule.enabled=true",
+    "--set",
+    "metrics.grafanaDashboard.enabled=true",
+];
+
+fn chart_path() -> String {
+    chart::chart_dir().display().to_string()
+}
+
+async fn helm(args: Vec<String>) -> Result<String, gpunode_e2e::Error> {
+    helm_env(args, None).await
+}
+
+/// Runs helm off the async runtime, with `KUBECONFIG` when given.
+async fn helm_env(args: Vec<String>, kubeconfig: Option<PathBuf>) -> Result<String, gpunode_e2e::Error> {
+    tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        match &kubeconfig {
+            Some(k) => chart::run_helm_env(&refs, &[("KUBECONFIG", k.as_path())]),
+            None => chart::run_helm(&refs),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| fail(e))
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// The rendered manifests of release `r` in `ns` with `sets` (`key=value` pairs for `--set`).
+async fn render(admin: &Client, sets: &[&str]) -> Vec<DynamicObject> {
+    let mut extra = Vec::new();
+    for s in sets {
+        extra.push("--set");
+        extra.push(*s);
+    }
+    chart::template(admin, "r", "ns", &extra)
+        .await
+        .unwrap_or_else(|e| fail(e))
+}
+
+fn kind_of(o: &DynamicObject) -> &str {
+    o.types.as_ref().map(|t| t.kind.as_str()).unwrap_or_default()
+}
+
+fn kinds(objects: &[DynamicObject]) -> BTreeSet<String> {
+    objects.iter().map(|o| kind_of(o).to_string()).collect()
+}
+
+fn count(objects: &[DynamicObject], kind: &str) -> usize {
+    objects.iter().filter(|o| kind_of(o) == kind).count()
+}
+
+/// The one object of `kind` whose name ends with `suffix`.
+fn one<'a>(objects: &'a [DynamicObject], kind: &str, suffix: &str) -> &'a DynamicObject {
+    let found: Vec<_> = objects
+        .iter()
+        .filter(|o| kind_of(o) == kind && o.metadata.name.as_deref().is_some_and(|n| n.ends_with(suffix)))
+        .collect();
+    match found.as_slice() {
+        [o] => o,
+        _ => fail(format!(
+            "expected exactly one {kind} named *{suffix}, found {}",
+            found.len()
+        )),
+    }
+}
+
+fn container(o: &DynamicObject) -> &Value {
+    &o.data["spec"]["template"]["spec"]["containers"][0]
+}
+
+fn args(o: &DynamicObject) -> Vec<String> {
+    container(o)["args"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+fn env(o: &DynamicObject, name: &str) -> Value {
+    container(o)["env"]
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == name).cloned())
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn helm_lint_is_clean_and_the_values_schema_is_strict() {
+    for extra in [&[][..], &ALL_ON[..]] {
+        let mut a = strings(&["lint", "--strict", &chart_path()]);
+        a.extend(strings(extra));
+        let out = helm(a).await.unwrap_or_else(|e| fail(e));
+        assert!(out.contains("0 chart(s) failed"), "{out}");
+    }
+    // Misspelt or mistyped values are refused, naming the key.
+    for (set, key) in [
+        ("operator.replica=3", "replica"),
+        ("nodeProbe.privileged=maybe", "privileged"),
+        ("metrics.prometheusRule.for.drifted=soon", "drifted"),
+        ("operator.image.pullPolicy=Sometimes", "pullPolicy"),
+    ] {
+        let err = helm(strings(&["template", "r", &chart_path(), "--set", set]))
+            .await
+            .err()
+            .unwrap_or_else(|| fail(format!("--set {set} was accepted")));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("values don't meet the specifications of the schema") && msg.contains(key),
+            "--set {set}: {msg}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn helm_template_defaults_and_each_toggle() {
+    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
+    let d = render(&admin, &[]).await;
+    let expected: BTreeSet<String> = [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "Deployment",
+        "PodDisruptionBudget",
+        "DaemonSet",
+        "Service",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(kinds(&d), expected);
+    // Cluster-scoped names carry the release, so two releases do not collide.
+    for o in d.iter().filter(|o| o.metadata.namespace.is_none()) {
+        let name = o.metadata.name.clone().unwrap_or_default();
+        let ns_ok = matches!(kind_of(o), "ClusterRole" | "ClusterRoleBinding")
+            || kind_of(o).starts_with("ValidatingAdmissionPolicy");
+        assert!(ns_ok, "{} {name} has no namespace", kind_of(o));
+        assert!(name.starts_with("r-gpunode-"), "{} {name}", kind_of(o));
+    }
+    // The events Role lives where the Recorder writes Node events; everything else in the release namespace.
+    assert_eq!(
+        one(&d, "Role", "-operator-events").metadata.namespace.as_deref(),
+        Some("default")
+    );
+    assert_eq!(
+        one(&d, "Role", "-operator-leader").metadata.namespace.as_deref(),
+        Some("ns")
+    );
+
+    let op = one(&d, "Deployment", "-operator");
+    assert_eq!(op.data["spec"]["replicas"], 2);
+    let a = args(op);
+    for want in [
+        "run",
+        "--leader-elect=true",
+        "--lease-namespace=$(POD_NAMESPACE)",
+        "--metrics-addr=0.0.0.0:8080",
+    ] {
+        assert!(a.iter().any(|x| x == want), "operator args {a:?} lack {want}");
+    }
+    assert_eq!(
+        env(op, "POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    let sc = &container(op)["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(container(op)["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container(op)["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container(op)["image"], "gpunode/operator:0.1.0");
+    assert_eq!(
+        op.data["spec"]["template"]["spec"]["serviceAccountName"],
+        "r-gpunode-operator"
+    );
+    assert_eq!(
+        one(&d, "PodDisruptionBudget", "-operator").data["spec"]["minAvailable"],
+        1
+    );
+
+    let ds = one(&d, "DaemonSet", "-node-probe");
+    let pod = &ds.data["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(pod["runtimeClassName"], "nvidia");
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    assert_eq!(pod["nodeSelector"]["nvidia.com/gpu.present"], "true");
+    assert_eq!(pod["tolerations"], serde_json::json!([{"operator": "Exists"}]));
+    assert_eq!(pod["volumes"][0]["hostPath"]["path"], "/sys");
+    assert_eq!(container(ds)["volumeMounts"][0]["readOnly"], true);
+    assert!(
+        args(ds).iter().any(|a| a == "--sysfs-root=/host/sys"),
+        "{:?}",
+        args(ds)
+    );
+    assert_eq!(
+        env(ds, "NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    assert_eq!(env(ds, "NVIDIA_VISIBLE_DEVICES")["value"], "all");
+    assert_eq!(env(ds, "NVIDIA_DRIVER_CAPABILITIES")["value"], "utility");
+    assert!(container(ds)["securityContext"].get("privileged").is_none());
+    assert_eq!(container(ds)["securityContext"]["readOnlyRootFilesystem"], true);
+
+    let vap = one(&d, "ValidatingAdmissionPolicy", "-own-report");
+    assert_eq!(vap.data["spec"]["failurePolicy"], "Fail");
+    let condition = vap.data["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        condition.contains("'system:serviceaccount:ns:r-gpunode-node-probe'"),
+        "{condition}"
+    );
+
+    // Each toggle, and what it changes.
+    let off = render(&admin, &["nodeProbe.admissionPolicy.enabled=false"]).await;
+    assert_eq!(count(&off, "ValidatingAdmissionPolicy"), 0);
+    assert_eq!(count(&off, "ValidatingAdmissionPolicyBinding"), 0);
+    assert_eq!(count(&off, "DaemonSet"), 1);
+
+    let no_probe = render(&admin, &["nodeProbe.enabled=false"]).await;
+    assert_eq!(count(&no_probe, "DaemonSet"), 0);
+    assert_eq!(count(&no_probe, "ValidatingAdmissionPolicy"), 0);
+    assert_eq!(count(&no_probe, "ServiceAccount"), 1);
+    assert_eq!(count(&no_probe, "ClusterRole"), 1);
+    assert_eq!(count(&no_probe, "Service"), 1);
+
+    let privileged = render(&admin, &["nodeProbe.privileged=true"]).await;
+    let ds = one(&privileged, "DaemonSet", "-node-probe");
+    assert_eq!(container(ds)["securityContext"]["privileged"], true);
+
+    let runc = render(
+        &admin,
+        &[
+            "nodeProbe.runtimeClassName=",
+            "nodeProbe.nvidia.driverCapabilities=utility\\,compute",
+            "nodeProbe.interval=30s",
+        ],
+    )
+    .await;
+    let ds = one(&runc, "DaemonSet", "-node-probe");
+    assert!(
+        ds.data["spec"]["template"]["spec"]
+            .get("runtimeClassName")
+            .is_none()
+    );
+    assert_eq!(env(ds, "NVIDIA_DRIVER_CAPABILITIES")["value"], "utility,compute");
+    assert!(args(ds).iter().any(|a| a == "--interval=30s"));
+
+    let single = render(
+        &admin,
+        &[
+            "operator.leaderElection.enabled=false",
+            "operator.replicas=1",
+            "operator.podDisruptionBudget.enabled=false",
+        ],
+    )
+    .await;
+    let op = one(&single, "Deployment", "-operator");
+    assert!(args(op).iter().any(|a| a == "--leader-elect=false"));
+    assert_eq!(op.data["spec"]["replicas"], 1);
+    assert_eq!(count(&single, "PodDisruptionBudget"), 0);
+    assert_eq!(
+        count(&single, "Role"),
+        1,
+        "no leader Role without leader election"
+    );
+
+    let no_rbac = render(&admin, &["rbac.create=false"]).await;
+    for k in ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"] {
+        assert_eq!(count(&no_rbac, k), 0, "{k} with rbac.create=false");
+    }
+
+    let named = render(
+        &admin,
+        &[
+            "operator.serviceAccount.name=ops",
+            "nodeProbe.serviceAccount.name=probes",
+            "operator.image.tag=dev",
+            "nodeProbe.image.repository=registry.example/probe",
+            "nodeProbe.image.digest=sha256:0000000000000000000000000000000000000000000000000000000000000000",
+        ],
+    )
+    .await;
+    assert_eq!(
+        one(&named, "ClusterRoleBinding", "-operator").data["subjects"][0]["name"],
+        "ops"
+    );
+    assert_eq!(
+        one(&named, "ClusterRoleBinding", "-node-probe").data["subjects"][0]["name"],
+        "probes"
+    );
+    let expr = one(&named, "ValidatingAdmissionPolicy", "-own-report").data["spec"]["matchConditions"][0]
+        ["expression"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(expr.contains("'system:serviceaccount:ns:probes'"), "{expr}");
+    assert_eq!(
+        container(one(&named, "Deployment", "-operator"))["image"],
+        "gpunode/operator:dev"
+    );
+    assert_eq!(
+        container(one(&named, "DaemonSet", "-node-probe"))["image"],
+        "registry.example/probe@sha256:0000000000000000000000000000000000000000000000000000000000000000"
+    );
+
+    let no_svc = render(
+        &admin,
+        &[
+            "metrics.service.enabled=false",
+            "metrics.probeService.enabled=false",
+        ],
+    )
+    .await;
+    assert_eq!(count(&no_svc, "Service"), 0);
+
+    let monitoring = render(
+        &admin,
+        &[
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+            "metrics.grafanaDashboard.enabled=true",
+            "metrics.grafanaDashboard.namespace=grafana",
+        ],
+    )
+    .await;
+    assert_eq!(count(&monitoring, "ServiceMonitor"), 2);
+    let rule = one(&monitoring, "PrometheusRule", "r-gpunode");
+    let alerts: BTreeSet<String> = rule.data["spec"]["groups"][0]["rules"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .filter_map(|r| r["alert"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    for a in [
+        "GpuNodesDrifted",
+        "GpuNodeCircuitOpen",
+        "GpuNodeDrainStuck",
+        "GpuNodeReportsStale",
+    ] {
+        assert!(alerts.contains(a), "alerts {alerts:?} lack {a}");
+    }
+    // The alerts use the operator's real metric names.
+    let exprs = serde_json::to_string(&rule.data["spec"]).unwrap_or_default();
+    for m in [
+        "gpunode_nodes",
+        "gpunode_actions_total",
+        "gpunode_leader",
+        "gpunode_publish_total",
+    ] {
+        assert!(exprs.contains(m), "no alert uses {m}");
+    }
+    let dash = one(&monitoring, "ConfigMap", "-dashboard");
+    assert_eq!(dash.metadata.namespace.as_deref(), Some("grafana"));
+    let json: Value = serde_json::from_str(dash.data["data"]["gpunode.json"].as_str().unwrap_or_default())
+        .unwrap_or_else(|e| fail(format!("the dashboard is not JSON: {e}")));
+    assert!(json["panels"].as_array().is_some_and(|p| !p.is_empty()));
+
+    // A ServiceMonitor without the Service it selects is refused with the reason.
+    let err = chart::template(
+        &admin,
+        "r",
+        "ns",
+        &[
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.service.enabled=false",
+        ],
+    )
+    .await
+    .err()
+    .unwrap_or_else(|| fail("a ServiceMonitor without its Service was rendered"));
+    assert!(err.to_string().contains("needs metrics.service.enabled"), "{err}");
+
+    // Kubernetes older than the chart supports: refused up front.
+    let old = helm(strings(&[
+        "template",
+        "r",
+        &chart_path(),
+        "--kube-version",
+        "1.29.0",
+    ]))
+    .await
+    .err()
+    .unwrap_or_else(|| fail("rendered for Kubernetes 1.29"));
+    assert!(old.to_string().contains("kubeVersion"), "{old}");
+}
+
+#[tokio::test]
+async fn every_rendered_manifest_is_accepted_by_the_api_server() {
+    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
+    chart::install_monitoring_stand_ins(&admin)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&admin, "chart-dry-run")
+        .await
+        .unwrap_or_else(|e| fail(e));
+    for sets in [
+        &[][..],
+        &[
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            "metrics.grafanaDashboard.enabled=true",
+            "--set",
+            "nodeProbe.privileged=true",
+        ][..],
+        &[
+            "--set",
+            "operator.leaderElection.enabled=false",
+            "--set",
+            "nodeProbe.runtimeClassName=",
+        ][..],
+    ] {
+        let objects = chart::template(&admin, "dry", &ns.name, sets)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        assert!(!objects.is_empty());
+        chart::apply(&admin, &objects, &ns.name, true)
+            .await
+            .unwrap_or_else(|e| fail(format!("with {sets:?}: {e}")));
+    }
+    ns.delete().await.unwrap_or_else(|e| fail(e));
+}
+
+/// Kinds the chart can create, to look for a release's objects by its instance label.
+const RELEASE_KINDS: [(&str, &str, &str); 16] = [
+    ("", "v1", "ServiceAccount"),
+    ("", "v1", "Service"),
+    ("", "v1", "ConfigMap"),
+    ("", "v1", "Pod"),
+    ("apps", "v1", "Deployment"),
+    ("apps", "v1", "DaemonSet"),
+    ("apps", "v1", "ReplicaSet"),
+    ("policy", "v1", "PodDisruptionBudget"),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding"),
+    ("rbac.authorization.k8s.io", "v1", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+    ("admissionregistration.k8s.io", "v1", "ValidatingAdmissionPolicy"),
+    (
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+    ),
+    ("monitoring.coreos.com", "v1", "ServiceMonitor"),
+    ("monitoring.coreos.com", "v1", "PrometheusRule"),
+];
+
+/// Every object in the cluster labelled as part of `release`, as `Kind namespace/name`.
+async fn release_objects(admin: &Client, release: &str) -> Result<BTreeSet<String>, gpunode_e2e::Error> {
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/instance={release}"));
+    let mut out = BTreeSet::new();
+    for (group, version, kind) in RELEASE_KINDS {
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let (resource, _) = discovery::pinned_kind(admin, &gvk).await?;
+        let api: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
+        for o in api.list(&lp).await?.items {
+            out.insert(format!(
+                "{kind} {}/{}",
+                o.metadata.namespace.unwrap_or_default(),
+                o.metadata.name.unwrap_or_default()
+            ));
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test]
+async fn helm_install_upgrade_and_uninstall_leave_only_the_crds() {
+    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
+    crds::install(&admin).await.unwrap_or_else(|e| fail(e));
+    chart::install_monitoring_stand_ins(&admin)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let kubeconfig = tokio::task::spawn_blocking(cluster::cluster)
+        .await
+        .unwrap_or_else(|e| fail(e))
+        .unwrap_or_else(|e| fail(e))
+        .kubeconfig;
+    let release = format!("chart-e2e-{:06x}", rand_suffix());
+    let ns = format!("{release}-ns");
+    let mut install = strings(&[
+        "install",
+        &release,
+        &chart_path(),
+        "--namespace",
+        &ns,
+        "--create-namespace",
+    ]);
+    install.extend(strings(&ALL_ON));
+    let out = helm_env(install, Some(kubeconfig.clone()))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    // NOTES.txt tells the user what to do next.
+    assert!(out.contains("kubectl get gpunodepolicies"), "{out}");
+
+    let installed = release_objects(&admin, &release)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    for want in [
+        format!("Deployment {ns}/{release}-gpunode-operator"),
+        format!("DaemonSet {ns}/{release}-gpunode-node-probe"),
+        format!("ClusterRole /{release}-gpunode-operator"),
+        format!("ClusterRole /{release}-gpunode-node-probe"),
+        format!("ValidatingAdmissionPolicy /{release}-gpunode-node-probe-own-report"),
+        format!("RoleBinding default/{release}-gpunode-operator-events"),
+        format!("ServiceMonitor {ns}/{release}-gpunode-operator"),
+        format!("PrometheusRule {ns}/{release}-gpunode"),
+        format!("ConfigMap {ns}/{release}-gpunode-dashboard"),
+    ] {
+        assert!(
+            installed.contains(&want),
+            "{want} missing after install: {installed:?}"
+        );
+    }
+
+    // Upgrade with changed values: the change lands, and what was switched off goes away.
+    let upgrade = strings(&[
+        "upgrade",
+        &release,
+        &chart_path(),
+        "--namespace",
+        &ns,
+        "--reuse-values",
+        "--set",
+        "operator.replicas=3",
+        "--set",
+        "nodeProbe.interval=30s",
+        "--set",
+        "metrics.grafanaDashboard.enabled=false",
+    ]);
+    let out = helm_env(upgrade, Some(kubeconfig.clone()))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    assert!(out.contains("REVISION: 2"), "{out}");
+    let d = Api::<Deployment>::namespaced(admin.clone(), &ns)
+        .get(&format!("{release}-gpunode-operator"))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    assert_eq!(d.spec.and_then(|s| s.replicas), Some(3));
+    let ds_api: Api<DaemonSet> = Api::namespaced(admin.clone(), &ns);
+    let ds = ds_api
+        .get(&format!("{release}-gpunode-node-probe"))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let ds_args = ds
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.args)
+        .unwrap_or_default();
+    assert!(ds_args.iter().any(|a| a == "--interval=30s"), "{ds_args:?}");
+    let upgraded = release_objects(&admin, &release)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    assert!(
+        !upgraded.contains(&format!("ConfigMap {ns}/{release}-gpunode-dashboard")),
+        "the dashboard switched off by the upgrade is still there"
+    );
+
+    // Uninstall: nothing labelled with the release remains (pods and ReplicaSets go with
+    // their owners, asynchronously), the CRDs do.
+    let out = helm_env(
+        strings(&[
+            "uninstall",
+            &release,
+            "--namespace",
+            &ns,
+            "--wait",
+            "--timeout",
+            "60s",
+        ]),
+        Some(kubeconfig.clone()),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(out.contains("uninstalled"), "{out}");
+    let left = wait::until("the release's objects to be gone", DEADLINE, || async {
+        let left = release_objects(&admin, &release).await?;
+        if left.is_empty() {
+            Ok(Some(left))
+        } else {
+            Err(gpunode_e2e::Error::Unexpected(format!("left: {left:?}")))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(left.is_empty());
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for name in ["gpunodepolicies.gpunode.dev", "gpunodereports.gpunode.dev"] {
+        assert!(
+            crds.get_opt(name).await.unwrap_or_else(|e| fail(e)).is_some(),
+            "CRD {name} was removed by helm uninstall"
+        );
+    }
+    let _ = Api::<Namespace>::all(admin.clone())
+        .delete(&ns, &Default::default())
+        .await;
+}
