@@ -282,6 +282,23 @@ async fn a_probe_writes_only_its_own_nodes_report() {
         OTHER_NODE_MESSAGE,
         &format!("probe on {a} updating {b}'s report"),
     );
+    // The status subresource alone is policed too.
+    let status = json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
+        "status": {"driverVersion": "1.0"},
+    });
+    expect_refused(
+        reports(&probe_a)
+            .patch_status(
+                &b,
+                &PatchParams::apply("gpunode-probe").force(),
+                &Patch::Apply(&status),
+            )
+            .await
+            .map(|_| ()),
+        OTHER_NODE_MESSAGE,
+        &format!("probe on {a} writing {b}'s report status"),
+    );
     let b_report = reports(&admin).get(&b).await.unwrap_or_else(|e| fail(e));
     assert_eq!(b_report.data["status"]["driverVersion"], "550.54.15");
 
