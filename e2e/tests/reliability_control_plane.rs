@@ -1,0 +1,213 @@
+//! Control-plane faults on the reliability cluster (never the shared `test` cluster): the API
+//! server stopped for 30 s during a drain held by a PodDisruptionBudget while a wave of drifts
+//! waits for the budget; etcd paused (SIGSTOP) mid-wave; the API server restarted behind the
+//! operator's watches, so their resourceVersions are too old (410 Gone) and the operator relists.
+//! After each: the operator (one process, never restarted) carries on, no pod is evicted twice,
+//! every node ends exactly as the policy implies, and the budget held at every observed instant.
+//! `GPUNODE_REL_OUTAGE_SECS` changes the outage length (default 30, `make reliability-long` 60).
+
+use std::time::{Duration, Instant};
+
+use gpunode_e2e::faults::{
+    self, Check, DisruptionMonitor, FaultCluster, Operator, Recorder, Restore, Run, Wave, WaveSpec,
+};
+
+const CLASS: &str = "control plane";
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    panic!("{e}")
+}
+
+fn outage() -> Duration {
+    Duration::from_secs(
+        std::env::var("GPUNODE_REL_OUTAGE_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(30),
+    )
+}
+
+/// Relists of a resource by the operator's user after `since` (the watcher starts over with a
+/// list after a 410, not after a plain reconnect).
+fn relists(fc: &FaultCluster, user: &str, resource: &str, since: jiff::Timestamp) -> usize {
+    fc.audit()
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| e.verb == "list" && e.user == user && e.resource == resource && e.at > since)
+        .count()
+}
+
+#[tokio::test]
+async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches() {
+    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "control-plane");
+    let mut op = Operator::start(&fc, &client, "rel-cp", "rel-cp")
+        .await
+        .unwrap_or_else(|e| fail(e));
+    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+
+    let mut spec = WaveSpec::drain("cp", 3, 2);
+    spec.pdb = true;
+    let wave = Wave::setup(&client, &spec).await.unwrap_or_else(|e| fail(e));
+    let monitor = DisruptionMonitor::start(&client, &wave.selector());
+    wave.wait_all("compliant", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+
+    // A wave: every node drifts; the budget admits one, whose drain the PDB holds.
+    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    let first = gpunode_e2e::wait::until("a drain to start", DEADLINE, || async {
+        let ns = wave.nodes_now().await?;
+        Ok(ns
+            .iter()
+            .find(|n| faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some())
+            .and_then(|n| n.metadata.name.clone()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    // Fault 1: the API server stops for the outage, mid-drain, with two nodes queued.
+    let before = jiff::Timestamp::now();
+    let guard = Restore::new(&fc, "kube-apiserver", "start");
+    fc.ctl("stop", "kube-apiserver").await.unwrap_or_else(|e| fail(e));
+    faults::hold("API server outage", outage())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    fc.ctl("start", "kube-apiserver")
+        .await
+        .unwrap_or_else(|e| fail(e));
+    guard.done();
+    let back = Instant::now();
+    fc.wait_api(&client, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    // Recovery: the operator is back at work on the held drain (a new eviction attempt).
+    let user = op.user();
+    gpunode_e2e::wait::until("the operator to retry the held drain", DEADLINE, || async {
+        let n = fc
+            .audit()?
+            .iter()
+            .filter(|e| e.user == user && e.subresource == "eviction" && e.at > before)
+            .count();
+        Ok((n > 0).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let recovered_ms = faults::elapsed_ms(back);
+    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+    let mut checks = vec![
+        Check::new(
+            "operator process survived without restart",
+            op.alive(),
+            "same process",
+        ),
+        monitor.check(1),
+    ];
+    checks.extend(faults::eviction_checks(&audit, &wave.namespace, &[]));
+    let still = wave.alive_pods().await.unwrap_or_else(|e| fail(e));
+    checks.push(Check::new(
+        "PDB honoured through the outage",
+        still.get(&first).copied() == Some(2),
+        format!("pods alive on {first}: {:?}", still.get(&first)),
+    ));
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: format!(
+            "kube-apiserver stopped {} s during a held drain and a queued wave",
+            outage().as_secs()
+        ),
+        seed: None,
+        checks,
+        recovery_ms: Some(recovered_ms),
+    })
+    .unwrap_or_else(|e| fail(e));
+
+    // Fault 2: the watches' resourceVersions predate the restarted API server's cache: a 410
+    // Gone, seen in the operator's watcher log, and a relist in the audit log.
+    let gone = gpunode_e2e::wait::until("the operator's watch to expire (410)", DEADLINE, || async {
+        let log = op.log_text();
+        let saw_410 =
+            log.contains("code: 410") || log.contains("410 Gone") || log.contains("too old resource version");
+        Ok((saw_410 || relists(&fc, &user, "nodes", before) > 0).then_some(saw_410))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let expired = op.log_text().matches("code: 410").count();
+    let node_relists = relists(&fc, &user, "nodes", before);
+    let report_relists = relists(&fc, &user, "gpunodereports", before);
+
+    // The drain goes through once the PDB is lifted; then the wave runs to its end.
+    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
+    let second = gpunode_e2e::wait::until("a second node to drain", DEADLINE, || async {
+        // Drive the wave by hand until a node other than the first drains.
+        let alive = wave.alive_pods().await?;
+        if alive.get(&first).copied() == Some(0) {
+            gpunode_e2e::reports::publish(&client, &first, faults::report_status(false, "boot-1")).await?;
+        }
+        let ns = wave.nodes_now().await?;
+        Ok(ns
+            .iter()
+            .filter(|n| n.metadata.name.as_deref() != Some(first.as_str()))
+            .find(|n| faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some())
+            .and_then(|n| n.metadata.name.clone()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: "watches expired (410 Gone) across the API server restart".into(),
+        seed: None,
+        checks: vec![
+            Check::new(
+                "the expiry happened (operator log 410 or relist in the audit log)",
+                gone || node_relists > 0,
+                format!(
+                    "{expired} watches answered 410 Gone (operator log); list calls after the restart: \
+                     nodes {node_relists}, reports {report_relists} (the watcher may relist by streaming)"
+                ),
+            ),
+            Check::new(
+                "operator carried on after relisting (next node drained)",
+                !second.is_empty(),
+                format!("{second} drained after {first}"),
+            ),
+        ],
+        recovery_ms: None,
+    })
+    .unwrap_or_else(|e| fail(e));
+
+    // Fault 3: etcd hangs (SIGSTOP) while the wave is in flight.
+    let guard = Restore::new(&fc, "etcd", "resume");
+    fc.ctl("pause", "etcd").await.unwrap_or_else(|e| fail(e));
+    faults::hold("etcd paused", outage() / 3)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    fc.ctl("resume", "etcd").await.unwrap_or_else(|e| fail(e));
+    guard.done();
+    let resumed = Instant::now();
+    wave.drive(DEADLINE * 2).await.unwrap_or_else(|e| fail(e));
+    let wave_ms = faults::elapsed_ms(resumed);
+    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+    let mut checks = vec![
+        Check::new(
+            "operator process survived without restart",
+            op.alive(),
+            "same process",
+        ),
+        monitor.check(1),
+    ];
+    checks.extend(faults::eviction_checks(&audit, &wave.namespace, &wave.all_pods()));
+    checks.extend(wave.final_checks().await.unwrap_or_else(|e| fail(e)));
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: format!("etcd paused (SIGSTOP) {} s mid-wave", (outage() / 3).as_secs()),
+        seed: None,
+        checks,
+        recovery_ms: Some(wave_ms),
+    })
+    .unwrap_or_else(|e| fail(e));
+
+    wave.cleanup().await;
+    drop(monitor);
+    drop(op);
+    rec.assert_clean();
+}
