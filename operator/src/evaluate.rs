@@ -130,6 +130,47 @@ pub fn evaluate(policy: &GpuNodePolicySpec, report: Option<&GpuNodeReport>, now:
     Verdict::new(findings.drifts, findings.unknowns)
 }
 
+/// Until when the verdict [`evaluate`] gives at `now` stays exactly the same while only time
+/// passes (inclusive), so it can be reused: time matters only when the report goes stale and
+/// when a fatal XID leaves `gpu.xidWindow`. `None` when it may change at any moment: a stale
+/// report's reason says how old it is.
+pub fn unchanged_until(
+    policy: &GpuNodePolicySpec,
+    report: Option<&GpuNodeReport>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let signed = |d: std::time::Duration| jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::MAX);
+    let Some(observed_at) = report
+        .and_then(|r| r.status.as_ref())
+        .and_then(|s| s.observed_at.as_ref())
+    else {
+        // No report, status or observedAt: the reason does not depend on the time.
+        return Some(Timestamp::MAX);
+    };
+    let fresh_until = observed_at
+        .0
+        .checked_add(signed(policy.stale_after.get()))
+        .unwrap_or(Timestamp::MAX);
+    if fresh_until < now {
+        return None;
+    }
+    let mut until = fresh_until;
+    if let (Some(gpu), Some(status)) = (&policy.gpu, report.and_then(|r| r.status.as_ref()))
+        && let Some(window) = gpu.xid_window
+    {
+        // Each fatal XID still within the window drops out of it after `at + window`.
+        for xid in status.gpus.iter().flat_map(|g| &g.xids) {
+            if gpu.fatal_xids.contains(&xid.xid)
+                && let Ok(leaves) = xid.at.0.checked_add(signed(window.get()))
+                && leaves >= now
+            {
+                until = until.min(leaves);
+            }
+        }
+    }
+    Some(until)
+}
+
 /// The report's status when it is fresh enough to be evidence, else why not.
 fn fresh_status<'a>(
     policy: &GpuNodePolicySpec,

@@ -104,9 +104,14 @@ fn each_gpu(req: &CoolingRequirements, gpu: &GpuStatus, f: &mut Findings) {
     }
 
     if !req.forbidden_throttle_reasons.is_empty() {
-        let forbidden: BTreeSet<&str> = req.forbidden_throttle_reasons.iter().map(name).collect();
-        let active: BTreeSet<&str> = gpu.throttle_reasons.iter().map(name).collect();
-        if !forbidden.is_disjoint(&active) {
+        // Sets only for the message: most GPUs pass, and both lists are short.
+        let hit = gpu
+            .throttle_reasons
+            .iter()
+            .any(|r| req.forbidden_throttle_reasons.contains(r));
+        if hit {
+            let forbidden: BTreeSet<&str> = req.forbidden_throttle_reasons.iter().map(name).collect();
+            let active: BTreeSet<&str> = gpu.throttle_reasons.iter().map(name).collect();
             f.drift(
                 DriftClass::Throttle,
                 check::COOLING_FORBIDDEN_THROTTLE_REASONS,
@@ -179,8 +184,13 @@ fn sensor_limit(limit: &SensorLimit, cooling: &CoolingStatus, f: &mut Findings) 
             limit.max_celsius, limit.pattern
         )
     };
+    // One buffer for every sensor's `<chip>/<label>`; a String is made only for a drift.
+    let mut name = String::new();
     for sensor in &cooling.sensors {
-        let name = format!("{}/{}", sensor.chip, sensor.label);
+        name.clear();
+        name.push_str(&sensor.chip);
+        name.push('/');
+        name.push_str(&sensor.label);
         if !glob_match(&limit.pattern, &name) {
             continue;
         }

@@ -4,18 +4,27 @@
 /// `?` exactly one character, anything else itself (case-sensitive). There is no escaping and
 /// no character class, as the policy documents.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
+    // Sensor and device names are ASCII: match bytes without collecting anything. Otherwise a
+    // byte is not a character (`?` must match one character), so compare characters.
+    if pattern.is_ascii() && text.is_ascii() {
+        return glob(pattern.as_bytes(), text.as_bytes(), b'*', b'?');
+    }
     let p: Vec<char> = pattern.chars().collect();
     let t: Vec<char> = text.chars().collect();
+    glob(&p, &t, '*', '?')
+}
+
+fn glob<T: Copy + PartialEq>(p: &[T], t: &[T], any_run: T, any_one: T) -> bool {
     let (mut pi, mut ti) = (0, 0);
     // Where the last `*` was, and the text position it is currently assumed to extend to.
     let mut star: Option<(usize, usize)> = None;
     while ti < t.len() {
         match p.get(pi) {
-            Some('*') => {
+            Some(&c) if c == any_run => {
                 star = Some((pi, ti));
                 pi += 1;
             }
-            Some(&c) if c == '?' || t.get(ti) == Some(&c) => {
+            Some(&c) if c == any_one || t.get(ti) == Some(&c) => {
                 pi += 1;
                 ti += 1;
             }
@@ -30,7 +39,7 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
             },
         }
     }
-    p.get(pi..).is_some_and(|rest| rest.iter().all(|c| *c == '*'))
+    p.get(pi..).is_some_and(|rest| rest.iter().all(|c| *c == any_run))
 }
 
 #[cfg(test)]
@@ -80,6 +89,16 @@ mod tests {
             prop_assert!(glob_match("*", &text));
             let (pattern, prefixed) = (format!("*{literal}"), format!("x{literal}"));
             prop_assert!(glob_match(&pattern, &prefixed));
+        }
+
+        #[test]
+        fn bytes_and_characters_agree_on_ascii(pattern in "[a*?/_]{0,12}", text in "[a/_]{0,12}") {
+            let p: Vec<char> = pattern.chars().collect();
+            let t: Vec<char> = text.chars().collect();
+            prop_assert_eq!(
+                super::glob(pattern.as_bytes(), text.as_bytes(), b'*', b'?'),
+                super::glob(&p, &t, '*', '?')
+            );
         }
 
         #[test]

@@ -139,8 +139,7 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
         match gpu.product.as_deref() {
             None => f.unknown(check::GPU_PRODUCTS, i, missing_reason(&gpu.errors, "product")),
             Some(product) => {
-                let lower = product.to_lowercase();
-                if !req.products.iter().any(|p| lower.contains(&p.to_lowercase())) {
+                if !req.products.iter().any(|p| contains_ignoring_case(product, p)) {
                     f.drift(
                         DriftClass::Inventory,
                         check::GPU_PRODUCTS,
@@ -326,12 +325,22 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
     }
 }
 
+/// Whether `text` contains `word`, ignoring case. Product names are ASCII: compare bytes in
+/// place instead of lower-casing copies of both for every GPU.
+fn contains_ignoring_case(text: &str, word: &str) -> bool {
+    if text.is_ascii() && word.is_ascii() {
+        let (t, w) = (text.as_bytes(), word.as_bytes());
+        return w.is_empty() || t.windows(w.len()).any(|win| win.eq_ignore_ascii_case(w));
+    }
+    text.to_lowercase().contains(&word.to_lowercase())
+}
+
 fn fatal_xids(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Findings) {
-    let fatal: BTreeSet<u32> = req.fatal_xids.iter().copied().collect();
     let window = req.xid_window.map(|w| w.get());
-    // The latest time each fatal XID was seen within the window.
+    // The latest time each fatal XID was seen within the window. The policy's list is short:
+    // a scan is cheaper than building a set for every GPU of every node.
     let mut seen: BTreeMap<u32, Timestamp> = BTreeMap::new();
-    for event in gpu.xids.iter().filter(|x| fatal.contains(&x.xid)) {
+    for event in gpu.xids.iter().filter(|x| req.fatal_xids.contains(&x.xid)) {
         let age = now.duration_since(event.at.0);
         // An XID stamped in the future (clock skew) is recent.
         let within = window.is_none_or(|w| age.is_negative() || age.unsigned_abs() <= w);
@@ -341,6 +350,7 @@ fn fatal_xids(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Fi
         }
     }
     if !seen.is_empty() {
+        let fatal: BTreeSet<u32> = req.fatal_xids.iter().copied().collect();
         let since = req
             .xid_window
             .map_or_else(|| "since boot".to_string(), |w| format!("within {w}"));

@@ -1,6 +1,9 @@
 //! `network.*`: RDMA devices and the RoCE lossless settings of their ports.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, BTreeSet},
+};
 
 use gpunode_crds::{
     DriftClass, ObservedTrust, PortState, TrustMode,
@@ -28,10 +31,16 @@ pub(super) fn check(req: &NetworkRequirements, ctx: &Context<'_>, f: &mut Findin
         .filter(|d| glob_match(pattern, &d.device))
         .collect();
 
+    // A device's name says which port it is, unless the device has several ports listed.
+    let mut ports_per_device: BTreeMap<&str, usize> = BTreeMap::new();
+    for port in &ports {
+        *ports_per_device.entry(port.device.as_str()).or_default() += 1;
+    }
+
     // minDevices counts devices, not ports: a dual-port NIC is one device.
-    let devices: BTreeSet<&str> = ports.iter().map(|d| d.device.as_str()).collect();
     let min = req.rdma.min_devices;
-    if usize::try_from(min).is_ok_and(|min| devices.len() < min) {
+    if usize::try_from(min).is_ok_and(|min| ports_per_device.len() < min) {
+        let devices: Vec<&str> = ports_per_device.keys().copied().collect();
         f.drift(
             DriftClass::Network,
             check::NETWORK_RDMA_MIN_DEVICES,
@@ -41,27 +50,22 @@ pub(super) fn check(req: &NetworkRequirements, ctx: &Context<'_>, f: &mut Findin
             if devices.is_empty() {
                 "0".to_string()
             } else {
-                format!(
-                    "{} ({})",
-                    devices.len(),
-                    devices.into_iter().collect::<Vec<_>>().join(", ")
-                )
+                format!("{} ({})", devices.len(), devices.join(", "))
             },
         );
     }
 
-    // A device's name says which port it is, unless the device has several ports listed.
-    let mut ports_per_device: BTreeMap<&str, usize> = BTreeMap::new();
-    for port in &ports {
-        *ports_per_device.entry(port.device.as_str()).or_default() += 1;
-    }
+    let masks = Masks {
+        pfc: mask(&req.pfc_priorities),
+        ecn: mask(&req.ecn_priorities),
+    };
     for port in ports {
         let label = if ports_per_device.get(port.device.as_str()).copied().unwrap_or(0) > 1 {
-            format!("{}/{}", port.device, port.port)
+            Cow::Owned(format!("{}/{}", port.device, port.port))
         } else {
-            port.device.clone()
+            Cow::Borrowed(port.device.as_str())
         };
-        each_port(req, port, &label, f);
+        each_port(req, &masks, port, &label, f);
     }
 }
 
@@ -82,7 +86,26 @@ fn asked(req: &NetworkRequirements) -> Vec<&'static str> {
     .collect()
 }
 
-fn each_port(req: &NetworkRequirements, port: &RdmaDevice, label: &str, f: &mut Findings) {
+/// The policy's priority lists as bit sets, computed once per node rather than per port.
+struct Masks {
+    pfc: [u64; 4],
+    ecn: [u64; 4],
+}
+
+/// A set of priorities as bits: comparing two of them allocates nothing.
+fn mask(priorities: &[u8]) -> [u64; 4] {
+    let mut m = [0u64; 4];
+    for p in priorities {
+        m[usize::from(*p / 64)] |= 1 << (p % 64);
+    }
+    m
+}
+
+fn is_subset(a: &[u64; 4], b: &[u64; 4]) -> bool {
+    a.iter().zip(b).all(|(a, b)| a & !b == 0)
+}
+
+fn each_port(req: &NetworkRequirements, masks: &Masks, port: &RdmaDevice, label: &str, f: &mut Findings) {
     let dev = Some(label);
     let unknown = |f: &mut Findings, check: &str, field: &str| {
         f.unknown(
@@ -109,15 +132,14 @@ fn each_port(req: &NetworkRequirements, port: &RdmaDevice, label: &str, f: &mut 
     }
 
     if !req.pfc_priorities.is_empty() {
-        let want: BTreeSet<u8> = req.pfc_priorities.iter().copied().collect();
         match &port.pfc_priorities {
             None => unknown(f, check::NETWORK_PFC_PRIORITIES, "pfcPriorities"),
-            Some(have) => {
+            Some(have) if mask(have) != masks.pfc => {
+                let want: BTreeSet<u8> = req.pfc_priorities.iter().copied().collect();
                 let have: BTreeSet<u8> = have.iter().copied().collect();
-                if have != want {
-                    drift(f, check::NETWORK_PFC_PRIORITIES, list(&want), list(&have));
-                }
+                drift(f, check::NETWORK_PFC_PRIORITIES, list(&want), list(&have));
             }
+            Some(_) => {}
         }
     }
 
@@ -150,7 +172,6 @@ fn each_port(req: &NetworkRequirements, port: &RdmaDevice, label: &str, f: &mut 
     }
 
     if !req.ecn_priorities.is_empty() {
-        let want: BTreeSet<u8> = req.ecn_priorities.iter().copied().collect();
         match &port.ecn_priorities {
             None if field_error(&port.errors, "ecnPriorities").is_some() => {
                 unknown(f, check::NETWORK_ECN_PRIORITIES, "ecnPriorities");
@@ -160,17 +181,17 @@ fn each_port(req: &NetworkRequirements, port: &RdmaDevice, label: &str, f: &mut 
                 None,
                 format!("{label}: ECN not reported (no NVIDIA OFED ECN settings)"),
             ),
-            Some(have) => {
+            Some(have) if !is_subset(&masks.ecn, &mask(have)) => {
+                let want: BTreeSet<u8> = req.ecn_priorities.iter().copied().collect();
                 let have: BTreeSet<u8> = have.iter().copied().collect();
-                if !want.is_subset(&have) {
-                    drift(
-                        f,
-                        check::NETWORK_ECN_PRIORITIES,
-                        format!("enabled on {}", list(&want)),
-                        format!("enabled on {}", list(&have)),
-                    );
-                }
+                drift(
+                    f,
+                    check::NETWORK_ECN_PRIORITIES,
+                    format!("enabled on {}", list(&want)),
+                    format!("enabled on {}", list(&have)),
+                );
             }
+            Some(_) => {}
         }
     }
 
