@@ -142,6 +142,80 @@ fn to_taint(t: &DriftTaint, now: Timestamp) -> Taint {
     }
 }
 
+/// gpunode's condition on the node, if any.
+fn our_condition(node: &Node) -> Option<&k8s_openapi::api::core::v1::NodeCondition> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_TYPE))
+}
+
+fn condition_unchanged(plan: &NodePlan, observed: &Node) -> bool {
+    let c = &plan.condition;
+    our_condition(observed).is_some_and(|e| {
+        e.status == c.status
+            && e.reason.as_deref() == Some(c.reason)
+            && e.message.as_deref() == Some(c.message.as_str())
+    })
+}
+
+fn metadata_unchanged(policy: &str, plan: &NodePlan, observed: &Node) -> bool {
+    let meta = &observed.metadata;
+    ours(meta.labels.as_ref(), is_ours_label) == as_refs(&desired_labels(policy, plan))
+        && ours(meta.annotations.as_ref(), is_ours_annotation) == as_refs(&desired_annotations(plan))
+}
+
+/// The write of taints and cordon that brings `node` to the plan.
+#[derive(Debug)]
+struct SpecChange {
+    /// The complete new taint list.
+    taints: Vec<Taint>,
+    unschedulable: bool,
+    /// The new value of the cordon marker, when it changes.
+    marker: Option<bool>,
+}
+
+/// What taints/cordon write `node` needs to carry exactly gpunode's `desired` taints and apply
+/// `cordon` (`ours`: gpunode's cordon, if any, is still the one in place); `None` when nothing.
+fn spec_change(
+    desired: &BTreeSet<DriftTaint>,
+    cordon: Option<bool>,
+    ours: bool,
+    node: &Node,
+    now: Timestamp,
+) -> Option<SpecChange> {
+    let spec = node.spec.as_ref();
+    let current: &[Taint] = spec.and_then(|s| s.taints.as_deref()).unwrap_or_default();
+    let unschedulable = spec.and_then(|s| s.unschedulable).unwrap_or(false);
+    let cordoned_by_us = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.get(CORDONED_ANNOTATION).is_some_and(|v| v == "true"));
+    // Cordon only a schedulable node; uncordon only what gpunode cordoned. The marker says
+    // whether gpunode's cordon is the one in place, and is cleared when a person lifted it.
+    let (new_unschedulable, marker) = match cordon {
+        Some(true) if !unschedulable => (true, true),
+        Some(false) if cordoned_by_us && unschedulable => (false, false),
+        _ => (unschedulable, cordoned_by_us && unschedulable && ours),
+    };
+    let keep = |t: &Taint| t.key != TAINT_KEY || markers::drift_taint(t).is_some_and(|d| desired.contains(&d));
+    let existing_ours = drift_taints(node);
+    let taints_unchanged = current.iter().all(keep) && desired.iter().all(|d| existing_ours.contains(d));
+    if taints_unchanged && new_unschedulable == unschedulable && marker == cordoned_by_us {
+        return None;
+    }
+    // Keep everyone else's taints untouched and in order; keep our unchanged ones as they are
+    // (their timeAdded), add the new ones.
+    let mut taints: Vec<Taint> = current.iter().filter(|t| keep(t)).cloned().collect();
+    taints.extend(desired.difference(&existing_ours).map(|t| to_taint(t, now)));
+    Some(SpecChange {
+        taints,
+        unschedulable: new_unschedulable,
+        marker: (marker != cordoned_by_us).then_some(marker),
+    })
+}
+
 /// Writes nodes as planned.
 #[derive(Clone)]
 pub struct Applier {
@@ -176,6 +250,25 @@ impl Applier {
         }
     }
 
+    /// Whether [`Applier::apply`] would do anything for this plan: write the node, drain it,
+    /// or publish an event. Pure and cheap (nothing is cloned), so a reconcile that changes
+    /// nothing skips the node without a request.
+    pub fn needs_work(policy: &str, plan: &NodePlan, observed: &Node) -> bool {
+        plan.write
+            && (!plan.events.is_empty()
+                || matches!(plan.drain, DrainStep::Run { .. })
+                || spec_change(
+                    &plan.taints,
+                    plan.cordon,
+                    plan.markers.cordoned_by_us,
+                    observed,
+                    Timestamp::UNIX_EPOCH,
+                )
+                .is_some()
+                || !metadata_unchanged(policy, plan, observed)
+                || !condition_unchanged(plan, observed))
+    }
+
     /// Brings `observed` to what `plan` says, writing only what differs.
     #[tracing::instrument(skip_all, fields(node = %plan.node, policy = policy))]
     pub async fn apply(
@@ -198,6 +291,13 @@ impl Applier {
             out.evicted = evicted;
             out.remaining = remaining;
             out.refused = refused;
+            if evicted == 0 && remaining == 0 {
+                // Nothing left to evict: record it, so the drain is reported done and later
+                // reconciles stop listing the node's pods.
+                let mut done = plan.clone();
+                done.markers.drained = Some(now);
+                out.wrote_metadata |= self.apply_metadata(policy, &done, observed).await?;
+            }
         }
         Ok(out)
     }
@@ -208,14 +308,11 @@ impl Applier {
         plan: &NodePlan,
         observed: &Node,
     ) -> Result<bool, ApplyError> {
-        let labels = desired_labels(policy, plan);
-        let annotations = desired_annotations(plan);
-        let meta = &observed.metadata;
-        if ours(meta.labels.as_ref(), is_ours_label) == as_refs(&labels)
-            && ours(meta.annotations.as_ref(), is_ours_annotation) == as_refs(&annotations)
-        {
+        if metadata_unchanged(policy, plan, observed) {
             return Ok(false);
         }
+        let labels = desired_labels(policy, plan);
+        let annotations = desired_annotations(plan);
         let patch = json!({
             "apiVersion": "v1",
             "kind": "Node",
@@ -262,44 +359,19 @@ impl Applier {
         observed: &Node,
         now: Timestamp,
     ) -> Result<bool, ApplyError> {
-        let mut node = observed.clone();
+        // Only a node re-read after a conflict is owned; the first attempt borrows.
+        let mut fresh: Option<Node> = None;
         for _ in 0..MAX_CONFLICT_RETRIES {
-            let spec = node.spec.clone().unwrap_or_default();
-            let current: Vec<Taint> = spec.taints.clone().unwrap_or_default();
-            let existing_ours = drift_taints(&node);
-            // Keep everyone else's taints untouched and in order; keep our unchanged ones as they
-            // are (their timeAdded), add the new ones.
-            let mut taints: Vec<Taint> = current
-                .iter()
-                .filter(|t| {
-                    t.key != TAINT_KEY || markers::drift_taint(t).is_some_and(|d| desired.contains(&d))
-                })
-                .cloned()
-                .collect();
-            taints.extend(desired.difference(&existing_ours).map(|t| to_taint(t, now)));
-            let unschedulable = spec.unschedulable.unwrap_or(false);
-            let cordoned_by_us = node
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.get(CORDONED_ANNOTATION).is_some_and(|v| v == "true"));
-            // Cordon only a schedulable node; uncordon only what gpunode cordoned. The marker
-            // says whether gpunode's cordon is the one in place, and is cleared when a person
-            // lifted it.
-            let (new_unschedulable, marker) = match cordon {
-                Some(true) if !unschedulable => (true, true),
-                Some(false) if cordoned_by_us && unschedulable => (false, false),
-                _ => (unschedulable, cordoned_by_us && unschedulable && ours),
-            };
-            if taints == current && new_unschedulable == unschedulable && marker == cordoned_by_us {
+            let node = fresh.as_ref().unwrap_or(observed);
+            let Some(change) = spec_change(desired, cordon, ours, node, now) else {
                 return Ok(false);
-            }
-            let rv = node.metadata.resource_version.clone();
+            };
+            let new_unschedulable = change.unschedulable;
             let mut patch = json!({
-                "metadata": {"resourceVersion": rv},
-                "spec": {"taints": taints, "unschedulable": new_unschedulable},
+                "metadata": {"resourceVersion": node.metadata.resource_version},
+                "spec": {"taints": change.taints, "unschedulable": change.unschedulable},
             });
-            if marker != cordoned_by_us {
+            if let Some(marker) = change.marker {
                 patch["metadata"]["annotations"] =
                     json!({CORDONED_ANNOTATION: if marker { json!("true") } else { json!(null) }});
             }
@@ -315,11 +387,11 @@ impl Applier {
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     debug!("node changed under us; re-reading");
-                    node = self.nodes.get(name).await.map_err(|source| ApplyError::Api {
+                    fresh = Some(self.nodes.get(name).await.map_err(|source| ApplyError::Api {
                         step: "read node",
                         node: name.to_string(),
                         source,
-                    })?;
+                    })?);
                 }
                 Err(source) => {
                     return Err(ApplyError::Api {
@@ -339,19 +411,11 @@ impl Applier {
         observed: &Node,
         now: Timestamp,
     ) -> Result<bool, ApplyError> {
-        let existing = observed
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_TYPE));
-        let c = &plan.condition;
-        if let Some(e) = existing
-            && e.status == c.status
-            && e.reason.as_deref() == Some(c.reason)
-            && e.message.as_deref() == Some(c.message.as_str())
-        {
+        if condition_unchanged(plan, observed) {
             return Ok(false);
         }
+        let existing = our_condition(observed);
+        let c = &plan.condition;
         let since = existing
             .filter(|e| e.status == c.status)
             .and_then(|e| e.last_transition_time.clone())

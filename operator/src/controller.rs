@@ -4,9 +4,9 @@
 //! nodes, and only while this replica leads.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     sync::{
-        Arc,
+        Arc, PoisonError,
         atomic::{AtomicBool, Ordering},
     },
     time::Duration,
@@ -45,11 +45,11 @@ use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 
 use crate::{
     apply::{Applier, FIELD_MANAGER},
-    evaluate::evaluate,
+    cache::{PolicyVerdicts, VerdictCache},
     markers,
+    triggers,
     plan::{self, NodeView, PolicyPlan},
     status,
-    verdict::{REPORT_CHECK, Unknown, Verdict},
 };
 
 /// Why a reconcile failed.
@@ -111,6 +111,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// True once the node and report caches hold a full list.
     pub synced: Arc<AtomicBool>,
+    /// Verdicts of the last reconcile of each policy, reused while their inputs are unchanged.
+    pub verdicts: Arc<VerdictCache>,
 }
 
 fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, Error> {
@@ -172,27 +174,18 @@ fn policies_for(
 fn view(
     policy: &GpuNodePolicy,
     node: &Node,
-    ctx: &Context,
+    reports: &Store<Guarded<GpuNodeReport>>,
     selectors: &[(String, Selector)],
+    verdicts: &mut PolicyVerdicts,
     now: Timestamp,
 ) -> NodeView {
-    let name = node.name_any();
-    let report = ctx.report(&name);
-    let verdict = match report.as_deref().map(|g| &g.0) {
-        None => evaluate(&policy.spec, None, now),
-        Some(Ok(r)) => evaluate(&policy.spec, Some(r), now),
-        Some(Err(e)) => Verdict::new(
-            Vec::new(),
-            vec![Unknown {
-                check: REPORT_CHECK.to_string(),
-                reason: format!("the GpuNodeReport cannot be read: {}", e.error),
-                gpu: None,
-            }],
-        ),
-    };
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let report = reports.get(&ObjectRef::new(name));
+    let verdict = verdicts.verdict(policy, name, report.as_deref(), now);
+    let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
     let mut conflicts: Vec<String> = selectors
         .iter()
-        .filter(|(other, s)| *other != policy.name_any() && s.matches(node.labels()))
+        .filter(|(other, s)| other != policy_name && s.matches(node.labels()))
         .map(|(other, _)| other.clone())
         .collect();
     conflicts.sort();
@@ -201,6 +194,26 @@ fn view(
         warn!(node = %name, error = %e, "ignoring unreadable gpunode annotation");
     }
     view
+}
+
+/// The pure middle of a reconcile: every node's view (its verdict reused from `verdicts` while
+/// its report, the policy and the time allow) and the policy's plan.
+pub fn decide(
+    policy: &GpuNodePolicy,
+    nodes: &[Arc<Node>],
+    reports: &Store<Guarded<GpuNodeReport>>,
+    selectors: &[(String, Selector)],
+    verdicts: &mut PolicyVerdicts,
+    now: Timestamp,
+) -> (Vec<NodeView>, PolicyPlan) {
+    verdicts.begin(policy);
+    let views: Vec<NodeView> = nodes
+        .iter()
+        .map(|n| view(policy, n, reports, selectors, verdicts, now))
+        .collect();
+    verdicts.end();
+    let plan = plan::plan(&policy.spec, &views, now);
+    (views, plan)
 }
 
 /// When the plan next changes on its own (an `after`, a `healthyFor`, a report going stale, a
@@ -328,6 +341,7 @@ async fn release_policy(policy: &GpuNodePolicy, ctx: &Context) -> Result<Action,
     let nodes = orphans(policy, ctx, &ctx.selectors());
     info!(policy = %policy.name_any(), nodes = nodes.len(), "policy deleted: releasing its nodes");
     release_nodes(nodes, ctx).await?;
+    ctx.verdicts.forget(&policy.name_any());
     Ok(Action::await_change())
 }
 
@@ -343,35 +357,48 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
         .into_iter()
         .filter(|n| selector.matches(n.labels()))
         .collect();
-    let views: Vec<NodeView> = nodes
-        .iter()
-        .map(|n| view(&policy, n, &ctx, &selectors, now))
-        .collect();
-    let plan = plan::plan(&policy.spec, &views, now);
+    let (views, plan) = {
+        let verdicts = ctx.verdicts.policy(&name);
+        let mut verdicts = verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+        let decided = decide(&policy, &nodes, &ctx.reports, &selectors, &mut verdicts, now);
+        let (reused, evaluated) = verdicts.stats();
+        ctx.metrics.verdicts(reused, evaluated);
+        decided
+    };
 
-    let by_name: BTreeMap<String, Arc<Node>> = nodes.iter().map(|n| (n.name_any(), n.clone())).collect();
-    let conflicts: BTreeMap<String, Vec<String>> = views.into_iter().map(|v| (v.name, v.conflicts)).collect();
-    // Owned jobs, so the concurrent writes borrow nothing from this frame.
-    let jobs: Vec<(plan::NodePlan, Arc<Node>, Vec<String>)> = plan
+    let by_name: HashMap<&str, &Arc<Node>> = nodes
+        .iter()
+        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), n))
+        .collect();
+    let conflicts: HashMap<&str, &[String]> = views
+        .iter()
+        .map(|v| (v.name.as_str(), v.conflicts.as_slice()))
+        .collect();
+    // Only nodes with something to write, drain or announce become jobs: a reconcile that
+    // changes nothing clones nothing and sends nothing. Owned jobs, so the concurrent writes
+    // borrow nothing from this frame.
+    let jobs: Vec<(plan::NodePlan, Arc<Node>)> = plan
         .nodes
         .iter()
         .filter_map(|np| {
-            let node = by_name.get(&np.node)?.clone();
-            let others = conflicts.get(&np.node).cloned().unwrap_or_default();
-            Some((np.clone(), node, others))
+            let node = *by_name.get(np.node.as_str())?;
+            // With overlapping policies, only the first by name labels the node, so the two do
+            // not flip its labels back and forth.
+            let defer = conflicts
+                .get(np.node.as_str())
+                .is_some_and(|others| others.iter().any(|c| c < &name));
+            if defer || !Applier::needs_work(&name, np, node) {
+                return None;
+            }
+            Some((np.clone(), node.clone()))
         })
         .collect();
     let mut first_error = None;
     let results: Vec<Result<u32, crate::apply::ApplyError>> = futures::stream::iter(jobs)
-        .map(|(mut np, node, others)| {
+        .map(|(np, node)| {
             let ctx = ctx.clone();
             let policy = policy.clone();
             async move {
-                // With overlapping policies, only the first by name labels the node, so the
-                // two do not flip its labels back and forth.
-                if others.iter().any(|c| c < &policy.name_any()) {
-                    np.write = false;
-                }
                 // Only the leader writes; a replica that lost its lease mid-reconcile stops.
                 if !ctx.leadership.is_leader() {
                     return Ok(0);
@@ -380,6 +407,17 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
                     .applier
                     .apply(&policy.name_any(), &np, &node, &policy.spec.disruption.drain, now)
                     .await;
+                if let Ok(o) = &r {
+                    for (part, wrote) in [
+                        ("metadata", o.wrote_metadata),
+                        ("spec", o.wrote_spec),
+                        ("condition", o.wrote_condition),
+                    ] {
+                        if wrote {
+                            ctx.metrics.node_write(part);
+                        }
+                    }
+                }
                 // Events are writes too: none from a replica whose term passed during the apply.
                 if np.write && r.is_ok() && ctx.leadership.is_leader() {
                     record_actions(&ctx, &np, &node);
@@ -533,8 +571,7 @@ pub async fn run(
     )
     .default_backoff()
     .modify(strip)
-    .reflect(node_writer)
-    .touched_objects();
+    .reflect(node_writer);
     let (reports, report_writer) = reflector::store::<Guarded<GpuNodeReport>>();
     let report_stream = watcher(
         Api::<Guarded<GpuNodeReport>>::all(client.clone()),
@@ -542,8 +579,7 @@ pub async fn run(
     )
     .default_backoff()
     .modify(|r: &mut Guarded<GpuNodeReport>| r.managed_fields_mut().clear())
-    .reflect(report_writer)
-    .touched_objects();
+    .reflect(report_writer);
 
     let controller = Controller::new(
         Api::<Guarded<GpuNodePolicy>>::all(client.clone()),
@@ -565,6 +601,7 @@ pub async fn run(
         });
     }
 
+    let verdicts = Arc::new(VerdictCache::new());
     let ctx = Arc::new(Context {
         client: client.clone(),
         applier: Applier::new(client.clone()).with_gate(options.leadership.clone()),
@@ -579,9 +616,30 @@ pub async fn run(
             },
         ),
         leadership: options.leadership.clone(),
-        metrics: options.metrics,
+        metrics: options.metrics.clone(),
         synced,
+        verdicts: verdicts.clone(),
     });
+    // Heartbeats of probes and kubelets change nothing gpunode decides: only material changes
+    // trigger a reconcile (see crate::triggers).
+    let node_stream = triggers::material_changes(
+        node_stream,
+        "node",
+        options.metrics.clone(),
+        triggers::NodeFingerprints::default(),
+        triggers::vanished_node,
+    );
+    let report_stream = triggers::material_changes(
+        report_stream,
+        "report",
+        options.metrics.clone(),
+        triggers::ReportVerdicts {
+            nodes: nodes.clone(),
+            policies: policies.clone(),
+            verdicts,
+        },
+        triggers::vanished_report,
+    );
 
     let (p1, p2) = (policies.clone(), policies.clone());
     // A new leader looks at every policy at once instead of waiting for the next event.
@@ -595,7 +653,13 @@ pub async fn run(
     });
     controller
         .reconcile_all_on(became_leader)
-        .watches_stream(node_stream, move |node: Node| policies_for(&p1, node.labels()))
+        .watches_stream(node_stream, move |node: Node| {
+            if triggers::is_stand_in(&node.metadata) {
+                // A node that vanished unseen: any policy may have selected it.
+                return p1.state().iter().map(|g| ObjectRef::from_obj(g.as_ref())).collect();
+            }
+            policies_for(&p1, node.labels())
+        })
         .watches_stream(report_stream, move |report: Guarded<GpuNodeReport>| {
             let labels = nodes
                 .get(&ObjectRef::new(&report.name_any()))

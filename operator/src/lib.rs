@@ -3,6 +3,7 @@
 //! The pipeline is observe → evaluate (pure) → plan (pure) → apply (the only writer) → status.
 
 pub mod apply;
+pub mod cache;
 pub mod check;
 pub mod controller;
 pub mod crdgen;
@@ -13,4 +14,5 @@ pub mod metrics;
 pub mod plan;
 pub mod server;
 pub mod status;
+pub mod triggers;
 pub mod verdict;

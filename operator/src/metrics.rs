@@ -13,6 +13,9 @@
 //! | `gpunode_reconcile_duration_seconds` | histogram | |
 //! | `gpunode_reaction_seconds` | histogram (report observed → action applied) | |
 //! | `gpunode_leader` | gauge (1 while this replica leads) | |
+//! | `gpunode_node_writes_total` | counter (requests that changed a Node) | `part` (`metadata`, `spec`, `condition`) |
+//! | `gpunode_watch_events_total` | counter (node and report changes) | `source` (`node`, `report`), `outcome` (`reconcile`, `skipped`: not material) |
+//! | `gpunode_verdicts_total` | counter (per node and reconcile) | `result` (`evaluated`, `reused`) |
 
 use std::{fmt::Write as _, time::Duration};
 
@@ -189,6 +192,25 @@ struct ActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PartLabels {
+    part: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchLabels {
+    source: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerdictLabels {
+    result: &'static str,
+}
+
+/// The parts of a Node gpunode writes (the `part` label of `gpunode_node_writes_total`).
+pub const NODE_PARTS: [&str; 3] = ["metadata", "spec", "condition"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NodeLabels {
     policy: String,
     state: NodeState,
@@ -207,6 +229,9 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     reaction: Histogram,
     leader: Gauge,
+    node_writes: Family<PartLabels, Counter>,
+    watch_events: Family<WatchLabels, Counter>,
+    verdicts: Family<VerdictLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -226,6 +251,20 @@ impl Metrics {
         let reconcile_duration = Histogram::new(LATENCY_BUCKETS);
         let reaction = Histogram::new(LATENCY_BUCKETS);
         let leader = Gauge::default();
+        let node_writes = Family::<PartLabels, Counter>::default();
+        let watch_events = Family::<WatchLabels, Counter>::default();
+        let verdicts = Family::<VerdictLabels, Counter>::default();
+        for part in NODE_PARTS {
+            let _ = node_writes.get_or_create(&PartLabels { part });
+        }
+        for source in ["node", "report"] {
+            for outcome in ["reconcile", "skipped"] {
+                let _ = watch_events.get_or_create(&WatchLabels { source, outcome });
+            }
+        }
+        for result in ["evaluated", "reused"] {
+            let _ = verdicts.get_or_create(&VerdictLabels { result });
+        }
         // Every bounded series starts at zero, so rates and alerts work before the first error.
         for kind in ErrorKind::ALL {
             let _ = reconcile_errors.get_or_create(&ErrorLabels { kind });
@@ -272,7 +311,25 @@ impl Metrics {
             "1 while this replica holds the leader Lease (and may write), else 0",
             leader.clone(),
         );
+        registry.register(
+            "node_writes",
+            "Requests that changed a Node, by part (zero on a follower and for heartbeats)",
+            node_writes.clone(),
+        );
+        registry.register(
+            "watch_events",
+            "Node and report changes, by whether they could change a decision",
+            watch_events.clone(),
+        );
+        registry.register(
+            "verdicts",
+            "Per-node verdicts of reconciles, evaluated or reused from the last reconcile",
+            verdicts.clone(),
+        );
         Metrics {
+            node_writes,
+            watch_events,
+            verdicts,
             registry,
             reconciles,
             reconcile_errors,
@@ -350,6 +407,51 @@ impl Metrics {
     pub fn reaction_between(&self, observed: Timestamp, acted: Timestamp) {
         let latency = Duration::try_from(acted.duration_since(observed)).unwrap_or_default();
         self.reaction(latency);
+    }
+
+    /// Counts a write to one part of a Node (`metadata`, `spec` or `condition`).
+    pub fn node_write(&self, part: &'static str) {
+        self.node_writes.get_or_create(&PartLabels { part }).inc();
+    }
+
+    /// Writes to Nodes so far, all parts together.
+    pub fn node_writes(&self) -> u64 {
+        NODE_PARTS
+            .iter()
+            .map(|part| self.node_writes.get_or_create(&PartLabels { part }).get())
+            .sum()
+    }
+
+    /// Counts a node (`node`) or report (`report`) change that triggered a reconcile or was
+    /// skipped as immaterial.
+    pub fn watch_event(&self, source: &'static str, triggered: bool) {
+        let outcome = if triggered { "reconcile" } else { "skipped" };
+        self.watch_events
+            .get_or_create(&WatchLabels { source, outcome })
+            .inc();
+    }
+
+    /// Changes of `source` so far that triggered (`true`) or were skipped (`false`).
+    pub fn watch_events(&self, source: &'static str, triggered: bool) -> u64 {
+        let outcome = if triggered { "reconcile" } else { "skipped" };
+        self.watch_events
+            .get_or_create(&WatchLabels { source, outcome })
+            .get()
+    }
+
+    /// Counts the verdicts of one reconcile: reused from the last, and evaluated.
+    pub fn verdicts(&self, reused: u64, evaluated: u64) {
+        self.verdicts
+            .get_or_create(&VerdictLabels { result: "reused" })
+            .inc_by(reused);
+        self.verdicts
+            .get_or_create(&VerdictLabels { result: "evaluated" })
+            .inc_by(evaluated);
+    }
+
+    /// Reconciles started so far.
+    pub fn reconciles(&self) -> u64 {
+        self.reconciles.get()
     }
 
     /// Sets the leader gauge.

@@ -1,0 +1,182 @@
+//! The steady state at 5,000 nodes: what one report change costs.
+//! `cargo bench -p gpunode-operator --bench reconcile` prints medians over 21 runs of:
+//!
+//! - a reconcile pass (views, plan, and the check of which nodes need a write) after one report
+//!   changed: *cold* re-evaluates every node (what every event cost before verdicts were
+//!   remembered), *warm* reuses the remembered verdicts and evaluates the changed one;
+//! - one report heartbeat event (new `observedAt` and temperatures, same verdict): the check
+//!   that finds it immaterial, so it triggers no reconcile at all.
+//!
+//! The nodes already carry what the plan wants, so no pass finds anything to write.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use gpunode_operator::{
+    apply::Applier,
+    cache::{GuardedReport, PolicyVerdicts, VerdictCache},
+    controller::decide,
+};
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition, NodeStatus},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
+use kube::{
+    core::{DeserializeGuard, Selector},
+    runtime::{reflector, watcher},
+};
+
+const NODES: usize = 5_000;
+const RUNS: usize = 21;
+
+fn load<T: serde::de::DeserializeOwned>(name: &str) -> T {
+    let path = format!("{}/tests/fixtures/evaluate/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn node(name: &str, policy: &str) -> Node {
+    let mut n = Node::default();
+    n.metadata.name = Some(name.to_string());
+    n.metadata.uid = Some(format!("uid-{name}"));
+    n.metadata.labels = Some(
+        [
+            ("kubernetes.io/hostname", name),
+            ("nvidia.com/gpu.product", "H100"),
+            ("gpunode.dev/policy", policy),
+            ("gpunode.dev/state", "compliant"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    n.status = Some(NodeStatus {
+        conditions: Some(vec![NodeCondition {
+            type_: "GpuPolicyCompliant".to_string(),
+            status: "True".to_string(),
+            reason: Some("Compliant".to_string()),
+            message: Some("compliant: every check of the policy passed".to_string()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    n
+}
+
+fn report(base: &GpuNodeReport, name: &str, version: u64, observed: Timestamp) -> GuardedReport {
+    let mut r = base.clone();
+    r.metadata.name = Some(name.to_string());
+    r.metadata.resource_version = Some(version.to_string());
+    if let Some(s) = r.status.as_mut() {
+        s.observed_at = Some(Time(observed));
+        // A heartbeat's temperatures differ a little each time.
+        for g in &mut s.gpus {
+            g.temperature_celsius = g.temperature_celsius.map(|t| 40 + (t + (version % 5) as i32) % 5);
+        }
+    }
+    DeserializeGuard(Ok(r))
+}
+
+fn main() {
+    let mut policy: GpuNodePolicy = load("strict-policy.yaml");
+    policy.metadata.uid = Some("policy-uid".to_string());
+    policy.metadata.generation = Some(1);
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let healthy: GpuNodeReport = load("healthy-h100-report.yaml");
+    let observed: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap_or_else(|e| panic!("{e}"));
+    let now: Timestamp = "2026-11-29T12:00:30Z".parse().unwrap_or_else(|e| panic!("{e}"));
+    let selectors = vec![(
+        name.clone(),
+        Selector::try_from(policy.spec.node_selector.clone()).unwrap_or_else(|e| panic!("{e}")),
+    )];
+
+    let (reports, mut report_writer) = reflector::store::<GuardedReport>();
+    let nodes: Vec<Arc<Node>> = (0..NODES)
+        .map(|i| {
+            let n = format!("gpu-node-{i:05}");
+            report_writer.apply_watcher_event(&watcher::Event::Apply(report(&healthy, &n, 1, observed)));
+            Arc::new(node(&n, &name))
+        })
+        .collect();
+
+    let mut version = 1;
+    let mut pass = |verdicts: &mut PolicyVerdicts| {
+        // One node's report changed since the last pass.
+        version += 1;
+        let changed = format!("gpu-node-{:05}", version as usize % NODES);
+        report_writer.apply_watcher_event(&watcher::Event::Apply(report(
+            &healthy, &changed, version, observed,
+        )));
+        let t = Instant::now();
+        let (_, plan) = decide(&policy, &nodes, &reports, &selectors, verdicts, now);
+        let writes = plan
+            .nodes
+            .iter()
+            .zip(&nodes)
+            .filter(|(np, n)| Applier::needs_work(&name, np, n))
+            .count();
+        (t.elapsed(), writes, verdicts.stats())
+    };
+
+    let mut cold = Vec::new();
+    let mut cold_stats = (0, 0);
+    for _ in 0..RUNS {
+        let (d, writes, stats) = pass(&mut PolicyVerdicts::default());
+        assert_eq!(writes, 0, "nodes already as planned");
+        cold.push(d);
+        cold_stats = stats;
+    }
+    let mut warm_verdicts = PolicyVerdicts::default();
+    let _ = pass(&mut warm_verdicts);
+    let mut warm = Vec::new();
+    let mut warm_stats = (0, 0);
+    for _ in 0..RUNS {
+        let (d, writes, stats) = pass(&mut warm_verdicts);
+        assert_eq!(writes, 0, "nodes already as planned");
+        warm.push(d);
+        warm_stats = stats;
+    }
+
+    // A heartbeat: the cache knows the verdict the last reconcile acted on.
+    let cache = VerdictCache::new();
+    {
+        let pv = cache.policy(&name);
+        let mut pv = pv.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = decide(&policy, &nodes, &reports, &selectors, &mut pv, now);
+    }
+    let mut events = Vec::new();
+    for i in 0..1_000u64 {
+        let n = format!("gpu-node-{:05}", i as usize % NODES);
+        let hb = report(&healthy, &n, 100 + i, observed);
+        let t = Instant::now();
+        let material = cache.report_is_material(&policy, &n, Some(&hb), now);
+        events.push(t.elapsed());
+        assert!(!material, "a heartbeat is not material");
+    }
+
+    println!("nodes: {NODES}, runs: {RUNS}, one report changed per pass, nothing to write");
+    println!(
+        "reconcile pass, cold (every verdict evaluated, {} evaluated): median {:?}",
+        cold_stats.1,
+        median(cold)
+    );
+    println!(
+        "reconcile pass, warm ({} reused, {} evaluated):           median {:?}",
+        warm_stats.0,
+        warm_stats.1,
+        median(warm)
+    );
+    println!(
+        "heartbeat event (immaterial, triggers no reconcile):       median {:?}",
+        median(events)
+    );
+}

@@ -1,0 +1,328 @@
+//! Verdicts remembered between reconciles, so that the steady state is cheap:
+//!
+//! - a reconcile re-evaluates only the nodes whose report changed (by resourceVersion), whose
+//!   policy changed (by uid and generation), or whose verdict may have changed with time
+//!   ([`unchanged_until`]: a report going stale, a fatal XID leaving its window);
+//! - a report event whose verdict is the one the last reconcile acted on (a heartbeat: only
+//!   `observedAt`, temperatures or counters moved) triggers no reconcile at all
+//!   ([`VerdictCache::report_is_material`]).
+//!
+//! Pure bookkeeping: evaluation stays [`evaluate`], nothing here reads the cluster.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use jiff::Timestamp;
+use kube::{Resource, ResourceExt, core::DeserializeGuard};
+
+use crate::{
+    evaluate::{evaluate, unchanged_until},
+    verdict::{REPORT_CHECK, Unknown, Verdict},
+};
+
+/// A report as the watch delivers it: readable or not.
+pub type GuardedReport = DeserializeGuard<GpuNodeReport>;
+
+/// The verdict on a report that may not have deserialized, and until when it holds
+/// ([`unchanged_until`]; `None`: recompute every time).
+pub fn evaluate_guarded(
+    policy: &GpuNodePolicy,
+    report: Option<&GuardedReport>,
+    now: Timestamp,
+) -> (Verdict, Option<Timestamp>) {
+    match report.map(|g| &g.0) {
+        None => (evaluate(&policy.spec, None, now), Some(Timestamp::MAX)),
+        Some(Ok(r)) => (
+            evaluate(&policy.spec, Some(r), now),
+            unchanged_until(&policy.spec, Some(r), now),
+        ),
+        Some(Err(e)) => (
+            Verdict::new(
+                Vec::new(),
+                vec![Unknown {
+                    check: REPORT_CHECK.to_string(),
+                    reason: format!("the GpuNodeReport cannot be read: {}", e.error),
+                    gpu: None,
+                }],
+            ),
+            Some(Timestamp::MAX),
+        ),
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// resourceVersion of the report the verdict is about (`None`: there was no report).
+    report: Option<String>,
+    verdict: Verdict,
+    /// The verdict holds from `computed` through `until`.
+    computed: Timestamp,
+    until: Timestamp,
+    /// The reconcile pass that last used it, to drop nodes that left the policy.
+    pass: u64,
+}
+
+impl Entry {
+    fn holds(&self, report: Option<&str>, now: Timestamp) -> bool {
+        self.report.as_deref() == report && self.computed <= now && now <= self.until
+    }
+}
+
+/// The verdicts of one policy's nodes.
+#[derive(Debug, Default)]
+pub struct PolicyVerdicts {
+    /// uid and generation of the policy the verdicts are about.
+    policy: Option<(String, Option<i64>)>,
+    nodes: HashMap<String, Entry>,
+    pass: u64,
+    hits: u64,
+    misses: u64,
+}
+
+fn report_version(report: Option<&GuardedReport>) -> Option<&str> {
+    report.and_then(|r| r.meta().resource_version.as_deref())
+}
+
+fn policy_key(policy: &GpuNodePolicy) -> (String, Option<i64>) {
+    (policy.uid().unwrap_or_default(), policy.metadata.generation)
+}
+
+impl PolicyVerdicts {
+    /// Forgets everything when the policy is not the one the verdicts are about.
+    fn bind(&mut self, policy: &GpuNodePolicy) {
+        let key = policy_key(policy);
+        if self.policy.as_ref() != Some(&key) {
+            self.nodes.clear();
+            self.policy = Some(key);
+        }
+    }
+
+    /// Starts a reconcile pass over the policy's nodes.
+    pub fn begin(&mut self, policy: &GpuNodePolicy) {
+        self.bind(policy);
+        self.pass += 1;
+        self.hits = 0;
+        self.misses = 0;
+    }
+
+    /// The verdict on `node`: remembered if it still holds, else evaluated and remembered.
+    pub fn verdict(
+        &mut self,
+        policy: &GpuNodePolicy,
+        node: &str,
+        report: Option<&GuardedReport>,
+        now: Timestamp,
+    ) -> Verdict {
+        let version = report_version(report);
+        if let Some(e) = self.nodes.get_mut(node)
+            && e.holds(version, now)
+        {
+            e.pass = self.pass;
+            self.hits += 1;
+            return e.verdict.clone();
+        }
+        self.misses += 1;
+        let (verdict, until) = evaluate_guarded(policy, report, now);
+        let entry = Entry {
+            report: version.map(str::to_string),
+            verdict: verdict.clone(),
+            computed: now,
+            // A verdict that may change any moment is kept (for the event filter) but never
+            // reused by a reconcile.
+            until: until.unwrap_or(now),
+            pass: self.pass,
+        };
+        self.nodes.insert(node.to_string(), entry);
+        verdict
+    }
+
+    /// Ends a pass: nodes the pass did not visit left the policy.
+    pub fn end(&mut self) {
+        let pass = self.pass;
+        self.nodes.retain(|_, e| e.pass == pass);
+    }
+
+    /// (remembered, evaluated) in the current pass.
+    pub fn stats(&self) -> (u64, u64) {
+        (self.hits, self.misses)
+    }
+}
+
+/// Verdicts per policy (by name). Cheap to share: clone the `Arc`.
+#[derive(Debug, Default)]
+pub struct VerdictCache {
+    policies: Mutex<HashMap<String, Arc<Mutex<PolicyVerdicts>>>>,
+}
+
+impl VerdictCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        VerdictCache::default()
+    }
+
+    /// The verdicts of one policy, created empty on first use.
+    pub fn policy(&self, name: &str) -> Arc<Mutex<PolicyVerdicts>> {
+        let mut all = self.policies.lock().unwrap_or_else(PoisonError::into_inner);
+        all.entry(name.to_string()).or_default().clone()
+    }
+
+    /// Drops a deleted policy's verdicts.
+    pub fn forget(&self, name: &str) {
+        self.policies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
+    }
+
+    /// Whether a new version of `node`'s report (`None`: it was deleted) could change what
+    /// `policy` decides: true unless the last reconcile acted on exactly the verdict it gives
+    /// now. When it gives the same verdict, the remembered one is moved to this report, so the
+    /// next reconcile does not evaluate it again.
+    pub fn report_is_material(
+        &self,
+        policy: &GpuNodePolicy,
+        node: &str,
+        report: Option<&GuardedReport>,
+        now: Timestamp,
+    ) -> bool {
+        let verdicts = self.policy(&policy.name_any());
+        let mut v = verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+        if v.policy.as_ref() != Some(&policy_key(policy)) {
+            return true;
+        }
+        let Some(entry) = v.nodes.get_mut(node) else {
+            return true;
+        };
+        let (verdict, until) = evaluate_guarded(policy, report, now);
+        if verdict != entry.verdict {
+            return true;
+        }
+        entry.report = report_version(report).map(str::to_string);
+        entry.computed = now;
+        entry.until = until.unwrap_or(now);
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpunode_crds::report::GpuNodeReportStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    fn policy(generation: i64) -> GpuNodePolicy {
+        let mut p: GpuNodePolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
+            "metadata": {"name": "p", "uid": "u1"},
+            "spec": {"gpu": {"count": 1}, "staleAfter": "3m"},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        p.metadata.generation = Some(generation);
+        p
+    }
+
+    fn report(rv: &str, observed: &str, count: u32) -> GuardedReport {
+        let mut r = GpuNodeReport::new("n1", Default::default());
+        r.metadata.resource_version = Some(rv.to_string());
+        r.status = Some(GpuNodeReportStatus {
+            observed_at: Some(Time(ts(observed))),
+            gpu_count: Some(count),
+            ..Default::default()
+        });
+        DeserializeGuard(Ok(r))
+    }
+
+    #[test]
+    fn a_verdict_is_reused_until_the_report_the_policy_or_the_time_says_otherwise() {
+        let (p, now) = (policy(1), ts("2026-11-29T12:00:30Z"));
+        let r1 = report("1", "2026-11-29T12:00:00Z", 1);
+        let mut v = PolicyVerdicts::default();
+        v.begin(&p);
+        let first = v.verdict(&p, "n1", Some(&r1), now);
+        assert_eq!(v.stats(), (0, 1));
+        v.begin(&p);
+        assert_eq!(v.verdict(&p, "n1", Some(&r1), now), first);
+        assert_eq!(v.stats(), (1, 0), "same report, same policy, still fresh");
+        v.begin(&p);
+        let _ = v.verdict(&p, "n1", Some(&report("2", "2026-11-29T12:00:20Z", 1)), now);
+        assert_eq!(v.stats(), (0, 1), "a new report version is evaluated");
+        v.begin(&policy(2));
+        let _ = v.verdict(
+            &policy(2),
+            "n1",
+            Some(&report("2", "2026-11-29T12:00:20Z", 1)),
+            now,
+        );
+        assert_eq!(v.stats(), (0, 1), "a new policy generation is evaluated");
+        v.begin(&policy(2));
+        let stale = v.verdict(
+            &policy(2),
+            "n1",
+            Some(&report("2", "2026-11-29T12:00:20Z", 1)),
+            ts("2026-11-29T12:03:21Z"),
+        );
+        assert_eq!(
+            v.stats(),
+            (0, 1),
+            "past staleAfter the verdict is evaluated again"
+        );
+        assert_eq!(stale.state, crate::verdict::NodeState::Unknown);
+    }
+
+    #[test]
+    fn nodes_not_visited_by_a_pass_are_forgotten() {
+        let (p, now) = (policy(1), ts("2026-11-29T12:00:30Z"));
+        let r1 = report("1", "2026-11-29T12:00:00Z", 1);
+        let mut v = PolicyVerdicts::default();
+        v.begin(&p);
+        let _ = v.verdict(&p, "n1", Some(&r1), now);
+        v.end();
+        v.begin(&p);
+        v.end();
+        v.begin(&p);
+        let _ = v.verdict(&p, "n1", Some(&r1), now);
+        assert_eq!(v.stats(), (0, 1));
+    }
+
+    #[test]
+    fn only_a_report_that_changes_the_verdict_is_material() {
+        let (p, now) = (policy(1), ts("2026-11-29T12:00:30Z"));
+        let cache = VerdictCache::new();
+        let r1 = report("1", "2026-11-29T12:00:00Z", 1);
+        assert!(
+            cache.report_is_material(&p, "n1", Some(&r1), now),
+            "nothing acted on yet"
+        );
+        {
+            let pv = cache.policy("p");
+            let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
+            pv.begin(&p);
+            let _ = pv.verdict(&p, "n1", Some(&r1), now);
+            pv.end();
+        }
+        let heartbeat = report("2", "2026-11-29T12:00:29Z", 1);
+        assert!(!cache.report_is_material(&p, "n1", Some(&heartbeat), now));
+        // The heartbeat's version is now the remembered one: a reconcile reuses it.
+        {
+            let pv = cache.policy("p");
+            let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
+            pv.begin(&p);
+            let _ = pv.verdict(&p, "n1", Some(&heartbeat), now);
+            assert_eq!(pv.stats(), (1, 0));
+        }
+        let drifted = report("3", "2026-11-29T12:00:29Z", 2);
+        assert!(cache.report_is_material(&p, "n1", Some(&drifted), now));
+        assert!(cache.report_is_material(&p, "n1", None, now), "a deleted report");
+        assert!(
+            cache.report_is_material(&policy(2), "n1", Some(&heartbeat), now),
+            "a changed policy"
+        );
+    }
+}
