@@ -197,12 +197,16 @@ impl VerdictCache {
             return true;
         };
         let (verdict, until) = evaluate_guarded(policy, report, now);
-        if verdict != entry.verdict {
+        let until = until.unwrap_or(now);
+        // A report that goes stale sooner than the remembered one (observedAt moved back: a
+        // restarted probe with a skewed clock, a replayed report) needs a reconcile to move the
+        // wake-up forward; otherwise the node turns Unknown only at the old time.
+        if verdict != entry.verdict || until < entry.until {
             return true;
         }
         entry.report = report_version(report).map(str::to_string);
         entry.computed = now;
-        entry.until = until.unwrap_or(now);
+        entry.until = until;
         false
     }
 }
@@ -317,6 +321,11 @@ mod tests {
             let _ = pv.verdict(&p, "n1", Some(&heartbeat), now);
             assert_eq!(pv.stats(), (1, 0));
         }
+        let older = report("4", "2026-11-29T11:58:00Z", 1);
+        assert!(
+            cache.report_is_material(&p, "n1", Some(&older), now),
+            "a report that goes stale sooner moves the wake-up"
+        );
         let drifted = report("3", "2026-11-29T12:00:29Z", 2);
         assert!(cache.report_is_material(&p, "n1", Some(&drifted), now));
         assert!(cache.report_is_material(&p, "n1", None, now), "a deleted report");
