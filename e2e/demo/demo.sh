@@ -48,6 +48,13 @@ make_node "$XID" gpu
 "$KUBECTL" wait --for=condition=Ready node --all --timeout=120s >/dev/null
 
 step 5 "Installing the gpunode Helm chart (namespace $NS)"
+# What the NVIDIA GPU Operator would have created; the chart's probe pods ask for it.
+"$KUBECTL" apply --server-side -f - >/dev/null <<EOF
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: nvidia}
+handler: nvidia
+EOF
 "$HELM" install gpunode charts/gpunode --namespace "$NS" --create-namespace \
 	--set-string "operator.nodeSelector.gpunode\.dev/demo-role=system" >"$LOGS/helm-install.log"
 sed -n '/^NOTES:/,$p' "$LOGS/helm-install.log" >&2

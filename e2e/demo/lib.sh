@@ -73,7 +73,9 @@ trainers_on_xid_running() { (($(trainers_on "$XID") == 3)); }
 kubeconfig_for() {
 	local sa=$1 pod=$2 file=$3 server ca token
 	server=$("$KUBECTL" config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
-	ca=$("$KUBECTL" config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority}')
+	ca=$WORK/ca.crt
+	"$KUBECTL" config view --raw --minify --flatten -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' |
+		base64 -d >"$ca"
 	token=$("$KUBECTL" create token "$sa" -n "$NS" --bound-object-kind Pod --bound-object-name "$pod" --duration 24h)
 	rm -f "$file"
 	KUBECONFIG=$file "$KUBECTL" config set-cluster demo --server "$server" --certificate-authority "$ca" >/dev/null
@@ -119,7 +121,7 @@ start_operators() {
 		kubeconfig_for gpunode-operator "$pod" "$WORK/operator-$i.kubeconfig"
 		port=$((18080 + i))
 		run_bg "operator-$i" "KUBECONFIG=$WORK/operator-$i.kubeconfig" "POD_NAMESPACE=$NS" RUST_LOG=info -- \
-			"$BIN/gpunode-operator" run --leader-elect --lease-namespace "$NS" --instance "$pod" \
+			"$BIN/gpunode-operator" run --leader-elect=true --lease-namespace "$NS" --instance "$pod" \
 			--metrics-addr "127.0.0.1:$port"
 		echo "$port" >"$WORK/operator-$i.port"
 		i=$((i + 1))

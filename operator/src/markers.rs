@@ -36,6 +36,8 @@ pub const CLASSES_ANNOTATION: &str = "gpunode.dev/classes";
 pub const CORDONED_ANNOTATION: &str = "gpunode.dev/cordoned";
 /// When the current drain began (RFC 3339).
 pub const DRAIN_STARTED_ANNOTATION: &str = "gpunode.dev/drain-started";
+/// When the current drain found nothing left to evict (RFC 3339).
+pub const DRAINED_ANNOTATION: &str = "gpunode.dev/drained";
 /// When a person uncordoned the node under gpunode's cordon or drain (RFC 3339).
 pub const USER_UNCORDONED_ANNOTATION: &str = "gpunode.dev/uncordoned-by-user";
 
@@ -64,6 +66,8 @@ pub struct Markers {
     pub cordoned_by_us: bool,
     /// The drain in progress began then.
     pub drain_started: Option<Timestamp>,
+    /// The drain in progress found nothing left to evict then; no more eviction passes run.
+    pub drained: Option<Timestamp>,
     /// A person uncordoned the node under gpunode's cordon or drain then.
     pub user_uncordoned: Option<Timestamp>,
 }
@@ -112,6 +116,7 @@ impl Markers {
             })
         };
         markers.drain_started = time(DRAIN_STARTED_ANNOTATION);
+        markers.drained = time(DRAINED_ANNOTATION);
         markers.user_uncordoned = time(USER_UNCORDONED_ANNOTATION);
         (markers, errors)
     }
@@ -131,6 +136,9 @@ impl Markers {
         }
         if let Some(t) = self.drain_started {
             out.insert(DRAIN_STARTED_ANNOTATION.to_string(), t.to_string());
+        }
+        if let Some(t) = self.drained {
+            out.insert(DRAINED_ANNOTATION.to_string(), t.to_string());
         }
         if let Some(t) = self.user_uncordoned {
             out.insert(USER_UNCORDONED_ANNOTATION.to_string(), t.to_string());
@@ -210,6 +218,7 @@ mod tests {
             ]),
             cordoned_by_us: true,
             drain_started: Some(ts("2026-11-29T10:01:00Z")),
+            drained: Some(ts("2026-11-29T10:03:00Z")),
             user_uncordoned: None,
         };
         let annotations = markers.to_annotations();

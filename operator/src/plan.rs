@@ -169,6 +169,14 @@ pub enum DrainStep {
         /// It has run longer than `disruption.drain.timeout`.
         stuck: bool,
     },
+    /// The drain found nothing left to evict: the node stays cordoned, no more eviction passes
+    /// (and no pod listings) run until the node recovers.
+    Done {
+        /// When it began.
+        started: Timestamp,
+        /// When it found nothing left to evict.
+        finished: Timestamp,
+    },
 }
 
 /// What a node should look like now.
@@ -569,18 +577,26 @@ fn node_plan(
     } else {
         None
     };
-    let drain = match drain_started {
-        Some(started) => DrainStep::Run {
+    let drain = match (drain_started, node.markers.drained) {
+        (Some(started), Some(finished)) if node.markers.drain_started.is_some() => {
+            DrainStep::Done { started, finished }
+        }
+        (Some(started), _) => DrainStep::Run {
             started,
             stuck: elapsed(now, started) >= signed(policy.disruption.drain.timeout),
         },
-        None => DrainStep::None,
+        (None, _) => DrainStep::None,
+    };
+    let drained = match drain {
+        DrainStep::Done { finished, .. } => Some(finished),
+        _ => None,
     };
 
     let markers = Markers {
         classes: tracks,
         cordoned_by_us,
         drain_started,
+        drained,
         user_uncordoned,
     };
 
@@ -633,6 +649,7 @@ fn condition(
             format!("{summary}; drain running since {started} is stuck"),
         ),
         DrainStep::Run { .. } => ("Draining", format!("{summary}; draining")),
+        DrainStep::Done { finished, .. } => ("Drained", format!("{summary}; drained at {finished}")),
         DrainStep::None => (reason, summary),
     };
     if let Some(b) = blocked
@@ -722,6 +739,14 @@ fn events(
                 warning: true,
                 reason: "DrainStuck",
                 note: "drain has run past its timeout; still retrying, never forcing".to_string(),
+            })
+        }
+        (Some(_), DrainStep::Done { .. }) if node.current_reason.as_deref() != Some("Drained") => {
+            out.push(PlannedEvent {
+                warning: false,
+                reason: "Drained",
+                note: "every pod the drain may evict has been evicted; the node stays cordoned until it recovers"
+                    .to_string(),
             })
         }
         (Some(_), DrainStep::None) if user_uncordoned.is_some() && node.markers.user_uncordoned.is_none() => {

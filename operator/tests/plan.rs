@@ -248,6 +248,45 @@ fn drain_cordons_then_evicts_and_recovery_uncordons() {
 }
 
 #[test]
+fn a_finished_drain_is_reported_once_never_turns_stuck_and_ends_on_recovery() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Xid]);
+    step(&policy, &mut nodes, at(0));
+    // The apply step found nothing left to evict and recorded it.
+    nodes[0].markers.drained = Some(at(30));
+
+    let p = step(&policy, &mut nodes, at(40));
+    let a = of(&p, "a");
+    assert_eq!(
+        a.drain,
+        DrainStep::Done {
+            started: at(0),
+            finished: at(30)
+        }
+    );
+    assert_eq!(a.condition.reason, "Drained");
+    assert_eq!(a.markers.drained, Some(at(30)), "kept while the drain rule holds");
+    assert_eq!(a.cordon, None, "still cordoned: nothing to change");
+    assert!(nodes[0].unschedulable);
+    assert!(a.events.iter().any(|e| e.reason == "Drained"));
+
+    // Long past the drain timeout: done is not stuck, and the event is not repeated.
+    let p = step(&policy, &mut nodes, at(3600));
+    let a = of(&p, "a");
+    assert_eq!(a.condition.reason, "Drained");
+    assert!(a.events.is_empty(), "{:?}", a.events);
+
+    nodes[0].verdict = compliant();
+    step(&policy, &mut nodes, at(3700));
+    let p = step(&policy, &mut nodes, at(4000));
+    let a = of(&p, "a");
+    assert_eq!(a.drain, DrainStep::None);
+    assert_eq!(a.markers.drained, None, "cleared with the drain");
+    assert_eq!(a.cordon, Some(false));
+}
+
+#[test]
 fn a_human_cordon_is_never_lifted() {
     let policy = ladder();
     let mut nodes = vec![node("a")];
