@@ -1,0 +1,275 @@
+//! Probe faults, with the operator as a process and the test playing the probes:
+//! - a probe dies: its last report goes stale by the operator's own timer (no event arrives), the
+//!   node turns Unknown and nothing disruptive happens under a policy that does not ask for it;
+//!   under one that taints Stale nodes explicitly, the taint comes; both recover when the probe
+//!   returns;
+//! - a probe floods updates (hundreds of reports as fast as the API server takes them): the
+//!   operator's reconciles stay bounded by the updates and it writes nothing to the Node;
+//! - a probe restarts with a different boot id: no action, no write to the Node.
+
+use std::time::{Duration, Instant};
+
+use gpunode_e2e::{
+    faults::{self, Check, DisruptionMonitor, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
+    reports, wait,
+};
+use kube::Client;
+use serde_json::json;
+
+const CLASS: &str = "probe";
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    panic!("{e}")
+}
+
+/// The reconcile counter once it has stopped moving (debounced reconciles of earlier events done).
+async fn settled(op: &Operator) -> f64 {
+    let deadline = Instant::now() + DEADLINE;
+    let mut last = op
+        .metric("gpunode_reconciles_total")
+        .await
+        .unwrap_or_else(|e| fail(e));
+    loop {
+        // Poll interval of the wait for the counter to stop moving.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let now = op
+            .metric("gpunode_reconciles_total")
+            .await
+            .unwrap_or_else(|e| fail(e));
+        if now == last {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "reconciles never settled (last {now})");
+        last = now;
+    }
+}
+
+fn node_writes(fc: &FaultCluster, user: &str, nodes: &[String], since: jiff::Timestamp) -> usize {
+    fc.audit()
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| e.user == user && e.is_write() && e.resource == "nodes" && e.at > since)
+        .filter(|e| nodes.contains(&e.name))
+        .count()
+}
+
+#[tokio::test]
+async fn dead_flooding_and_restarted_probes_cause_no_harm() {
+    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "probe");
+    let mut op = Operator::start(&fc, &client, "rel-probe", "rel-probe")
+        .await
+        .unwrap_or_else(|e| fail(e));
+    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    dead_probe(&fc, &client, &mut rec).await;
+    flood(&fc, &client, &op, &mut rec).await;
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: "(all probe faults) operator process".into(),
+        seed: None,
+        checks: vec![Check::new(
+            "operator survived every probe fault",
+            op.alive(),
+            "same process",
+        )],
+        recovery_ms: None,
+    })
+    .unwrap_or_else(|e| fail(e));
+    rec.assert_clean();
+}
+
+/// A report last observed `age` ago.
+fn aged(age: Duration) -> serde_json::Value {
+    let mut s = faults::report_status(false, "boot-1");
+    let at = jiff::Timestamp::now() - jiff::SignedDuration::try_from(age).unwrap_or_default();
+    s["observedAt"] = json!(at.to_string());
+    s
+}
+
+async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
+    let _ = fc;
+    // Policy A does not act on Stale; policy B taints Stale nodes explicitly.
+    let mut spec = WaveSpec::drain("stale", 1, 2);
+    spec.policy_spec["staleAfter"] = json!("60s");
+    let quiet = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
+    let mut spec = WaveSpec::drain("stalet", 1, 0);
+    spec.policy_spec["staleAfter"] = json!("60s");
+    spec.policy_spec["remediation"] =
+        json!([{"classes": ["Stale"], "action": "Taint", "effect": "NoSchedule"}]);
+    let loud = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
+    let monitor = DisruptionMonitor::start(client, &quiet.selector());
+    quiet
+        .wait_all("compliant", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    loud.wait_all("compliant", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    // The probes' last words: observed 50 s ago, so with staleAfter 60 s the reports go stale
+    // 10 s from now, by the operator's timer alone (nothing is published after this).
+    for w in [&quiet, &loud] {
+        reports::publish(client, &w.nodes[0], aged(Duration::from_secs(50)))
+            .await
+            .unwrap_or_else(|e| fail(e));
+    }
+    let died = Instant::now();
+    let spec_stale = Duration::from_secs(10);
+    quiet
+        .wait_all("unknown", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let detected = died.elapsed();
+    let tainted = wait::until(
+        "the Stale taint on the node of the explicit policy",
+        DEADLINE,
+        || async {
+            let n = loud.nodes_now().await?;
+            Ok(n.first()
+                .filter(|n| faults::disrupted(n))
+                .map(faults::gpunode_taints))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let q = quiet.nodes_now().await.unwrap_or_else(|e| fail(e));
+    let alive = quiet.alive_pods().await.unwrap_or_else(|e| fail(e));
+    let untouched = q
+        .iter()
+        .all(|n| !faults::disrupted(n) && faults::gpunode_taints(n).is_empty())
+        && alive.values().sum::<usize>() == 2;
+    // The probe comes back.
+    for w in [&quiet, &loud] {
+        reports::publish(client, &w.nodes[0], faults::report_status(false, "boot-1"))
+            .await
+            .unwrap_or_else(|e| fail(e));
+    }
+    let back = Instant::now();
+    quiet
+        .wait_all("compliant", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    wait::until("the Stale taint removed once fresh again", DEADLINE, || async {
+        let n = loud.nodes_now().await?;
+        Ok(n.first()
+            .is_some_and(|n| faults::gpunode_taints(n).is_empty() && !faults::disrupted(n))
+            .then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let recovery = faults::elapsed_ms(back);
+    let mut checks = vec![
+        Check::new(
+            "stale report makes the node Unknown by the timer",
+            detected >= spec_stale - Duration::from_secs(1)
+                && detected < spec_stale + Duration::from_secs(15),
+            format!(
+                "Unknown {:.1} s after the probe died (expected ~{} s)",
+                detected.as_secs_f64(),
+                spec_stale.as_secs()
+            ),
+        ),
+        Check::new(
+            "Unknown is not drifted: no taint, cordon or eviction",
+            untouched,
+            format!("pods alive {alive:?}"),
+        ),
+        Check::new(
+            "explicit Stale rule acts",
+            !tainted.is_empty(),
+            format!("taints {tainted:?}"),
+        ),
+        monitor.check(0),
+    ];
+    checks.extend(quiet.final_checks().await.unwrap_or_else(|e| fail(e)));
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: "probe died (report went stale)".into(),
+        seed: None,
+        checks,
+        recovery_ms: Some(recovery),
+    })
+    .unwrap_or_else(|e| fail(e));
+    quiet.cleanup().await;
+    loud.cleanup().await;
+}
+
+async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Recorder) {
+    let wave = Wave::setup(client, &WaveSpec::drain("flood", 2, 1))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    wave.wait_all("compliant", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let r0 = settled(op).await;
+    let since = jiff::Timestamp::now();
+    let updates: u32 = std::env::var("GPUNODE_REL_FLOOD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let start = Instant::now();
+    for i in 0..updates {
+        let node = &wave.nodes[(i % 2) as usize];
+        let mut s = faults::report_status(false, "boot-1");
+        // Noise a probe would not even publish: temperature and power jitter.
+        s["gpus"][0]["temperatureCelsius"] = json!(40 + (i % 7));
+        s["gpus"][0]["powerWatts"] = json!(100 + (i % 13));
+        reports::publish(client, node, s)
+            .await
+            .unwrap_or_else(|e| fail(e));
+    }
+    let flood_s = start.elapsed().as_secs_f64();
+    let ended = Instant::now();
+    let r1 = settled(op).await;
+    let settle_ms = faults::elapsed_ms(ended);
+    let reconciles = r1 - r0;
+    let writes = node_writes(fc, &op.user(), &wave.nodes, since);
+    // A restarted probe: new boot id, same healthy node.
+    let since_boot = jiff::Timestamp::now();
+    for n in &wave.nodes {
+        reports::publish(client, n, faults::report_status(false, "boot-2"))
+            .await
+            .unwrap_or_else(|e| fail(e));
+    }
+    settled(op).await;
+    let boot_writes = node_writes(fc, &op.user(), &wave.nodes, since_boot);
+    let mut checks = vec![
+        Check::new(
+            "operator work bounded by the updates",
+            reconciles <= f64::from(updates) + 5.0,
+            format!(
+                "{updates} reports in {flood_s:.1} s ({:.0}/s) → {reconciles} reconciles",
+                f64::from(updates) / flood_s
+            ),
+        ),
+        Check::new(
+            "no write amplification on Nodes",
+            writes == 0,
+            format!("{writes} node writes during the flood"),
+        ),
+    ];
+    checks.extend(wave.final_checks().await.unwrap_or_else(|e| fail(e)));
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: format!("probe flooded {updates} updates"),
+        seed: None,
+        checks,
+        recovery_ms: Some(settle_ms),
+    })
+    .unwrap_or_else(|e| fail(e));
+    let mut checks = vec![Check::new(
+        "restart with a new boot id changes nothing",
+        boot_writes == 0,
+        format!("{boot_writes} node writes"),
+    )];
+    checks.extend(wave.final_checks().await.unwrap_or_else(|e| fail(e)));
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: "probe restarted with a different boot id".into(),
+        seed: None,
+        checks,
+        recovery_ms: None,
+    })
+    .unwrap_or_else(|e| fail(e));
+    wave.cleanup().await;
+}
