@@ -936,7 +936,7 @@ impl Wave {
                 || !gpunode_taints(n).is_empty()
                 || n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
                 || annotation(n, CORDONED_ANNOTATION).is_some()
-                || labels.get("nvidia.com/gpu.product").is_none()
+                || !labels.contains_key("nvidia.com/gpu.product")
                 || labels.get(RUN_LABEL) != Some(&self.id)
             {
                 wrong.push(name);

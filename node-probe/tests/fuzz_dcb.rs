@@ -35,7 +35,7 @@ fn attr(out: &mut Vec<u8>, kind: u16, payload: &[u8], lie: i8) {
     out.extend_from_slice(&(len.clamp(0, 0xffff) as u16).to_ne_bytes());
     out.extend_from_slice(&kind.to_ne_bytes());
     out.extend_from_slice(payload);
-    while out.len() % 4 != 0 {
+    while !out.len().is_multiple_of(4) {
         out.push(0);
     }
 }
