@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: help demo test lint unit crds cluster-build cluster-up cluster-down bench bench-probe demo-down
+.PHONY: reliability-long reliability-report help demo test lint unit crds cluster-build cluster-up cluster-down bench bench-probe demo-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -18,9 +18,29 @@ demo-down: ## stop the demo
 # whatever the outcome. GPUNODE_KUBECONFIG=path runs them against an existing cluster instead.
 test: lint cluster-build ## every test: fmt, clippy, unit, property, CRD freshness, e2e on a local control plane
 	$(CARGO) build --workspace --locked
+	@rm -rf "$(REL_RESULTS)"
 	@status=0; GPUNODE_CLUSTER_NAME=test $(CARGO) test --workspace --locked || status=$$?; \
 	  if [ -z "$$GPUNODE_KUBECONFIG" ]; then GPUNODE_CLUSTER_NAME=test e2e/cluster/down.sh || true; fi; \
+	  GPUNODE_CLUSTER_NAME=rel-test e2e/cluster/down.sh || true; \
+	  $(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" || true; \
 	  exit $$status
+
+# Results of the reliability suite (docs/reliability.md): JSON per test binary, aggregated by
+# e2e/src/bin/reliability-report.rs.
+REL_RESULTS = $(or $(CARGO_TARGET_DIR),target)/tmp/reliability
+
+reliability-long: ## the reliability suite with more seeds, longer outages and 20x the fuzz cases; rewrites docs/reliability.md
+	$(CARGO) build --workspace --locked
+	@rm -rf "$(REL_RESULTS)"
+	@status=0; GPUNODE_CLUSTER_NAME=rel GPUNODE_REL_SEEDS=60 GPUNODE_REL_OUTAGE_SECS=60 GPUNODE_REL_FLOOD=2000 \
+	  GPUNODE_REL_ACTOR_SECS=60 PROPTEST_CASES=5000 $(CARGO) test --workspace --locked \
+	  --test 'reliability_*' --test 'fuzz_*' -- --test-threads=1 || status=$$?; \
+	  GPUNODE_CLUSTER_NAME=rel-rel e2e/cluster/down.sh || true; \
+	  $(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" docs/reliability.md || status=1; \
+	  exit $$status
+
+reliability-report: ## print the last reliability results and write them into docs/reliability.md
+	$(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" docs/reliability.md
 
 lint: ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check
