@@ -85,7 +85,13 @@ while true; do
 	screen >"$WORK/screen.txt" 2>&1 || true
 	if [[ -t 1 ]]; then clear; fi
 	cat "$WORK/screen.txt"
-	if end_state_reached; then break; fi
+	if end_state_reached; then
+		# The final screen, drawn after the end state was seen, so it shows it.
+		screen >"$WORK/screen.txt" 2>&1 || true
+		if [[ -t 1 ]]; then clear; fi
+		cat "$WORK/screen.txt"
+		break
+	fi
 	if (($(date +%s) - START > TIMEOUT)); then
 		echo >&2
 		die "the end state was not reached within ${TIMEOUT}s; logs: $LOGS (operator-*.log, probe-*.log)"

@@ -164,9 +164,24 @@ screen() {
 	"$KUBECTL" -n training get pods -o wide --no-headers 2>/dev/null | awk '{printf "pod/%-28s %-12s %s\n", $1, $3, $7}'
 	"$KUBECTL" -n training get pdb trainer --no-headers 2>/dev/null |
 		awk '{printf "pdb/trainer  maxUnavailable %s, allowed disruptions now: %s\n", $3, $4}'
-	printf '\n$ kubectl get events  (gpunode, newest last)\n'
-	"$KUBECTL" get events -A --sort-by=.lastTimestamp \
-		-o jsonpath='{range .items[?(@.reportingComponent=="gpunode")]}{.lastTimestamp}{"  "}{.involvedObject.name}{"  "}{.reason}{": "}{.message}{"\n"}{end}' 2>/dev/null | tail -n 8
+	printf '\n$ kubectl get events  (from gpunode-operator, newest last)\n'
+	"$KUBECTL" get events -A --sort-by=.metadata.creationTimestamp \
+		-o jsonpath='{range .items[?(@.reportingComponent=="gpunode-operator")]}{.involvedObject.name}{"  "}{.reason}{": "}{.message}{"\n"}{end}' 2>/dev/null |
+		tail -n 8 | cut -c1-150
+	leader_metrics
+}
+
+# The leader's own account of what it did (its /metrics).
+leader_metrics() {
+	local f port m
+	for f in "$WORK"/operator-*.port; do
+		[[ -e $f ]] || continue
+		port=$(cat "$f")
+		m=$(curl -sf --max-time 2 "http://127.0.0.1:$port/metrics") || continue
+		grep -q '^gpunode_leader 1' <<<"$m" || continue
+		printf '\n$ curl <leader>:%s/metrics   (gpunode_actions_total)\n' "$port"
+		awk -F'[{}" ]+' '/^gpunode_actions_total\{/ && $NF != "0" {printf "  %s %s: %s\n", $3, $5, $NF}' <<<"$m" | paste -sd' ' | fold -s -w 110
+	done
 }
 
 end_state_reached() {
@@ -176,6 +191,7 @@ end_state_reached() {
 	"$KUBECTL" get node "$HOT" -o jsonpath='{.spec.taints[?(@.key=="gpunode.dev/drift")].effect}' | grep -q NoSchedule || return 1
 	[[ $("$KUBECTL" get node "$XID" -o jsonpath='{.spec.unschedulable}') == true ]] || return 1
 	(($(trainers_on "$XID") == 0)) || return 1
+	[[ $("$KUBECTL" get node "$XID" -o jsonpath='{.status.conditions[?(@.type=="GpuPolicyCompliant")].reason}') == Drained ]] || return 1
 	(($(running_pods training app=trainer | wc -l) == 3)) || return 1
 }
 

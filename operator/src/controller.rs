@@ -423,7 +423,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
                     record_actions(&ctx, &np, &node);
                     publish(&ctx, &node, &np.events).await;
                 }
-                r.map(|o| o.evicted)
+                r.map(|o| (o.evicted, o.refused))
             }
         })
         .buffer_unordered(8)
@@ -431,9 +431,13 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
         .await;
     for r in results {
         match r {
-            Ok(evicted) => {
+            Ok((evicted, refused)) => {
                 for _ in 0..evicted {
                     ctx.metrics.action(ActionKind::Evict, ActionResult::Ok);
+                }
+                // Refused by a PodDisruptionBudget (429): retried on the next pass.
+                for _ in 0..refused {
+                    ctx.metrics.action(ActionKind::Evict, ActionResult::Blocked);
                 }
             }
             Err(e) => {
