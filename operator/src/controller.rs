@@ -401,7 +401,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
             async move {
                 // Only the leader writes; a replica that lost its lease mid-reconcile stops.
                 if !ctx.leadership.is_leader() {
-                    return Ok(0);
+                    return Ok((0, 0));
                 }
                 let r = ctx
                     .applier
