@@ -394,7 +394,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
         })
         .collect();
     let mut first_error = None;
-    let results: Vec<Result<u32, crate::apply::ApplyError>> = futures::stream::iter(jobs)
+    let results: Vec<Result<(u32, u32), crate::apply::ApplyError>> = futures::stream::iter(jobs)
         .map(|(np, node)| {
             let ctx = ctx.clone();
             let policy = policy.clone();
