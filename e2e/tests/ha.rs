@@ -1,0 +1,391 @@
+//! Two operator replicas as real processes (`gpunode-operator run --leader-elect`) on the real
+//! API server, with one drifting node:
+//!
+//! - only the Lease holder writes: the follower's `/metrics` shows no Node write while the
+//!   leader's shows the taint it wrote, and the follower says it is not the leader;
+//! - SIGKILL of the leader hands over within the lease duration (plus the retry period and
+//!   some scheduling slack), measured and printed, and the new leader finishes the remediation
+//!   ladder the old one started (the cordon that is due later), from the bookkeeping on the node;
+//! - SIGTERM stops a replica cleanly (exit 0) and releases the Lease, so the other takes over at
+//!   once instead of after the lease duration.
+//!
+//! Needs the binaries built (`make test` builds them first): `gpunode-operator` next to this
+//! test's target directory.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpunode_crds::GpuNodePolicy;
+use gpunode_e2e::{accounts, chart, cluster::admin_client, nodes, reports, scratch::rand_suffix, wait};
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use kube::{
+    Api, Client,
+    api::{PostParams, ResourceExt},
+};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+/// The operator's lease duration and retry period (gpunode_operator::leader defaults).
+const LEASE: Duration = gpunode_operator::leader::DEFAULT_LEASE_DURATION;
+const RETRY: Duration = gpunode_operator::leader::DEFAULT_RETRY_PERIOD;
+/// Process start-up, a watch round trip and two loaded CPUs.
+const SLACK: Duration = Duration::from_secs(3);
+/// The ladder's second rung: a cordon this long after the drift began.
+const CORDON_AFTER: &str = "25s";
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    panic!("{e}")
+}
+
+/// `target/debug`, from this test's own path (`target/debug/deps/ha-…`).
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| fail("test binary has no target directory"))
+}
+
+fn operator_bin() -> PathBuf {
+    let p = bin_dir().join("gpunode-operator");
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace first (`cargo build --workspace`, as `make test` does)",
+        p.display()
+    );
+    p
+}
+
+/// A free port on 127.0.0.1 (bound and released; the replica binds it right after).
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap_or_else(|e| fail(e))
+}
+
+/// One operator process; killed if the test fails before stopping it.
+struct Replica {
+    id: String,
+    addr: SocketAddr,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Replica {
+    fn start(id: &str, namespace: &str, kubeconfig: &Path, logs: &Path) -> Replica {
+        let addr = free_addr();
+        let log = logs.join(format!("{id}.log"));
+        let out = std::fs::File::create(&log).unwrap_or_else(|e| fail(e));
+        let err = out.try_clone().unwrap_or_else(|e| fail(e));
+        let child = Command::new(operator_bin())
+            .args(["run", "--leader-elect", "true", "--lease-namespace", namespace])
+            .args(["--instance", id, "--metrics-addr", &addr.to_string()])
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap_or_else(|e| fail(e));
+        Replica {
+            id: id.to_string(),
+            addr,
+            child: Some(child),
+            log,
+        }
+    }
+
+    fn pid(&self) -> String {
+        self.child
+            .as_ref()
+            .map(|c| c.id().to_string())
+            .unwrap_or_else(|| fail(format!("{} is not running", self.id)))
+    }
+
+    /// One series of its `/metrics` (the sum over all label sets when `series` names a family
+    /// without labels), or None while the server is not up.
+    fn metric(&self, family: &str) -> Option<f64> {
+        let (_, text) = http_get(self.addr, "/metrics")?;
+        let mut found = None;
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (name, value) = line.rsplit_once(' ')?;
+            let bare = name.split('{').next().unwrap_or(name);
+            if bare == family {
+                *found.get_or_insert(0.0) += value.parse::<f64>().ok()?;
+            }
+        }
+        found
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait for the exit.
+    async fn terminate(&mut self) -> ExitStatus {
+        let pid = self.pid();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap_or_else(|e| fail(e));
+        assert!(sent.success(), "kill -TERM {pid}");
+        let mut child = self.child.take().unwrap_or_else(|| fail("not running"));
+        let what = format!("{} to exit after SIGTERM (log: {})", self.id, self.log.display());
+        wait::until(&what, Duration::from_secs(30), || {
+            let r = child
+                .try_wait()
+                .map_err(|e| gpunode_e2e::Error::Unexpected(e.to_string()));
+            async move { r }
+        })
+        .await
+        .unwrap_or_else(|e| fail(e))
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A plain HTTP/1.0 GET on loopback: the status and the body; None when nothing answers yet.
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut response = String::new();
+    s.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+fn status_line(addr: SocketAddr, path: &str) -> Option<u16> {
+    http_get(addr, path).map(|(status, _)| status)
+}
+
+async fn holder(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get_opt(gpunode_operator::leader::DEFAULT_LEASE_NAME)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty())
+}
+
+async fn wait_holder(leases: &Api<Lease>, want: &str, timeout: Duration) -> Duration {
+    let start = Instant::now();
+    wait::until(&format!("{want} to hold the Lease"), timeout, || async {
+        Ok((holder(leases).await.as_deref() == Some(want)).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    start.elapsed()
+}
+
+fn gpunode_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == "gpunode.dev/drift"))
+}
+
+fn cordoned_by_gpunode(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+        && node
+            .annotations()
+            .get("gpunode.dev/cordoned")
+            .is_some_and(|v| v == "true")
+}
+
+async fn publish(client: &Client, node: &str, throttle: &[&str]) {
+    let status = json!({
+        "observedAt": jiff::Timestamp::now().to_string(),
+        "collectors": [{"name": "nvml", "ok": true, "durationMs": 5}],
+        "gpuCount": 1,
+        "gpus": [{"index": 0, "temperatureCelsius": 60, "slowdownCelsius": 87, "throttleReasons": throttle}],
+    });
+    reports::publish(client, node, status)
+        .await
+        .unwrap_or_else(|e| fail(e));
+}
+
+#[tokio::test]
+async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease_duration() {
+    let client = admin_client().await.unwrap_or_else(|e| fail(e));
+    // The replicas run as the chart's operator ServiceAccount, with its RBAC: the Lease lives
+    // where the chart lets the operator hold it.
+    chart::install_accounts(&client).await.unwrap_or_else(|e| fail(e));
+    let node = format!("ha-{:06x}", rand_suffix());
+    let logs = std::env::temp_dir().join(format!("gpunode-{node}"));
+    std::fs::create_dir_all(&logs).unwrap_or_else(|e| fail(e));
+    let token = accounts::token(&client, chart::NAMESPACE, chart::OPERATOR_SA, None)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let kubeconfig = logs.join("operator.kubeconfig");
+    chart::write_kubeconfig(&token, &kubeconfig)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let namespace = chart::NAMESPACE;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
+    // A Lease left by an earlier run would delay the first replica by a lease duration.
+    let _ = leases
+        .delete(gpunode_operator::leader::DEFAULT_LEASE_NAME, &Default::default())
+        .await;
+
+    nodes::create(
+        &client,
+        std::slice::from_ref(&node),
+        &nodes::GpuNodeShape::default(),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    publish(&client, &node, &[]).await;
+    let policy: GpuNodePolicy = serde_json::from_value(json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy", "metadata": {"name": node},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+            "cooling": {"forbiddenThrottleReasons": ["HwThermalSlowdown"]},
+            "remediation": [
+                {"classes": ["Throttle"], "action": "Taint", "effect": "NoSchedule", "after": "0s"},
+                {"classes": ["Throttle"], "action": "Cordon", "after": CORDON_AFTER},
+            ],
+            "staleAfter": "10m",
+        }
+    }))
+    .unwrap_or_else(|e| fail(e));
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap_or_else(|e| fail(e));
+
+    // Start one, let it take the Lease, then the second: a known leader and follower.
+    let mut a = Replica::start("replica-a", namespace, &kubeconfig, &logs);
+    wait_holder(&leases, &a.id, DEADLINE).await;
+    let mut b = Replica::start("replica-b", namespace, &kubeconfig, &logs);
+    wait::until("replica-b serving /readyz", DEADLINE, || async {
+        Ok(status_line(b.addr, "/readyz").filter(|s| *s == 200).map(|_| ()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let node_api: Api<Node> = Api::all(client.clone());
+    wait::until("node labelled compliant", DEADLINE, || async {
+        let n = node_api.get(&node).await?;
+        Ok((n.labels().get("gpunode.dev/state").map(String::as_str) == Some("compliant")).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    // Drift: the leader taints at once.
+    publish(&client, &node, &["HwThermalSlowdown"]).await;
+    wait::until("gpunode taint", DEADLINE, || async {
+        Ok(gpunode_taint(&node_api.get(&node).await?).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert_eq!(holder(&leases).await.as_deref(), Some(a.id.as_str()));
+    let leader_writes = a.metric("gpunode_node_writes_total").unwrap_or(0.0);
+    assert!(leader_writes > 0.0, "the leader's /metrics shows no Node write");
+    assert_eq!(
+        b.metric("gpunode_node_writes_total"),
+        Some(0.0),
+        "the follower wrote to a Node"
+    );
+    assert_eq!(b.metric("gpunode_leader"), Some(0.0));
+    assert_eq!(a.metric("gpunode_leader"), Some(1.0));
+    let n = node_api.get(&node).await.unwrap_or_else(|e| fail(e));
+    assert!(!cordoned_by_gpunode(&n), "cordoned before {CORDON_AFTER}");
+
+    // SIGKILL the leader: no release, the follower waits out the lease.
+    a.kill();
+    let handover = wait_holder(&leases, &b.id, LEASE + RETRY + SLACK + Duration::from_secs(10)).await;
+    println!(
+        "handover after SIGKILL of the leader: {:.1} s (lease {} s, retry {} s)",
+        handover.as_secs_f64(),
+        LEASE.as_secs(),
+        RETRY.as_secs()
+    );
+    assert!(
+        handover <= LEASE + RETRY + SLACK,
+        "handover took {handover:?}, more than the lease duration {LEASE:?} + retry {RETRY:?} + {SLACK:?}"
+    );
+    wait::until("gpunode_leader 1 on replica-b", DEADLINE, || async {
+        Ok((b.metric("gpunode_leader") == Some(1.0)).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    // The new leader finishes the ladder from the old one's bookkeeping: the cordon, due
+    // CORDON_AFTER after the drift began.
+    wait::until("cordon by the new leader", DEADLINE, || async {
+        Ok(cordoned_by_gpunode(&node_api.get(&node).await?).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(
+        b.metric("gpunode_node_writes_total").unwrap_or(0.0) > 0.0,
+        "replica-b leads but its /metrics shows no Node write"
+    );
+
+    // A fresh follower, then a graceful stop of the leader: it releases the Lease, so the
+    // follower takes over within a retry period instead of a lease duration.
+    let mut c = Replica::start("replica-c", namespace, &kubeconfig, &logs);
+    wait::until("replica-c serving /readyz", DEADLINE, || async {
+        Ok(status_line(c.addr, "/readyz").filter(|s| *s == 200).map(|_| ()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert_eq!(c.metric("gpunode_node_writes_total"), Some(0.0));
+    let stopped = Instant::now();
+    let status = b.terminate().await;
+    assert!(
+        status.success(),
+        "replica-b exited with {status} (log: {})",
+        b.log.display()
+    );
+    wait_holder(&leases, &c.id, LEASE).await;
+    let graceful = stopped.elapsed();
+    println!(
+        "handover after SIGTERM of the leader (its shutdown included): {:.1} s",
+        graceful.as_secs_f64()
+    );
+    assert!(
+        graceful < LEASE,
+        "graceful handover took {graceful:?}: the Lease was not released"
+    );
+
+    // The policy goes while a replica still runs its cleanup finalizer.
+    policies
+        .delete(&node, &Default::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    wait::until(
+        "policy gone (finalizer removed by replica-c)",
+        DEADLINE,
+        || async { Ok(policies.get_opt(&node).await?.is_none().then_some(())) },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let status = c.terminate().await;
+    assert!(
+        status.success(),
+        "replica-c exited with {status} (log: {})",
+        c.log.display()
+    );
+    assert_eq!(
+        holder(&leases).await,
+        None,
+        "the last replica left the Lease held"
+    );
+    let _ = node_api.delete(&node, &Default::default()).await;
+}
