@@ -20,6 +20,7 @@
 #                       KCM's node-monitor grace period is set to twice this)
 #   BENCH_PERF=1        record a perf profile of the operator (reaction + steady phases)
 #   BENCH_KEEP=1        leave the last cluster running
+#   BENCH_WORKTREE=1    measure the work tree as it is instead of a snapshot of HEAD
 #   CARGO_TARGET_DIR    cargo's target directory [target]
 set -euo pipefail
 PROG=bench/run.sh
@@ -49,7 +50,20 @@ if [[ ${BENCH_NFD:-1} != 0 ]]; then
 	NFD_ARGS=(--nfd-master "${nfd[0]}" --nfd-crds "${nfd[1]}/deployment/base/nfd-crds/nfd-api-crds.yaml"
 		--nfd-deadline-s "${BENCH_NFD_DEADLINE_S:-300}")
 fi
-CARGO_TARGET_DIR=$TARGET cargo build --release --locked -p gpunode-operator -p gpunode-bench
+# The binaries measured are built from a snapshot of HEAD (git archive), so the results belong to
+# a commit even while the work tree has uncommitted edits; BENCH_WORKTREE=1 builds the work tree.
+SRC=$REPO
+if [[ ${BENCH_WORKTREE:-0} != 1 ]]; then
+	BENCH_COMMIT=$(git rev-parse --short=12 HEAD)
+	export BENCH_COMMIT
+	SRC=$WORK/src-$BENCH_COMMIT
+	if [[ ! -f $SRC/Cargo.toml ]]; then
+		rm -rf "$WORK"/src-*
+		mkdir -p "$SRC"
+		git archive HEAD | tar -x -C "$SRC"
+	fi
+fi
+(cd "$SRC" && CARGO_TARGET_DIR=$TARGET cargo build --release --locked -p gpunode-operator -p gpunode-bench)
 OPERATOR=$TARGET/release/gpunode-operator
 BENCH=$TARGET/release/gpunode-bench
 

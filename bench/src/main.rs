@@ -66,7 +66,7 @@ enum Command {
         #[arg(long, default_value_t = 300)]
         nfd_deadline_s: u64,
         /// Concurrencies the plain client tries (comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "16,64,256")]
+        #[arg(long, value_delimiter = ',', default_value = "8,32,128")]
         concurrency: Vec<usize>,
         /// Record a perf profile of the operator during the reaction and steady phases.
         #[arg(long)]
@@ -91,7 +91,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn,gpunode_probe=warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -241,7 +241,12 @@ pub async fn run(
             "-config".into(),
             "/dev/null".into(),
         ],
-        &[("KUBERNETES_NAMESPACE", NAMESPACE.to_string())],
+        // nfd-master annotates the node it runs on (NODE_NAME, from the downward API in its
+        // Deployment); the first benchmark node stands in for it.
+        &[
+            ("KUBERNETES_NAMESPACE", NAMESPACE.to_string()),
+            ("NODE_NAME", names.first().cloned().unwrap_or_default()),
+        ],
         &out.join(format!("nfd-master-{n}.log")),
     )?;
     // The rule is created right after the process starts: nfd-master's informer sync counts
@@ -252,11 +257,13 @@ pub async fn run(
     let from = Timestamp::now();
     let t0 = Instant::now();
     rules.create(&PostParams::default(), &obj).await?;
-    let waited = tracker
-        .wait("NFD labelling every node", deadline, |s| {
-            (s.nfd_labelled >= n).then_some(())
-        })
-        .await;
+    let waited = tokio::select! {
+        w = tracker.wait("NFD labelling every node", deadline, |s| (s.nfd_labelled >= n).then_some(())) => w,
+        status = master.exited() => Err(Error::Other(format!(
+            "nfd-master exited ({status}); see {}",
+            out.join(format!("nfd-master-{n}.log")).display()
+        ))),
+    };
     let to = Timestamp::now();
     let elapsed = t0.elapsed().as_secs_f64();
     let sample = master.now()?;

@@ -132,6 +132,14 @@ impl Measured {
         self.pid
     }
 
+    /// Completes when the process exits, with its status.
+    pub async fn exited(&mut self) -> String {
+        match self.child.wait().await {
+            Ok(status) => status.to_string(),
+            Err(e) => e.to_string(),
+        }
+    }
+
     /// A reading now (zeros if it has exited).
     pub fn now(&mut self) -> Result<Sample, Error> {
         if let Ok(Some(status)) = self.child.try_wait() {
@@ -254,8 +262,24 @@ pub fn machine(binaries: &[(String, PathBuf, Vec<String>)]) -> Machine {
         .collect();
     versions.push(("rustc".into(), first_line(Path::new("rustc"), &["--version"])));
     versions.push(("go".into(), first_line(Path::new("go"), &["version"])));
-    let git = |args: &[&str]| first_line(Path::new("git"), args);
-    let mut commit = git(&["rev-parse", "--short=12", "HEAD"]);
+    Machine {
+        cpu,
+        cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        memory_gib: (mem_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+        kernel,
+        versions,
+        commit: commit(),
+        started: jiff::Timestamp::now().to_string(),
+    }
+}
+
+/// The commit measured: `BENCH_COMMIT` (run.sh sets it when it builds a snapshot of HEAD),
+/// else HEAD of the work tree, with "-dirty" when tracked files differ from it.
+pub fn commit() -> String {
+    if let Ok(c) = std::env::var("BENCH_COMMIT") {
+        return c;
+    }
+    let mut commit = first_line(Path::new("git"), &["rev-parse", "--short=12", "HEAD"]);
     let dirty = std::process::Command::new("git")
         .args(["status", "--porcelain", "--untracked-files=no"])
         .output()
@@ -264,15 +288,7 @@ pub fn machine(binaries: &[(String, PathBuf, Vec<String>)]) -> Machine {
     if dirty {
         commit.push_str("-dirty");
     }
-    Machine {
-        cpu,
-        cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
-        memory_gib: (mem_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
-        kernel,
-        versions,
-        commit,
-        started: jiff::Timestamp::now().to_string(),
-    }
+    commit
 }
 
 /// The 1-minute load average.
