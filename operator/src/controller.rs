@@ -47,9 +47,8 @@ use crate::{
     apply::{Applier, FIELD_MANAGER},
     cache::{PolicyVerdicts, VerdictCache},
     markers,
-    triggers,
     plan::{self, NodeView, PolicyPlan},
-    status,
+    status, triggers,
 };
 
 /// Why a reconcile failed.
@@ -660,7 +659,11 @@ pub async fn run(
         .watches_stream(node_stream, move |node: Node| {
             if triggers::is_stand_in(&node.metadata) {
                 // A node that vanished unseen: any policy may have selected it.
-                return p1.state().iter().map(|g| ObjectRef::from_obj(g.as_ref())).collect();
+                return p1
+                    .state()
+                    .iter()
+                    .map(|g| ObjectRef::from_obj(g.as_ref()))
+                    .collect();
             }
             policies_for(&p1, node.labels())
         })
