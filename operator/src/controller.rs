@@ -68,6 +68,9 @@ pub enum Error {
     /// Adding or removing the cleanup finalizer failed, or the cleanup did.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    /// The pass got no answer in time.
+    #[error("reconcile pass took longer than {0:?}; retrying")]
+    Timeout(Duration),
     /// Writing the policy status failed.
     #[error("policy {policy}: status: {source}")]
     Status {
@@ -85,6 +88,7 @@ impl Error {
             Error::InvalidSelector { .. } => "invalid_selector",
             Error::Apply(e) => e.kind(),
             Error::Finalizer(_) => "finalizer",
+            Error::Timeout(_) => "timeout",
             Error::Status { .. } => "status",
         }
     }
@@ -302,15 +306,24 @@ pub async fn reconcile(guarded: Arc<Guarded<GpuNodePolicy>>, ctx: Arc<Context>) 
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
     let api = Api::<GpuNodePolicy>::all(ctx.client.clone());
-    finalizer(&api, FINALIZER, policy, |event| async {
+    let pass = finalizer(&api, FINALIZER, policy, |event| async {
         match event {
             FinalizerEvent::Apply(p) => reconcile_policy(p, ctx.clone()).await,
             FinalizerEvent::Cleanup(p) => release_policy(&p, &ctx).await,
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+    });
+    // A request can go unanswered for good (sent as the API server went away; kube has no read
+    // timeout by default, since watches idle): bound the pass, so it fails and is retried
+    // instead of holding this policy, and every drain of it, until the connection dies.
+    match tokio::time::timeout(RECONCILE_TIMEOUT, pass).await {
+        Ok(r) => r.map_err(|e| Error::Finalizer(Box::new(e))),
+        Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
+    }
 }
+
+/// Longest a reconcile pass may take (a drain pass of a large node included) before it is
+/// abandoned and retried.
+pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Nodes this policy labelled that no policy selects any more: everything gpunode did to them
 /// is undone. (A node another policy selects is left to that policy's plan.)
