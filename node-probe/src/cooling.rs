@@ -105,19 +105,22 @@ fn read_hwmon(dir: &Path, id: &str, status: &mut CoolingStatus) {
         Err(e) => return error(status, id.to_owned(), e),
     };
     for n in indexed(&names, "temp", "_input") {
-        let celsius = match read_millicelsius(&dir.join(format!("temp{n}_input"))) {
-            Ok(c) => c,
-            Err(e) => {
-                error(status, format!("{id}/temp{n}_input"), e);
-                continue;
-            }
-        };
         let label = match sysfs::read_optional(&dir.join(format!("temp{n}_label"))) {
             Ok(Some(label)) => label,
             Ok(None) => format!("temp{n}"),
             Err(e) => {
                 error(status, format!("{id}/temp{n}_label"), e);
                 format!("temp{n}")
+            }
+        };
+        let celsius = match read_millicelsius(&dir.join(format!("temp{n}_input"))) {
+            Ok(c) => c,
+            Err(e) => {
+                // Named as policies name sensors (`<chip>/<label>`), so a sensor limit whose
+                // pattern matches an unreadable sensor makes the node Unknown; the file is in
+                // the reason.
+                error(status, format!("{chip}/{label}"), format!("{id}/temp{n}_input: {e}"));
+                continue;
             }
         };
         let crit_path = dir.join(format!("temp{n}_crit"));
@@ -165,7 +168,8 @@ fn read_zone(dir: &Path, id: &str, status: &mut CoolingStatus) {
     };
     let celsius = match read_millicelsius(&dir.join("temp")) {
         Ok(c) => c,
-        Err(e) => return error(status, format!("{id}/temp"), e),
+        // `<type>/<zone>`, as the reading would have been named.
+        Err(e) => return error(status, format!("{chip}/{id}"), format!("{id}/temp: {e}")),
     };
     let names = sysfs::dir_names(dir).unwrap_or_default();
     let crit_celsius = indexed(&names, "trip_point_", "_type").into_iter().find_map(|k| {

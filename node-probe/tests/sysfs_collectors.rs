@@ -215,13 +215,20 @@ fn garbage_sysfs_files_become_field_errors() {
     assert_eq!(
         errored,
         vec![
-            "hwmon0/temp1_input",
-            "hwmon0/temp2_input",
-            "hwmon1/temp1_input",
+            "coretemp/Package id 0",
+            "coretemp/Core 0",
+            "nvme/Composite",
             "hwmon2/fan1_input",
-            "hwmon3/temp1_input",
-            "thermal_zone1/temp"
+            "mlx5/asic",
+            "acpitz/thermal_zone1"
         ]
+    );
+    // Unreadable sensors carry the names policies match (`<chip>/<label>`); the file is in the
+    // reason.
+    assert!(
+        c.errors[2].reason.starts_with("hwmon1/temp1_input: "),
+        "{}",
+        c.errors[2].reason
     );
     assert!(c.sensors.iter().any(|s| s.label == "Inlet"));
     assert!(c.fans.iter().any(|f| f.name == "nct6798/fan2"));

@@ -1080,6 +1080,24 @@ fn a_failed_cooling_collector_makes_sensor_and_fan_checks_unknown() {
 }
 
 #[test]
+fn an_unreadable_sensor_a_pattern_names_is_unknown_and_others_are_not() {
+    // The probe names an unreadable sensor `<chip>/<label>`, as policies match sensors.
+    let report = healthy().set(
+        "status.cooling.errors",
+        "[{field: nvme/Composite, reason: 'hwmon1/temp1_input: invalid digit'}, \
+          {field: coretemp/Core 0, reason: 'hwmon0/temp2_input: empty'}]",
+    );
+    assert_unknowns(
+        &eval(&strict(), &report),
+        &[unknown(
+            "cooling.sensors",
+            None,
+            "nvme/Composite: hwmon1/temp1_input: invalid digit",
+        )],
+    );
+}
+
+#[test]
 fn a_failed_cooling_collector_leaves_gpu_temperatures_checked() {
     let report = healthy()
         .set("status.collectors.1", "{name: cooling, ok: false, error: boom}")
