@@ -119,7 +119,11 @@ fn read_hwmon(dir: &Path, id: &str, status: &mut CoolingStatus) {
                 // Named as policies name sensors (`<chip>/<label>`), so a sensor limit whose
                 // pattern matches an unreadable sensor makes the node Unknown; the file is in
                 // the reason.
-                error(status, format!("{chip}/{label}"), format!("{id}/temp{n}_input: {e}"));
+                error(
+                    status,
+                    format!("{chip}/{label}"),
+                    format!("{id}/temp{n}_input: {e}"),
+                );
                 continue;
             }
         };
