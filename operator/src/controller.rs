@@ -470,6 +470,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
         policy.status.as_ref(),
         now,
     );
+    ctx.metrics.set_policy_conditions(&name, &new_status.conditions);
     // A replica paused mid-reconcile (SIGSTOP, a stall) may resume after another took over:
     // it writes no status from its stale plan.
     if !ctx.leadership.is_leader() {

@@ -27,6 +27,8 @@ use prometheus_client::{
 };
 use tokio::{sync::watch, time::Instant};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
 use crate::verdict::NodeState;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
@@ -216,6 +218,22 @@ struct NodeLabels {
     state: NodeState,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    policy: String,
+    condition: String,
+}
+
+/// The policy status conditions exported as `gpunode_policy_condition`.
+pub const POLICY_CONDITIONS: [&str; 6] = [
+    "Ready",
+    "Degraded",
+    "BudgetExhausted",
+    "CircuitOpen",
+    "Conflict",
+    "Paused",
+];
+
 const NODE_STATES: [NodeState; 3] = [NodeState::Compliant, NodeState::Drifted, NodeState::Unknown];
 
 /// The registry and its metrics. Share it as `Arc<Metrics>`; every method takes `&self`.
@@ -232,6 +250,7 @@ pub struct Metrics {
     node_writes: Family<PartLabels, Counter>,
     watch_events: Family<WatchLabels, Counter>,
     verdicts: Family<VerdictLabels, Counter>,
+    policy_conditions: Family<ConditionLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -254,6 +273,7 @@ impl Metrics {
         let node_writes = Family::<PartLabels, Counter>::default();
         let watch_events = Family::<WatchLabels, Counter>::default();
         let verdicts = Family::<VerdictLabels, Counter>::default();
+        let policy_conditions = Family::<ConditionLabels, Gauge>::default();
         for part in NODE_PARTS {
             let _ = node_writes.get_or_create(&PartLabels { part });
         }
@@ -326,10 +346,16 @@ impl Metrics {
             "Per-node verdicts of reconciles, evaluated or reused from the last reconcile",
             verdicts.clone(),
         );
+        registry.register(
+            "policy_condition",
+            "1 while the policy's status condition of this type (Ready, Degraded, BudgetExhausted, CircuitOpen, Conflict, Paused) is True, else 0",
+            policy_conditions.clone(),
+        );
         Metrics {
             node_writes,
             watch_events,
             verdicts,
+            policy_conditions,
             registry,
             reconciles,
             reconcile_errors,
@@ -387,8 +413,29 @@ impl Metrics {
         }
     }
 
+    /// Exports the policy's status conditions: 1 for each type that is True.
+    pub fn set_policy_conditions(&self, policy: &str, conditions: &[Condition]) {
+        for condition in POLICY_CONDITIONS {
+            let on = conditions
+                .iter()
+                .any(|c| c.type_ == condition && c.status == "True");
+            self.policy_conditions
+                .get_or_create(&ConditionLabels {
+                    policy: policy.to_string(),
+                    condition: condition.to_string(),
+                })
+                .set(i64::from(on));
+        }
+    }
+
     /// Drops `policy`'s series (the policy was deleted).
     pub fn forget_policy(&self, policy: &str) {
+        for condition in POLICY_CONDITIONS {
+            self.policy_conditions.remove(&ConditionLabels {
+                policy: policy.to_string(),
+                condition: condition.to_string(),
+            });
+        }
         for state in NODE_STATES {
             self.nodes.remove(&NodeLabels {
                 policy: policy.to_string(),
@@ -636,6 +683,39 @@ mod tests {
         let text = m.encode();
         assert!(!text.contains(r#"policy="h100""#), "{text}");
         assert!(text.contains(r#"policy="a100""#), "{text}");
+    }
+
+    #[test]
+    fn policy_conditions_are_one_while_true() {
+        let m = Metrics::new();
+        let cond = |t: &str, status: &str| Condition {
+            type_: t.to_string(),
+            status: status.to_string(),
+            reason: "R".to_string(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        };
+        m.set_policy_conditions(
+            "h100",
+            &[
+                cond("Ready", "True"),
+                cond("CircuitOpen", "True"),
+                cond("Paused", "False"),
+            ],
+        );
+        let text = m.encode();
+        let series = |c: &str| format!(r#"gpunode_policy_condition{{policy="h100",condition="{c}"}}"#);
+        assert_eq!(value(&text, &series("CircuitOpen")), Some(1.0));
+        assert_eq!(value(&text, &series("Ready")), Some(1.0));
+        assert_eq!(value(&text, &series("Paused")), Some(0.0));
+        assert_eq!(
+            value(&text, &series("BudgetExhausted")),
+            Some(0.0),
+            "absent means 0"
+        );
+        m.forget_policy("h100");
+        assert!(!m.encode().contains("gpunode_policy_condition{"), "forgotten");
     }
 
     #[test]
