@@ -29,7 +29,7 @@ fn at(secs: i64) -> Timestamp {
 fn inputs(window: Option<u64>, observed: i64, xids: &[(usize, u32, i64)]) -> (GpuNodePolicy, GpuNodeReport) {
     let mut policy: GpuNodePolicy = load("strict-policy.yaml");
     if let Some(gpu) = policy.spec.gpu.as_mut() {
-        gpu.xid_window = window.map(|w| gpunode_crds::Duration::from_secs(w));
+        gpu.xid_window = window.map(gpunode_crds::Duration::from_secs);
     }
     let mut report: GpuNodeReport = load("healthy-h100-report.yaml");
     if let Some(s) = report.status.as_mut() {
