@@ -199,7 +199,8 @@ fn spec_change(
         Some(false) if cordoned_by_us && unschedulable => (false, false),
         _ => (unschedulable, cordoned_by_us && unschedulable && ours),
     };
-    let keep = |t: &Taint| t.key != TAINT_KEY || markers::drift_taint(t).is_some_and(|d| desired.contains(&d));
+    let keep =
+        |t: &Taint| t.key != TAINT_KEY || markers::drift_taint(t).is_some_and(|d| desired.contains(&d));
     let existing_ours = drift_taints(node);
     let taints_unchanged = current.iter().all(keep) && desired.iter().all(|d| existing_ours.contains(d));
     if taints_unchanged && new_unschedulable == unschedulable && marker == cordoned_by_us {

@@ -139,7 +139,8 @@ pub fn unchanged_until(
     report: Option<&GpuNodeReport>,
     now: Timestamp,
 ) -> Option<Timestamp> {
-    let signed = |d: std::time::Duration| jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::MAX);
+    let signed =
+        |d: std::time::Duration| jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::MAX);
     let Some(observed_at) = report
         .and_then(|r| r.status.as_ref())
         .and_then(|s| s.observed_at.as_ref())
