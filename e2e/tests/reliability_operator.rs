@@ -5,6 +5,7 @@
 //! - the leader cut off (SIGSTOP, its view of a partition) until its Lease expires: the follower
 //!   takes over, and the old leader, continued, writes nothing after the new one acquired the
 //!   Lease (audit log, per ServiceAccount).
+//!
 //! After each: no pod evicted twice, every node ends as the policy implies, budget held.
 //! The steps share one binary and run in sequence: two operator deployments at once would both
 //! act on every policy.
@@ -202,6 +203,8 @@ async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Reco
 
 async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     let ns = "rel-part";
+    // The cluster outlives a test run: only this run's writes count.
+    let started = jiff::Timestamp::now();
     let a = Operator::start(fc, client, "rel-part-a", ns)
         .await
         .unwrap_or_else(|e| fail(e));
@@ -260,7 +263,8 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
         .max();
     let early_b = audit
         .iter()
-        .filter(|e| e.user == b.user() && e.is_write() && e.resource != "leases" && e.at < acquired)
+        .filter(|e| e.user == b.user() && e.is_write() && e.resource != "leases")
+        .filter(|e| e.at > started && e.at < acquired)
         .count();
     let gap = last_a.map(|t| acquired.duration_since(t).as_secs_f64());
     checks.push(Check::new(
@@ -282,4 +286,76 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
     })
     .unwrap_or_else(|e| fail(e));
     wave.cleanup().await;
+}
+
+/// The fence itself, deterministically: an applier whose replica is not (or no longer) the
+/// leader makes no request at all, even with a plan that cordons and drains. (The partition run
+/// above can only pause the leader at a seeded point; this covers a pause that lands mid-apply.)
+#[tokio::test]
+async fn a_replica_past_its_term_writes_nothing_even_mid_apply() {
+    use gpunode_operator::{
+        apply::{Applier, ApplyError},
+        leader::Leadership,
+        plan::{NodeView, plan},
+        verdict::{Drift, Verdict},
+    };
+    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(&client, &WaveSpec::drain("fence", 1, 1))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    // The node's report is healthy: an operator running in parallel only labels it. The plan
+    // below is made as if it had a fatal XID.
+    let spec: gpunode_crds::GpuNodePolicySpec =
+        serde_json::from_value(WaveSpec::drain("x", 1, 0).policy_spec).unwrap_or_else(|e| fail(e));
+    let node = wave.nodes_now().await.unwrap_or_else(|e| fail(e)).remove(0);
+    let verdict = Verdict::new(
+        vec![Drift {
+            class: gpunode_crds::DriftClass::Xid,
+            check: "gpu.fatalXids".into(),
+            expected: "none".into(),
+            actual: "79".into(),
+            gpu: Some(0),
+            device: None,
+        }],
+        vec![],
+    );
+    let (view, _) = NodeView::observe(&node, verdict, vec![]);
+    let now = jiff::Timestamp::now();
+    let p = plan(&spec, &[view], now);
+    let np = &p.nodes[0];
+    assert_eq!(np.cordon, Some(true), "the plan cordons and drains: {np:?}");
+    let since = jiff::Timestamp::now();
+    let applier = Applier::new(client.clone()).with_gate(Leadership::fixed(false));
+    let r = applier
+        .apply(&wave.policy, np, &node, &spec.disruption.drain, now)
+        .await;
+    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+    let writes = audit
+        .iter()
+        // The applier writes as the admin user; an operator elsewhere has its own account.
+        .filter(|e| e.is_write() && e.at >= since && e.user == "gpunode-admin")
+        .filter(|e| e.name == node.metadata.name.clone().unwrap_or_default() || e.namespace == wave.namespace)
+        .count();
+    wave.cleanup().await;
+    let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "operator-fence");
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: "replica past its term applies a cordon-and-drain plan (the fence)".into(),
+        seed: None,
+        checks: vec![
+            Check::new(
+                "the apply refuses before any request",
+                matches!(r, Err(ApplyError::NotLeader(_))),
+                format!("{r:?}"),
+            ),
+            Check::new(
+                "no write by the fenced replica (audit log)",
+                writes == 0,
+                format!("{writes} writes"),
+            ),
+        ],
+        recovery_ms: None,
+    })
+    .unwrap_or_else(|e| fail(e));
+    rec.assert_clean();
 }
