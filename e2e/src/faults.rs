@@ -758,6 +758,15 @@ impl Wave {
                     "metadata": {"name": namespace, "labels": {crate::scratch::E2E_LABEL: "true"}}}))?,
             )
             .await?;
+        // Pods are refused until the controller-manager has made the namespace's default
+        // ServiceAccount (a fresh namespace, a loaded machine).
+        let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &namespace);
+        wait::until(
+            "the namespace's default ServiceAccount",
+            Duration::from_secs(60),
+            || async { Ok(accounts.get_opt("default").await?.map(|_| ())) },
+        )
+        .await?;
         if spec.pdb {
             let pdb: PodDisruptionBudget = serde_json::from_value(json!({
                 "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "hold"},
