@@ -287,6 +287,20 @@ fn a_finished_drain_is_reported_once_never_turns_stuck_and_ends_on_recovery() {
 }
 
 #[test]
+fn a_first_compliant_verdict_is_not_an_event_but_a_return_to_compliance_is() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    let p = step(&policy, &mut nodes, at(0));
+    assert!(of(&p, "a").events.is_empty(), "{:?}", of(&p, "a").events);
+    nodes[0].verdict = drifted(&[DriftClass::Driver]);
+    let p = step(&policy, &mut nodes, at(10));
+    assert!(of(&p, "a").events.iter().any(|e| e.reason == "Drifted"));
+    nodes[0].verdict = compliant();
+    let p = step(&policy, &mut nodes, at(20));
+    assert!(of(&p, "a").events.iter().any(|e| e.reason == "Compliant"));
+}
+
+#[test]
 fn a_human_cordon_is_never_lifted() {
     let policy = ladder();
     let mut nodes = vec![node("a")];
