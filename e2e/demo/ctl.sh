@@ -57,7 +57,7 @@ watch)
 		screen >"$WORK/screen.txt" 2>&1 || true
 		clear
 		cat "$WORK/screen.txt"
-		sleep 2 # refresh interval of the live view
+		next_change
 	done
 	;;
 check)

@@ -96,8 +96,7 @@ while true; do
 		echo >&2
 		die "the end state was not reached within ${TIMEOUT}s; logs: $LOGS (operator-*.log, probe-*.log)"
 	fi
-	# Refresh interval of the live view (a display loop, not a test wait).
-	sleep 2
+	next_change
 done
 echo
 printf '\033[1mEnd state reached in %ss after applying examples/.\033[0m\n' "$(($(date +%s) - START))"

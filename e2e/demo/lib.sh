@@ -142,6 +142,11 @@ demo_stop_processes() {
 	done
 }
 
+# Returns when a node changes, or after 2 s at the latest: the live view redraws on what happens.
+next_change() {
+	timeout 2 "$KUBECTL" get nodes --watch-only -o name 2>/dev/null | head -n 1 >/dev/null || true
+}
+
 label() { "$KUBECTL" get node "$1" -o jsonpath="{.metadata.labels.${2//./\\.}}" 2>/dev/null; }
 
 # The live view: what a platform engineer looks at while gpunode acts.

@@ -902,24 +902,15 @@ impl Wave {
     /// reports it healthy again; returns when every node is compliant, uncordoned, untainted
     /// and empty. API errors (an outage) are retried until `timeout`.
     pub async fn drive(&self, timeout: Duration) -> Result<(), Error> {
-        let deadline = Instant::now() + timeout;
-        let mut healed: BTreeSet<String> = BTreeSet::new();
-        loop {
-            let last = match self.drive_step(&mut healed).await {
-                Ok(true) => return Ok(()),
-                Ok(false) => format!("healed {healed:?}"),
-                Err(e) => e.to_string(),
-            };
-            if Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    what: format!("wave {} to complete", self.id),
-                    after: timeout,
-                    last,
-                });
+        let healed = tokio::sync::Mutex::new(BTreeSet::new());
+        wait::until(&format!("wave {} to complete", self.id), timeout, || async {
+            let mut healed = healed.lock().await;
+            match self.drive_step(&mut healed).await? {
+                true => Ok(Some(())),
+                false => Err(Error::Unexpected(format!("healed {:?}", *healed))),
             }
-            // Poll interval of the condition wait above (the wave being through).
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        })
+        .await
     }
 
     async fn drive_step(&self, healed: &mut BTreeSet<String>) -> Result<bool, Error> {

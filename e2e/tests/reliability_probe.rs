@@ -23,26 +23,25 @@ fn fail(e: impl std::fmt::Display) -> ! {
     panic!("{e}")
 }
 
-/// The reconcile counter once it has stopped moving (debounced reconciles of earlier events done).
+/// The reconcile counter once it has stopped moving for `QUIET` (debounced reconciles of
+/// earlier events done).
 async fn settled(op: &Operator) -> f64 {
-    let deadline = Instant::now() + DEADLINE;
-    let mut last = op
-        .metric("gpunode_reconciles_total")
-        .await
-        .unwrap_or_else(|e| fail(e));
-    loop {
-        // Poll interval of the wait for the counter to stop moving.
-        tokio::time::sleep(Duration::from_millis(800)).await;
-        let now = op
-            .metric("gpunode_reconciles_total")
-            .await
-            .unwrap_or_else(|e| fail(e));
-        if now == last {
-            return now;
+    // Longer than the controller's debounce plus one reconcile on a loaded machine.
+    const QUIET: Duration = Duration::from_millis(800);
+    let last: std::sync::Mutex<Option<(f64, Instant)>> = std::sync::Mutex::new(None);
+    wait::until("reconciles to settle", DEADLINE, || async {
+        let now = op.metric("gpunode_reconciles_total").await?;
+        let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+        match *last {
+            Some((v, since)) if v == now => Ok((since.elapsed() >= QUIET).then_some(now)),
+            _ => {
+                *last = Some((now, Instant::now()));
+                Ok(None)
+            }
         }
-        assert!(Instant::now() < deadline, "reconciles never settled (last {now})");
-        last = now;
-    }
+    })
+    .await
+    .unwrap_or_else(|e| fail(e))
 }
 
 fn node_writes(fc: &FaultCluster, user: &str, nodes: &[String], since: jiff::Timestamp) -> usize {
