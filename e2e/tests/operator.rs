@@ -103,20 +103,7 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         .unwrap_or_else(|e| fail(e));
 
     // The operator runs with the chart's ServiceAccount: its RBAC is what this test exercises.
-    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(controller::run(
-        operator_client,
-        controller::Options {
-            instance: "e2e".to_string(),
-            leadership: gpunode_operator::leader::Leadership::fixed(true),
-            metrics: std::sync::Arc::new(gpunode_operator::metrics::Metrics::new()),
-            readiness: gpunode_operator::server::Readiness::new(),
-        },
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let (stop_tx, operator) = start_operator(&client).await;
 
     wait::until("node labelled compliant", DEADLINE, || async {
         let n = node_api.get(&name).await?;
@@ -223,5 +210,120 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
     policies
         .delete(&name, &Default::default())
         .await
+        .unwrap_or_else(|e| fail(e));
+}
+
+/// Runs the operator as the chart's ServiceAccount until the returned sender is used or dropped.
+async fn start_operator(client: &Client) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let operator_client = chart::operator_client(client).await.unwrap_or_else(|e| fail(e));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(controller::run(
+        operator_client,
+        controller::Options {
+            instance: "e2e".to_string(),
+            leadership: gpunode_operator::leader::Leadership::fixed(true),
+            metrics: std::sync::Arc::new(gpunode_operator::metrics::Metrics::new()),
+            readiness: gpunode_operator::server::Readiness::new(),
+        },
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    (stop_tx, operator)
+}
+
+/// Whether gpunode's field manager still owns metadata through the main resource (how an older
+/// gpunode applied labels) rather than the status subresource.
+fn legacy_owner(node: &Node) -> bool {
+    node.metadata.managed_fields.iter().flatten().any(|m| {
+        m.manager.as_deref() == Some("gpunode-operator")
+            && m.subresource.as_deref().unwrap_or_default().is_empty()
+            && m.operation.as_deref() == Some("Apply")
+            && m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.get("f:metadata").is_some())
+    })
+}
+
+#[tokio::test]
+async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale() {
+    let client = admin_client().await.unwrap_or_else(|e| fail(e));
+    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let name = format!("op-legacy-{:06x}", rand_suffix());
+    nodes::create(
+        &client,
+        std::slice::from_ref(&name),
+        &nodes::GpuNodeShape::default(),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let node_api: Api<Node> = Api::all(client.clone());
+    // What an older gpunode left: its labels applied to the main resource under its field
+    // manager, including a drift label the current verdict no longer has.
+    let old = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
+        "gpunode.dev/policy": name, "gpunode.dev/state": "drifted", "gpunode.dev/drift.throttle": "true",
+    }}});
+    node_api
+        .patch(
+            &name,
+            &PatchParams::apply("gpunode-operator").force(),
+            &Patch::Apply(&old),
+        )
+        .await
+        .unwrap_or_else(|e| fail(e));
+    publish_report(&client, &name, &[]).await;
+    let policy: GpuNodePolicy = serde_json::from_value(json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": name}},
+            "cooling": {},
+            "staleAfter": "5m",
+        }
+    }))
+    .unwrap_or_else(|e| fail(e));
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let (stop_tx, operator) = start_operator(&client).await;
+
+    let n = wait::until(
+        "node compliant, without the stale drift label",
+        DEADLINE,
+        || async {
+            let n = node_api.get(&name).await?;
+            let done = label(&n, "gpunode.dev/state").as_deref() == Some("compliant")
+                && label(&n, "gpunode.dev/drift.throttle").is_none();
+            Ok(done.then_some(n))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(!legacy_owner(&n), "the main-resource ownership was released");
+    assert_eq!(condition(&n).map(|c| c.status).as_deref(), Some("True"));
+
+    // Deleting the policy releases the node: gpunode's labels and condition are gone.
+    policies
+        .delete(&name, &Default::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    wait::until("node released", DEADLINE, || async {
+        let n = node_api.get(&name).await?;
+        let ours = n
+            .metadata
+            .labels
+            .iter()
+            .flatten()
+            .any(|(k, _)| k.starts_with("gpunode.dev/"));
+        Ok((!ours && condition(&n).is_none()).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), operator)
+        .await
+        .unwrap_or_else(|e| fail(e))
         .unwrap_or_else(|e| fail(e));
 }

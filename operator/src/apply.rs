@@ -285,8 +285,7 @@ impl Applier {
             return Ok(out);
         }
         out.wrote_spec = self.apply_spec(plan, observed, now).await?;
-        out.wrote_metadata = self.apply_metadata(policy, plan, observed).await?;
-        out.wrote_condition = self.apply_condition(plan, observed, now).await?;
+        (out.wrote_metadata, out.wrote_condition) = self.apply_record(policy, plan, observed, now).await?;
         if let DrainStep::Run { .. } = plan.drain {
             let (evicted, remaining, refused) = self.drain(&plan.node, drain).await?;
             out.evicted = evicted;
@@ -297,43 +296,10 @@ impl Applier {
                 // reconciles stop listing the node's pods.
                 let mut done = plan.clone();
                 done.markers.drained = Some(now);
-                out.wrote_metadata |= self.apply_metadata(policy, &done, observed).await?;
+                out.wrote_metadata |= self.apply_record(policy, &done, observed, now).await?.0;
             }
         }
         Ok(out)
-    }
-
-    async fn apply_metadata(
-        &self,
-        policy: &str,
-        plan: &NodePlan,
-        observed: &Node,
-    ) -> Result<bool, ApplyError> {
-        if metadata_unchanged(policy, plan, observed) {
-            return Ok(false);
-        }
-        let labels = desired_labels(policy, plan);
-        let annotations = desired_annotations(plan);
-        let patch = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": plan.node, "labels": labels, "annotations": annotations},
-        });
-        self.may_write(&plan.node)?;
-        self.nodes
-            .patch(
-                &plan.node,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-            .map_err(|source| ApplyError::Api {
-                step: "labels",
-                node: plan.node.clone(),
-                source,
-            })?;
-        debug!("labels and annotations applied");
-        Ok(true)
     }
 
     /// Taints and cordon in one write with a resourceVersion precondition.
@@ -406,24 +372,36 @@ impl Applier {
         Err(ApplyError::Conflict(name.to_string()))
     }
 
-    async fn apply_condition(
+    /// Labels, bookkeeping annotations and the `GpuPolicyCompliant` condition in one
+    /// server-side apply to the node's status subresource; returns (metadata, condition)
+    /// written. The node status strategy resets only `spec` (metadata written through
+    /// `nodes/status` is kept; NodeRestriction polices labels there for this reason), so one
+    /// request per node does what took two: convergence at scale is bounded by requests.
+    async fn apply_record(
         &self,
+        policy: &str,
         plan: &NodePlan,
         observed: &Node,
         now: Timestamp,
-    ) -> Result<bool, ApplyError> {
-        if condition_unchanged(plan, observed) {
-            return Ok(false);
+    ) -> Result<(bool, bool), ApplyError> {
+        let same_metadata = metadata_unchanged(policy, plan, observed);
+        let same_condition = condition_unchanged(plan, observed);
+        if same_metadata && same_condition {
+            return Ok((false, false));
         }
-        let existing = our_condition(observed);
         let c = &plan.condition;
-        let since = existing
+        let since = our_condition(observed)
             .filter(|e| e.status == c.status)
             .and_then(|e| e.last_transition_time.clone())
             .map_or(now, |t| t.0);
         let patch = json!({
             "apiVersion": "v1",
             "kind": "Node",
+            "metadata": {
+                "name": plan.node,
+                "labels": desired_labels(policy, plan),
+                "annotations": desired_annotations(plan),
+            },
             "status": {"conditions": [{
                 "type": CONDITION_TYPE,
                 "status": c.status,
@@ -434,7 +412,8 @@ impl Applier {
             }]},
         });
         self.may_write(&plan.node)?;
-        self.nodes
+        let written = self
+            .nodes
             .patch_status(
                 &plan.node,
                 &PatchParams::apply(FIELD_MANAGER).force(),
@@ -442,11 +421,50 @@ impl Applier {
             )
             .await
             .map_err(|source| ApplyError::Api {
-                step: "condition",
+                step: "labels and condition",
                 node: plan.node.clone(),
                 source,
             })?;
-        Ok(true)
+        self.release_legacy_metadata(&plan.node, &written).await?;
+        debug!("labels, annotations and condition applied");
+        Ok((!same_metadata, !same_condition))
+    }
+
+    /// Releases labels and annotations that an older gpunode applied to the main resource
+    /// (before they moved to the status subresource), so a label gpunode stops applying is
+    /// removed instead of being kept by that older owner. Once per node; `written` is the
+    /// node as the last apply returned it (with its managed fields).
+    async fn release_legacy_metadata(&self, name: &str, written: &Node) -> Result<(), ApplyError> {
+        let legacy = written.metadata.managed_fields.iter().flatten().any(|m| {
+            m.manager.as_deref() == Some(FIELD_MANAGER)
+                && m.operation.as_deref() == Some("Apply")
+                && m.subresource.as_deref().unwrap_or_default().is_empty()
+                && m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.get("f:metadata").is_some())
+        });
+        if !legacy {
+            return Ok(());
+        }
+        let bare = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
+        self.may_write(name)?;
+        self.nodes
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&bare),
+            )
+            .await
+            .map_err(|source| ApplyError::Api {
+                step: "labels and condition",
+                node: name.to_string(),
+                source,
+            })?;
+        info!(
+            node = name,
+            "released the labels an older gpunode applied to the main resource"
+        );
+        Ok(())
     }
 
     /// Undoes everything gpunode did to a node its policy no longer governs (the policy was
@@ -473,12 +491,16 @@ impl Applier {
         let bare = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": &name}});
         let pp = PatchParams::apply(FIELD_MANAGER).force();
         if has_metadata {
-            // Applying nothing under our field manager removes every label and annotation we own.
+            // Applying nothing under our field manager removes every label and annotation we own
+            // (through the status subresource, where gpunode applies them; then from an older
+            // gpunode's apply to the main resource, if any).
             self.may_write(&name)?;
-            self.nodes
-                .patch(&name, &pp, &Patch::Apply(&bare))
+            let written = self
+                .nodes
+                .patch_status(&name, &pp, &Patch::Apply(&bare))
                 .await
-                .map_err(err("labels"))?;
+                .map_err(err("labels and condition"))?;
+            self.release_legacy_metadata(&name, &written).await?;
             wrote = true;
         }
         if has_condition {

@@ -119,6 +119,31 @@ pub struct Context {
     pub synced: Arc<AtomicBool>,
     /// Verdicts of the last reconcile of each policy, reused while their inputs are unchanged.
     pub verdicts: Arc<VerdictCache>,
+    /// When each policy's status was last written (see [`STATUS_MIN_INTERVAL`]).
+    pub status_written: std::sync::Mutex<HashMap<String, std::time::Instant>>,
+}
+
+/// Least time between two status writes of one policy. Its counts change with every node that
+/// changes, and a status write is one more request on the path of the next node's action: under a
+/// stream of changes the status trails by at most this long instead.
+pub const STATUS_MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+impl Context {
+    /// `None` when the policy's status may be written now (and records that it is), else how
+    /// long until it may.
+    fn status_slot(&self, policy: &str) -> Option<Duration> {
+        let mut written = self.status_written.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        match written.get(policy) {
+            Some(last) if now.duration_since(*last) < STATUS_MIN_INTERVAL => {
+                Some(STATUS_MIN_INTERVAL - now.duration_since(*last))
+            }
+            _ => {
+                written.insert(policy.to_string(), now);
+                None
+            }
+        }
+    }
 }
 
 fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, Error> {
@@ -505,11 +530,15 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     if !ctx.leadership.is_leader() {
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
-    if policy
+    let mut wake = next_wakeup(&policy, &plan, &ctx, now);
+    let status_changed = policy
         .status
         .as_ref()
-        .is_none_or(|old| !status::same_ignoring_time(old, &new_status))
-    {
+        .is_none_or(|old| !status::same_ignoring_time(old, &new_status));
+    if status_changed && let Some(later) = ctx.status_slot(&name) {
+        // Written by the pass that runs once the interval is over.
+        wake = wake.min(later);
+    } else if status_changed {
         let patch = json!({
             "apiVersion": "gpunode.dev/v1alpha1",
             "kind": "GpuNodePolicy",
@@ -530,7 +559,6 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     if let Some(e) = first_error {
         return Err(e.into());
     }
-    let wake = next_wakeup(&policy, &plan, &ctx, now);
     debug!(requeue_after = ?wake, "reconciled");
     Ok(Action::requeue(wake))
 }
@@ -538,7 +566,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
 /// The metric kind of an apply or reconcile error.
 fn error_kind(kind: &str) -> ErrorKind {
     match kind {
-        "labels" => ErrorKind::Labels,
+        "labels" | "labels and condition" => ErrorKind::Labels,
         "taints" => ErrorKind::Taints,
         "read node" => ErrorKind::Read,
         "condition" => ErrorKind::Condition,
@@ -607,16 +635,13 @@ pub async fn run(
     options: Options,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let strip = |n: &mut Node| {
-        n.managed_fields_mut().clear();
-    };
     let (nodes, node_writer) = reflector::store::<Node>();
     let node_stream = watcher(
         Api::<Node>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
     .default_backoff()
-    .modify(strip)
+    .modify(crate::trim::node)
     .reflect(node_writer);
     let (reports, report_writer) = reflector::store::<Guarded<GpuNodeReport>>();
     let report_stream = watcher(
@@ -624,14 +649,17 @@ pub async fn run(
         watcher::Config::default().any_semantic(),
     )
     .default_backoff()
-    .modify(|r: &mut Guarded<GpuNodeReport>| r.managed_fields_mut().clear())
+    .modify(|r: &mut Guarded<GpuNodeReport>| match &mut r.0 {
+        Ok(report) => crate::trim::report(report),
+        Err(_) => r.managed_fields_mut().clear(),
+    })
     .reflect(report_writer);
 
     let controller = Controller::new(
         Api::<Guarded<GpuNodePolicy>>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
-    .with_config(controller::Config::default().debounce(Duration::from_millis(50)));
+    .with_config(controller::Config::default().debounce(Duration::from_millis(20)));
     let policies = controller.store();
 
     let synced = Arc::new(AtomicBool::new(false));
@@ -665,6 +693,7 @@ pub async fn run(
         metrics: options.metrics.clone(),
         synced,
         verdicts: verdicts.clone(),
+        status_written: std::sync::Mutex::default(),
     });
     // Heartbeats of probes and kubelets change nothing gpunode decides: only material changes
     // trigger a reconcile (see crate::triggers).

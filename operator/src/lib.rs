@@ -15,4 +15,5 @@ pub mod plan;
 pub mod server;
 pub mod status;
 pub mod triggers;
+pub mod trim;
 pub mod verdict;
