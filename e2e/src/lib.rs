@@ -9,6 +9,7 @@ pub mod crds;
 pub mod faults;
 pub mod fixtures;
 pub mod nodes;
+pub mod operator;
 pub mod pods;
 pub mod reports;
 pub mod scratch;

@@ -3,13 +3,13 @@
 //! killed mid-drain is replaced by a fresh one that finishes the same drain without starting
 //! over. (A separate test binary: one operator per process.)
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, time::Duration};
 
 use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
-    chart, cluster::admin_client, crds, nodes, pods, reports, scratch::Scratch, scratch::rand_suffix, wait,
+    chart, cluster::admin_client, crds, nodes, operator::InProcess, pods, reports, scratch::Scratch,
+    scratch::rand_suffix, wait,
 };
-use gpunode_operator::{controller, leader::Leadership, metrics::Metrics, server::Readiness};
 use k8s_openapi::api::{
     core::v1::{Node, Pod},
     events::v1::Event,
@@ -61,24 +61,6 @@ async fn alive(pods: &Api<Pod>, names: &[&str]) -> BTreeSet<String> {
         }
     }
     out
-}
-
-/// Runs the operator in-process with `client`: the chart's operator ServiceAccount.
-fn start_operator(client: &Client) -> (tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = tokio::spawn(controller::run(
-        client.clone(),
-        controller::Options {
-            instance: "e2e-drain".to_string(),
-            leadership: Leadership::fixed(true),
-            metrics: Arc::new(Metrics::new()),
-            readiness: Readiness::new(),
-        },
-        async move {
-            let _ = rx.await;
-        },
-    ));
-    (handle, tx)
 }
 
 fn annotation(node: &Node, key: &str) -> Option<String> {
@@ -144,7 +126,7 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         .unwrap_or_else(|e| fail(e));
 
     let node_api: Api<Node> = Api::all(client.clone());
-    let (first, stop_first) = start_operator(&operator_client);
+    let first = InProcess::start(&operator_client, "e2e-drain");
     wait::until("node labelled compliant", DEADLINE, || async {
         let n = node_api.get(&bad).await?;
         Ok((n
@@ -205,10 +187,8 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
     .unwrap_or_else(|e| fail(e));
 
     // Kill the operator mid-drain (no graceful shutdown), then start a fresh one.
-    first.abort();
-    drop(stop_first);
-    let _ = first.await;
-    let (second, stop_second) = start_operator(&operator_client);
+    first.kill().await;
+    let second = InProcess::start(&operator_client, "e2e-drain");
 
     // A new healthy replica elsewhere frees the budget: the held pod is evicted now.
     pods.create(&PostParams::default(), &pod("c", &spare))
@@ -266,7 +246,6 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
     .await
     .unwrap_or_else(|e| fail(e));
 
-    let _ = stop_second.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), second).await;
+    second.stop().await.unwrap_or_else(|e| fail(e));
     ns.delete().await.unwrap_or_else(|e| fail(e));
 }

@@ -12,11 +12,12 @@
 //! One test function with one operator: the controller reconciles every policy in the cluster,
 //! so a second in-process operator would fight over the same nodes.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use gpunode_crds::GpuNodePolicy;
-use gpunode_e2e::{chart, cluster::admin_client, nodes, reports, scratch::rand_suffix, wait};
-use gpunode_operator::{controller, leader::Leadership, metrics::Metrics, server::Readiness};
+use gpunode_e2e::{
+    chart, cluster::admin_client, nodes, operator::InProcess, reports, scratch::rand_suffix, wait,
+};
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::{
     Api, Client,
@@ -165,20 +166,8 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
         .await
         .unwrap_or_else(|e| fail(e));
 
-    let metrics = Arc::new(Metrics::new());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(controller::run(
-        operator_client,
-        controller::Options {
-            instance: "e2e-human".to_string(),
-            leadership: Leadership::fixed(true),
-            metrics: metrics.clone(),
-            readiness: Readiness::new(),
-        },
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let operator = InProcess::start(&operator_client, "e2e-human");
+    let metrics = operator.metrics.clone();
     for n in [&early, &late] {
         until_node(&api, n, "compliant", recovered).await;
     }
@@ -288,8 +277,7 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
             "{node}: releasing the policy lifted a person's cordon"
         );
     }
-    let _ = stop.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(10), operator).await;
+    operator.stop().await.unwrap_or_else(|e| fail(e));
     for node in [&early, &late] {
         let _ = api.delete(node, &Default::default()).await;
     }

@@ -5,8 +5,9 @@
 use std::time::{Duration, Instant};
 
 use gpunode_crds::GpuNodePolicy;
-use gpunode_e2e::{chart, cluster::admin_client, crds, nodes, reports, scratch::rand_suffix, wait};
-use gpunode_operator::controller;
+use gpunode_e2e::{
+    chart, cluster::admin_client, crds, nodes, operator::InProcess, reports, scratch::rand_suffix, wait,
+};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
@@ -15,6 +16,10 @@ use kube::{
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The controller reconciles every policy in the cluster, so two in-process operators would both
+/// act on each test's node: the tests of this file take turns.
+static ONE_OPERATOR: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn fail(e: impl std::fmt::Display) -> ! {
     panic!("{e}")
@@ -60,6 +65,7 @@ fn label(node: &Node, key: &str) -> Option<String> {
 
 #[tokio::test]
 async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for() {
+    let _turn = ONE_OPERATOR.lock().await;
     // RUST_LOG=gpunode_operator=debug shows the operator's decisions.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -103,7 +109,8 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         .unwrap_or_else(|e| fail(e));
 
     // The operator runs with the chart's ServiceAccount: its RBAC is what this test exercises.
-    let (stop_tx, operator) = start_operator(&client).await;
+    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    let operator = InProcess::start(&operator_client, "e2e");
 
     wait::until("node labelled compliant", DEADLINE, || async {
         let n = node_api.get(&name).await?;
@@ -202,34 +209,11 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
     .unwrap_or_else(|e| fail(e));
     assert_eq!(status.drifted, 0);
 
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(10), operator)
-        .await
-        .unwrap_or_else(|e| fail(e))
-        .unwrap_or_else(|e| fail(e));
+    operator.stop().await.unwrap_or_else(|e| fail(e));
     policies
         .delete(&name, &Default::default())
         .await
         .unwrap_or_else(|e| fail(e));
-}
-
-/// Runs the operator as the chart's ServiceAccount until the returned sender is used or dropped.
-async fn start_operator(client: &Client) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let operator_client = chart::operator_client(client).await.unwrap_or_else(|e| fail(e));
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(controller::run(
-        operator_client,
-        controller::Options {
-            instance: "e2e".to_string(),
-            leadership: gpunode_operator::leader::Leadership::fixed(true),
-            metrics: std::sync::Arc::new(gpunode_operator::metrics::Metrics::new()),
-            readiness: gpunode_operator::server::Readiness::new(),
-        },
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    (stop_tx, operator)
 }
 
 /// Whether gpunode's field manager still owns metadata through the main resource (how an older
@@ -247,6 +231,7 @@ fn legacy_owner(node: &Node) -> bool {
 
 #[tokio::test]
 async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale() {
+    let _turn = ONE_OPERATOR.lock().await;
     let client = admin_client().await.unwrap_or_else(|e| fail(e));
     crds::install(&client).await.unwrap_or_else(|e| fail(e));
     let name = format!("op-legacy-{:06x}", rand_suffix());
@@ -287,7 +272,8 @@ async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale()
         .create(&PostParams::default(), &policy)
         .await
         .unwrap_or_else(|e| fail(e));
-    let (stop_tx, operator) = start_operator(&client).await;
+    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    let operator = InProcess::start(&operator_client, "e2e");
 
     let n = wait::until(
         "node compliant, without the stale drift label",
@@ -321,9 +307,5 @@ async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale()
     })
     .await
     .unwrap_or_else(|e| fail(e));
-    let _ = stop_tx.send(());
-    tokio::time::timeout(Duration::from_secs(10), operator)
-        .await
-        .unwrap_or_else(|e| fail(e))
-        .unwrap_or_else(|e| fail(e));
+    operator.stop().await.unwrap_or_else(|e| fail(e));
 }
