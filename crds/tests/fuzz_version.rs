@@ -4,30 +4,10 @@
 //! `PROPTEST_CASES` raises the case count (`make reliability-long`).
 
 use gpunode_crds::{Version, VersionRange};
-use proptest::{
-    prelude::*,
-    test_runner::{Config, RngAlgorithm, TestRng, TestRunner},
-};
+use gpunode_testkit::{cases, record, runner};
+use proptest::prelude::*;
 
 const SEED: [u8; 32] = *b"gpunode-reliability-fuzz-ver--01";
-
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn runner(default: u32) -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases: cases(default),
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &SEED),
-    )
-}
 
 /// Range-like strings: operators, digits, dots, commas, spaces and junk.
 fn rangeish() -> impl Strategy<Value = String> {
@@ -41,7 +21,7 @@ fn rangeish() -> impl Strategy<Value = String> {
 #[test]
 fn range_parsing_never_panics_and_round_trips() {
     let accepted = std::cell::Cell::new(0u32);
-    runner(1024)
+    runner(&SEED, 1024)
         .run(&rangeish(), |s| {
             match s.parse::<VersionRange>() {
                 Ok(r) => {
@@ -61,6 +41,7 @@ fn range_parsing_never_panics_and_round_trips() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(accepted.get() > 0, "no generated range parsed");
     record(
+        env!("CARGO_TARGET_TMPDIR"),
         "version-range",
         format!(
             "proptest: version-range parser on arbitrary strings ({} cases)",
@@ -82,7 +63,7 @@ fn versions_compare_like_their_components() {
         prop::collection::vec(0u32..1_000_000, 1..5),
         prop::collection::vec(0u32..1_000_000, 1..5),
     );
-    runner(1024)
+    runner(&SEED, 1024)
         .run(&strategy, |(a, b)| {
             let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(".");
             let (sa, sb) = (join(&a), join(&b));
@@ -108,6 +89,7 @@ fn versions_compare_like_their_components() {
         })
         .unwrap_or_else(|e| panic!("{e}"));
     record(
+        env!("CARGO_TARGET_TMPDIR"),
         "version-order",
         format!("proptest: version ordering and ranges ({} cases)", cases(1024)),
         &[(
@@ -115,20 +97,4 @@ fn versions_compare_like_their_components() {
             "padded numeric comparison".into(),
         )],
     );
-}
-
-/// Records the run for docs/reliability.md, in the results format of e2e/src/faults.rs (reached
-/// only when every property held: a failing property fails the test instead).
-fn record(file: &str, fault: String, checks: &[(&str, String)]) {
-    let dir = std::env::var_os("GPUNODE_RELIABILITY_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability"));
-    let checks: Vec<serde_json::Value> = checks
-        .iter()
-        .map(|(i, d)| serde_json::json!({"invariant": i, "ok": true, "detail": d}))
-        .collect();
-    let run = serde_json::json!([{"class": "bad input (fuzz)", "fault": fault, "seed": 1,
-                                   "checks": checks, "recovery_ms": null}]);
-    let _ = std::fs::create_dir_all(&dir);
-    let _ = std::fs::write(dir.join(format!("fuzz-{file}.json")), run.to_string());
 }

@@ -4,30 +4,10 @@
 //! `PROPTEST_CASES` raises the case count (`make reliability-long`).
 
 use gpunode_probe::network::dcb::{DCB_CMD_IEEE_GET, RTM_GETDCB, parse_ieee_reply};
-use proptest::{
-    prelude::*,
-    test_runner::{Config, RngAlgorithm, TestRng, TestRunner},
-};
+use gpunode_testkit::{cases, record, runner};
+use proptest::prelude::*;
 
 const SEED: [u8; 32] = *b"gpunode-reliability-fuzz-dcb--01";
-
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn runner(default: u32) -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases: cases(default),
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &SEED),
-    )
-}
 
 /// A netlink attribute; `lie` is added to the declared length (a hostile or truncated reply).
 fn attr(out: &mut Vec<u8>, kind: u16, payload: &[u8], lie: i8) {
@@ -98,13 +78,14 @@ fn encode(a: &Attr, out: &mut Vec<u8>) {
 
 #[test]
 fn arbitrary_bytes_never_panic() {
-    runner(512)
+    runner(&SEED, 512)
         .run(&prop::collection::vec(any::<u8>(), 0..600), |bytes| {
             let _ = parse_ieee_reply(&bytes);
             Ok(())
         })
         .unwrap_or_else(|e| panic!("{e}"));
     record(
+        env!("CARGO_TARGET_TMPDIR"),
         "dcb-bytes",
         format!(
             "proptest: DCB netlink parser on arbitrary bytes ({} cases)",
@@ -122,7 +103,7 @@ fn framed_replies_with_hostile_attributes_never_panic() {
         prop_oneof![Just(0i8), any::<i8>()],
     );
     let accepted = std::cell::Cell::new(0u32);
-    runner(512)
+    runner(&SEED, 512)
         .run(&strategy, |(attrs, kind, lie)| {
             let mut body = Vec::new();
             for a in &attrs {
@@ -146,6 +127,7 @@ fn framed_replies_with_hostile_attributes_never_panic() {
         "the generator never produced a reply the parser accepts"
     );
     record(
+        env!("CARGO_TARGET_TMPDIR"),
         "dcb-framed",
         format!(
             "proptest: DCB replies with hostile attributes ({} cases)",
@@ -159,20 +141,4 @@ fn framed_replies_with_hostile_attributes_never_panic() {
             ("PFC priorities in 0..8", "checked on every accepted reply".into()),
         ],
     );
-}
-
-/// Records the run for docs/reliability.md, in the results format of e2e/src/faults.rs (reached
-/// only when every property held: a failing property fails the test instead).
-fn record(file: &str, fault: String, checks: &[(&str, String)]) {
-    let dir = std::env::var_os("GPUNODE_RELIABILITY_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability"));
-    let checks: Vec<serde_json::Value> = checks
-        .iter()
-        .map(|(i, d)| serde_json::json!({"invariant": i, "ok": true, "detail": d}))
-        .collect();
-    let run = serde_json::json!([{"class": "bad input (fuzz)", "fault": fault, "seed": 1,
-                                   "checks": checks, "recovery_ms": null}]);
-    let _ = std::fs::create_dir_all(&dir);
-    let _ = std::fs::write(dir.join(format!("fuzz-{file}.json")), run.to_string());
 }

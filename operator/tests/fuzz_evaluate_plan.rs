@@ -13,34 +13,14 @@ use gpunode_operator::{
     plan::{DrainStep, NodeView, plan},
     verdict::{Drift, NodeState, Unknown, Verdict},
 };
+use gpunode_testkit::{cases, record, runner};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
-use proptest::{
-    prelude::*,
-    test_runner::{Config, RngAlgorithm, TestRng, TestRunner},
-};
+use proptest::prelude::*;
 use serde_json::{Value, json};
 
 /// Fixed seed: every run explores the same cases; failures reproduce.
 const SEED: [u8; 32] = *b"gpunode-reliability-fuzz-seed-01";
-
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn runner(default: u32) -> TestRunner {
-    TestRunner::new_with_rng(
-        Config {
-            cases: cases(default),
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &SEED),
-    )
-}
 
 fn fixture(name: &str) -> Value {
     let path = format!("{}/tests/fixtures/evaluate/{name}", env!("CARGO_MANIFEST_DIR"));
@@ -191,7 +171,7 @@ fn evaluate_survives_mutated_reports() {
     let observed: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap_or_else(|e| panic!("{e}"));
     let strategy = (prop::bool::ANY, mutations(), -100_000i64..100_000);
     let parsed = std::cell::Cell::new(0u32);
-    runner(256)
+    runner(&SEED, 256)
         .run(&strategy, |(which, ms, offset)| {
             let report = mutate(if which { &base } else { &broken }, &ms);
             // What the API server's schema would reject never reaches evaluate as a typed
@@ -221,6 +201,7 @@ fn evaluate_survives_mutated_reports() {
         assert_eq!(v.state, NodeState::Unknown, "a missing report is Unknown");
     }
     record(
+        env!("CARGO_TARGET_TMPDIR"),
         "evaluate-reports",
         format!(
             "proptest: evaluate on mutated reports × 5 policies ({} cases)",
@@ -250,7 +231,7 @@ fn evaluate_survives_mutated_policies() {
         serde_json::from_value(fixture("healthy-h100-report.yaml")).unwrap_or_else(|e| panic!("{e}"));
     let base = fixture("strict-policy.yaml");
     let now: Timestamp = "2026-11-29T12:00:30Z".parse().unwrap_or_else(|e| panic!("{e}"));
-    runner(256)
+    runner(&SEED, 256)
         .run(&mutations(), |ms| {
             if let Ok(p) = serde_json::from_value::<GpuNodePolicy>(mutate(&base, &ms)) {
                 consistent(&evaluate(&p.spec, Some(&report), now))?;
@@ -259,6 +240,7 @@ fn evaluate_survives_mutated_policies() {
         })
         .unwrap_or_else(|e| panic!("{e}"));
     record(
+        env!("CARGO_TARGET_TMPDIR"),
         "evaluate-policies",
         format!("proptest: evaluate with mutated policies ({} cases)", cases(256)),
         &[("no panic on any input", "every policy that deserializes".into())],
@@ -366,7 +348,7 @@ fn plan_never_exceeds_the_budget_on_hostile_nodes() {
         0u32..4,
         prop::bool::ANY,
     );
-    runner(256)
+    runner(&SEED, 256)
         .run(&strategy, |(nodes, max_unavailable, breaker)| {
             let policy: GpuNodePolicy = serde_json::from_value(json!({
                 "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy", "metadata": {"name": "p"},
@@ -426,6 +408,7 @@ fn plan_never_exceeds_the_budget_on_hostile_nodes() {
         })
         .unwrap_or_else(|e| panic!("{e}"));
     record(
+        env!("CARGO_TARGET_TMPDIR"),
         "plan",
         format!(
             "proptest: plan on hostile nodes and annotations ({} cases)",
@@ -443,20 +426,4 @@ fn plan_never_exceeds_the_budget_on_hostile_nodes() {
             ),
         ],
     );
-}
-
-/// Records the run for docs/reliability.md, in the results format of e2e/src/faults.rs (reached
-/// only when every property held: a failing property fails the test instead).
-fn record(file: &str, fault: String, checks: &[(&str, String)]) {
-    let dir = std::env::var_os("GPUNODE_RELIABILITY_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability"));
-    let checks: Vec<serde_json::Value> = checks
-        .iter()
-        .map(|(i, d)| serde_json::json!({"invariant": i, "ok": true, "detail": d}))
-        .collect();
-    let run = serde_json::json!([{"class": "bad input (fuzz)", "fault": fault, "seed": 1,
-                                   "checks": checks, "recovery_ms": null}]);
-    let _ = std::fs::create_dir_all(&dir);
-    let _ = std::fs::write(dir.join(format!("fuzz-{file}.json")), run.to_string());
 }
