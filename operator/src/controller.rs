@@ -23,14 +23,14 @@ use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    Api, Client, Resource, ResourceExt,
+    Api, Client, ResourceExt,
     api::{Patch, PatchParams},
     core::DeserializeGuard,
     core::{Selector, SelectorExt},
     runtime::{
         Controller, WatchStreamExt,
         controller::{self, Action},
-        events::{Event, EventType, Recorder, Reporter},
+        events::{Recorder, Reporter},
         reflector::{self, ObjectRef, Store},
         watcher,
     },
@@ -109,8 +109,8 @@ pub struct Context {
     pub reports: Store<Guarded<GpuNodeReport>>,
     /// Policies.
     pub policies: Store<Guarded<GpuNodePolicy>>,
-    /// One recorder for every event, so repeats aggregate.
-    pub recorder: Recorder,
+    /// Events, published in the background (one recorder, so repeats aggregate).
+    pub events: crate::events::Publisher,
     /// Whether this replica may write.
     pub leadership: Leadership,
     /// Prometheus metrics.
@@ -292,50 +292,6 @@ fn next_wakeup(policy: &GpuNodePolicy, plan: &PolicyPlan, ctx: &Context, now: Ti
     (wait + Duration::from_millis(100)).min(cap)
 }
 
-/// Publishes a node's events in the background: an Event is a record for people, and awaiting
-/// it held every other node's action behind one more API round trip (the scale benchmark's
-/// reaction p99 at 1,000 nodes).
-fn publish(ctx: &Context, node: &Node, events: &[plan::PlannedEvent]) {
-    if events.is_empty() {
-        return;
-    }
-    let recorder = ctx.recorder.clone();
-    let leadership = ctx.leadership.clone();
-    let reference = node.object_ref(&());
-    let name = node.name_any();
-    let events = events.to_vec();
-    tokio::spawn(async move { publish_now(&recorder, &leadership, &reference, &name, &events).await });
-}
-
-async fn publish_now(
-    recorder: &Recorder,
-    leadership: &Leadership,
-    reference: &k8s_openapi::api::core::v1::ObjectReference,
-    node: &str,
-    events: &[plan::PlannedEvent],
-) {
-    for e in events {
-        // Fenced like every other write: none from a replica whose term has passed.
-        if !leadership.is_leader() {
-            return;
-        }
-        let event = Event {
-            type_: if e.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: e.reason.to_string(),
-            note: Some(e.note.chars().take(1000).collect()),
-            action: e.reason.to_string(),
-            secondary: None,
-        };
-        if let Err(err) = recorder.publish(&event, reference).await {
-            warn!(node, error = %err, "publishing an event failed");
-        }
-    }
-}
-
 /// Reconciles one policy over all of its nodes.
 #[tracing::instrument(skip_all, fields(policy = %guarded.name_any()))]
 pub async fn reconcile(guarded: Arc<Guarded<GpuNodePolicy>>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -485,7 +441,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
                 // Events are writes too: none from a replica whose term passed during the apply.
                 if np.write && r.is_ok() && ctx.leadership.is_leader() {
                     record_actions(&ctx, &np, &node);
-                    publish(&ctx, &node, &np.events);
+                    ctx.events.publish(&node, &np.events);
                 }
                 r.map(|o| (o.evicted, o.refused))
             }
@@ -682,12 +638,16 @@ pub async fn run(
         nodes: nodes.clone(),
         reports,
         policies: policies.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "gpunode-operator".into(),
-                instance: Some(options.instance),
-            },
+        events: crate::events::Publisher::start(
+            Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "gpunode-operator".into(),
+                    instance: Some(options.instance),
+                },
+            ),
+            options.leadership.clone(),
+            options.metrics.clone(),
         ),
         leadership: options.leadership.clone(),
         metrics: options.metrics.clone(),

@@ -8,6 +8,7 @@ pub mod check;
 pub mod controller;
 pub mod crdgen;
 pub mod evaluate;
+pub mod events;
 pub mod leader;
 pub mod markers;
 pub mod metrics;
