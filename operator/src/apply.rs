@@ -77,8 +77,11 @@ impl ApplyError {
 }
 
 /// What one node's apply did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct NodeOutcome {
+    /// The node as the API server returned it after this apply's last write (`None`: nothing
+    /// was written), so the next pass can read its own writes before the watch delivers them.
+    pub written: Option<Node>,
     /// Labels or annotations were written.
     pub wrote_metadata: bool,
     /// Taints or the cordon were written.
@@ -284,8 +287,13 @@ impl Applier {
         if !plan.write {
             return Ok(out);
         }
-        out.wrote_spec = self.apply_spec(plan, observed, now).await?;
-        (out.wrote_metadata, out.wrote_condition) = self.apply_record(policy, plan, observed, now).await?;
+        if let Some(n) = self.apply_spec(plan, observed, now).await? {
+            out.wrote_spec = true;
+            out.written = Some(n);
+        }
+        let (metadata, condition, written) = self.apply_record(policy, plan, observed, now).await?;
+        (out.wrote_metadata, out.wrote_condition) = (metadata, condition);
+        out.written = written.or(out.written);
         if let DrainStep::Run { .. } = plan.drain {
             let (evicted, remaining, refused) = self.drain(&plan.node, drain).await?;
             out.evicted = evicted;
@@ -296,14 +304,21 @@ impl Applier {
                 // reconciles stop listing the node's pods.
                 let mut done = plan.clone();
                 done.markers.drained = Some(now);
-                out.wrote_metadata |= self.apply_record(policy, &done, observed, now).await?.0;
+                let (metadata, _, written) = self.apply_record(policy, &done, observed, now).await?;
+                out.wrote_metadata |= metadata;
+                out.written = written.or(out.written);
             }
         }
         Ok(out)
     }
 
     /// Taints and cordon in one write with a resourceVersion precondition.
-    async fn apply_spec(&self, plan: &NodePlan, observed: &Node, now: Timestamp) -> Result<bool, ApplyError> {
+    async fn apply_spec(
+        &self,
+        plan: &NodePlan,
+        observed: &Node,
+        now: Timestamp,
+    ) -> Result<Option<Node>, ApplyError> {
         self.write_spec(
             &plan.node,
             &plan.taints,
@@ -316,7 +331,8 @@ impl Applier {
     }
 
     /// Sets gpunode's taints to `desired` and applies `cordon`, keeping everything else.
-    /// `ours` says whether gpunode's cordon, if any, is still the one in place.
+    /// `ours` says whether gpunode's cordon, if any, is still the one in place. Returns the node
+    /// as written, or `None` when it already was as desired.
     async fn write_spec(
         &self,
         name: &str,
@@ -325,13 +341,13 @@ impl Applier {
         ours: bool,
         observed: &Node,
         now: Timestamp,
-    ) -> Result<bool, ApplyError> {
+    ) -> Result<Option<Node>, ApplyError> {
         // Only a node re-read after a conflict is owned; the first attempt borrows.
         let mut fresh: Option<Node> = None;
         for _ in 0..MAX_CONFLICT_RETRIES {
             let node = fresh.as_ref().unwrap_or(observed);
             let Some(change) = spec_change(desired, cordon, ours, node, now) else {
-                return Ok(false);
+                return Ok(None);
             };
             let new_unschedulable = change.unschedulable;
             let mut patch = json!({
@@ -348,9 +364,9 @@ impl Applier {
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(_) => {
+                Ok(written) => {
                     info!(taints = ?desired, unschedulable = new_unschedulable, "taints/cordon written");
-                    return Ok(true);
+                    return Ok(Some(written));
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     debug!("node changed under us; re-reading");
@@ -377,17 +393,18 @@ impl Applier {
     /// written. The node status strategy resets only `spec` (metadata written through
     /// `nodes/status` is kept; NodeRestriction polices labels there for this reason), so one
     /// request per node does what took two: convergence at scale is bounded by requests.
+    /// The node as written comes back with them.
     async fn apply_record(
         &self,
         policy: &str,
         plan: &NodePlan,
         observed: &Node,
         now: Timestamp,
-    ) -> Result<(bool, bool), ApplyError> {
+    ) -> Result<(bool, bool, Option<Node>), ApplyError> {
         let same_metadata = metadata_unchanged(policy, plan, observed);
         let same_condition = condition_unchanged(plan, observed);
         if same_metadata && same_condition {
-            return Ok((false, false));
+            return Ok((false, false, None));
         }
         let c = &plan.condition;
         let since = our_condition(observed)
@@ -427,7 +444,7 @@ impl Applier {
             })?;
         self.release_legacy_metadata(&plan.node, &written).await?;
         debug!("labels, annotations and condition applied");
-        Ok((!same_metadata, !same_condition))
+        Ok((!same_metadata, !same_condition, Some(written)))
     }
 
     /// Releases labels and annotations that an older gpunode applied to the main resource
@@ -483,7 +500,8 @@ impl Applier {
             || !ours(meta.annotations.as_ref(), is_ours_annotation).is_empty();
         let mut wrote = self
             .write_spec(&name, &BTreeSet::new(), Some(false), false, observed, now)
-            .await?;
+            .await?
+            .is_some();
         let err = |step: &'static str| {
             let node = name.clone();
             move |source| ApplyError::Api { step, node, source }

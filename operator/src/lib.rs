@@ -12,6 +12,7 @@ pub mod events;
 pub mod leader;
 pub mod markers;
 pub mod metrics;
+pub mod own_writes;
 pub mod plan;
 pub mod server;
 pub mod status;
