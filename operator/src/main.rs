@@ -5,11 +5,12 @@ use std::{path::PathBuf, process::ExitCode};
 use clap::{Parser, Subcommand, ValueEnum};
 use gpunode_operator::{check, crdgen};
 
-/// mimalloc instead of the system allocator: the caches churn (every watched node and report is
+/// jemalloc instead of the system allocator: the caches churn (every watched node and report is
 /// replaced on each change) among short-lived reconcile data, and glibc's arenas kept that
-/// fragmentation as resident memory (the scale benchmark's RSS).
+/// fragmentation as resident memory (the scale benchmark's RSS); jemalloc's background thread
+/// returns freed pages to the system.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Parser)]
 #[command(
