@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use gpunode_crds::generate;
+use gpunode_crds::{GpuNodePolicy, generate};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams},
+    api::{Patch, PatchParams, PostParams},
     runtime::wait::{await_condition, conditions::is_crd_established},
 };
 
@@ -30,4 +30,20 @@ pub async fn install(client: &Client) -> Result<(), Error> {
             .map_err(|e| Error::Unexpected(format!("watching CRD {name}: {e}")))?;
     }
     Ok(())
+}
+
+/// Creates the GpuNodePolicy `name` with `spec`, typed first, so a mistake in a test's policy
+/// fails here with the field that is wrong rather than as an API error.
+pub async fn create_policy(
+    client: &Client,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<GpuNodePolicy, Error> {
+    let policy: GpuNodePolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
+        "metadata": {"name": name}, "spec": spec,
+    }))?;
+    Ok(Api::<GpuNodePolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?)
 }

@@ -813,13 +813,7 @@ impl Wave {
         }
         let mut policy_spec = spec.policy_spec.clone();
         policy_spec["nodeSelector"] = json!({"matchLabels": {RUN_LABEL: id}});
-        let policy: GpuNodePolicy = serde_json::from_value(json!({
-            "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
-            "metadata": {"name": id}, "spec": policy_spec,
-        }))?;
-        Api::<GpuNodePolicy>::all(client.clone())
-            .create(&PostParams::default(), &policy)
-            .await?;
+        crate::crds::create_policy(client, &id, policy_spec).await?;
         Ok(Wave {
             policy: id.clone(),
             id,

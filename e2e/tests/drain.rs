@@ -110,20 +110,18 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
     .unwrap_or_else(|e| fail(e));
 
     publish_report(&client, &bad, json!([])).await;
-    let policy: GpuNodePolicy = serde_json::from_value(json!({
-        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy", "metadata": {"name": bad},
-        "spec": {
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    crds::create_policy(
+        &client,
+        &bad,
+        json!({
             "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": bad}},
             "gpu": {},
             "remediation": [{"classes": ["Xid"], "action": "Drain"}],
-        }
-    }))
+        }),
+    )
+    .await
     .unwrap_or_else(|e| fail(e));
-    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap_or_else(|e| fail(e));
 
     let node_api: Api<Node> = Api::all(client.clone());
     let first = InProcess::start(&operator_client, "e2e-drain");

@@ -21,12 +21,9 @@ use std::{
 };
 
 use gpunode_crds::GpuNodePolicy;
-use gpunode_e2e::{accounts, chart, cluster::admin_client, nodes, reports, scratch::rand_suffix, wait};
+use gpunode_e2e::{accounts, chart, cluster::admin_client, crds, nodes, reports, scratch::rand_suffix, wait};
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
-use kube::{
-    Api, Client,
-    api::{PostParams, ResourceExt},
-};
+use kube::{Api, Client, api::ResourceExt};
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -250,9 +247,11 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
     .await
     .unwrap_or_else(|e| fail(e));
     publish(&client, &node, &[]).await;
-    let policy: GpuNodePolicy = serde_json::from_value(json!({
-        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy", "metadata": {"name": node},
-        "spec": {
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    crds::create_policy(
+        &client,
+        &node,
+        json!({
             "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
             "cooling": {"forbiddenThrottleReasons": ["HwThermalSlowdown"]},
             "remediation": [
@@ -260,14 +259,10 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
                 {"classes": ["Throttle"], "action": "Cordon", "after": CORDON_AFTER},
             ],
             "staleAfter": "10m",
-        }
-    }))
+        }),
+    )
+    .await
     .unwrap_or_else(|e| fail(e));
-    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap_or_else(|e| fail(e));
 
     // Start one, let it take the Lease, then the second: a known leader and follower.
     let mut a = Replica::start("replica-a", namespace, &kubeconfig, &logs);

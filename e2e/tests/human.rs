@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
-    chart, cluster::admin_client, nodes, operator::InProcess, reports, scratch::rand_suffix, wait,
+    chart, cluster::admin_client, crds, nodes, operator::InProcess, reports, scratch::rand_suffix, wait,
 };
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams},
 };
 use serde_json::json;
 
@@ -144,10 +144,11 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
         publish(&client, n, &[], 40).await;
     }
 
-    let policy: GpuNodePolicy = serde_json::from_value(json!({
-        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
-        "metadata": {"name": format!("human-{id}")},
-        "spec": {
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    crds::create_policy(
+        &client,
+        &format!("human-{id}"),
+        json!({
             "nodeSelector": {"matchExpressions": [
                 {"key": "kubernetes.io/hostname", "operator": "In", "values": [early, late]}]},
             "gpu": {"fatalXids": [48, 79]},
@@ -157,14 +158,10 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
             "disruption": {"maxUnavailable": "100%", "circuitBreaker": {"maxDriftedPercent": 100}},
             "recovery": {"healthyFor": "2s"},
             "staleAfter": "10m",
-        }
-    }))
+        }),
+    )
+    .await
     .unwrap_or_else(|e| fail(e));
-    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap_or_else(|e| fail(e));
 
     let operator = InProcess::start(&operator_client, "e2e-human");
     let metrics = operator.metrics.clone();

@@ -11,7 +11,7 @@ use gpunode_e2e::{
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams},
 };
 use serde_json::json;
 
@@ -90,21 +90,14 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         .unwrap_or_else(|e| fail(e));
     publish_report(&client, &name, &[]).await;
 
-    let policy: GpuNodePolicy = serde_json::from_value(json!({
-        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
-        "metadata": {"name": name},
-        "spec": {
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    crds::create_policy(&client, &name, json!({
             "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": name}},
             "cooling": {},
             "remediation": [{"classes": ["Throttle"], "action": "Taint", "effect": "NoSchedule", "after": "2s"}],
             "recovery": {"healthyFor": "3s"},
             "staleAfter": "5m",
-        }
-    }))
-    .unwrap_or_else(|e| fail(e));
-    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
-    policies
-        .create(&PostParams::default(), &policy)
+        }))
         .await
         .unwrap_or_else(|e| fail(e));
 
@@ -257,21 +250,18 @@ async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale()
         .await
         .unwrap_or_else(|e| fail(e));
     publish_report(&client, &name, &[]).await;
-    let policy: GpuNodePolicy = serde_json::from_value(json!({
-        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
-        "metadata": {"name": name},
-        "spec": {
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    crds::create_policy(
+        &client,
+        &name,
+        json!({
             "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": name}},
             "cooling": {},
             "staleAfter": "5m",
-        }
-    }))
+        }),
+    )
+    .await
     .unwrap_or_else(|e| fail(e));
-    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
-    policies
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap_or_else(|e| fail(e));
     let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
     let operator = InProcess::start(&operator_client, "e2e");
 
