@@ -299,3 +299,17 @@ async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale()
     .unwrap_or_else(|e| fail(e));
     operator.stop().await.unwrap_or_else(|e| fail(e));
 }
+
+#[tokio::test]
+async fn watches_stream_their_initial_lists_where_the_api_server_can() {
+    use kube::runtime::watcher::InitialListStrategy;
+    let client = admin_client().await.unwrap_or_else(|e| fail(e));
+    // Asked as the operator asks, with the chart's ServiceAccount.
+    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    let listing = gpunode_operator::controller::list_strategy(&operator_client).await;
+    assert_eq!(
+        listing.initial_list_strategy,
+        InitialListStrategy::StreamingList,
+        "the local control plane (Kubernetes 1.37) streams lists"
+    );
+}

@@ -24,7 +24,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt,
-    api::{Patch, PatchParams},
+    api::{Patch, PatchParams, WatchParams},
     core::DeserializeGuard,
     core::{Selector, SelectorExt},
     runtime::{
@@ -579,14 +579,35 @@ fn error_policy(policy: Arc<Guarded<GpuNodePolicy>>, error: &Error, ctx: Arc<Con
     }
 }
 
-/// How the node and report watches list: as a stream of watch events from the API server's
-/// cache (`sendInitialEvents`, Kubernetes ≥ 1.32). A list from the cache comes in one response
-/// whatever the page size (9 MB of reports at 1,000 nodes, 45 MB at 5,000, buffered and decoded
-/// at once, a peak the allocator keeps), and a consistent paginated list has to wait for the
-/// cache to catch up with etcd, which an API server busy with 5,000 nodes' heartbeats did not
-/// within its 60 s timeout.
-fn streamed() -> watcher::Config {
-    watcher::Config::default().streaming_lists()
+/// How the node and report watches list. Streamed from the API server's cache
+/// (`sendInitialEvents`) where the server supports it: a list from the cache comes in one
+/// response whatever the page size (9 MB of reports at 1,000 nodes, 45 MB at 5,000, buffered and
+/// decoded at once, a peak the allocator keeps), and a consistent paginated list has to wait for
+/// the cache to catch up with etcd, which an API server busy with 5,000 nodes' heartbeats did
+/// not within its 60 s timeout. Kubernetes 1.33 ships the WatchList feature off and refuses such
+/// watches (422), so the server is asked once, with a watch that selects nothing; anything but
+/// a yes falls back to a plain list from the cache.
+pub async fn list_strategy(client: &Client) -> watcher::Config {
+    let probe = WatchParams::streaming_lists().labels("gpunode.dev/watch-list-probe=none");
+    let asked = tokio::time::timeout(
+        Duration::from_secs(10),
+        Api::<Node>::all(client.clone()).watch(&probe, "0"),
+    )
+    .await;
+    match asked {
+        Ok(Ok(_stream)) => {
+            info!("watches list as streams (WatchList)");
+            watcher::Config::default().streaming_lists()
+        }
+        Ok(Err(e)) => {
+            info!(reason = %e, "the API server does not stream lists; watches list from its cache");
+            watcher::Config::default().any_semantic()
+        }
+        Err(_) => {
+            warn!("no answer on whether the API server streams lists; watches list from its cache");
+            watcher::Config::default().any_semantic()
+        }
+    }
 }
 
 /// How the controller runs.
@@ -608,12 +629,13 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (nodes, node_writer) = reflector::store::<Node>();
-    let node_stream = watcher(Api::<Node>::all(client.clone()), streamed())
+    let listing = list_strategy(&client).await;
+    let node_stream = watcher(Api::<Node>::all(client.clone()), listing.clone())
         .default_backoff()
         .modify(crate::trim::node)
         .reflect(node_writer);
     let (reports, report_writer) = reflector::store::<Guarded<GpuNodeReport>>();
-    let report_stream = watcher(Api::<Guarded<GpuNodeReport>>::all(client.clone()), streamed())
+    let report_stream = watcher(Api::<Guarded<GpuNodeReport>>::all(client.clone()), listing)
         .default_backoff()
         .modify(|r: &mut Guarded<GpuNodeReport>| match &mut r.0 {
             Ok(report) => crate::trim::report(report),
