@@ -63,17 +63,11 @@ fn label(node: &Node, key: &str) -> Option<String> {
     node.metadata.labels.as_ref().and_then(|l| l.get(key).cloned())
 }
 
-#[tokio::test]
-async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for() {
-    let _turn = ONE_OPERATOR.lock().await;
-    // RUST_LOG=gpunode_operator=debug shows the operator's decisions.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+/// Installs the CRDs and creates one fake GPU node named `<prefix>-<random>`.
+async fn one_node(prefix: &str) -> (Client, String, Api<Node>) {
     let client = admin_client().await.unwrap_or_else(|e| fail(e));
     crds::install(&client).await.unwrap_or_else(|e| fail(e));
-    let name = format!("op-throttle-{:06x}", rand_suffix());
+    let name = format!("{prefix}-{:06x}", rand_suffix());
     nodes::create(
         &client,
         std::slice::from_ref(&name),
@@ -82,6 +76,18 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
     .await
     .unwrap_or_else(|e| fail(e));
     let node_api: Api<Node> = Api::all(client.clone());
+    (client, name, node_api)
+}
+
+#[tokio::test]
+async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for() {
+    let _turn = ONE_OPERATOR.lock().await;
+    // RUST_LOG=gpunode_operator=debug shows the operator's decisions.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let (client, name, node_api) = one_node("op-throttle").await;
     // Someone else's taint, which gpunode must never touch.
     let human = json!({"spec": {"taints": [{"key": "example.com/maintenance", "value": "planned", "effect": "NoSchedule"}]}});
     node_api
@@ -209,33 +215,10 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         .unwrap_or_else(|e| fail(e));
 }
 
-/// Whether gpunode's field manager still owns metadata through the main resource (how an older
-/// gpunode applied labels) rather than the status subresource.
-fn legacy_owner(node: &Node) -> bool {
-    node.metadata.managed_fields.iter().flatten().any(|m| {
-        m.manager.as_deref() == Some("gpunode-operator")
-            && m.subresource.as_deref().unwrap_or_default().is_empty()
-            && m.operation.as_deref() == Some("Apply")
-            && m.fields_v1
-                .as_ref()
-                .is_some_and(|f| f.0.get("f:metadata").is_some())
-    })
-}
-
 #[tokio::test]
 async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale() {
     let _turn = ONE_OPERATOR.lock().await;
-    let client = admin_client().await.unwrap_or_else(|e| fail(e));
-    crds::install(&client).await.unwrap_or_else(|e| fail(e));
-    let name = format!("op-legacy-{:06x}", rand_suffix());
-    nodes::create(
-        &client,
-        std::slice::from_ref(&name),
-        &nodes::GpuNodeShape::default(),
-    )
-    .await
-    .unwrap_or_else(|e| fail(e));
-    let node_api: Api<Node> = Api::all(client.clone());
+    let (client, name, node_api) = one_node("op-legacy").await;
     // What an older gpunode left: its labels applied to the main resource under its field
     // manager, including a drift label the current verdict no longer has.
     let old = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
@@ -277,7 +260,10 @@ async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale()
     )
     .await
     .unwrap_or_else(|e| fail(e));
-    assert!(!legacy_owner(&n), "the main-resource ownership was released");
+    assert!(
+        !gpunode_operator::apply::has_legacy_metadata_owner(&n),
+        "the main-resource ownership was released"
+    );
     assert_eq!(condition(&n).map(|c| c.status).as_deref(), Some("True"));
 
     // Deleting the policy releases the node: gpunode's labels and condition are gone.

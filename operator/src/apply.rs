@@ -220,6 +220,25 @@ fn spec_change(
     })
 }
 
+/// Whether gpunode's field manager still owns metadata through the node's main resource (how
+/// gpunode applied labels before they moved to the status subresource).
+pub fn has_legacy_metadata_owner(node: &Node) -> bool {
+    node.metadata.managed_fields.iter().flatten().any(|m| {
+        m.manager.as_deref() == Some(FIELD_MANAGER)
+            && m.operation.as_deref() == Some("Apply")
+            && m.subresource.as_deref().unwrap_or_default().is_empty()
+            && m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.get("f:metadata").is_some())
+    })
+}
+
+/// The error of API request `step` on `node`.
+fn api_error(step: &'static str, node: &str) -> impl FnOnce(kube::Error) -> ApplyError {
+    let node = node.to_string();
+    move |source| ApplyError::Api { step, node, source }
+}
+
 /// Writes nodes as planned.
 #[derive(Clone)]
 pub struct Applier {
@@ -370,19 +389,9 @@ impl Applier {
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     debug!("node changed under us; re-reading");
-                    fresh = Some(self.nodes.get(name).await.map_err(|source| ApplyError::Api {
-                        step: "read node",
-                        node: name.to_string(),
-                        source,
-                    })?);
+                    fresh = Some(self.nodes.get(name).await.map_err(api_error("read node", name))?);
                 }
-                Err(source) => {
-                    return Err(ApplyError::Api {
-                        step: "taints",
-                        node: name.to_string(),
-                        source,
-                    });
-                }
+                Err(source) => return Err(api_error("taints", name)(source)),
             }
         }
         Err(ApplyError::Conflict(name.to_string()))
@@ -437,11 +446,7 @@ impl Applier {
                 &Patch::Apply(&patch),
             )
             .await
-            .map_err(|source| ApplyError::Api {
-                step: "labels and condition",
-                node: plan.node.clone(),
-                source,
-            })?;
+            .map_err(api_error("labels and condition", &plan.node))?;
         self.release_legacy_metadata(&plan.node, &written).await?;
         debug!("labels, annotations and condition applied");
         Ok((!same_metadata, !same_condition, Some(written)))
@@ -452,15 +457,7 @@ impl Applier {
     /// removed instead of being kept by that older owner. Once per node; `written` is the
     /// node as the last apply returned it (with its managed fields).
     async fn release_legacy_metadata(&self, name: &str, written: &Node) -> Result<(), ApplyError> {
-        let legacy = written.metadata.managed_fields.iter().flatten().any(|m| {
-            m.manager.as_deref() == Some(FIELD_MANAGER)
-                && m.operation.as_deref() == Some("Apply")
-                && m.subresource.as_deref().unwrap_or_default().is_empty()
-                && m.fields_v1
-                    .as_ref()
-                    .is_some_and(|f| f.0.get("f:metadata").is_some())
-        });
-        if !legacy {
+        if !has_legacy_metadata_owner(written) {
             return Ok(());
         }
         let bare = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
@@ -472,11 +469,7 @@ impl Applier {
                 &Patch::Apply(&bare),
             )
             .await
-            .map_err(|source| ApplyError::Api {
-                step: "labels and condition",
-                node: name.to_string(),
-                source,
-            })?;
+            .map_err(api_error("labels and condition", name))?;
         info!(
             node = name,
             "released the labels an older gpunode applied to the main resource"
@@ -502,10 +495,6 @@ impl Applier {
             .write_spec(&name, &BTreeSet::new(), Some(false), false, observed, now)
             .await?
             .is_some();
-        let err = |step: &'static str| {
-            let node = name.clone();
-            move |source| ApplyError::Api { step, node, source }
-        };
         let bare = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": &name}});
         let pp = PatchParams::apply(FIELD_MANAGER).force();
         if has_metadata {
@@ -517,7 +506,7 @@ impl Applier {
                 .nodes
                 .patch_status(&name, &pp, &Patch::Apply(&bare))
                 .await
-                .map_err(err("labels and condition"))?;
+                .map_err(api_error("labels and condition", &name))?;
             self.release_legacy_metadata(&name, &written).await?;
             wrote = true;
         }
@@ -529,7 +518,7 @@ impl Applier {
             self.nodes
                 .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&delete))
                 .await
-                .map_err(err("condition"))?;
+                .map_err(api_error("condition", &name))?;
             wrote = true;
         }
         if wrote {
@@ -544,11 +533,7 @@ impl Applier {
         let list = pods
             .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
             .await
-            .map_err(|source| ApplyError::Api {
-                step: "list pods",
-                node: node.to_string(),
-                source,
-            })?;
+            .map_err(api_error("list pods", node))?;
         let selector: Option<Selector> = policy
             .pod_selector
             .clone()

@@ -365,6 +365,10 @@ async fn release_policy(policy: &GpuNodePolicy, ctx: &Context) -> Result<Action,
     info!(policy = %policy.name_any(), nodes = nodes.len(), "policy deleted: releasing its nodes");
     release_nodes(nodes, ctx).await?;
     ctx.verdicts.forget(&policy.name_any());
+    ctx.status_written
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&policy.name_any());
     Ok(Action::await_change())
 }
 
@@ -430,9 +434,10 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
                     .applier
                     .apply(&policy.name_any(), &np, &node, &policy.spec.disruption.drain, now)
                     .await;
-                if let Ok(o) = &r {
-                    if let Some(n) = &o.written {
-                        ctx.written.wrote(n.clone());
+                let mut r = r;
+                if let Ok(o) = &mut r {
+                    if let Some(n) = o.written.take() {
+                        ctx.written.wrote(n);
                     }
                     for (part, wrote) in [
                         ("metadata", o.wrote_metadata),
