@@ -7,6 +7,7 @@
 pub mod budget;
 pub mod duration;
 pub mod generate;
+pub mod heartbeat;
 pub mod policy;
 pub mod report;
 pub mod rules;

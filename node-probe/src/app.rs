@@ -127,7 +127,8 @@ pub async fn run(
         .map_err(|source| RunError::Serve { addr, source })?;
     tracing::info!(%bound, node = %node, "serving /metrics and /healthz");
 
-    let mut sink = KubeSink::new(client, &node);
+    let mut sink =
+        KubeSink::new(client, &node).with_heartbeat_lease(&config.lease_namespace, config.heartbeat);
     run_loop(
         &config.publish(),
         probe,

@@ -79,9 +79,19 @@ pub struct Config {
     #[arg(long, env = "GPUNODE_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub interval: Duration,
 
-    /// Longest time between two publishes while nothing changes, e.g. 60s.
+    /// How often to renew the node's heartbeat Lease while nothing changes, e.g. 60s (the
+    /// operator's `staleAfter` counts from the latest renewal or report).
     #[arg(long, env = "GPUNODE_HEARTBEAT", default_value = "60s", value_parser = parse_duration)]
     pub heartbeat: Duration,
+
+    /// Longest time between two writes of the whole report while nothing material changes,
+    /// e.g. 10m. Material changes are written at once.
+    #[arg(long, env = "GPUNODE_REPORT_REFRESH", default_value = "10m", value_parser = parse_duration)]
+    pub report_refresh: Duration,
+
+    /// Namespace of the heartbeat Lease `gpunode-probe-<node>` (the release namespace).
+    #[arg(long, env = "GPUNODE_LEASE_NAMESPACE", default_value = "gpunode-system")]
+    pub lease_namespace: String,
 
     /// Longest retry delay after failed publishes.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
@@ -111,6 +121,7 @@ impl Config {
         PublishConfig {
             interval: self.interval,
             heartbeat: self.heartbeat,
+            report_refresh: self.report_refresh,
             backoff_max: self.max_backoff,
             change: ChangeConfig {
                 margin_edges: self.margin_bands.clone(),
@@ -130,6 +141,8 @@ mod tests {
         let c = Config::try_parse_from(["gpunode-probe"]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.interval, Duration::from_secs(10));
         assert_eq!(c.heartbeat, Duration::from_secs(60));
+        assert_eq!(c.report_refresh, Duration::from_secs(600));
+        assert_eq!(c.lease_namespace, "gpunode-system");
         assert_eq!(c.metrics_addr.port(), 9400);
         assert_eq!(c.margin_bands, vec![0, 3, 5, 10, 15]);
         let c = Config::try_parse_from([

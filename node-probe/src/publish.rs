@@ -1,18 +1,25 @@
 //! Publishing observations as the node's `GpuNodeReport`.
 //!
-//! [`run_loop`] observes on an interval (and right after an XID arrives), publishes at once when
-//! [`material_changes`] finds a difference from the last published observation, otherwise at the
-//! heartbeat. A failed publish is retried with capped exponential backoff, always with the newest
-//! observation (the latest replaces what was waiting; nothing queues up). [`KubeSink`] writes with
-//! server-side apply: the object (spec and an owner reference to the Node) and its status.
+//! [`run_loop`] observes on an interval (and right after an XID arrives) and publishes the whole
+//! report at once when [`material_changes`] finds a difference from the last published
+//! observation, and otherwise every `report_refresh`. In between, every `heartbeat`, it only
+//! renews the node's heartbeat Lease ([`gpunode_crds::heartbeat`]: a report write costs the API
+//! server six times a Lease renewal). A failed write is retried with capped exponential backoff,
+//! always with the newest observation (the latest replaces what was waiting; nothing queues up),
+//! and the first write after a failure or a gap is the whole report. [`KubeSink`] writes with
+//! server-side apply: the object (spec and an owner reference to the Node), its status, and the
+//! Lease.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use gpunode_crds::GpuNodeReport;
+use gpunode_crds::heartbeat::{LEASE_LABEL, LEASE_LABEL_VALUE, lease_name};
 use gpunode_crds::report::GpuNodeReportStatus;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, Resource};
 use serde_json::json;
@@ -37,13 +44,31 @@ pub enum PublishError {
     Encode(#[from] serde_json::Error),
 }
 
+/// What a heartbeat wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Beat {
+    /// Only the heartbeat Lease was renewed.
+    Lease,
+    /// The whole report was written (no Lease to renew).
+    Report,
+}
+
 /// Somewhere observations are published to.
 pub trait ReportSink: Send {
-    /// Publishes one observation.
+    /// Publishes one observation: the whole report.
     fn publish(
         &mut self,
         status: &GpuNodeReportStatus,
     ) -> impl Future<Output = Result<(), PublishError>> + Send;
+
+    /// Says the probe is alive, `status` being no material change from the last published
+    /// observation. Without a cheaper way (the default), publishes the whole report.
+    fn heartbeat(
+        &mut self,
+        status: &GpuNodeReportStatus,
+    ) -> impl Future<Output = Result<Beat, PublishError>> + Send {
+        async move { self.publish(status).await.map(|()| Beat::Report) }
+    }
 }
 
 /// Something that observes the node (blocking; run off the async threads).
@@ -63,8 +88,12 @@ impl Observe for crate::collect::Probe {
 pub struct PublishConfig {
     /// How often to observe.
     pub interval: Duration,
-    /// Longest time without a publish while nothing changes.
+    /// Longest time without a write while nothing changes: the heartbeat (a Lease renewal where
+    /// the sink has one).
     pub heartbeat: Duration,
+    /// Longest time without writing the whole report while nothing material changes (temperatures
+    /// within their band, power, counters no check reads).
+    pub report_refresh: Duration,
     /// Shortest time between two observations triggered by XIDs, and between two publishes:
     /// bounds the work an XID storm causes.
     pub min_gap: Duration,
@@ -81,6 +110,7 @@ impl Default for PublishConfig {
         PublishConfig {
             interval: Duration::from_secs(10),
             heartbeat: Duration::from_secs(60),
+            report_refresh: Duration::from_secs(600),
             min_gap: Duration::from_secs(1),
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
@@ -91,25 +121,81 @@ impl Default for PublishConfig {
 
 /// Publishes the report of `node` with server-side apply.
 pub struct KubeSink {
+    client: Client,
     reports: Api<GpuNodeReport>,
     nodes: Api<Node>,
     node: String,
     /// The object (spec + owner reference) has been applied.
     object_applied: bool,
-    /// The owner reference to the Node is in place.
-    owner_set: bool,
+    /// The Node's uid, once read: the owner of the report and the Lease.
+    node_uid: Option<String>,
+    /// The heartbeat Lease and its name, while heartbeats may renew it.
+    lease: Option<(Api<Lease>, String)>,
+    /// `spec.leaseDurationSeconds` of the Lease.
+    lease_seconds: i32,
 }
 
 impl KubeSink {
-    /// A sink writing `gpunodereports/<node>`.
+    /// A sink writing `gpunodereports/<node>`; heartbeats write the whole report until
+    /// [`KubeSink::with_heartbeat_lease`].
     pub fn new(client: Client, node: &str) -> Self {
         KubeSink {
+            client: client.clone(),
             reports: Api::all(client.clone()),
             nodes: Api::all(client),
             node: node.to_owned(),
             object_applied: false,
-            owner_set: false,
+            node_uid: None,
+            lease: None,
+            lease_seconds: 0,
         }
+    }
+
+    /// Heartbeats renew the Lease `gpunode-probe-<node>` in `namespace` instead of writing the
+    /// report; the Lease says it lapses after three `heartbeat`s.
+    pub fn with_heartbeat_lease(mut self, namespace: &str, heartbeat: Duration) -> Self {
+        match lease_name(&self.node) {
+            Some(name) => self.lease = Some((Api::namespaced(self.client.clone(), namespace), name)),
+            None => {
+                tracing::warn!(node = %self.node, "node name too long for a heartbeat Lease name; heartbeats write the whole report")
+            }
+        }
+        self.lease_seconds = i32::try_from(heartbeat.as_secs().saturating_mul(3))
+            .unwrap_or(i32::MAX)
+            .max(1);
+        self
+    }
+
+    fn owner(&self) -> Option<serde_json::Value> {
+        self.node_uid.as_ref().map(|uid| {
+            json!([{
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node,
+                "uid": uid,
+                "blockOwnerDeletion": false,
+            }])
+        })
+    }
+
+    /// Renews the heartbeat Lease (creating it the first time).
+    async fn renew_lease(&self, leases: &Api<Lease>, name: &str) -> Result<(), kube::Error> {
+        let mut metadata = json!({ "name": name, "labels": { LEASE_LABEL: LEASE_LABEL_VALUE } });
+        if let Some(owner) = self.owner() {
+            metadata["ownerReferences"] = owner;
+        }
+        let lease = json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {
+                "holderIdentity": self.node,
+                "leaseDurationSeconds": self.lease_seconds,
+                "renewTime": MicroTime(jiff::Timestamp::now()),
+            },
+        });
+        leases.patch(name, &Self::params(), &Patch::Apply(&lease)).await?;
+        Ok(())
     }
 
     fn params() -> PatchParams {
@@ -121,21 +207,13 @@ impl KubeSink {
     /// reference to it (so the report is garbage-collected with the Node). Without the Node's
     /// uid the report is still published and the reference is retried on the next publish.
     async fn apply_object(&mut self) -> Result<(), PublishError> {
-        let owner = match self.nodes.get(&self.node).await {
-            Ok(node) => node.metadata.uid.map(|uid| {
-                json!([{
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": self.node,
-                    "uid": uid,
-                    "blockOwnerDeletion": false,
-                }])
-            }),
+        match self.nodes.get(&self.node).await {
+            Ok(node) => self.node_uid = node.metadata.uid,
             Err(e) => {
                 tracing::warn!(node = %self.node, error = %e, "cannot read the Node; publishing without an owner reference");
-                None
             }
-        };
+        }
+        let owner = self.owner();
         let mut metadata = json!({ "name": self.node });
         if let Some(owner) = &owner {
             metadata["ownerReferences"] = owner.clone();
@@ -150,7 +228,6 @@ impl KubeSink {
             .patch(&self.node, &Self::params(), &Patch::Apply(&object))
             .await?;
         self.object_applied = true;
-        self.owner_set = owner.is_some();
         Ok(())
     }
 
@@ -169,7 +246,7 @@ impl KubeSink {
 
 impl ReportSink for KubeSink {
     async fn publish(&mut self, status: &GpuNodeReportStatus) -> Result<(), PublishError> {
-        if !self.object_applied || !self.owner_set {
+        if !self.object_applied || self.node_uid.is_none() {
             self.apply_object().await?;
         }
         match self.apply_status(status).await {
@@ -180,6 +257,23 @@ impl ReportSink for KubeSink {
             }
             other => other,
         }
+    }
+
+    async fn heartbeat(&mut self, status: &GpuNodeReportStatus) -> Result<Beat, PublishError> {
+        if let Some((leases, name)) = &self.lease {
+            match self.renew_lease(leases, name).await {
+                Ok(()) => return Ok(Beat::Lease),
+                // No RBAC for Leases (a chart older than the probe) or no namespace: still
+                // heartbeat, with the whole report, as before Leases.
+                Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {
+                    tracing::warn!(namespace = leases.namespace().unwrap_or_default(), lease = %name, error = %s,
+                        "cannot write the heartbeat Lease; heartbeats write the whole report instead");
+                    self.lease = None;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.publish(status).await.map(|()| Beat::Report)
     }
 }
 
@@ -192,11 +286,27 @@ pub async fn publish_once(
     KubeSink::new(client.clone(), node).publish(report).await
 }
 
-/// Why the next publish happens.
+/// Why the next write happens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Due {
+    /// A material change: the whole report, now.
     Change(String),
+    /// `report_refresh` passed: the whole report.
+    Refresh,
+    /// `heartbeat` passed: the Lease (see [`ReportSink::heartbeat`]).
     Heartbeat,
+}
+
+impl Due {
+    /// Of two reasons, the one that writes more wins (the earlier change keeps its text).
+    fn merge(old: Due, new: Due) -> Due {
+        let rank = |d: &Due| match d {
+            Due::Change(_) => 2,
+            Due::Refresh => 1,
+            Due::Heartbeat => 0,
+        };
+        if rank(&old) >= rank(&new) { old } else { new }
+    }
 }
 
 /// The publish loop; returns when `shutdown` completes. `xids` wakes it when an XID arrives.
@@ -214,7 +324,13 @@ pub async fn run_loop<O: Observe, S: ReportSink>(
     let mut last_observe: Option<Instant> = None;
     let mut xid_pending = false;
     let mut published: Option<GpuNodeReportStatus> = None;
-    let mut last_publish_at: Option<Instant> = None;
+    // Last write of the whole report, and last write of anything (report or Lease).
+    let mut last_report_at: Option<Instant> = None;
+    let mut last_write_at: Option<Instant> = None;
+    // A write failed since the last success: the next one is the whole report, so that an
+    // operator that saw this node go stale sees it back (a Lease renewal alone is no report
+    // event) whatever it missed meanwhile.
+    let mut failed_since_write = false;
     let mut pending: Option<(GpuNodeReportStatus, Due)> = None;
     let mut next_attempt = start;
     let mut backoff = config.backoff_initial;
@@ -277,19 +393,20 @@ pub async fn run_loop<O: Observe, S: ReportSink>(
                     if !changes.is_empty() {
                         let text: Vec<String> = changes.iter().map(ToString::to_string).collect();
                         Some(Due::Change(text.join("; ")))
-                    } else if last_publish_at.is_none_or(|t| now.duration_since(t) >= config.heartbeat) {
+                    } else if last_report_at.is_none_or(|t| now.duration_since(t) >= config.report_refresh) {
+                        Some(Due::Refresh)
+                    } else if last_write_at.is_none_or(|t| now.duration_since(t) >= config.heartbeat) {
                         Some(Due::Heartbeat)
                     } else {
                         None
                     }
                 }
             };
-            // Keep only the newest observation; a change still waiting stays the reason.
+            // Keep only the newest observation; the reason that writes most stays.
             pending = match (pending.take(), due) {
-                (Some((_, Due::Change(why))), _) => Some((obs, Due::Change(why))),
-                (_, Some(due)) => Some((obs, due)),
-                (Some((_, due)), None) => Some((obs, due)),
                 (None, None) => None,
+                (Some((_, due)), None) | (None, Some(due)) => Some((obs, due)),
+                (Some((_, old)), Some(new)) => Some((obs, Due::merge(old, new))),
             };
         }
 
@@ -300,24 +417,44 @@ pub async fn run_loop<O: Observe, S: ReportSink>(
         let Some((status, due)) = pending.take() else {
             continue;
         };
+        // A heartbeat after a failure, or long after the last write (the loop stalled, the node
+        // was suspended), writes the whole report.
+        let lapsed = last_write_at.is_none_or(|t| now.duration_since(t) >= config.heartbeat * 2);
+        let lease_only = due == Due::Heartbeat && !failed_since_write && !lapsed;
         let reason = match &due {
             Due::Change(why) => why.as_str(),
-            Due::Heartbeat => "heartbeat",
+            Due::Refresh => "refresh",
+            Due::Heartbeat if lease_only => "heartbeat",
+            Due::Heartbeat => "heartbeat after a failure or a gap",
         };
         let span = tracing::info_span!("publish", reason, gpus = status.gpus.len());
-        let result = sink.publish(&status).instrument(span).await;
+        let result = if lease_only {
+            sink.heartbeat(&status).instrument(span).await
+        } else {
+            sink.publish(&status)
+                .instrument(span)
+                .await
+                .map(|()| Beat::Report)
+        };
         match result {
-            Ok(()) => {
-                tracing::info!(reason, "published");
+            Ok(beat) => {
                 state.record_publish(true);
-                published = Some(status);
-                last_publish_at = Some(now);
+                if beat == Beat::Report {
+                    tracing::info!(reason, "published");
+                    published = Some(status);
+                    last_report_at = Some(now);
+                } else {
+                    tracing::debug!("heartbeat Lease renewed");
+                }
+                last_write_at = Some(now);
+                failed_since_write = false;
                 backoff = config.backoff_initial;
                 next_attempt = now + config.min_gap;
             }
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?backoff, "publish failed");
                 state.record_publish(false);
+                failed_since_write = true;
                 pending = Some((status, due));
                 next_attempt = now + backoff;
                 backoff = (backoff * 2).min(config.backoff_max);

@@ -1,13 +1,13 @@
 //! The publish loop with a scripted observer and a recording sink, on tokio's paused clock (time
 //! advances only when every task waits, so the timings below are exact and nothing sleeps).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpunode_crds::ThrottleReason;
 use gpunode_crds::report::{GpuNodeReportStatus, GpuStatus};
-use gpunode_probe::publish::{Observe, PublishConfig, PublishError, ReportSink, run_loop};
+use gpunode_probe::publish::{Beat, Observe, PublishConfig, PublishError, ReportSink, run_loop};
 use gpunode_probe::state::ProbeState;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -48,16 +48,22 @@ struct Recorder {
     published: Arc<Mutex<Vec<(Instant, String)>>>,
     attempts: Arc<Mutex<Vec<Instant>>>,
     failures_left: Arc<AtomicU64>,
+    /// Heartbeats renew a Lease (recorded in `beats`) instead of publishing.
+    lease: Arc<AtomicBool>,
+    beats: Arc<Mutex<Vec<Instant>>>,
 }
 
 impl Recorder {
     fn published(&self) -> Vec<(Instant, String)> {
         self.published.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
-}
 
-impl ReportSink for Recorder {
-    async fn publish(&mut self, status: &GpuNodeReportStatus) -> Result<(), PublishError> {
+    fn beats(&self) -> Vec<Instant> {
+        self.beats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records an attempt; fails it while `failures_left` says so.
+    fn attempt(&self) -> Result<(), PublishError> {
         self.attempts
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -68,12 +74,31 @@ impl ReportSink for Recorder {
                 std::io::Error::other("apiserver down"),
             )));
         }
+        Ok(())
+    }
+}
+
+impl ReportSink for Recorder {
+    async fn publish(&mut self, status: &GpuNodeReportStatus) -> Result<(), PublishError> {
+        self.attempt()?;
         let tag = status.probe_version.clone().unwrap_or_default();
         self.published
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((Instant::now(), tag));
         Ok(())
+    }
+
+    async fn heartbeat(&mut self, status: &GpuNodeReportStatus) -> Result<Beat, PublishError> {
+        if !self.lease.load(Ordering::SeqCst) {
+            return self.publish(status).await.map(|()| Beat::Report);
+        }
+        self.attempt()?;
+        self.beats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Instant::now());
+        Ok(Beat::Lease)
     }
 }
 
@@ -276,5 +301,49 @@ async fn backoff_is_capped() {
         .map(|w| w[1].duration_since(w[0]).as_secs())
         .collect();
     assert_eq!(gaps, vec![1, 2, 4, 5, 5, 5, 5, 5]);
+    h.stop().await;
+}
+
+fn seconds(h: &Harness, times: impl IntoIterator<Item = Instant>) -> Vec<u64> {
+    times.into_iter().map(|t| h.since_start(t).as_secs()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeats_renew_the_lease_and_the_whole_report_is_refreshed_rarely() {
+    let config = PublishConfig {
+        report_refresh: Duration::from_secs(300),
+        ..PublishConfig::default()
+    };
+    let h = start(config);
+    h.sink.lease.store(true, Ordering::SeqCst);
+    h.run_for(Duration::from_secs(605)).await;
+    let reports = seconds(&h, h.sink.published().into_iter().map(|(t, _)| t));
+    let beats = seconds(&h, h.sink.beats());
+    assert_eq!(reports, vec![0, 300, 600], "first, then every report_refresh");
+    assert_eq!(
+        beats,
+        vec![60, 120, 180, 240, 360, 420, 480, 540],
+        "a Lease renewal every heartbeat in between"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_failed_heartbeat_the_whole_report_is_written() {
+    let h = start(PublishConfig::default());
+    h.sink.lease.store(true, Ordering::SeqCst);
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    h.sink.failures_left.store(1, Ordering::SeqCst);
+    h.run_for(Duration::from_secs(135)).await;
+    let reports = seconds(&h, h.sink.published().into_iter().map(|(t, _)| t));
+    let beats = seconds(&h, h.sink.beats());
+    // 60 s: the Lease renewal fails; 61 s: the retry writes the report (an operator that saw
+    // the node go stale meanwhile gets a report event); then Lease renewals again, at the first
+    // observation a heartbeat after that (every 10 s).
+    assert_eq!(reports, vec![0, 61]);
+    assert_eq!(beats, vec![130]);
     h.stop().await;
 }

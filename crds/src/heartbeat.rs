@@ -1,0 +1,65 @@
+//! The node-probe's heartbeat: a `coordination.k8s.io` Lease per node, in the release namespace.
+//!
+//! A probe writes its whole `GpuNodeReport` when something material changes and refreshes it
+//! rarely; in between it only renews its Lease. A report is some 10 KB of nested status, which
+//! the API server decodes, validates and re-encodes on every write (about 25 ms of its CPU, six
+//! times a Lease renewal): one report write per node per minute would cost a 5,000-node cluster
+//! two API-server cores. The kubelet splits its own heartbeat from Node status the same way.
+//!
+//! The operator counts a report as fresh from the later of its `status.observedAt` and its
+//! Lease's `spec.renewTime`. This module is the contract between the two: the Lease's name,
+//! label and holder.
+
+/// Label on every probe heartbeat Lease; the operator watches Leases with it.
+pub const LEASE_LABEL: &str = "gpunode.dev/heartbeat";
+/// Value of [`LEASE_LABEL`].
+pub const LEASE_LABEL_VALUE: &str = "node-probe";
+/// Label selector of the probe heartbeat Leases.
+pub const LEASE_SELECTOR: &str = "gpunode.dev/heartbeat=node-probe";
+/// Prefix of a probe heartbeat Lease's name; the rest is the node's name.
+pub const LEASE_PREFIX: &str = "gpunode-probe-";
+/// Longest Kubernetes object name (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// Name of the heartbeat Lease of `node`: `gpunode-probe-<node>`. `None` when that name would be
+/// longer than an object name may be (a node name over 239 characters): such a probe heartbeats
+/// by writing its whole report instead.
+pub fn lease_name(node: &str) -> Option<String> {
+    let name = format!("{LEASE_PREFIX}{node}");
+    (!node.is_empty() && name.len() <= MAX_NAME).then_some(name)
+}
+
+/// The node a heartbeat Lease is about: its name without [`LEASE_PREFIX`], when its
+/// `spec.holderIdentity` names the same node (the admission policy makes a probe write only its
+/// own node's Lease, holding it as that node).
+pub fn lease_node<'a>(name: &'a str, holder: Option<&str>) -> Option<&'a str> {
+    let node = name.strip_prefix(LEASE_PREFIX)?;
+    (!node.is_empty() && holder == Some(node)).then_some(node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_names_round_trip_and_overlong_nodes_have_none() {
+        let name = lease_name("gpu-node-07");
+        assert_eq!(name.as_deref(), Some("gpunode-probe-gpu-node-07"));
+        assert_eq!(
+            lease_node("gpunode-probe-gpu-node-07", Some("gpu-node-07")),
+            Some("gpu-node-07")
+        );
+        assert_eq!(
+            lease_node("gpunode-probe-gpu-node-07", Some("gpu-node-08")),
+            None,
+            "holder must match"
+        );
+        assert_eq!(lease_node("gpunode-probe-gpu-node-07", None), None);
+        assert_eq!(lease_node("gpunode-operator", Some("gpunode-operator")), None);
+        assert_eq!(lease_node("gpunode-probe-", Some("")), None);
+        assert_eq!(lease_name(""), None);
+        let longest = "n".repeat(MAX_NAME - LEASE_PREFIX.len());
+        assert!(lease_name(&longest).is_some());
+        assert_eq!(lease_name(&format!("{longest}n")), None);
+    }
+}
