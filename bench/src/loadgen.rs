@@ -1,6 +1,7 @@
 //! The load generator: one node-probe publish loop per fake node, with the probe's own code
 //! (`gpunode_probe::publish::run_loop` and `KubeSink`) and default timing (observe every 10 s,
-//! heartbeat every 60 s, material changes at once). Only the observation is synthetic: a
+//! material changes at once, the heartbeat Lease renewed every 60 s, the whole report refreshed
+//! every 10 minutes). Only the observation is synthetic: a
 //! healthy 8x H100 report, optionally with GPU 0 thermally throttled.
 
 use std::{
@@ -13,7 +14,7 @@ use std::{
 
 use gpunode_crds::{ThrottleReason, report::GpuNodeReportStatus};
 use gpunode_probe::{
-    publish::{KubeSink, Observe, PublishConfig, PublishError, ReportSink, run_loop},
+    publish::{Beat, KubeSink, Observe, PublishConfig, PublishError, ReportSink, run_loop},
     state::ProbeState,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -82,8 +83,10 @@ impl Observe for FakeNode {
 /// Publish counters of the whole generator.
 #[derive(Default)]
 pub struct Stats {
-    /// Successful publishes.
+    /// Successful publishes of the whole report.
     pub ok: AtomicU64,
+    /// Heartbeat Lease renewals.
+    pub beats: AtomicU64,
     /// Failed publishes (retried by the loop).
     pub failed: AtomicU64,
     /// Nodes whose report has been written at least once.
@@ -99,19 +102,37 @@ struct TimedSink {
     first: bool,
 }
 
+impl TimedSink {
+    fn published(&mut self, status: &GpuNodeReportStatus) {
+        self.node.record(is_throttled(status), Instant::now());
+        self.stats.ok.fetch_add(1, Ordering::Relaxed);
+        if self.first {
+            self.first = false;
+            self.stats.nodes_published.fetch_add(1, Ordering::Relaxed);
+        }
+        self.tick.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}
+
 impl ReportSink for TimedSink {
+    async fn heartbeat(&mut self, status: &GpuNodeReportStatus) -> Result<Beat, PublishError> {
+        let r = self.inner.heartbeat(status).await;
+        match &r {
+            Ok(Beat::Report) => self.published(status),
+            Ok(Beat::Lease) => {
+                self.stats.beats.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+
     async fn publish(&mut self, status: &GpuNodeReportStatus) -> Result<(), PublishError> {
         let r = self.inner.publish(status).await;
         match &r {
-            Ok(()) => {
-                self.node.record(is_throttled(status), Instant::now());
-                self.stats.ok.fetch_add(1, Ordering::Relaxed);
-                if self.first {
-                    self.first = false;
-                    self.stats.nodes_published.fetch_add(1, Ordering::Relaxed);
-                }
-                self.tick.send_modify(|v| *v = v.wrapping_add(1));
-            }
+            Ok(()) => self.published(status),
             Err(_) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
             }
@@ -159,7 +180,8 @@ impl LoadGen {
             nodes.push(node.clone());
             let delay = stagger * i as u32 / n;
             let mut sink = TimedSink {
-                inner: KubeSink::new(client.clone(), name),
+                inner: KubeSink::new(client.clone(), name)
+                    .with_heartbeat_lease(crate::run::OPERATOR_NAMESPACE, PublishConfig::default().heartbeat),
                 node: node.clone(),
                 stats: stats.clone(),
                 tick: tick.clone(),

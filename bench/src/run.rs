@@ -452,12 +452,18 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
 
     // Steady state: nothing changes but heartbeats (a measurement window, not a test).
     let published_before = load.published();
+    let beats_before = load.stats.beats.load(std::sync::atomic::Ordering::Relaxed);
     tokio::time::sleep(args.steady).await;
     let s_steady = op.now()?;
     let t_steady_end = Timestamp::now();
     result.loadgen.insert(
         "steady_publishes_per_s".into(),
         (load.published() - published_before) as f64 / args.steady.as_secs_f64(),
+    );
+    result.loadgen.insert(
+        "steady_lease_renewals_per_s".into(),
+        (load.stats.beats.load(std::sync::atomic::Ordering::Relaxed) - beats_before) as f64
+            / args.steady.as_secs_f64(),
     );
     if let Some((mut child, path)) = perf {
         let _ = std::process::Command::new("kill")
@@ -528,6 +534,10 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     };
 
     result.loadgen.insert("publishes".into(), load.published() as f64);
+    result.loadgen.insert(
+        "lease_renewals".into(),
+        load.stats.beats.load(std::sync::atomic::Ordering::Relaxed) as f64,
+    );
     result.loadgen.insert(
         "failed".into(),
         load.stats.failed.load(std::sync::atomic::Ordering::Relaxed) as f64,

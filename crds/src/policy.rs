@@ -74,7 +74,7 @@ use crate::{
     "!has(self.staleAfter) || !self.staleAfter.matches('{}') || duration(self.staleAfter) >= duration('{}')",
     rules::DURATION_RE, rules::MIN_STALE_AFTER
 )).message(format!(
-    "staleAfter must be at least {}: the node-probe heartbeat publishes a report once a minute, so a shorter value would mark healthy nodes Unknown",
+    "staleAfter must be at least {}: the node-probe renews its heartbeat once a minute, so a shorter value would mark healthy nodes Unknown",
     rules::MIN_STALE_AFTER
 ).as_str()).field_path(".staleAfter"))]
 pub struct GpuNodePolicySpec {

@@ -13,9 +13,10 @@ use std::{
     time::Duration,
 };
 
-use gpunode_crds::GpuNodeReport;
+use gpunode_crds::{GpuNodeReport, heartbeat::LEASE_PREFIX};
 use k8s_openapi::api::{
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+    coordination::v1::Lease,
     core::v1::{Namespace, Pod},
 };
 use kube::{
@@ -50,6 +51,14 @@ pub const ACCOUNT_TEMPLATES: [&str; 4] = [
 pub const OTHER_NODE_MESSAGE: &str = "may write only its own node's GpuNodeReport, not the one of node";
 /// Part of the admission policy's message for a token without a node-name claim.
 pub const NO_NODE_MESSAGE: &str = "its token carries no node";
+/// Part of the Lease admission policy's message for a token without a node-name claim.
+pub const LEASE_NO_NODE_MESSAGE: &str = "heartbeat Lease, but its token carries no node";
+/// Part of the Lease admission policy's message for a write to another Lease; followed by the
+/// caller's node, `, not Lease ` and the Lease written.
+pub const LEASE_OTHER_NODE_MESSAGE: &str = "may write only its own node's heartbeat Lease gpunode-probe-";
+/// Part of the Lease admission policy's message for its own Lease held as another node;
+/// followed by the holder in quotes.
+pub const LEASE_HOLDER_MESSAGE: &str = "only as its own node, not with holderIdentity";
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -380,10 +389,28 @@ async fn wait_rbac(admin: &Client, acc: &Accounts) -> Result<(), Error> {
             .await?
             && can_i(
                 admin,
+                &op,
+                "watch",
+                "coordination.k8s.io/leases",
+                Some(NAMESPACE),
+                None,
+            )
+            .await?
+            && can_i(
+                admin,
                 &probe,
                 "patch",
                 "gpunode.dev/gpunodereports/status",
                 None,
+                None,
+            )
+            .await?
+            && can_i(
+                admin,
+                &probe,
+                "create",
+                "coordination.k8s.io/leases",
+                Some(NAMESPACE),
                 None,
             )
             .await?;
@@ -392,34 +419,55 @@ async fn wait_rbac(admin: &Client, acc: &Accounts) -> Result<(), Error> {
     .await
 }
 
-/// A dry-run write of a report by a probe token without a node claim: refused by the admission
-/// policy once it is enforced (before that, RBAC alone would let it through). Nothing is stored.
+/// Dry-run writes of a report and of a heartbeat Lease by a probe token without a node claim:
+/// refused by the admission policies once they are enforced (before that, RBAC alone would let
+/// them through). Nothing is stored.
 async fn wait_admission_policy(admin: &Client) -> Result<(), Error> {
     let token = accounts::client_for(admin, NAMESPACE, PROBE_SA, None).await?;
-    let api: Api<DynamicObject> = Api::all_with(token, &ApiResource::erase::<GpuNodeReport>(&()));
     let mut pp = PatchParams::apply(FIELD_MANAGER).force();
     pp.dry_run = true;
     let name = "gpunode-e2e-admission-canary";
-    let object = json!({
+    let report = json!({
         "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
         "metadata": {"name": name}, "spec": {"nodeName": name},
     });
-    wait::until(
-        "the probe admission policy to be enforced",
-        SETUP_TIMEOUT,
-        || async {
-            match api.patch(name, &pp, &Patch::Apply(&object)).await {
-                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(NO_NODE_MESSAGE) => {
-                    Ok(Some(()))
-                }
-                Ok(_) => Err(Error::Unexpected(
-                    "a probe write without a node claim was admitted".into(),
-                )),
+    let lease_name = format!("{LEASE_PREFIX}{name}");
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": lease_name, "namespace": NAMESPACE}, "spec": {"holderIdentity": name},
+    });
+    for (api, name, object, message, what) in [
+        (
+            Api::<DynamicObject>::all_with(token.clone(), &ApiResource::erase::<GpuNodeReport>(&())),
+            name,
+            &report,
+            NO_NODE_MESSAGE,
+            "the probe report admission policy to be enforced",
+        ),
+        (
+            Api::<DynamicObject>::namespaced_with(
+                token.clone(),
+                NAMESPACE,
+                &ApiResource::erase::<Lease>(&()),
+            ),
+            lease_name.as_str(),
+            &lease,
+            LEASE_NO_NODE_MESSAGE,
+            "the probe Lease admission policy to be enforced",
+        ),
+    ] {
+        wait::until(what, SETUP_TIMEOUT, || async {
+            match api.patch(name, &pp, &Patch::Apply(object)).await {
+                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(message) => Ok(Some(())),
+                Ok(_) => Err(Error::Unexpected(format!(
+                    "a probe write of {name} without a node claim was admitted"
+                ))),
                 Err(e) => Err(e.into()),
             }
-        },
-    )
-    .await
+        })
+        .await?;
+    }
+    Ok(())
 }
 
 /// A client acting as the operator's ServiceAccount.

@@ -30,6 +30,7 @@ impl InProcess {
                 leadership: Leadership::fixed(true),
                 metrics: metrics.clone(),
                 readiness: Readiness::new(),
+                heartbeat_namespace: crate::chart::NAMESPACE.to_string(),
             },
             async move {
                 let _ = stopped.await;

@@ -110,6 +110,15 @@ fn one<'a>(objects: &'a [DynamicObject], kind: &str, suffix: &str) -> &'a Dynami
     }
 }
 
+/// The names of the Roles among `objects`.
+fn role_names(objects: &[DynamicObject]) -> BTreeSet<String> {
+    objects
+        .iter()
+        .filter(|o| kind_of(o) == "Role")
+        .filter_map(|o| o.metadata.name.clone())
+        .collect()
+}
+
 fn container(o: &DynamicObject) -> &Value {
     &o.data["spec"]["template"]["spec"]["containers"][0]
 }
@@ -140,6 +149,7 @@ async fn helm_lint_is_clean_and_the_values_schema_is_strict() {
     for (set, key) in [
         ("operator.replica=3", "replica"),
         ("nodeProbe.privileged=maybe", "privileged"),
+        ("nodeProbe.reportRefresh=soon", "reportRefresh"),
         ("metrics.prometheusRule.for.drifted=soon", "drifted"),
         ("operator.image.pullPolicy=Sometimes", "pullPolicy"),
     ] {
@@ -193,6 +203,35 @@ async fn helm_template_defaults_and_each_toggle() {
         one(&d, "Role", "-operator-leader").metadata.namespace.as_deref(),
         Some("ns")
     );
+    // Leases: the operator reads the probes' heartbeats, each probe writes its own, both in the
+    // release namespace.
+    let rules = |role: &DynamicObject| -> Vec<(Value, Value)> {
+        role.data["rules"]
+            .as_array()
+            .map(|rs| {
+                rs.iter()
+                    .map(|r| (r["resources"].clone(), r["verbs"].clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let leases = serde_json::json!(["leases"]);
+    for (role, verbs) in [
+        ("-operator-heartbeats", ["list", "watch"]),
+        ("-node-probe-heartbeat", ["create", "patch"]),
+    ] {
+        let r = one(&d, "Role", role);
+        assert_eq!(r.metadata.namespace.as_deref(), Some("ns"), "Role {role}");
+        assert_eq!(
+            rules(r),
+            vec![(leases.clone(), serde_json::json!(verbs))],
+            "Role {role}"
+        );
+        assert_eq!(
+            one(&d, "RoleBinding", role).data["roleRef"]["name"],
+            serde_json::json!(r.metadata.name)
+        );
+    }
 
     let op = one(&d, "Deployment", "-operator");
     assert_eq!(op.data["spec"]["replicas"], 2);
@@ -237,10 +276,21 @@ async fn helm_template_defaults_and_each_toggle() {
     assert_eq!(pod["tolerations"], serde_json::json!([{"operator": "Exists"}]));
     assert_eq!(pod["volumes"][0]["hostPath"]["path"], "/sys");
     assert_eq!(container(ds)["volumeMounts"][0]["readOnly"], true);
-    assert!(
-        args(ds).iter().any(|a| a == "--sysfs-root=/host/sys"),
-        "{:?}",
-        args(ds)
+    for want in [
+        "--sysfs-root=/host/sys",
+        "--heartbeat=60s",
+        "--report-refresh=10m",
+        "--lease-namespace=$(POD_NAMESPACE)",
+    ] {
+        assert!(
+            args(ds).iter().any(|a| a == want),
+            "probe args {:?} lack {want}",
+            args(ds)
+        );
+    }
+    assert_eq!(
+        env(ds, "POD_NAMESPACE")["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
     );
     assert_eq!(
         env(ds, "NODE_NAME")["valueFrom"]["fieldRef"]["fieldPath"],
@@ -260,6 +310,20 @@ async fn helm_template_defaults_and_each_toggle() {
         condition.contains("'system:serviceaccount:ns:r-gpunode-node-probe'"),
         "{condition}"
     );
+    let lease_vap = one(&d, "ValidatingAdmissionPolicy", "-own-lease");
+    assert_eq!(lease_vap.data["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        lease_vap.data["spec"]["matchConditions"], vap.data["spec"]["matchConditions"],
+        "both policies police the same probe account"
+    );
+    assert_eq!(
+        lease_vap.data["spec"]["matchConstraints"]["resourceRules"][0]["resources"],
+        leases
+    );
+    assert_eq!(
+        one(&d, "ValidatingAdmissionPolicyBinding", "-own-lease").data["spec"]["policyName"],
+        serde_json::json!(lease_vap.metadata.name)
+    );
 
     // Each toggle, and what it changes.
     let off = render(&admin, &["nodeProbe.admissionPolicy.enabled=false"]).await;
@@ -272,6 +336,11 @@ async fn helm_template_defaults_and_each_toggle() {
     assert_eq!(count(&no_probe, "ValidatingAdmissionPolicy"), 0);
     assert_eq!(count(&no_probe, "ServiceAccount"), 1);
     assert_eq!(count(&no_probe, "ClusterRole"), 1);
+    assert!(
+        !role_names(&no_probe).iter().any(|n| n.contains("-node-probe")),
+        "{:?}",
+        role_names(&no_probe)
+    );
     assert_eq!(count(&no_probe, "Service"), 1);
 
     let privileged = render(&admin, &["nodeProbe.privileged=true"]).await;
@@ -284,6 +353,7 @@ async fn helm_template_defaults_and_each_toggle() {
             "nodeProbe.runtimeClassName=",
             "nodeProbe.nvidia.driverCapabilities=utility\\,compute",
             "nodeProbe.interval=30s",
+            "nodeProbe.reportRefresh=1h",
         ],
     )
     .await;
@@ -295,6 +365,7 @@ async fn helm_template_defaults_and_each_toggle() {
     );
     assert_eq!(env(ds, "NVIDIA_DRIVER_CAPABILITIES")["value"], "utility,compute");
     assert!(args(ds).iter().any(|a| a == "--interval=30s"));
+    assert!(args(ds).iter().any(|a| a == "--report-refresh=1h"));
 
     let single = render(
         &admin,
@@ -309,10 +380,14 @@ async fn helm_template_defaults_and_each_toggle() {
     assert!(args(op).iter().any(|a| a == "--leader-elect=false"));
     assert_eq!(op.data["spec"]["replicas"], 1);
     assert_eq!(count(&single, "PodDisruptionBudget"), 0);
+    // No leader Role without leader election; the operator still reads the heartbeats.
     assert_eq!(
-        count(&single, "Role"),
-        1,
-        "no leader Role without leader election"
+        role_names(&single),
+        BTreeSet::from([
+            "r-gpunode-node-probe-heartbeat".to_string(),
+            "r-gpunode-operator-events".to_string(),
+            "r-gpunode-operator-heartbeats".to_string(),
+        ])
     );
 
     let no_rbac = render(&admin, &["rbac.create=false"]).await;
@@ -560,6 +635,9 @@ async fn helm_install_upgrade_and_uninstall_leave_only_the_crds() {
         format!("ClusterRole /{release}-gpunode-operator"),
         format!("ClusterRole /{release}-gpunode-node-probe"),
         format!("ValidatingAdmissionPolicy /{release}-gpunode-node-probe-own-report"),
+        format!("ValidatingAdmissionPolicy /{release}-gpunode-node-probe-own-lease"),
+        format!("Role {ns}/{release}-gpunode-node-probe-heartbeat"),
+        format!("Role {ns}/{release}-gpunode-operator-heartbeats"),
         format!("RoleBinding default/{release}-gpunode-operator-events"),
         format!("ServiceMonitor {ns}/{release}-gpunode-operator"),
         format!("PrometheusRule {ns}/{release}-gpunode"),

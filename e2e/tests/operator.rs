@@ -299,3 +299,73 @@ async fn watches_stream_their_initial_lists_where_the_api_server_can() {
         "the local control plane (Kubernetes 1.37) streams lists"
     );
 }
+
+#[tokio::test]
+async fn a_report_older_than_stale_after_stays_fresh_while_its_probe_heartbeats() {
+    let _turn = ONE_OPERATOR.lock().await;
+    let (client, name, node_api) = one_node("op-heartbeat").await;
+    // What a probe leaves between material changes: a report observed long ago (its content
+    // still holds) and a heartbeat Lease renewed recently (45 s ago, so that with the shortest
+    // staleAfter, 60 s, it lapses 15 s from now).
+    let mut status = report_status(&[]);
+    status["observedAt"] = json!((jiff::Timestamp::now() - jiff::SignedDuration::from_mins(10)).to_string());
+    reports::publish(&client, &name, status)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    let lease_name = gpunode_crds::heartbeat::lease_name(&name).unwrap_or_else(|| fail("lease name"));
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), chart::NAMESPACE);
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": lease_name, "labels": {gpunode_crds::heartbeat::LEASE_LABEL: gpunode_crds::heartbeat::LEASE_LABEL_VALUE}},
+        "spec": {"holderIdentity": name, "leaseDurationSeconds": 180,
+                 "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                     jiff::Timestamp::now() - jiff::SignedDuration::from_secs(45))},
+    });
+    leases
+        .patch(
+            &lease_name,
+            &PatchParams::apply("gpunode-e2e").force(),
+            &Patch::Apply(&lease),
+        )
+        .await
+        .unwrap_or_else(|e| fail(e));
+    crds::create_policy(
+        &client,
+        &name,
+        json!({
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": name}},
+            "cooling": {},
+            "staleAfter": "60s",
+        }),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let operator = InProcess::start(&operator_client, "e2e");
+
+    wait::until("node compliant on a 10-minute-old report", DEADLINE, || async {
+        let n = node_api.get(&name).await?;
+        Ok((label(&n, "gpunode.dev/state").as_deref() == Some("compliant")).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    // The probe goes silent: no renewal, no report. The operator's own timer, counting from the
+    // heartbeat, makes the node Unknown once the heartbeat is staleAfter old.
+    let unknown = wait::until("node unknown once the heartbeat lapsed", DEADLINE, || async {
+        let n = node_api.get(&name).await?;
+        Ok((label(&n, "gpunode.dev/state").as_deref() == Some("unknown")).then_some(n))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let message = condition(&unknown).and_then(|c| c.message).unwrap_or_default();
+    assert!(
+        message.contains("the probe's last heartbeat is"),
+        "the condition says why: {message}"
+    );
+    operator.stop().await.unwrap_or_else(|e| fail(e));
+    Api::<GpuNodePolicy>::all(client.clone())
+        .delete(&name, &Default::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+}

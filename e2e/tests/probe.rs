@@ -17,6 +17,7 @@ use std::{
 
 use gpunode_crds::GpuNodeReport;
 use gpunode_e2e::{chart, cluster, crds, fixtures::repo_root, nodes, scratch::rand_suffix, wait};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -67,6 +68,8 @@ fn probe_args(node: &str, fixture: &Path) -> (Vec<String>, Vec<(&'static str, St
         tree.display().to_string(),
         "--interval".to_string(),
         "500ms".to_string(),
+        "--heartbeat".to_string(),
+        "1s".to_string(),
         "--metrics-addr".to_string(),
         "127.0.0.1:0".to_string(),
     ];
@@ -159,6 +162,43 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
         normalize(status),
         normalize(offline.status.unwrap_or_default()),
         "the stored report differs from the probe's own observation"
+    );
+
+    // Heartbeats renew the node's Lease (through the chart's RBAC and admission policy) and
+    // leave the report alone while nothing material changes.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), chart::NAMESPACE);
+    let lease_name = gpunode_crds::heartbeat::lease_name(&node).unwrap_or_else(|| fail("lease name"));
+    let renewed = |lease: Option<Lease>| {
+        lease
+            .and_then(|l| l.spec)
+            .filter(|s| s.holder_identity.as_deref() == Some(node.as_str()))
+            .and_then(|s| s.renew_time)
+    };
+    let first = wait::until("the probe's heartbeat Lease", DEADLINE, || async {
+        Ok(renewed(leases.get_opt(&lease_name).await?))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let version = reports
+        .get(&node)
+        .await
+        .unwrap_or_else(|e| fail(e))
+        .metadata
+        .resource_version;
+    wait::until("a second renewal", DEADLINE, || async {
+        Ok(renewed(leases.get_opt(&lease_name).await?).filter(|t| t.0 > first.0))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert_eq!(
+        reports
+            .get(&node)
+            .await
+            .unwrap_or_else(|e| fail(e))
+            .metadata
+            .resource_version,
+        version,
+        "a heartbeat rewrote the report"
     );
 
     // Flip the fake GPU to throttled; the probe publishes the change without waiting for a heartbeat.

@@ -1,14 +1,24 @@
 //! The chart's least privilege on the real API server: what each ServiceAccount may and may not
-//! do (SubjectAccessReview, as `kubectl auth can-i --as` asks), and the admission policy that
-//! lets a probe write only its own node's GpuNodeReport.
+//! do (SubjectAccessReview, as `kubectl auth can-i --as` asks), and the admission policies that
+//! let a probe write only its own node's GpuNodeReport and heartbeat Lease.
 
-use gpunode_crds::GpuNodeReport;
+use gpunode_crds::{
+    GpuNodeReport,
+    heartbeat::{LEASE_LABEL, LEASE_LABEL_VALUE, lease_name, lease_node},
+};
 use gpunode_e2e::{
     accounts,
-    chart::{self, Accounts, NO_NODE_MESSAGE, OTHER_NODE_MESSAGE},
+    chart::{
+        self, Accounts, LEASE_HOLDER_MESSAGE, LEASE_NO_NODE_MESSAGE, LEASE_OTHER_NODE_MESSAGE,
+        NO_NODE_MESSAGE, OTHER_NODE_MESSAGE,
+    },
     cluster::admin_client,
     nodes,
     scratch::rand_suffix,
+};
+use k8s_openapi::{
+    api::{coordination::v1::Lease, core::v1::Node},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
 };
 use kube::{
     Api, Client,
@@ -107,6 +117,9 @@ async fn each_service_account_may_do_exactly_what_its_binary_needs() {
         ask_in("create", "coordination.k8s.io/leases", NS),
         ask_named("get", "coordination.k8s.io/leases", NS, "gpunode-operator"),
         ask_named("update", "coordination.k8s.io/leases", NS, "gpunode-operator"),
+        // The probes' heartbeat Leases.
+        ask_in("list", "coordination.k8s.io/leases", NS),
+        ask_in("watch", "coordination.k8s.io/leases", NS),
         ask_in("create", "events.k8s.io/events", "default"),
         ask_in("patch", "events.k8s.io/events", "default"),
     ];
@@ -129,6 +142,12 @@ async fn each_service_account_may_do_exactly_what_its_binary_needs() {
         ask_named("get", "coordination.k8s.io/leases", NS, "someone-elses-lease"),
         ask_named("delete", "coordination.k8s.io/leases", NS, "gpunode-operator"),
         ask_in("create", "coordination.k8s.io/leases", "kube-system"),
+        ask_in("list", "coordination.k8s.io/leases", "kube-system"),
+        ask_in("watch", "coordination.k8s.io/leases", "kube-system"),
+        ask("list", "coordination.k8s.io/leases"),
+        // Reads the probes' heartbeats, never writes them.
+        ask_in("patch", "coordination.k8s.io/leases", NS),
+        ask_named("update", "coordination.k8s.io/leases", NS, "gpunode-probe-node-a"),
         ask_in("create", "events.k8s.io/events", "kube-system"),
         ask("create", "serviceaccounts/token"),
         ask("escalate", "rbac.authorization.k8s.io/clusterroles"),
@@ -144,6 +163,10 @@ async fn each_service_account_may_do_exactly_what_its_binary_needs() {
         ask("patch", "gpunode.dev/gpunodereports"),
         ask("patch", "gpunode.dev/gpunodereports/status"),
         ask("get", "nodes"),
+        // Its heartbeat Lease, by server-side apply (which creates it the first time).
+        ask_in("create", "coordination.k8s.io/leases", NS),
+        ask_in("patch", "coordination.k8s.io/leases", NS),
+        ask_named("patch", "coordination.k8s.io/leases", NS, "gpunode-probe-node-a"),
     ];
     let probe_denied = [
         ask("get", "secrets"),
@@ -167,7 +190,19 @@ async fn each_service_account_may_do_exactly_what_its_binary_needs() {
         ask("delete", "gpunode.dev/gpunodepolicies"),
         ask("patch", "gpunode.dev/gpunodepolicies/status"),
         ask("create", "pods/eviction"),
-        ask_in("create", "coordination.k8s.io/leases", NS),
+        // Leases: never read, never deleted, and written only in the release namespace.
+        ask_in("get", "coordination.k8s.io/leases", NS),
+        ask_in("list", "coordination.k8s.io/leases", NS),
+        ask_in("watch", "coordination.k8s.io/leases", NS),
+        ask_in("update", "coordination.k8s.io/leases", NS),
+        ask_in("delete", "coordination.k8s.io/leases", NS),
+        ask_in("deletecollection", "coordination.k8s.io/leases", NS),
+        ask_in("create", "coordination.k8s.io/leases", "kube-system"),
+        ask_in("patch", "coordination.k8s.io/leases", "kube-system"),
+        ask_in("create", "coordination.k8s.io/leases", "default"),
+        ask_in("patch", "coordination.k8s.io/leases", "default"),
+        ask("list", "coordination.k8s.io/leases"),
+        ask("patch", "coordination.k8s.io/leases"),
         ask_in("create", "events.k8s.io/events", "default"),
         ask(
             "patch",
@@ -318,6 +353,202 @@ async fn a_probe_writes_only_its_own_nodes_report() {
         "an unbound probe token writing a report",
     );
 
+    chart::delete_probe_pod(&admin, &a)
+        .await
+        .unwrap_or_else(|e| fail(e));
+}
+
+fn leases(client: &Client, namespace: &str) -> Api<Lease> {
+    Api::namespaced(client.clone(), namespace)
+}
+
+/// What the probe writes as its heartbeat (node-probe/src/publish.rs KubeSink::heartbeat()): a
+/// server-side apply of Lease `name` in `namespace`, held by `holder`, owned by `owner`.
+async fn renew_lease(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    holder: &str,
+    owner: &Node,
+) -> Result<(), kube::Error> {
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {LEASE_LABEL: LEASE_LABEL_VALUE},
+            "ownerReferences": [{
+                "apiVersion": "v1", "kind": "Node",
+                "name": owner.metadata.name, "uid": owner.metadata.uid,
+                "blockOwnerDeletion": false,
+            }],
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": 180,
+            "renewTime": MicroTime(jiff::Timestamp::now()),
+        },
+    });
+    leases(client, namespace)
+        .patch(
+            name,
+            &PatchParams::apply("gpunode-node-probe").force(),
+            &Patch::Apply(&lease),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// Holder and renewal time of a stored Lease, read as admin.
+async fn stored_lease(admin: &Client, name: &str) -> Option<(Option<String>, Option<MicroTime>)> {
+    leases(admin, NS)
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| fail(e))
+        .map(|l| {
+            let spec = l.spec.unwrap_or_default();
+            (spec.holder_identity, spec.renew_time)
+        })
+}
+
+fn lease_of(node: &str) -> String {
+    lease_name(node).unwrap_or_else(|| fail(format!("node {node} has no heartbeat Lease name")))
+}
+
+#[tokio::test]
+async fn a_probe_writes_only_its_own_nodes_heartbeat_lease() {
+    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
+    chart::install_accounts(&admin).await.unwrap_or_else(|e| fail(e));
+    let suffix = rand_suffix();
+    let (a, b) = (format!("sec-la-{suffix:06x}"), format!("sec-lb-{suffix:06x}"));
+    nodes::create(&admin, &[a.clone(), b.clone()], &nodes::GpuNodeShape::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let node_api: Api<Node> = Api::all(admin.clone());
+    let node_a = node_api.get(&a).await.unwrap_or_else(|e| fail(e));
+    let node_b = node_api.get(&b).await.unwrap_or_else(|e| fail(e));
+    let pod_a = chart::probe_pod(&admin, &a).await.unwrap_or_else(|e| fail(e));
+    let probe_a = chart::probe_client(&admin, &pod_a)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let (lease_a, lease_b) = (lease_of(&a), lease_of(&b));
+
+    // Its own Lease, held as its node: created, then renewed.
+    renew_lease(&probe_a, NS, &lease_a, &a, &node_a)
+        .await
+        .unwrap_or_else(|e| fail(format!("probe on {a} creating its heartbeat Lease: {e}")));
+    let (_, first) = stored_lease(&admin, &lease_a)
+        .await
+        .unwrap_or_else(|| fail("the created Lease is not stored"));
+    renew_lease(&probe_a, NS, &lease_a, &a, &node_a)
+        .await
+        .unwrap_or_else(|e| fail(format!("probe on {a} renewing its heartbeat Lease: {e}")));
+    let stored = leases(&admin, NS).get(&lease_a).await.unwrap_or_else(|e| fail(e));
+    let holder = stored.spec.as_ref().and_then(|s| s.holder_identity.as_deref());
+    // What the operator reads from it (crds/src/heartbeat.rs).
+    assert_eq!(lease_node(&lease_a, holder), Some(a.as_str()));
+    assert_ne!(
+        stored.spec.as_ref().and_then(|s| s.renew_time.clone()),
+        first,
+        "the renewal did not move renewTime"
+    );
+    assert_eq!(
+        stored
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get(LEASE_LABEL)
+            .map(String::as_str),
+        Some(LEASE_LABEL_VALUE)
+    );
+    let owners = stored.metadata.owner_references.unwrap_or_default();
+    assert!(
+        owners
+            .iter()
+            .any(|o| o.kind == "Node" && Some(&o.uid) == node_a.metadata.uid.as_ref()),
+        "the Lease is not owned by its Node: {owners:?}"
+    );
+
+    // Another node's Lease: refused on create, and on renewal of one that exists.
+    let other = format!("probe on node {a} {LEASE_OTHER_NODE_MESSAGE}{a}, not Lease {lease_b}");
+    expect_refused(
+        renew_lease(&probe_a, NS, &lease_b, &b, &node_b).await,
+        &other,
+        &format!("probe on {a} creating {b}'s heartbeat Lease"),
+    );
+    assert!(
+        stored_lease(&admin, &lease_b).await.is_none(),
+        "the refused create left a Lease behind"
+    );
+    renew_lease(&admin, NS, &lease_b, &b, &node_b)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let before = stored_lease(&admin, &lease_b).await;
+    expect_refused(
+        renew_lease(&probe_a, NS, &lease_b, &b, &node_b).await,
+        &other,
+        &format!("probe on {a} renewing {b}'s heartbeat Lease"),
+    );
+    assert_eq!(
+        stored_lease(&admin, &lease_b).await,
+        before,
+        "the refused renewal changed the Lease"
+    );
+
+    // Its own Lease, but held as another node: the operator would take it as that node's.
+    expect_refused(
+        renew_lease(&probe_a, NS, &lease_a, &b, &node_a).await,
+        &format!("probe on node {a} may hold its heartbeat Lease {lease_a} {LEASE_HOLDER_MESSAGE} '{b}'"),
+        &format!("probe on {a} holding its Lease as {b}"),
+    );
+    assert_eq!(
+        stored_lease(&admin, &lease_a).await.and_then(|(h, _)| h),
+        Some(a.clone())
+    );
+
+    // The operator's leader Lease is in the same namespace, and the probe's Role covers it: the
+    // policy keeps the probe out of leader election.
+    expect_refused(
+        renew_lease(&probe_a, NS, "gpunode-operator", &a, &node_a).await,
+        &format!("{LEASE_OTHER_NODE_MESSAGE}{a}, not Lease gpunode-operator"),
+        &format!("probe on {a} writing the operator's leader Lease"),
+    );
+
+    // Its own Lease outside the release namespace: not granted by RBAC.
+    match renew_lease(&probe_a, "default", &lease_a, &a, &node_a).await {
+        Err(kube::Error::Api(s)) => assert!(
+            s.code == 403 && s.message.contains("cannot patch resource"),
+            "{s:?}"
+        ),
+        other => fail(format!(
+            "probe writing its Lease in default: expected 403, got {other:?}"
+        )),
+    }
+    // Deleting is not granted either, own Lease or not.
+    match leases(&probe_a, NS)
+        .delete(&lease_a, &DeleteParams::default())
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
+        other => fail(format!("probe deleting its Lease: expected 403, got {other:?}")),
+    }
+
+    // A probe token that is not bound to a pod carries no node: refused even for "its" Lease.
+    let unbound = accounts::client_for(&admin, chart::NAMESPACE, chart::PROBE_SA, None)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    expect_refused(
+        renew_lease(&unbound, NS, &lease_a, &a, &node_a).await,
+        LEASE_NO_NODE_MESSAGE,
+        "an unbound probe token renewing a Lease",
+    );
+
+    for name in [&lease_a, &lease_b] {
+        leases(&admin, NS)
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| fail(e));
+    }
     chart::delete_probe_pod(&admin, &a)
         .await
         .unwrap_or_else(|e| fail(e));

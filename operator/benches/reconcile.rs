@@ -18,12 +18,16 @@ use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_operator::{
     apply::Applier,
     cache::{GuardedReport, PolicyVerdicts, VerdictCache},
-    controller::decide,
+    controller::{Inputs, decide},
+    heartbeats::Heartbeats,
 };
 use jiff::Timestamp;
 use k8s_openapi::{
-    api::core::v1::{Node, NodeCondition, NodeStatus},
-    apimachinery::pkg::apis::meta::v1::Time,
+    api::{
+        coordination::v1::{Lease, LeaseSpec},
+        core::v1::{Node, NodeCondition, NodeStatus},
+    },
+    apimachinery::pkg::apis::meta::v1::{MicroTime, Time},
 };
 use kube::{
     core::{DeserializeGuard, Selector},
@@ -72,6 +76,18 @@ fn node(name: &str, policy: &str) -> Node {
     n
 }
 
+fn lease(node: &str, renewed: Timestamp) -> Lease {
+    let mut l = Lease::default();
+    l.metadata.name = gpunode_crds::heartbeat::lease_name(node);
+    l.metadata.namespace = Some("gpunode-system".to_string());
+    l.spec = Some(LeaseSpec {
+        holder_identity: Some(node.to_string()),
+        renew_time: Some(MicroTime(renewed)),
+        ..LeaseSpec::default()
+    });
+    l
+}
+
 fn report(base: &GpuNodeReport, name: &str, version: u64, observed: Timestamp) -> GuardedReport {
     let mut r = base.clone();
     r.metadata.name = Some(name.to_string());
@@ -100,13 +116,17 @@ fn main() {
     )];
 
     let (reports, mut report_writer) = reflector::store::<GuardedReport>();
+    // Every probe's heartbeat Lease, renewed since its report: each view looks one up.
+    let (leases, mut lease_writer) = reflector::store::<Lease>();
     let nodes: Vec<Arc<Node>> = (0..NODES)
         .map(|i| {
             let n = format!("gpu-node-{i:05}");
             report_writer.apply_watcher_event(&watcher::Event::Apply(report(&healthy, &n, 1, observed)));
+            lease_writer.apply_watcher_event(&watcher::Event::Apply(lease(&n, observed)));
             Arc::new(node(&n, &name))
         })
         .collect();
+    let heartbeats = Heartbeats::new(leases, "gpunode-system");
 
     let mut version = 1;
     let mut pass = |verdicts: &mut PolicyVerdicts| {
@@ -117,7 +137,12 @@ fn main() {
             &healthy, &changed, version, observed,
         )));
         let t = Instant::now();
-        let (_, plan) = decide(&policy, &nodes, &reports, &selectors, verdicts, now);
+        let inputs = Inputs {
+            reports: &reports,
+            heartbeats: &heartbeats,
+            selectors: &selectors,
+        };
+        let (_, plan) = decide(&policy, &nodes, &inputs, verdicts, now);
         let writes = plan
             .nodes
             .iter()
@@ -151,14 +176,19 @@ fn main() {
     {
         let pv = cache.policy(&name);
         let mut pv = pv.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let _ = decide(&policy, &nodes, &reports, &selectors, &mut pv, now);
+        let inputs = Inputs {
+            reports: &reports,
+            heartbeats: &heartbeats,
+            selectors: &selectors,
+        };
+        let _ = decide(&policy, &nodes, &inputs, &mut pv, now);
     }
     let mut events = Vec::new();
     for i in 0..1_000u64 {
         let n = format!("gpu-node-{:05}", i as usize % NODES);
         let hb = report(&healthy, &n, 100 + i, observed);
         let t = Instant::now();
-        let material = cache.report_is_material(&policy, &n, Some(&hb), now);
+        let material = cache.report_is_material(&policy, &n, Some(&hb), heartbeats.heard(&n), now);
         events.push(t.elapsed());
         assert!(!material, "a heartbeat is not material");
     }

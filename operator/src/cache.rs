@@ -19,25 +19,29 @@ use jiff::Timestamp;
 use kube::{Resource, ResourceExt, core::DeserializeGuard};
 
 use crate::{
-    evaluate::{evaluate, unchanged_until},
+    evaluate::{evaluate_heard, unchanged_until_heard},
     verdict::{REPORT_CHECK, Unknown, Verdict},
 };
 
 /// A report as the watch delivers it: readable or not.
 pub type GuardedReport = DeserializeGuard<GpuNodeReport>;
 
-/// The verdict on a report that may not have deserialized, and until when it holds
-/// ([`unchanged_until`]; `None`: recompute every time).
+/// The verdict on a report that may not have deserialized, its probe last heard from at
+/// `heard`, and until when it holds ([`unchanged_until_heard`]; `None`: recompute every time).
 pub fn evaluate_guarded(
     policy: &GpuNodePolicy,
     report: Option<&GuardedReport>,
+    heard: Option<Timestamp>,
     now: Timestamp,
 ) -> (Verdict, Option<Timestamp>) {
     match report.map(|g| &g.0) {
-        None => (evaluate(&policy.spec, None, now), Some(Timestamp::MAX)),
+        None => (
+            evaluate_heard(&policy.spec, None, heard, now),
+            Some(Timestamp::MAX),
+        ),
         Some(Ok(r)) => (
-            evaluate(&policy.spec, Some(r), now),
-            unchanged_until(&policy.spec, Some(r), now),
+            evaluate_heard(&policy.spec, Some(r), heard, now),
+            unchanged_until_heard(&policy.spec, Some(r), heard, now),
         ),
         Some(Err(e)) => (
             Verdict::new(
@@ -109,11 +113,14 @@ impl PolicyVerdicts {
     }
 
     /// The verdict on `node`: remembered if it still holds, else evaluated and remembered.
+    /// `heard`: the probe's last heartbeat; a later one only extends how long a verdict holds,
+    /// which the next evaluation after `until` picks up.
     pub fn verdict(
         &mut self,
         policy: &GpuNodePolicy,
         node: &str,
         report: Option<&GuardedReport>,
+        heard: Option<Timestamp>,
         now: Timestamp,
     ) -> Verdict {
         let version = report_version(report);
@@ -125,7 +132,7 @@ impl PolicyVerdicts {
             return e.verdict.clone();
         }
         self.misses += 1;
-        let (verdict, until) = evaluate_guarded(policy, report, now);
+        let (verdict, until) = evaluate_guarded(policy, report, heard, now);
         let entry = Entry {
             report: version.map(str::to_string),
             verdict: verdict.clone(),
@@ -186,6 +193,7 @@ impl VerdictCache {
         policy: &GpuNodePolicy,
         node: &str,
         report: Option<&GuardedReport>,
+        heard: Option<Timestamp>,
         now: Timestamp,
     ) -> bool {
         let verdicts = self.policy(&policy.name_any());
@@ -196,7 +204,7 @@ impl VerdictCache {
         let Some(entry) = v.nodes.get_mut(node) else {
             return true;
         };
-        let (verdict, until) = evaluate_guarded(policy, report, now);
+        let (verdict, until) = evaluate_guarded(policy, report, heard, now);
         let until = until.unwrap_or(now);
         // A report that goes stale sooner than the remembered one (observedAt moved back: a
         // restarted probe with a skewed clock, a replayed report) needs a reconcile to move the
@@ -249,19 +257,20 @@ mod tests {
         let r1 = report("1", "2026-11-29T12:00:00Z", 1);
         let mut v = PolicyVerdicts::default();
         v.begin(&p);
-        let first = v.verdict(&p, "n1", Some(&r1), now);
+        let first = v.verdict(&p, "n1", Some(&r1), None, now);
         assert_eq!(v.stats(), (0, 1));
         v.begin(&p);
-        assert_eq!(v.verdict(&p, "n1", Some(&r1), now), first);
+        assert_eq!(v.verdict(&p, "n1", Some(&r1), None, now), first);
         assert_eq!(v.stats(), (1, 0), "same report, same policy, still fresh");
         v.begin(&p);
-        let _ = v.verdict(&p, "n1", Some(&report("2", "2026-11-29T12:00:20Z", 1)), now);
+        let _ = v.verdict(&p, "n1", Some(&report("2", "2026-11-29T12:00:20Z", 1)), None, now);
         assert_eq!(v.stats(), (0, 1), "a new report version is evaluated");
         v.begin(&policy(2));
         let _ = v.verdict(
             &policy(2),
             "n1",
             Some(&report("2", "2026-11-29T12:00:20Z", 1)),
+            None,
             now,
         );
         assert_eq!(v.stats(), (0, 1), "a new policy generation is evaluated");
@@ -270,6 +279,7 @@ mod tests {
             &policy(2),
             "n1",
             Some(&report("2", "2026-11-29T12:00:20Z", 1)),
+            None,
             ts("2026-11-29T12:03:21Z"),
         );
         assert_eq!(
@@ -281,17 +291,57 @@ mod tests {
     }
 
     #[test]
+    fn a_heartbeat_keeps_an_unchanged_report_fresh_and_the_verdict_is_held_until_it_lapses() {
+        let p = policy(1);
+        let r = report("1", "2026-11-29T12:00:00Z", 1);
+        let heard = Some(ts("2026-11-29T12:09:00Z"));
+        let mut v = PolicyVerdicts::default();
+        v.begin(&p);
+        let at = |s: &str| ts(s);
+        // What the report says while its own observedAt is fresh.
+        let (content, _) = evaluate_guarded(&p, Some(&r), None, at("2026-11-29T12:00:30Z"));
+        assert!(
+            content.unknowns.iter().all(|u| u.check != REPORT_CHECK),
+            "{content:?}"
+        );
+        let fresh = v.verdict(&p, "n1", Some(&r), heard, at("2026-11-29T12:10:00Z"));
+        assert_eq!(fresh, content, "ten minutes old, heard from a minute ago");
+        v.begin(&p);
+        let _ = v.verdict(&p, "n1", Some(&r), heard, at("2026-11-29T12:12:00Z"));
+        assert_eq!(v.stats(), (1, 0), "held until the heartbeat is staleAfter old");
+        v.begin(&p);
+        let stale = v.verdict(&p, "n1", Some(&r), heard, at("2026-11-29T12:12:01Z"));
+        assert_eq!(v.stats(), (0, 1));
+        assert_eq!(stale.unknowns.len(), 1);
+        assert_eq!(stale.unknowns[0].check, REPORT_CHECK);
+        assert!(
+            stale.unknowns[0]
+                .reason
+                .starts_with("the probe's last heartbeat is 3m1s old"),
+            "{stale:?}"
+        );
+        let renewed = v.verdict(
+            &p,
+            "n1",
+            Some(&r),
+            Some(at("2026-11-29T12:12:00Z")),
+            at("2026-11-29T12:12:02Z"),
+        );
+        assert_eq!(renewed, content, "a renewal makes it fresh again");
+    }
+
+    #[test]
     fn nodes_not_visited_by_a_pass_are_forgotten() {
         let (p, now) = (policy(1), ts("2026-11-29T12:00:30Z"));
         let r1 = report("1", "2026-11-29T12:00:00Z", 1);
         let mut v = PolicyVerdicts::default();
         v.begin(&p);
-        let _ = v.verdict(&p, "n1", Some(&r1), now);
+        let _ = v.verdict(&p, "n1", Some(&r1), None, now);
         v.end();
         v.begin(&p);
         v.end();
         v.begin(&p);
-        let _ = v.verdict(&p, "n1", Some(&r1), now);
+        let _ = v.verdict(&p, "n1", Some(&r1), None, now);
         assert_eq!(v.stats(), (0, 1));
     }
 
@@ -301,36 +351,39 @@ mod tests {
         let cache = VerdictCache::new();
         let r1 = report("1", "2026-11-29T12:00:00Z", 1);
         assert!(
-            cache.report_is_material(&p, "n1", Some(&r1), now),
+            cache.report_is_material(&p, "n1", Some(&r1), None, now),
             "nothing acted on yet"
         );
         {
             let pv = cache.policy("p");
             let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
             pv.begin(&p);
-            let _ = pv.verdict(&p, "n1", Some(&r1), now);
+            let _ = pv.verdict(&p, "n1", Some(&r1), None, now);
             pv.end();
         }
         let heartbeat = report("2", "2026-11-29T12:00:29Z", 1);
-        assert!(!cache.report_is_material(&p, "n1", Some(&heartbeat), now));
+        assert!(!cache.report_is_material(&p, "n1", Some(&heartbeat), None, now));
         // The heartbeat's version is now the remembered one: a reconcile reuses it.
         {
             let pv = cache.policy("p");
             let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
             pv.begin(&p);
-            let _ = pv.verdict(&p, "n1", Some(&heartbeat), now);
+            let _ = pv.verdict(&p, "n1", Some(&heartbeat), None, now);
             assert_eq!(pv.stats(), (1, 0));
         }
         let older = report("4", "2026-11-29T11:58:00Z", 1);
         assert!(
-            cache.report_is_material(&p, "n1", Some(&older), now),
+            cache.report_is_material(&p, "n1", Some(&older), None, now),
             "a report that goes stale sooner moves the wake-up"
         );
         let drifted = report("3", "2026-11-29T12:00:29Z", 2);
-        assert!(cache.report_is_material(&p, "n1", Some(&drifted), now));
-        assert!(cache.report_is_material(&p, "n1", None, now), "a deleted report");
+        assert!(cache.report_is_material(&p, "n1", Some(&drifted), None, now));
         assert!(
-            cache.report_is_material(&policy(2), "n1", Some(&heartbeat), now),
+            cache.report_is_material(&p, "n1", None, None, now),
+            "a deleted report"
+        );
+        assert!(
+            cache.report_is_material(&policy(2), "n1", Some(&heartbeat), None, now),
             "a changed policy"
         );
     }

@@ -21,7 +21,7 @@ use crate::{
 use futures::StreamExt;
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client, ResourceExt,
     api::{Patch, PatchParams, WatchParams},
@@ -49,6 +49,7 @@ use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use crate::{
     apply::{Applier, FIELD_MANAGER},
     cache::{PolicyVerdicts, VerdictCache},
+    heartbeats::Heartbeats,
     markers,
     own_writes::OwnWrites,
     plan::{self, NodeView, PolicyPlan},
@@ -108,6 +109,8 @@ pub struct Context {
     pub nodes: Store<Node>,
     /// Reports.
     pub reports: Store<Guarded<GpuNodeReport>>,
+    /// The probes' heartbeat Leases.
+    pub heartbeats: Heartbeats,
     /// Policies.
     pub policies: Store<Guarded<GpuNodePolicy>>,
     /// Events, published in the background (one recorder, so repeats aggregate).
@@ -205,17 +208,28 @@ fn policies_for(
         .collect()
 }
 
+/// What a reconcile reads about each node besides the Node itself.
+pub struct Inputs<'a> {
+    /// Reports.
+    pub reports: &'a Store<Guarded<GpuNodeReport>>,
+    /// The probes' heartbeats.
+    pub heartbeats: &'a Heartbeats,
+    /// Name and selector of every policy, for conflicts.
+    pub selectors: &'a [(String, Selector)],
+}
+
 fn view(
     policy: &GpuNodePolicy,
     node: &Node,
-    reports: &Store<Guarded<GpuNodeReport>>,
-    selectors: &[(String, Selector)],
+    inputs: &Inputs<'_>,
     verdicts: &mut PolicyVerdicts,
     now: Timestamp,
 ) -> NodeView {
     let name = node.metadata.name.as_deref().unwrap_or_default();
-    let report = reports.get(&ObjectRef::new(name));
-    let verdict = verdicts.verdict(policy, name, report.as_deref(), now);
+    let report = inputs.reports.get(&ObjectRef::new(name));
+    let heard = inputs.heartbeats.heard(name);
+    let verdict = verdicts.verdict(policy, name, report.as_deref(), heard, now);
+    let selectors = inputs.selectors;
     let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
     let mut conflicts: Vec<String> = selectors
         .iter()
@@ -235,15 +249,14 @@ fn view(
 pub fn decide(
     policy: &GpuNodePolicy,
     nodes: &[Arc<Node>],
-    reports: &Store<Guarded<GpuNodeReport>>,
-    selectors: &[(String, Selector)],
+    inputs: &Inputs<'_>,
     verdicts: &mut PolicyVerdicts,
     now: Timestamp,
 ) -> (Vec<NodeView>, PolicyPlan) {
     verdicts.begin(policy);
     let views: Vec<NodeView> = nodes
         .iter()
-        .map(|n| view(policy, n, reports, selectors, verdicts, now))
+        .map(|n| view(policy, n, inputs, verdicts, now))
         .collect();
     verdicts.end();
     let plan = plan::plan(&policy.spec, &views, now);
@@ -274,7 +287,8 @@ fn next_wakeup(policy: &GpuNodePolicy, plan: &PolicyPlan, ctx: &Context, now: Ti
         {
             times.extend(started.checked_add(d(spec.disruption.drain.timeout)).ok());
         }
-        if let Some(t) = observed_at(ctx.report(&n.node).as_deref()) {
+        let heard = ctx.heartbeats.heard(&n.node);
+        if let Some(t) = observed_at(ctx.report(&n.node).as_deref()).map(|o| heard.map_or(o, |h| h.max(o))) {
             times.extend(t.checked_add(d(spec.stale_after)).ok());
         }
     }
@@ -387,7 +401,12 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     let (views, plan) = {
         let verdicts = ctx.verdicts.policy(&name);
         let mut verdicts = verdicts.lock().unwrap_or_else(PoisonError::into_inner);
-        let decided = decide(&policy, &nodes, &ctx.reports, &selectors, &mut verdicts, now);
+        let inputs = Inputs {
+            reports: &ctx.reports,
+            heartbeats: &ctx.heartbeats,
+            selectors: &selectors,
+        };
+        let decided = decide(&policy, &nodes, &inputs, &mut verdicts, now);
         let (reused, evaluated) = verdicts.stats();
         ctx.metrics.verdicts(reused, evaluated);
         decided
@@ -625,6 +644,8 @@ pub struct Options {
     pub metrics: Arc<Metrics>,
     /// Set once the caches are synced, for /readyz.
     pub readiness: Readiness,
+    /// Namespace of the probes' heartbeat Leases (the release namespace).
+    pub heartbeat_namespace: String,
 }
 
 /// Runs the controller until `shutdown` completes.
@@ -647,6 +668,24 @@ pub async fn run(
             Err(_) => r.managed_fields_mut().clear(),
         })
         .reflect(report_writer);
+    // Heartbeats change no decision by themselves (a probe that comes back after a gap writes
+    // its whole report), so this watch only feeds the cache.
+    let (leases, lease_writer) = reflector::store::<Lease>();
+    let lease_stream = watcher(
+        Api::<Lease>::namespaced(client.clone(), &options.heartbeat_namespace),
+        watcher::Config::default()
+            .any_semantic()
+            .labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
+    )
+    .default_backoff()
+    .modify(crate::heartbeats::trim)
+    .reflect(lease_writer);
+    tokio::spawn(lease_stream.for_each(|event| async move {
+        if let Err(e) = event {
+            warn!(error = %e, "heartbeat Lease watch");
+        }
+    }));
+    let heartbeats = Heartbeats::new(leases.clone(), &options.heartbeat_namespace);
 
     let controller = Controller::new(
         Api::<Guarded<GpuNodePolicy>>::all(client.clone()),
@@ -659,11 +698,15 @@ pub async fn run(
     {
         let (nodes, reports, synced) = (nodes.clone(), reports.clone(), synced.clone());
         let readiness = options.readiness.clone();
+        // Without the Leases every report not rewritten in `staleAfter` would look stale.
         tokio::spawn(async move {
-            if nodes.wait_until_ready().await.is_ok() && reports.wait_until_ready().await.is_ok() {
+            if nodes.wait_until_ready().await.is_ok()
+                && reports.wait_until_ready().await.is_ok()
+                && leases.wait_until_ready().await.is_ok()
+            {
                 synced.store(true, Ordering::Release);
                 readiness.set_ready();
-                info!("node and report caches synced");
+                info!("node, report and heartbeat caches synced");
             }
         });
     }
@@ -674,6 +717,7 @@ pub async fn run(
         applier: Applier::new(client.clone()).with_gate(options.leadership.clone()),
         nodes: nodes.clone(),
         reports,
+        heartbeats: heartbeats.clone(),
         policies: policies.clone(),
         events: crate::events::Publisher::start(
             Recorder::new(
@@ -710,6 +754,7 @@ pub async fn run(
             nodes: nodes.clone(),
             policies: policies.clone(),
             verdicts,
+            heartbeats,
         },
         triggers::vanished_report,
     );

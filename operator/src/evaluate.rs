@@ -103,7 +103,20 @@ pub mod check {
 
 /// Evaluates `policy` against a node's `report` (None when the node has none) at `now`.
 pub fn evaluate(policy: &GpuNodePolicySpec, report: Option<&GpuNodeReport>, now: Timestamp) -> Verdict {
-    let status = match fresh_status(policy, report, now) {
+    evaluate_heard(policy, report, None, now)
+}
+
+/// [`evaluate`], with the report fresh from the later of its `observedAt` and `heard`: when the
+/// node's probe last renewed its heartbeat Lease ([`gpunode_crds::heartbeat`]). Between
+/// material changes a probe renews only its Lease, so a report whose content still holds can
+/// be older than `staleAfter` while its probe is alive.
+pub fn evaluate_heard(
+    policy: &GpuNodePolicySpec,
+    report: Option<&GpuNodeReport>,
+    heard: Option<Timestamp>,
+    now: Timestamp,
+) -> Verdict {
+    let status = match fresh_status(policy, report, heard, now) {
         Ok(status) => status,
         Err(reason) => {
             return Verdict::new(
@@ -139,6 +152,16 @@ pub fn unchanged_until(
     report: Option<&GpuNodeReport>,
     now: Timestamp,
 ) -> Option<Timestamp> {
+    unchanged_until_heard(policy, report, None, now)
+}
+
+/// [`unchanged_until`] for [`evaluate_heard`].
+pub fn unchanged_until_heard(
+    policy: &GpuNodePolicySpec,
+    report: Option<&GpuNodeReport>,
+    heard: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<Timestamp> {
     let signed =
         |d: std::time::Duration| jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::MAX);
     let Some(observed_at) = report
@@ -148,8 +171,7 @@ pub fn unchanged_until(
         // No report, status or observedAt: the reason does not depend on the time.
         return Some(Timestamp::MAX);
     };
-    let fresh_until = observed_at
-        .0
+    let fresh_until = last_heard(observed_at.0, heard)
         .checked_add(signed(policy.stale_after.get()))
         .unwrap_or(Timestamp::MAX);
     if fresh_until < now {
@@ -172,21 +194,33 @@ pub fn unchanged_until(
     Some(until)
 }
 
+/// The later of a report's `observedAt` and its probe's last heartbeat.
+fn last_heard(observed_at: Timestamp, heard: Option<Timestamp>) -> Timestamp {
+    heard.map_or(observed_at, |h| h.max(observed_at))
+}
+
 /// The report's status when it is fresh enough to be evidence, else why not.
 fn fresh_status<'a>(
     policy: &GpuNodePolicySpec,
     report: Option<&'a GpuNodeReport>,
+    heard: Option<Timestamp>,
     now: Timestamp,
 ) -> Result<&'a GpuNodeReportStatus, String> {
     let report = report.ok_or("no GpuNodeReport for this node")?;
     let status = report.status.as_ref().ok_or("report has no status")?;
     let observed_at = status.observed_at.as_ref().ok_or("report has no observedAt")?;
-    let age = now.duration_since(observed_at.0);
+    let last = last_heard(observed_at.0, heard);
+    let age = now.duration_since(last);
     // A report from the future (clock skew between node and operator) counts as fresh.
     if !age.is_negative() && age.unsigned_abs() > policy.stale_after.get() {
         let secs = u64::try_from(age.as_secs()).unwrap_or(u64::MAX);
+        let what = if last > observed_at.0 {
+            "the probe's last heartbeat is"
+        } else {
+            "report is"
+        };
         return Err(format!(
-            "report is {} old (staleAfter {})",
+            "{what} {} old (staleAfter {})",
             Duration::from_secs(secs),
             policy.stale_after
         ));

@@ -9,6 +9,7 @@ pub mod controller;
 pub mod crdgen;
 pub mod evaluate;
 pub mod events;
+pub mod heartbeats;
 pub mod leader;
 pub mod markers;
 pub mod metrics;

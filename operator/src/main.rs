@@ -45,7 +45,8 @@ enum Command {
         /// Elect one active replica through a Lease; without it this replica always writes.
         #[arg(long, env = "GPUNODE_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
         leader_elect: bool,
-        /// Namespace of the leader Lease (the operator's own namespace).
+        /// Namespace of the leader Lease and of the probes' heartbeat Leases (the release
+        /// namespace).
         #[arg(long, env = "POD_NAMESPACE", default_value = "gpunode-system")]
         lease_namespace: String,
     },
@@ -184,6 +185,7 @@ fn run(args: RunArgs) -> ExitCode {
                 leadership,
                 metrics,
                 readiness: readiness.clone(),
+                heartbeat_namespace: args.lease_namespace.clone(),
             },
             async {
                 shutdown_signal().await;

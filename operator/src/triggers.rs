@@ -196,6 +196,9 @@ pub struct ReportVerdicts {
     pub policies: Store<DeserializeGuard<GpuNodePolicy>>,
     /// The verdicts the last reconciles acted on.
     pub verdicts: Arc<VerdictCache>,
+    /// The probes' heartbeats: a report refreshed after its `observedAt` went past `staleAfter`
+    /// is no change while the heartbeat kept it fresh.
+    pub heartbeats: crate::heartbeats::Heartbeats,
 }
 
 impl Materiality<GuardedReport> for ReportVerdicts {
@@ -206,10 +209,14 @@ impl Materiality<GuardedReport> for ReportVerdicts {
             return false;
         };
         let now = Timestamp::now();
+        let heard = self.heartbeats.heard(&name);
         policies_for(&self.policies, node.labels())
             .iter()
             .filter_map(|g| g.0.as_ref().ok())
-            .any(|p| self.verdicts.report_is_material(p, &name, Some(report), now))
+            .any(|p| {
+                self.verdicts
+                    .report_is_material(p, &name, Some(report), heard, now)
+            })
     }
 
     fn deleted(&mut self, _name: &str) {}

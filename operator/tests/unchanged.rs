@@ -3,7 +3,7 @@
 //! where time matters (the report going stale, a fatal XID leaving `xidWindow`).
 
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
-use gpunode_operator::evaluate::{evaluate, unchanged_until};
+use gpunode_operator::evaluate::{evaluate, evaluate_heard, unchanged_until, unchanged_until_heard};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::prelude::*;
@@ -52,6 +52,34 @@ fn a_fresh_report_holds_until_it_goes_stale() {
     let v = evaluate(&policy.spec, Some(&report), at(30));
     assert_eq!(evaluate(&policy.spec, Some(&report), at(180)), v);
     assert_ne!(evaluate(&policy.spec, Some(&report), at(181)), v);
+}
+
+#[test]
+fn a_heartbeat_keeps_an_unchanged_report_fresh_until_the_heartbeat_is_stale() {
+    let (policy, report) = inputs(None, 0, &[]);
+    let fresh = evaluate(&policy.spec, Some(&report), at(30));
+    let heard = Some(at(600));
+    assert_eq!(evaluate_heard(&policy.spec, Some(&report), heard, at(700)), fresh);
+    assert_eq!(
+        unchanged_until_heard(&policy.spec, Some(&report), heard, at(700)),
+        Some(at(780)),
+        "heartbeat + staleAfter"
+    );
+    assert_eq!(evaluate_heard(&policy.spec, Some(&report), heard, at(780)), fresh);
+    let stale = evaluate_heard(&policy.spec, Some(&report), heard, at(781));
+    assert_eq!(
+        stale.unknowns.first().map(|u| u.reason.as_str()),
+        Some("the probe's last heartbeat is 3m1s old (staleAfter 3m)")
+    );
+    // A heartbeat older than the report changes nothing; no report is never made fresh.
+    assert_eq!(
+        evaluate_heard(&policy.spec, Some(&report), Some(at(-600)), at(30)),
+        fresh
+    );
+    assert_eq!(
+        evaluate_heard(&policy.spec, None, heard, at(700)),
+        evaluate(&policy.spec, None, at(700))
+    );
 }
 
 #[test]
