@@ -439,6 +439,13 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
             Some((np.clone(), node.clone()))
         })
         .collect();
+    // The pass's copies of the nodes are not needed any more: each job holds its own, released
+    // as it completes, while the cache moves on to the written versions (at 5,000 nodes, a
+    // second copy of every node for the length of convergence).
+    drop(by_name);
+    drop(conflicts);
+    drop(views);
+    drop(nodes);
     let mut first_error = None;
     let results: Vec<Result<(u32, u32), crate::apply::ApplyError>> = futures::stream::iter(jobs)
         .map(|(np, node)| {
@@ -456,7 +463,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
                 let mut r = r;
                 if let Ok(o) = &mut r {
                     if let Some(n) = o.written.take() {
-                        ctx.written.wrote(n);
+                        ctx.written.wrote(n, &ctx.nodes);
                     }
                     for (part, wrote) in [
                         ("metadata", o.wrote_metadata),
@@ -661,21 +668,22 @@ pub async fn run(
         .modify(crate::trim::node)
         .reflect(node_writer);
     let (reports, report_writer) = reflector::store::<Guarded<GpuNodeReport>>();
-    let report_stream = watcher(Api::<Guarded<GpuNodeReport>>::all(client.clone()), listing)
-        .default_backoff()
-        .modify(|r: &mut Guarded<GpuNodeReport>| match &mut r.0 {
-            Ok(report) => crate::trim::report(report),
-            Err(_) => r.managed_fields_mut().clear(),
-        })
-        .reflect(report_writer);
+    let report_stream = watcher(
+        Api::<Guarded<GpuNodeReport>>::all(client.clone()),
+        listing.clone(),
+    )
+    .default_backoff()
+    .modify(|r: &mut Guarded<GpuNodeReport>| match &mut r.0 {
+        Ok(report) => crate::trim::report(report),
+        Err(_) => r.managed_fields_mut().clear(),
+    })
+    .reflect(report_writer);
     // Heartbeats change no decision by themselves (a probe that comes back after a gap writes
     // its whole report), so this watch only feeds the cache.
     let (leases, lease_writer) = reflector::store::<Lease>();
     let lease_stream = watcher(
         Api::<Lease>::namespaced(client.clone(), &options.heartbeat_namespace),
-        watcher::Config::default()
-            .any_semantic()
-            .labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
+        listing.labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
     )
     .default_backoff()
     .modify(crate::heartbeats::trim)
