@@ -63,6 +63,31 @@ fn label(node: &Node, key: &str) -> Option<String> {
     node.metadata.labels.as_ref().and_then(|l| l.get(key).cloned())
 }
 
+/// A policy selecting only `node` by host name, checking cooling, with this `staleAfter`.
+async fn host_policy(client: &Client, node: &str, stale_after: &str) {
+    crds::create_policy(
+        client,
+        node,
+        json!({
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+            "cooling": {},
+            "staleAfter": stale_after,
+        }),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+}
+
+/// Waits until `node` carries `gpunode.dev/state=<state>`; returns it.
+async fn wait_state(node_api: &Api<Node>, node: &str, state: &str, what: &str) -> Node {
+    wait::until(what, DEADLINE, || async {
+        let n = node_api.get(node).await?;
+        Ok((label(&n, "gpunode.dev/state").as_deref() == Some(state)).then_some(n))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e))
+}
+
 /// Installs the CRDs and creates one fake GPU node named `<prefix>-<random>`.
 async fn one_node(prefix: &str) -> (Client, String, Api<Node>) {
     let client = admin_client().await.unwrap_or_else(|e| fail(e));
@@ -111,12 +136,7 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
     let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
     let operator = InProcess::start(&operator_client, "e2e");
 
-    wait::until("node labelled compliant", DEADLINE, || async {
-        let n = node_api.get(&name).await?;
-        Ok((label(&n, "gpunode.dev/state").as_deref() == Some("compliant")).then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+    wait_state(&node_api, &name, "compliant", "node labelled compliant").await;
 
     let throttled_at = Instant::now();
     publish_report(&client, &name, &["HwThermalSlowdown", "SwThermalSlowdown"]).await;
@@ -193,12 +213,7 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
     .await
     .unwrap_or_else(|e| fail(e));
     publish_report(&client, &name, &[]).await;
-    wait::until("node compliant again", DEADLINE, || async {
-        let n = node_api.get(&name).await?;
-        Ok((label(&n, "gpunode.dev/state").as_deref() == Some("compliant")).then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+    wait_state(&node_api, &name, "compliant", "node compliant again").await;
 
     let status = wait::until("policy status counts", DEADLINE, || async {
         let p = policies.get(&name).await?;
@@ -234,17 +249,7 @@ async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale()
         .unwrap_or_else(|e| fail(e));
     publish_report(&client, &name, &[]).await;
     let policies: Api<GpuNodePolicy> = Api::all(client.clone());
-    crds::create_policy(
-        &client,
-        &name,
-        json!({
-            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": name}},
-            "cooling": {},
-            "staleAfter": "5m",
-        }),
-    )
-    .await
-    .unwrap_or_else(|e| fail(e));
+    host_policy(&client, &name, "5m").await;
     let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
     let operator = InProcess::start(&operator_client, "e2e");
 
@@ -331,33 +336,25 @@ async fn a_report_older_than_stale_after_stays_fresh_while_its_probe_heartbeats(
         )
         .await
         .unwrap_or_else(|e| fail(e));
-    crds::create_policy(
-        &client,
-        &name,
-        json!({
-            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": name}},
-            "cooling": {},
-            "staleAfter": "60s",
-        }),
-    )
-    .await
-    .unwrap_or_else(|e| fail(e));
+    host_policy(&client, &name, "60s").await;
     let operator = InProcess::start(&operator_client, "e2e");
 
-    wait::until("node compliant on a 10-minute-old report", DEADLINE, || async {
-        let n = node_api.get(&name).await?;
-        Ok((label(&n, "gpunode.dev/state").as_deref() == Some("compliant")).then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+    wait_state(
+        &node_api,
+        &name,
+        "compliant",
+        "node compliant on a 10-minute-old report",
+    )
+    .await;
     // The probe goes silent: no renewal, no report. The operator's own timer, counting from the
     // heartbeat, makes the node Unknown once the heartbeat is staleAfter old.
-    let unknown = wait::until("node unknown once the heartbeat lapsed", DEADLINE, || async {
-        let n = node_api.get(&name).await?;
-        Ok((label(&n, "gpunode.dev/state").as_deref() == Some("unknown")).then_some(n))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+    let unknown = wait_state(
+        &node_api,
+        &name,
+        "unknown",
+        "node unknown once the heartbeat lapsed",
+    )
+    .await;
     let message = condition(&unknown).and_then(|c| c.message).unwrap_or_default();
     assert!(
         message.contains("the probe's last heartbeat is"),

@@ -288,7 +288,9 @@ fn next_wakeup(policy: &GpuNodePolicy, plan: &PolicyPlan, ctx: &Context, now: Ti
             times.extend(started.checked_add(d(spec.disruption.drain.timeout)).ok());
         }
         let heard = ctx.heartbeats.heard(&n.node);
-        if let Some(t) = observed_at(ctx.report(&n.node).as_deref()).map(|o| heard.map_or(o, |h| h.max(o))) {
+        if let Some(t) =
+            observed_at(ctx.report(&n.node).as_deref()).map(|o| crate::evaluate::last_heard(o, heard))
+        {
             times.extend(t.checked_add(d(spec.stale_after)).ok());
         }
     }
