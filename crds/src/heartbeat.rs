@@ -10,6 +10,9 @@
 //! Lease's `spec.renewTime`. This module is the contract between the two: the Lease's name,
 //! label and holder.
 
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+
 /// Label on every probe heartbeat Lease; the operator watches Leases with it.
 pub const LEASE_LABEL: &str = "gpunode.dev/heartbeat";
 /// Value of [`LEASE_LABEL`].
@@ -35,6 +38,41 @@ pub fn lease_name(node: &str) -> Option<String> {
 pub fn lease_node<'a>(name: &'a str, holder: Option<&str>) -> Option<&'a str> {
     let node = name.strip_prefix(LEASE_PREFIX)?;
     (!node.is_empty() && holder == Some(node)).then_some(node)
+}
+
+/// A heartbeat Lease as a probe applies it: `name` (normally [`lease_name`]), labelled
+/// [`LEASE_LABEL`], held by `holder`, renewed at `renewed`, lapsing after `duration_seconds`,
+/// and owned by the Node `(name, uid)` when known, so it goes with the Node.
+pub fn lease(
+    name: &str,
+    holder: &str,
+    owner: Option<(&str, &str)>,
+    duration_seconds: i32,
+    renewed: MicroTime,
+) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some([(LEASE_LABEL.to_string(), LEASE_LABEL_VALUE.to_string())].into()),
+            owner_references: owner.map(|(node, uid)| {
+                vec![OwnerReference {
+                    api_version: "v1".to_string(),
+                    kind: "Node".to_string(),
+                    name: node.to_string(),
+                    uid: uid.to_string(),
+                    block_owner_deletion: Some(false),
+                    ..OwnerReference::default()
+                }]
+            }),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.to_string()),
+            lease_duration_seconds: Some(duration_seconds),
+            renew_time: Some(renewed),
+            ..LeaseSpec::default()
+        }),
+    }
 }
 
 #[cfg(test)]

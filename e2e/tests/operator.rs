@@ -321,13 +321,15 @@ async fn a_report_older_than_stale_after_stays_fresh_while_its_probe_heartbeats(
     let lease_name = gpunode_crds::heartbeat::lease_name(&name).unwrap_or_else(|| fail("lease name"));
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), chart::NAMESPACE);
-    let lease = json!({
-        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {"name": lease_name, "labels": {gpunode_crds::heartbeat::LEASE_LABEL: gpunode_crds::heartbeat::LEASE_LABEL_VALUE}},
-        "spec": {"holderIdentity": name, "leaseDurationSeconds": 180,
-                 "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-                     jiff::Timestamp::now() - jiff::SignedDuration::from_secs(45))},
-    });
+    let lease = gpunode_crds::heartbeat::lease(
+        &lease_name,
+        &name,
+        None,
+        180,
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            jiff::Timestamp::now() - jiff::SignedDuration::from_secs(45),
+        ),
+    );
     leases
         .patch(
             &lease_name,

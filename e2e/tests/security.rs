@@ -4,7 +4,7 @@
 
 use gpunode_crds::{
     GpuNodeReport,
-    heartbeat::{LEASE_LABEL, LEASE_LABEL_VALUE, lease_name, lease_node},
+    heartbeat::{self, LEASE_LABEL, LEASE_LABEL_VALUE, lease_name, lease_node},
 };
 use gpunode_e2e::{
     accounts,
@@ -371,24 +371,8 @@ async fn renew_lease(
     holder: &str,
     owner: &Node,
 ) -> Result<(), kube::Error> {
-    let lease = json!({
-        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {LEASE_LABEL: LEASE_LABEL_VALUE},
-            "ownerReferences": [{
-                "apiVersion": "v1", "kind": "Node",
-                "name": owner.metadata.name, "uid": owner.metadata.uid,
-                "blockOwnerDeletion": false,
-            }],
-        },
-        "spec": {
-            "holderIdentity": holder,
-            "leaseDurationSeconds": 180,
-            "renewTime": MicroTime(jiff::Timestamp::now()),
-        },
-    });
+    let owner = owner.metadata.name.as_deref().zip(owner.metadata.uid.as_deref());
+    let lease = heartbeat::lease(name, holder, owner, 180, MicroTime(jiff::Timestamp::now()));
     leases(client, namespace)
         .patch(
             name,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpunode_crds::GpuNodeReport;
-use gpunode_crds::heartbeat::{LEASE_LABEL, LEASE_LABEL_VALUE, lease_name};
+use gpunode_crds::heartbeat::{self, lease_name};
 use gpunode_crds::report::GpuNodeReportStatus;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -180,20 +180,14 @@ impl KubeSink {
 
     /// Renews the heartbeat Lease (creating it the first time).
     async fn renew_lease(&self, leases: &Api<Lease>, name: &str) -> Result<(), kube::Error> {
-        let mut metadata = json!({ "name": name, "labels": { LEASE_LABEL: LEASE_LABEL_VALUE } });
-        if let Some(owner) = self.owner() {
-            metadata["ownerReferences"] = owner;
-        }
-        let lease = json!({
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": metadata,
-            "spec": {
-                "holderIdentity": self.node,
-                "leaseDurationSeconds": self.lease_seconds,
-                "renewTime": MicroTime(jiff::Timestamp::now()),
-            },
-        });
+        let owner = self.node_uid.as_deref().map(|uid| (self.node.as_str(), uid));
+        let lease = heartbeat::lease(
+            name,
+            &self.node,
+            owner,
+            self.lease_seconds,
+            MicroTime(jiff::Timestamp::now()),
+        );
         leases.patch(name, &Self::params(), &Patch::Apply(&lease)).await?;
         Ok(())
     }

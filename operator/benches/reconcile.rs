@@ -24,7 +24,7 @@ use gpunode_operator::{
 use jiff::Timestamp;
 use k8s_openapi::{
     api::{
-        coordination::v1::{Lease, LeaseSpec},
+        coordination::v1::Lease,
         core::v1::{Node, NodeCondition, NodeStatus},
     },
     apimachinery::pkg::apis::meta::v1::{MicroTime, Time},
@@ -77,14 +77,9 @@ fn node(name: &str, policy: &str) -> Node {
 }
 
 fn lease(node: &str, renewed: Timestamp) -> Lease {
-    let mut l = Lease::default();
-    l.metadata.name = gpunode_crds::heartbeat::lease_name(node);
+    let name = gpunode_crds::heartbeat::lease_name(node).unwrap_or_default();
+    let mut l = gpunode_crds::heartbeat::lease(&name, node, None, 180, MicroTime(renewed));
     l.metadata.namespace = Some("gpunode-system".to_string());
-    l.spec = Some(LeaseSpec {
-        holder_identity: Some(node.to_string()),
-        renew_time: Some(MicroTime(renewed)),
-        ..LeaseSpec::default()
-    });
     l
 }
 

@@ -690,7 +690,7 @@ pub async fn run(
     .default_backoff()
     .modify(crate::heartbeats::trim)
     .reflect(lease_writer);
-    tokio::spawn(lease_stream.for_each(|event| async move {
+    let lease_task = tokio::spawn(lease_stream.for_each(|event| async move {
         if let Err(e) = event {
             warn!(error = %e, "heartbeat Lease watch");
         }
@@ -807,4 +807,6 @@ pub async fn run(
             }
         })
         .await;
+    // The controller drives its own watches; this one would outlive it.
+    lease_task.abort();
 }

@@ -59,15 +59,9 @@ mod tests {
     use kube::runtime::{reflector, watcher};
 
     fn lease(name: &str, holder: &str, renewed: &str) -> Lease {
-        let mut l = Lease::default();
-        l.metadata.name = Some(name.to_string());
+        let renewed = MicroTime(renewed.parse().unwrap_or_else(|e| panic!("{e}")));
+        let mut l = gpunode_crds::heartbeat::lease(name, holder, None, 180, renewed);
         l.metadata.namespace = Some("gpunode-system".to_string());
-        l.spec = Some(LeaseSpec {
-            holder_identity: Some(holder.to_string()),
-            renew_time: Some(MicroTime(renewed.parse().unwrap_or_else(|e| panic!("{e}")))),
-            lease_duration_seconds: Some(180),
-            ..LeaseSpec::default()
-        });
         l
     }
 
