@@ -11,6 +11,7 @@ pub mod heartbeat;
 pub mod policy;
 pub mod report;
 pub mod rules;
+pub mod selector;
 pub mod types;
 pub mod version;
 

@@ -81,8 +81,11 @@ pub struct GpuNodePolicySpec {
     /// Which Nodes this policy governs, by their labels (for example
     /// `nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3`). An empty selector selects every node.
     /// A node selected by two policies gets a Conflict condition and no disruptive action until
-    /// the overlap is resolved.
+    /// the overlap is resolved. Keys, values and operators are validated as Kubernetes validates
+    /// its own selectors; a selector the operator cannot use selects no node (condition
+    /// Degraded, reason InvalidSelector).
     #[serde(default)]
+    #[schemars(schema_with = "crate::selector::schema")]
     pub node_selector: LabelSelector,
 
     /// What the GPUs of a node must look like: inventory, driver and CUDA versions, ECC,
@@ -610,8 +613,10 @@ pub struct DrainPolicy {
     pub delete_empty_dir_data: bool,
 
     /// Only pods matching this selector are evicted; by default every pod except DaemonSet
-    /// pods, mirror (static) pods and pods in protected namespaces.
+    /// pods, mirror (static) pods and pods in protected namespaces. Validated as Kubernetes
+    /// validates its own selectors; a selector the operator cannot use evicts nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::selector::optional_schema")]
     pub pod_selector: Option<LabelSelector>,
 
     /// Namespaces whose pods are never evicted. Defaults to ["kube-system"].

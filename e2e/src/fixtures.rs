@@ -117,6 +117,14 @@ pub fn examples() -> Result<Vec<Manifest>, FixtureError> {
         .collect()
 }
 
+/// Every fixture in `e2e/fixtures/valid-policies/`: the valid twins of invalid fixtures.
+pub fn valid_policies() -> Result<Vec<Manifest>, FixtureError> {
+    yaml_files(&repo_root().join("e2e/fixtures/valid-policies"))?
+        .into_iter()
+        .map(load_manifest)
+        .collect()
+}
+
 /// Every fixture in `e2e/fixtures/invalid-policies/`.
 pub fn invalid_policies() -> Result<Vec<InvalidPolicy>, FixtureError> {
     yaml_files(&repo_root().join("e2e/fixtures/invalid-policies"))?

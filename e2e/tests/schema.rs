@@ -74,6 +74,63 @@ fn examples_are_valid_policies() {
 }
 
 #[test]
+fn valid_twins_are_accepted() {
+    let schema = policy_schema();
+    let twins = fixtures::valid_policies().unwrap_or_else(|e| panic!("{e}"));
+    assert!(!twins.is_empty(), "e2e/fixtures/valid-policies is empty");
+    for twin in twins {
+        let found = rejections(&schema, &twin.value);
+        assert!(
+            found.is_empty(),
+            "{} is rejected: {found:#?}",
+            twin.path.display()
+        );
+        let policy: GpuNodePolicy = serde_json::from_value(twin.value.clone())
+            .unwrap_or_else(|e| panic!("{}: does not deserialize: {e}", twin.path.display()));
+        // What the API server accepts, the operator can use.
+        let node = gpunode_crds::selector::parse("spec.nodeSelector", &policy.spec.node_selector);
+        assert!(node.is_ok(), "{}: {node:?}", twin.path.display());
+        if let Some(pods) = &policy.spec.disruption.drain.pod_selector {
+            let pods = gpunode_crds::selector::parse("spec.disruption.drain.podSelector", pods);
+            assert!(pods.is_ok(), "{}: {pods:?}", twin.path.display());
+        }
+    }
+}
+
+/// What the API server refuses in a selector, the operator refuses too, at the same field.
+#[test]
+fn invalid_selectors_are_refused_by_the_operator_at_the_same_field() {
+    let mut seen = 0;
+    for f in fixtures::invalid_policies().unwrap_or_else(|e| panic!("{e}")) {
+        let Ok(policy) = serde_json::from_value::<GpuNodePolicy>(f.manifest.value.clone()) else {
+            continue;
+        };
+        let (field, selector) = if f.field.starts_with("spec.nodeSelector") {
+            ("spec.nodeSelector", &policy.spec.node_selector)
+        } else if f.field.starts_with("spec.disruption.drain.podSelector") {
+            match &policy.spec.disruption.drain.pod_selector {
+                Some(s) => ("spec.disruption.drain.podSelector", s),
+                None => continue,
+            }
+        } else {
+            continue;
+        };
+        seen += 1;
+        match gpunode_crds::selector::parse(field, selector) {
+            Ok(_) => panic!("{}: the operator would use this selector", f.manifest.name),
+            Err(e) => assert!(
+                f.field.starts_with(&e.field),
+                "{}: refused at {}, the API server at {}",
+                f.manifest.name,
+                e.field,
+                f.field
+            ),
+        }
+    }
+    assert!(seen >= 9, "expected the selector fixtures, saw {seen}");
+}
+
+#[test]
 fn invalid_policies_are_rejected_at_the_named_field() {
     let schema = policy_schema();
     let fixtures = fixtures::invalid_policies().unwrap_or_else(|e| panic!("{e}"));

@@ -101,6 +101,22 @@ async fn examples_are_accepted_by_the_api_server() {
 }
 
 #[tokio::test]
+async fn valid_twins_are_accepted_by_the_api_server() {
+    let client = setup().await;
+    let api: Api<DynamicObject> = Api::all_with(client, &ApiResource::erase::<GpuNodePolicy>(&()));
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for twin in fixtures::valid_policies().unwrap_or_else(|e| fail(e)) {
+        let object: DynamicObject = serde_json::from_value(twin.value.clone()).unwrap_or_else(|e| fail(e));
+        if let Err(e) = api.create(&dry_run, &object).await {
+            panic!("{} rejected: {e}", twin.path.display());
+        }
+    }
+}
+
+#[tokio::test]
 async fn invalid_policies_are_rejected_with_their_message() {
     let client = setup().await;
     let api: Api<DynamicObject> = Api::all_with(client, &ApiResource::erase::<GpuNodePolicy>(&()));

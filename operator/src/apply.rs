@@ -15,7 +15,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpunode_crds::policy::DrainPolicy;
+use gpunode_crds::{
+    policy::DrainPolicy,
+    selector::{self, InvalidSelector},
+};
 use jiff::Timestamp;
 use k8s_openapi::{
     api::core::v1::{Node, Pod, Taint},
@@ -30,10 +33,12 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::{
+    controller::POD_SELECTOR_FIELD,
     leader::Leadership,
     markers::{
         self, CONDITION_TYPE, CORDONED_ANNOTATION, DRIFT_LABEL_PREFIX, DriftTaint, TAINT_KEY, drift_taints,
     },
+    metrics::ErrorKind,
     plan::{DrainStep, NodePlan},
 };
 
@@ -50,7 +55,7 @@ pub enum ApplyError {
     #[error("{step} on node {node}: {source}")]
     Api {
         /// What was being written.
-        step: &'static str,
+        step: Step,
         /// The node.
         node: String,
         /// The error.
@@ -63,17 +68,97 @@ pub enum ApplyError {
     /// process was paused): nothing more is written.
     #[error("node {0}: not the leader any more; write skipped")]
     NotLeader(String),
+    /// The drain's pod selector cannot be used: nothing is evicted.
+    #[error("node {node}: nothing evicted: {source}")]
+    InvalidSelector {
+        /// The node.
+        node: String,
+        /// The field and why.
+        source: InvalidSelector,
+    },
 }
 
 impl ApplyError {
-    /// A bounded label for metrics.
-    pub fn kind(&self) -> &'static str {
+    /// The metric kind.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            ApplyError::Api { step, .. } => step,
-            ApplyError::Conflict(_) => "conflict",
-            ApplyError::NotLeader(_) => "not_leader",
+            ApplyError::Api { step, .. } => step.kind(),
+            ApplyError::Conflict(_) => ErrorKind::Conflict,
+            ApplyError::NotLeader(_) | ApplyError::InvalidSelector { .. } => ErrorKind::Other,
         }
     }
+}
+
+/// Which request of a node's apply failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Reading the node before a taint or cordon write.
+    ReadNode,
+    /// The taints or the cordon.
+    Taints,
+    /// Labels, annotations and the condition (one apply through nodes/status).
+    LabelsAndCondition,
+    /// Deleting the condition on release.
+    Condition,
+    /// Listing the node's pods for a drain.
+    ListPods,
+}
+
+impl Step {
+    fn kind(self) -> ErrorKind {
+        match self {
+            Step::ReadNode => ErrorKind::Read,
+            Step::Taints => ErrorKind::Taints,
+            Step::LabelsAndCondition => ErrorKind::Labels,
+            Step::Condition => ErrorKind::Condition,
+            Step::ListPods => ErrorKind::Drain,
+        }
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Step::ReadNode => "read node",
+            Step::Taints => "taints",
+            Step::LabelsAndCondition => "labels and condition",
+            Step::Condition => "condition",
+            Step::ListPods => "list pods",
+        })
+    }
+}
+
+/// Which pods a drain may evict, from the policy's pod selector.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PodSelection {
+    /// No selector: every pod that is otherwise evictable.
+    All,
+    /// Only pods whose labels match.
+    Matching(Selector),
+}
+
+impl PodSelection {
+    /// The selection of `policy`; an unusable selector is an error, never "every pod".
+    pub fn of(policy: &DrainPolicy) -> Result<PodSelection, InvalidSelector> {
+        match &policy.pod_selector {
+            None => Ok(PodSelection::All),
+            Some(s) => selector::parse(POD_SELECTOR_FIELD, s).map(PodSelection::Matching),
+        }
+    }
+
+    fn admits(&self, labels: &BTreeMap<String, String>) -> bool {
+        match self {
+            PodSelection::All => true,
+            PodSelection::Matching(s) => s.matches(labels),
+        }
+    }
+}
+
+/// The pods a drain pass evicts, in list order. Fails closed: with a pod selector it cannot
+/// parse, it evicts nothing.
+pub fn to_evict<'a>(pods: &'a [Pod], policy: &DrainPolicy) -> Result<Vec<&'a Pod>, InvalidSelector> {
+    let selection = PodSelection::of(policy)?;
+    Ok(pods.iter().filter(|p| evictable(p, policy, &selection)).collect())
 }
 
 /// What one node's apply did.
@@ -234,7 +319,7 @@ pub fn has_legacy_metadata_owner(node: &Node) -> bool {
 }
 
 /// The error of API request `step` on `node`.
-fn api_error(step: &'static str, node: &str) -> impl FnOnce(kube::Error) -> ApplyError {
+fn api_error(step: Step, node: &str) -> impl FnOnce(kube::Error) -> ApplyError {
     let node = node.to_string();
     move |source| ApplyError::Api { step, node, source }
 }
@@ -389,9 +474,14 @@ impl Applier {
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     debug!("node changed under us; re-reading");
-                    fresh = Some(self.nodes.get(name).await.map_err(api_error("read node", name))?);
+                    fresh = Some(
+                        self.nodes
+                            .get(name)
+                            .await
+                            .map_err(api_error(Step::ReadNode, name))?,
+                    );
                 }
-                Err(source) => return Err(api_error("taints", name)(source)),
+                Err(source) => return Err(api_error(Step::Taints, name)(source)),
             }
         }
         Err(ApplyError::Conflict(name.to_string()))
@@ -446,7 +536,7 @@ impl Applier {
                 &Patch::Apply(&patch),
             )
             .await
-            .map_err(api_error("labels and condition", &plan.node))?;
+            .map_err(api_error(Step::LabelsAndCondition, &plan.node))?;
         self.release_legacy_metadata(&plan.node, &written).await?;
         debug!("labels, annotations and condition applied");
         Ok((!same_metadata, !same_condition, Some(written)))
@@ -469,7 +559,7 @@ impl Applier {
                 &Patch::Apply(&bare),
             )
             .await
-            .map_err(api_error("labels and condition", name))?;
+            .map_err(api_error(Step::LabelsAndCondition, name))?;
         info!(
             node = name,
             "released the labels an older gpunode applied to the main resource"
@@ -506,7 +596,7 @@ impl Applier {
                 .nodes
                 .patch_status(&name, &pp, &Patch::Apply(&bare))
                 .await
-                .map_err(api_error("labels and condition", &name))?;
+                .map_err(api_error(Step::LabelsAndCondition, &name))?;
             self.release_legacy_metadata(&name, &written).await?;
             wrote = true;
         }
@@ -518,7 +608,7 @@ impl Applier {
             self.nodes
                 .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&delete))
                 .await
-                .map_err(api_error("condition", &name))?;
+                .map_err(api_error(Step::Condition, &name))?;
             wrote = true;
         }
         if wrote {
@@ -533,17 +623,13 @@ impl Applier {
         let list = pods
             .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
             .await
-            .map_err(api_error("list pods", node))?;
-        let selector: Option<Selector> = policy
-            .pod_selector
-            .clone()
-            .and_then(|s| Selector::try_from(s).ok());
+            .map_err(api_error(Step::ListPods, node))?;
+        let pods = to_evict(&list.items, policy).map_err(|source| ApplyError::InvalidSelector {
+            node: node.to_string(),
+            source,
+        })?;
         let (mut evicted, mut remaining, mut refused) = (0, 0, 0);
-        for pod in list
-            .items
-            .iter()
-            .filter(|p| evictable(p, policy, selector.as_ref()))
-        {
+        for pod in pods {
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
             let params = EvictParams {
@@ -581,7 +667,7 @@ impl Applier {
 /// Whether a drain evicts this pod: not already terminating or finished, not a DaemonSet or
 /// mirror pod, not in a protected namespace, selected by the policy's pod selector, and without
 /// emptyDir data unless the policy allows losing it.
-pub fn evictable(pod: &Pod, policy: &DrainPolicy, selector: Option<&Selector>) -> bool {
+pub fn evictable(pod: &Pod, policy: &DrainPolicy, selection: &PodSelection) -> bool {
     let meta = &pod.metadata;
     if meta.deletion_timestamp.is_some() {
         return false;
@@ -610,9 +696,7 @@ pub fn evictable(pod: &Pod, policy: &DrainPolicy, selector: Option<&Selector>) -
     {
         return false;
     }
-    if let Some(sel) = selector
-        && !sel.matches(meta.labels.as_ref().unwrap_or(&BTreeMap::new()))
-    {
+    if !selection.admits(meta.labels.as_ref().unwrap_or(&BTreeMap::new())) {
         return false;
     }
     let has_empty_dir = pod

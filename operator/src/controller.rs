@@ -18,8 +18,11 @@ use crate::{
     server::Readiness,
 };
 
-use futures::StreamExt;
-use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use futures::{FutureExt, StreamExt};
+use gpunode_crds::{
+    GpuNodePolicy, GpuNodePolicyStatus, GpuNodeReport,
+    selector::{self, InvalidSelector},
+};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
@@ -59,18 +62,29 @@ use crate::{
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The policy's node selector cannot be used (rejected by the API server normally).
-    #[error("policy {policy}: invalid nodeSelector: {reason}")]
+    /// A selector of the policy cannot be used (the API server rejects such policies; this one
+    /// was stored before that rule, or by a skewed version). The policy acts on nothing.
+    #[error("policy {policy}: {source}")]
     InvalidSelector {
         /// The policy.
         policy: String,
-        /// Why.
-        reason: String,
+        /// The field and why.
+        source: InvalidSelector,
     },
-    /// Writing a node failed.
+    /// Writing some of a policy's nodes failed; each failure was counted under its own kind
+    /// when it happened.
+    #[error("{failed} node writes failed, the first: {first}")]
+    Nodes {
+        /// How many.
+        failed: usize,
+        /// The first failure.
+        first: crate::apply::ApplyError,
+    },
+    /// Releasing a node failed (or this replica stopped leading part-way): the release is
+    /// retried, and a deleted policy keeps its finalizer until every node is released.
     #[error(transparent)]
     Apply(#[from] crate::apply::ApplyError),
-    /// Adding or removing the cleanup finalizer failed, or the cleanup did.
+    /// Adding or removing the cleanup finalizer failed.
     #[error("finalizer: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     /// The pass got no answer in time.
@@ -87,14 +101,32 @@ pub enum Error {
 }
 
 impl Error {
-    /// A bounded label for metrics and logs.
-    pub fn kind(&self) -> &'static str {
+    /// The metric kind: what failed, not how it travelled.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidSelector { .. } => "invalid_selector",
+            Error::InvalidSelector { .. } => ErrorKind::InvalidObject,
+            Error::Nodes { first, .. } => first.kind(),
             Error::Apply(e) => e.kind(),
-            Error::Finalizer(_) => "finalizer",
-            Error::Timeout(_) => "timeout",
-            Error::Status { .. } => "status",
+            Error::Finalizer(_) | Error::Timeout(_) => ErrorKind::Other,
+            Error::Status { .. } => ErrorKind::Status,
+        }
+    }
+
+    /// Whether [`error_policy`] still has to count it (node failures are counted as they happen;
+    /// a replica that stopped leading has nothing to report).
+    fn counted(&self) -> bool {
+        matches!(
+            self,
+            Error::Nodes { .. } | Error::Apply(crate::apply::ApplyError::NotLeader(_))
+        )
+    }
+
+    /// The error the finalizer helper wrapped, so it is counted and handled as itself.
+    fn from_finalizer(e: kube::runtime::finalizer::Error<Error>) -> Error {
+        use kube::runtime::finalizer::Error as F;
+        match e {
+            F::ApplyFailed(e) | F::CleanupFailed(e) => e,
+            other => Error::Finalizer(Box::new(other)),
         }
     }
 }
@@ -127,6 +159,8 @@ pub struct Context {
     pub status_written: std::sync::Mutex<HashMap<String, std::time::Instant>>,
     /// Nodes as gpunode's own writes returned them, until the watch delivers those versions.
     pub written: OwnWrites,
+    /// Wakes the search for nodes no policy governs ([`crate::sweep`]).
+    pub sweep: Arc<tokio::sync::Notify>,
 }
 
 /// Least time between two status writes of one policy. Its counts change with every node that
@@ -152,12 +186,21 @@ impl Context {
     }
 }
 
-fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, Error> {
-    Selector::try_from(policy.spec.node_selector.clone()).map_err(|e| Error::InvalidSelector {
+/// The policy's node selector, parsed as strictly as the API server validates it. Also checks
+/// the drain's pod selector: a policy with any unusable selector selects no node at all.
+pub(crate) fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, Error> {
+    let invalid = |source| Error::InvalidSelector {
         policy: policy.name_any(),
-        reason: e.to_string(),
-    })
+        source,
+    };
+    if let Some(pods) = &policy.spec.disruption.drain.pod_selector {
+        selector::parse(POD_SELECTOR_FIELD, pods).map_err(invalid)?;
+    }
+    selector::parse("spec.nodeSelector", &policy.spec.node_selector).map_err(invalid)
 }
+
+/// Where the drain's pod selector is, in errors and conditions.
+pub const POD_SELECTOR_FIELD: &str = "spec.disruption.drain.podSelector";
 
 /// A watched object that may not have deserialized: one malformed policy or report is logged
 /// and skipped instead of stalling the watch.
@@ -343,7 +386,7 @@ pub async fn reconcile(guarded: Arc<Guarded<GpuNodePolicy>>, ctx: Arc<Context>) 
     // timeout by default, since watches idle): bound the pass, so it fails and is retried
     // instead of holding this policy, and every drain of it, until the connection dies.
     match tokio::time::timeout(RECONCILE_TIMEOUT, pass).await {
-        Ok(r) => r.map_err(|e| Error::Finalizer(Box::new(e))),
+        Ok(r) => r.map_err(Error::from_finalizer),
         Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
     }
 }
@@ -364,35 +407,162 @@ fn orphans(policy: &GpuNodePolicy, ctx: &Context, selectors: &[(String, Selector
         .collect()
 }
 
-async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context) -> Result<(), Error> {
+/// Releases each node in turn. Fails, rather than stopping quietly, when this replica stops
+/// leading part-way: a deleted policy must keep its finalizer until every node is released.
+async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context, why: &str) -> Result<(), Error> {
     let now = Timestamp::now();
     for n in nodes {
         if !ctx.leadership.is_leader() {
-            break;
+            return Err(crate::apply::ApplyError::NotLeader(n.name_any()).into());
         }
-        ctx.applier.release(&n, now).await?;
+        if ctx.applier.release(&n, now).await? {
+            ctx.metrics.action(ActionKind::Release, ActionResult::Ok);
+            let event = plan::PlannedEvent {
+                warning: false,
+                reason: "Released",
+                note: format!("gpunode removed its labels, annotations, taints, cordon and condition: {why}"),
+            };
+            ctx.events.publish(&n, &[event]);
+        }
     }
     Ok(())
+}
+
+/// How often the leader looks for nodes no policy governs, besides at start-up and whenever a
+/// policy goes away (a safety net: the search reads only the caches).
+const SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Releases gpunode's markers on nodes no policy governs ([`crate::sweep`]) whenever `wake`
+/// is notified or [`SWEEP_INTERVAL`] passes, while this replica leads and its caches are synced.
+async fn sweeper(ctx: Arc<Context>, wake: Arc<tokio::sync::Notify>) {
+    let mut leading = ctx.leadership.subscribe();
+    loop {
+        tokio::select! {
+            () = wake.notified() => {}
+            changed = leading.changed() => if changed.is_err() { return },
+            () = tokio::time::sleep(SWEEP_INTERVAL) => {}
+        }
+        if !ctx.leadership.is_leader()
+            || !ctx.synced.load(Ordering::Acquire)
+            || ctx.policies.wait_until_ready().now_or_never().is_none()
+        {
+            continue;
+        }
+        let Some(nodes) = crate::sweep::unowned(&ctx.nodes.state(), &ctx.policies.state()) else {
+            debug!("a GpuNodePolicy cannot be read: no node is released as unowned");
+            continue;
+        };
+        if nodes.is_empty() {
+            continue;
+        }
+        info!(
+            nodes = nodes.len(),
+            "releasing nodes that carry gpunode's markers but no policy governs"
+        );
+        let pass = release_nodes(nodes, &ctx, "no GpuNodePolicy governs this node");
+        match tokio::time::timeout(RECONCILE_TIMEOUT, pass).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(error = %e, "releasing unowned nodes");
+                if !e.counted() {
+                    ctx.metrics.reconcile_error(e.kind());
+                }
+                // Try again soon rather than at the next interval.
+                wake.notify_one();
+            }
+            Err(_) => warn!("releasing unowned nodes took longer than {RECONCILE_TIMEOUT:?}"),
+        }
+    }
 }
 
 /// The policy is being deleted: undo what it did to every node no other policy selects.
 async fn release_policy(policy: &GpuNodePolicy, ctx: &Context) -> Result<Action, Error> {
     let nodes = orphans(policy, ctx, &ctx.selectors());
     info!(policy = %policy.name_any(), nodes = nodes.len(), "policy deleted: releasing its nodes");
-    release_nodes(nodes, ctx).await?;
-    ctx.verdicts.forget(&policy.name_any());
+    release_nodes(
+        nodes,
+        ctx,
+        &format!("GpuNodePolicy {} was deleted", policy.name_any()),
+    )
+    .await?;
+    forget(ctx, &policy.name_any());
+    // Whatever else the policy left (a node it labelled that another policy's release missed)
+    // is found now rather than at the next interval.
+    ctx.sweep.notify_one();
+    Ok(Action::await_change())
+}
+
+/// Drops everything kept about a policy that is gone: cached verdicts, the status slot and its
+/// metric series (an alert on a deleted policy's gauges would fire for ever).
+fn forget(ctx: &Context, policy: &str) {
+    ctx.verdicts.forget(policy);
     ctx.status_written
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .remove(&policy.name_any());
+        .remove(policy);
+    ctx.metrics.forget_policy(policy);
+}
+
+/// A policy with a selector gpunode cannot use selects no node: nothing is acted on or undone,
+/// the Degraded condition names the field, and the policy is looked at again when it changes.
+async fn invalid_policy(policy: &GpuNodePolicy, ctx: &Context, error: Error) -> Result<Action, Error> {
+    let Error::InvalidSelector { source, .. } = &error else {
+        return Err(error);
+    };
+    let name = policy.name_any();
+    warn!(policy = %name, error = %source, "policy has an unusable selector: it selects no node");
+    ctx.metrics.reconcile_error(ErrorKind::InvalidObject);
+    ctx.metrics.set_policy_nodes(&name, []);
+    let new_status = status::invalid(
+        source,
+        policy.metadata.generation,
+        policy.status.as_ref(),
+        Timestamp::now(),
+    );
+    ctx.metrics.set_policy_conditions(&name, &new_status.conditions);
+    let changed = policy
+        .status
+        .as_ref()
+        .is_none_or(|old| !status::same_ignoring_time(old, &new_status));
+    if changed && ctx.leadership.is_leader() {
+        write_status(ctx, &name, &new_status).await?;
+    }
     Ok(Action::await_change())
+}
+
+async fn write_status(ctx: &Context, name: &str, new_status: &GpuNodePolicyStatus) -> Result<(), Error> {
+    let patch = json!({
+        "apiVersion": "gpunode.dev/v1alpha1",
+        "kind": "GpuNodePolicy",
+        "status": new_status,
+    });
+    Api::<GpuNodePolicy>::all(ctx.client.clone())
+        .patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(|source| Error::Status {
+            policy: name.to_string(),
+            source,
+        })?;
+    Ok(())
 }
 
 async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = policy.name_any();
-    let selector = selector_of(&policy)?;
+    let selector = match selector_of(&policy) {
+        Ok(s) => s,
+        Err(e) => return invalid_policy(&policy, &ctx, e).await,
+    };
     let selectors = ctx.selectors();
-    release_nodes(orphans(&policy, &ctx, &selectors), &ctx).await?;
+    release_nodes(
+        orphans(&policy, &ctx, &selectors),
+        &ctx,
+        &format!("it left the selector of GpuNodePolicy {name}"),
+    )
+    .await?;
     let now = Timestamp::now();
     let nodes: Vec<Arc<Node>> = ctx
         .written
@@ -448,7 +618,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     drop(conflicts);
     drop(views);
     drop(nodes);
-    let mut first_error = None;
+    let (mut first_error, mut failed) = (None, 0);
     let results: Vec<Result<(u32, u32), crate::apply::ApplyError>> = futures::stream::iter(jobs)
         .map(|(np, node)| {
             let ctx = ctx.clone();
@@ -503,7 +673,10 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
             }
             Err(e) => {
                 warn!(error = %e, "applying a node plan failed");
-                ctx.metrics.reconcile_error(error_kind(e.kind()));
+                if !matches!(e, crate::apply::ApplyError::NotLeader(_)) {
+                    ctx.metrics.reconcile_error(e.kind());
+                }
+                failed += 1;
                 first_error.get_or_insert(e);
             }
         }
@@ -534,44 +707,13 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
         // Written by the pass that runs once the interval is over.
         wake = wake.min(later);
     } else if status_changed {
-        let patch = json!({
-            "apiVersion": "gpunode.dev/v1alpha1",
-            "kind": "GpuNodePolicy",
-            "status": new_status,
-        });
-        Api::<GpuNodePolicy>::all(ctx.client.clone())
-            .patch_status(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-            .map_err(|source| Error::Status {
-                policy: name.clone(),
-                source,
-            })?;
+        write_status(&ctx, &name, &new_status).await?;
     }
-    if let Some(e) = first_error {
-        return Err(e.into());
+    if let Some(first) = first_error {
+        return Err(Error::Nodes { failed, first });
     }
     debug!(requeue_after = ?wake, "reconciled");
     Ok(Action::requeue(wake))
-}
-
-/// The metric kind of an apply or reconcile error.
-fn error_kind(kind: &str) -> ErrorKind {
-    match kind {
-        "labels" | "labels and condition" => ErrorKind::Labels,
-        "taints" => ErrorKind::Taints,
-        "read node" => ErrorKind::Read,
-        "condition" => ErrorKind::Condition,
-        "list pods" => ErrorKind::Drain,
-        "conflict" => ErrorKind::Conflict,
-        "status" => ErrorKind::Status,
-        "invalid_selector" => ErrorKind::InvalidObject,
-        "finalizer" => ErrorKind::Other,
-        _ => ErrorKind::Other,
-    }
 }
 
 /// Counts the actions a written plan took, and the report-to-action latency of state changes.
@@ -604,8 +746,10 @@ fn record_actions(ctx: &Context, np: &plan::NodePlan, node: &Node) {
 }
 
 fn error_policy(policy: Arc<Guarded<GpuNodePolicy>>, error: &Error, ctx: Arc<Context>) -> Action {
-    warn!(policy = %policy.name_any(), kind = error.kind(), %error, "reconcile failed");
-    ctx.metrics.reconcile_error(error_kind(error.kind()));
+    warn!(policy = %policy.name_any(), kind = error.kind().as_str(), %error, "reconcile failed");
+    if !error.counted() {
+        ctx.metrics.reconcile_error(error.kind());
+    }
     match error {
         Error::InvalidSelector { .. } => Action::await_change(),
         _ => Action::requeue(Duration::from_secs(2)),
@@ -705,8 +849,9 @@ pub async fn run(
     let policies = controller.store();
 
     let synced = Arc::new(AtomicBool::new(false));
+    let sweep = Arc::new(tokio::sync::Notify::new());
     {
-        let (nodes, reports, synced) = (nodes.clone(), reports.clone(), synced.clone());
+        let (nodes, reports, synced, sweep) = (nodes.clone(), reports.clone(), synced.clone(), sweep.clone());
         let readiness = options.readiness.clone();
         // Without the Leases every report not rewritten in `staleAfter` would look stale.
         tokio::spawn(async move {
@@ -717,6 +862,8 @@ pub async fn run(
                 synced.store(true, Ordering::Release);
                 readiness.set_ready();
                 info!("node, report and heartbeat caches synced");
+                // Start-up: anything gpunode left on nodes that no policy governs.
+                sweep.notify_one();
             }
         });
     }
@@ -746,7 +893,9 @@ pub async fn run(
         verdicts: verdicts.clone(),
         status_written: std::sync::Mutex::default(),
         written: OwnWrites::default(),
+        sweep: sweep.clone(),
     });
+    let sweep_task = tokio::spawn(sweeper(ctx.clone(), sweep.clone()));
     // Heartbeats of probes and kubelets change nothing gpunode decides: only material changes
     // trigger a reconcile (see crate::triggers).
     let node_stream = triggers::material_changes(
@@ -801,12 +950,79 @@ pub async fn run(
         })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                warn!(error = %e, "controller");
+        .for_each(|res| {
+            let sweep = sweep.clone();
+            async move {
+                match res {
+                    // A policy that went away without its cleanup (its finalizer removed by
+                    // hand): look for the nodes it left.
+                    Err(controller::Error::ObjectNotFound(policy)) => {
+                        info!(policy = %policy.name, "GpuNodePolicy is gone");
+                        sweep.notify_one();
+                    }
+                    Err(e) => warn!(error = %e, "controller"),
+                    Ok(_) => {}
+                }
             }
         })
         .await;
-    // The controller drives its own watches; this one would outlive it.
+    // The controller drives its own watches; these would outlive it.
     lease_task.abort();
+    sweep_task.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::{ApplyError, Step};
+    use kube::runtime::finalizer::Error as Finalizer;
+
+    fn refused(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            message: "refused".into(),
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn a_wrapped_error_is_counted_under_its_own_kind() {
+        // What the finalizer helper wraps comes out as itself, so error_policy sees its kind.
+        let e = Error::from_finalizer(Finalizer::ApplyFailed(Error::Status {
+            policy: "p".into(),
+            source: refused(500),
+        }));
+        assert_eq!((e.kind(), e.counted()), (ErrorKind::Status, false));
+        let e = Error::from_finalizer(Finalizer::CleanupFailed(Error::Apply(ApplyError::Api {
+            step: Step::Taints,
+            node: "n".into(),
+            source: refused(403),
+        })));
+        assert_eq!((e.kind(), e.counted()), (ErrorKind::Taints, false));
+        let e = Error::from_finalizer(Finalizer::ApplyFailed(Error::InvalidSelector {
+            policy: "p".into(),
+            source: InvalidSelector {
+                field: "spec.nodeSelector".into(),
+                reason: "r".into(),
+            },
+        }));
+        assert!(matches!(e, Error::InvalidSelector { .. }));
+        assert_eq!(e.kind(), ErrorKind::InvalidObject);
+        // The finalizer's own failures stay what they are.
+        let e = Error::from_finalizer(Finalizer::RemoveFinalizer(refused(409)));
+        assert!(matches!(e, Error::Finalizer(_)));
+    }
+
+    #[test]
+    fn node_failures_are_not_counted_a_second_time() {
+        let e = Error::from_finalizer(Finalizer::ApplyFailed(Error::Nodes {
+            failed: 3,
+            first: ApplyError::Conflict("n".into()),
+        }));
+        assert_eq!(e.kind(), ErrorKind::Conflict);
+        assert!(e.counted(), "each node failure was counted when it happened");
+        let e = Error::Apply(ApplyError::NotLeader("n".into()));
+        assert!(e.counted(), "a replica that stopped leading reports no error");
+        assert!(e.to_string().contains("not the leader"));
+    }
 }

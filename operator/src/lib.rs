@@ -17,6 +17,7 @@ pub mod own_writes;
 pub mod plan;
 pub mod server;
 pub mod status;
+pub mod sweep;
 pub mod triggers;
 pub mod trim;
 pub mod verdict;

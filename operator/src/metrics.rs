@@ -114,11 +114,14 @@ pub enum ActionKind {
     DrainStart,
     /// A drain ran past its timeout.
     DrainStuck,
+    /// Everything gpunode did to a node undone because no policy governs it any more (its
+    /// policy was deleted, it left the selector, or gpunode's markers were left behind).
+    Release,
 }
 
 impl ActionKind {
     /// Every action.
-    pub const ALL: [ActionKind; 8] = [
+    pub const ALL: [ActionKind; 9] = [
         ActionKind::Label,
         ActionKind::Taint,
         ActionKind::Untaint,
@@ -127,6 +130,7 @@ impl ActionKind {
         ActionKind::Evict,
         ActionKind::DrainStart,
         ActionKind::DrainStuck,
+        ActionKind::Release,
     ];
 
     /// The label value.
@@ -140,6 +144,7 @@ impl ActionKind {
             ActionKind::Evict => "evict",
             ActionKind::DrainStart => "drain_start",
             ActionKind::DrainStuck => "drain_stuck",
+            ActionKind::Release => "release",
         }
     }
 }

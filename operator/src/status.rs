@@ -2,7 +2,7 @@
 //! Pure. Conditions keep their `lastTransitionTime` unless their status flips, and
 //! [`same_ignoring_time`] lets the controller skip a patch that would change only timestamps.
 
-use gpunode_crds::{GpuNodePolicyStatus, policy::DriftedNode};
+use gpunode_crds::{GpuNodePolicyStatus, policy::DriftedNode, selector::InvalidSelector};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -187,6 +187,52 @@ pub fn status(
         drifted_nodes_truncated: truncated,
     }
 }
+
+/// The status of a policy whose selector cannot be used: it selects no node (every count 0),
+/// Ready is False and Degraded names the field. Conditions that need a plan keep their state.
+pub fn invalid(
+    error: &InvalidSelector,
+    generation: Option<i64>,
+    old: Option<&GpuNodePolicyStatus>,
+    now: Timestamp,
+) -> GpuNodePolicyStatus {
+    let old_conditions = old.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let message = format!("{error}; the policy selects no node and acts on nothing until it is fixed");
+    let mut conditions = vec![
+        condition(
+            "Ready",
+            false,
+            INVALID_SELECTOR,
+            message.clone(),
+            generation,
+            old_conditions,
+            now,
+        ),
+        condition(
+            "Degraded",
+            true,
+            INVALID_SELECTOR,
+            message,
+            generation,
+            old_conditions,
+            now,
+        ),
+    ];
+    conditions.extend(
+        old_conditions
+            .iter()
+            .filter(|c| c.type_ != "Ready" && c.type_ != "Degraded")
+            .cloned(),
+    );
+    GpuNodePolicyStatus {
+        observed_generation: generation,
+        conditions,
+        ..GpuNodePolicyStatus::default()
+    }
+}
+
+/// The reason of the Ready and Degraded conditions of a policy with an unusable selector.
+pub const INVALID_SELECTOR: &str = "InvalidSelector";
 
 /// Equal apart from condition transition times: no patch needed.
 pub fn same_ignoring_time(a: &GpuNodePolicyStatus, b: &GpuNodePolicyStatus) -> bool {
