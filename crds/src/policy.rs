@@ -412,11 +412,15 @@ fn default_port_state() -> PortState {
 }
 
 /// Which RDMA devices a policy checks.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(rules::GLOB_NOT_REGEX_RULE.replace("{field}", "self.devicePattern"))
+    .message(rules::GLOB_NOT_REGEX_HINT)
+    .field_path(".devicePattern"))]
 pub struct RdmaSelection {
-    /// Pattern for RDMA device names under /sys/class/infiniband, `*` matching any run of
-    /// characters. Defaults to "mlx5_*" (NVIDIA ConnectX).
+    /// Glob for RDMA device names under /sys/class/infiniband: `*` matches any run of
+    /// characters, `?` any one character. Defaults to "mlx5_*" (NVIDIA ConnectX). Regular
+    /// expression syntax (`mlx5_.*`, `^mlx5`, `(a|b)`) is refused, since it would match nothing.
     #[serde(default = "default_device_pattern")]
     #[schemars(length(min = 1, max = 64))]
     pub device_pattern: String,

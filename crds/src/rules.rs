@@ -30,12 +30,50 @@ pub const MAX_UNAVAILABLE_RE: &str = "^([0-9]{1,9}|(100|[1-9]?[0-9])%)$";
 pub const MAX_UNAVAILABLE_HINT: &str = "must be a number of nodes (0 or more) or a percentage \
 from 0% to 100%, such as 1 or \"10%\"";
 
+/// A glob (`*`, `?`) with no regular-expression syntax, which as a glob would silently match
+/// nothing: `.` followed by `*`, `+` or `?`, or any of `^ $ ( ) | [ ] { } + \`. `{field}` is
+/// replaced by the CEL path of the pattern.
+pub const GLOB_NOT_REGEX_RULE: &str = "!{field}.matches('[.][*+?]') && \
+!['^', '$', '(', ')', '|', '[', ']', '{', '}', '+', '\\\\'].exists(c, {field}.contains(c))";
+
+/// What a user is told when a glob looks like a regular expression.
+pub const GLOB_NOT_REGEX_HINT: &str = "devicePattern is a glob, not a regular expression: '*' matches \
+any run of characters and '?' any one character, so write \"mlx5_*\" rather than \"mlx5_.*\" or \"^mlx5\"";
+
+/// Whether `pattern` uses regular-expression syntax that a glob would take literally (the same
+/// test as [`GLOB_NOT_REGEX_RULE`]).
+pub fn looks_like_regex(pattern: &str) -> bool {
+    pattern.contains(".*")
+        || pattern.contains(".+")
+        || pattern.contains(".?")
+        || pattern.contains(['^', '$', '(', ')', '|', '[', ']', '{', '}', '+', '\\'])
+}
+
 /// The probe publishes a heartbeat at least once a minute; a report is never stale sooner.
 pub const MIN_STALE_AFTER: &str = "60s";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn regex_syntax_is_told_from_globs() {
+        for regex in [
+            "mlx5_.*",
+            "mlx5_.+",
+            "^mlx5_0",
+            "mlx5_0$",
+            "(mlx5|bnxt)_0",
+            "mlx5_[0-3]",
+            "mlx5_\\d",
+            "mlx5_0+",
+        ] {
+            assert!(looks_like_regex(regex), "{regex}");
+        }
+        for glob in ["mlx5_*", "mlx5_?", "*", "bnxt_re*", "rocep1s0f?", "irdma-x.1"] {
+            assert!(!looks_like_regex(glob), "{glob}");
+        }
+    }
 
     #[test]
     fn version_pattern_is_built_from_the_clause() {

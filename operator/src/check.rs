@@ -172,7 +172,8 @@ pub struct Outcome {
     pub condition: [String; 3],
     /// Actions in effect now.
     pub actions_now: Vec<String>,
-    /// Actions once every remediation rule's `after` has passed, if the drift lasts.
+    /// Actions added once every remediation rule's `after` has passed, if the drift lasts
+    /// (those in effect now are not repeated).
     pub actions_if_it_lasts: Vec<String>,
     /// Why actions would wait. The disruption budget and the circuit breaker depend on the
     /// policy's other nodes and are not applied offline.
@@ -293,6 +294,12 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
             describe(&all)
         })
         .unwrap_or_default();
+    // Only what is added later: an action in effect now is not listed twice.
+    let now_actions = describe(&p.actions);
+    let lasting_actions: Vec<String> = lasting_actions
+        .into_iter()
+        .filter(|a| !now_actions.contains(a))
+        .collect();
     let policy = inputs.policy.metadata.name.clone().unwrap_or_default();
     Some(Outcome {
         node: p.node.clone(),
@@ -303,7 +310,7 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
             p.condition.reason.to_string(),
             p.condition.message.clone(),
         ],
-        actions_now: describe(&p.actions),
+        actions_now: now_actions,
         actions_if_it_lasts: lasting_actions,
         blocked: p.blocked.as_ref().map(|b| b.describe()),
         verdict,

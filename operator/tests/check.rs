@@ -45,6 +45,15 @@ fn a_broken_node_is_drifted_with_exit_1_and_one_line_per_drift() {
         "{out}"
     );
     assert!(out.contains("now: Cordon, Drain"), "{out}");
+    // What is done now is not repeated under what happens later.
+    let later = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("if it lasts:"))
+        .unwrap_or_else(|| panic!("no 'if it lasts' line in {out}"));
+    assert!(
+        !later.contains("Cordon") && !later.contains("Drain"),
+        "repeated: {later}"
+    );
 }
 
 #[test]
