@@ -23,15 +23,16 @@ const KNOWN_FORMATS: [&str; 8] = [
     "duration",
 ];
 
-/// The range a Rust integer format stands for, kept as minimum/maximum when the format goes.
-fn integer_range(format: &str) -> Option<(i64, i64)> {
+/// The range a Rust integer format stands for, kept as minimum/maximum when the format goes
+/// (no maximum for 64 bits: the API server reads bounds as floats, and 2^63-1 is not one).
+fn integer_range(format: &str) -> Option<(i64, Option<i64>)> {
     Some(match format {
-        "uint8" => (0, u8::MAX.into()),
-        "uint16" => (0, u16::MAX.into()),
-        "uint32" => (0, u32::MAX.into()),
-        "uint64" | "uint" => (0, i64::MAX),
-        "int8" => (i8::MIN.into(), i8::MAX.into()),
-        "int16" => (i16::MIN.into(), i16::MAX.into()),
+        "uint8" => (0, Some(u8::MAX.into())),
+        "uint16" => (0, Some(u16::MAX.into())),
+        "uint32" => (0, Some(u32::MAX.into())),
+        "uint64" | "uint" => (0, None),
+        "int8" => (i8::MIN.into(), Some(i8::MAX.into())),
+        "int16" => (i16::MIN.into(), Some(i16::MAX.into())),
         _ => return None,
     })
 }
@@ -49,7 +50,9 @@ fn known_formats_only(v: &mut serde_json::Value) {
                 map.remove("format");
                 if let Some((min, max)) = integer_range(&format) {
                     map.entry("minimum").or_insert(min.into());
-                    map.entry("maximum").or_insert(max.into());
+                    if let Some(max) = max {
+                        map.entry("maximum").or_insert(max.into());
+                    }
                 }
             }
             map.values_mut().for_each(known_formats_only);

@@ -132,13 +132,35 @@ all_reports_published() {
 	(($("$KUBECTL" get gnr -o name | wc -l) == ${#GPU_NODES[@]}))
 }
 
+# demo_stop_processes: SIGTERM every process group the demo started (operators release their
+# Lease, probes stop), wait until each group is gone, and SIGKILL what is left after
+# GPUNODE_DEMO_STOP_TIMEOUT seconds (default 25: the operator bounds its own shutdown at 20 s).
+# Runs before the control plane stops, so a graceful shutdown still has an API server to talk to.
 demo_stop_processes() {
-	local f
+	local f pid deadline groups=() left
 	[[ -d $WORK/pids ]] || return 0
 	for f in "$WORK"/pids/*.pid; do
 		[[ -e $f ]] || continue
-		kill -TERM -- "-$(cat "$f")" 2>/dev/null || kill -TERM "$(cat "$f")" 2>/dev/null || true
+		pid=$(cat "$f")
 		rm -f "$f"
+		[[ $pid =~ ^[0-9]+$ ]] || continue
+		kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || continue
+		groups+=("$pid")
+	done
+	deadline=$((SECONDS + ${GPUNODE_DEMO_STOP_TIMEOUT:-25}))
+	while ((${#groups[@]})); do
+		left=()
+		for pid in "${groups[@]}"; do
+			kill -0 -- "-$pid" 2>/dev/null && left+=("$pid")
+		done
+		groups=("${left[@]}")
+		((${#groups[@]})) || break
+		if ((SECONDS >= deadline)); then
+			echo "demo: still running after ${GPUNODE_DEMO_STOP_TIMEOUT:-25}s, sending KILL to process groups ${groups[*]}" >&2
+			for pid in "${groups[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+			break
+		fi
+		sleep 0.2 # poll interval
 	done
 }
 

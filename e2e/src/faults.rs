@@ -631,6 +631,16 @@ impl Operator {
         self.signal("-CONT")
     }
 
+    /// SIGTERM: a graceful shutdown (the Lease is released).
+    pub fn terminate(&self) -> Result<(), Error> {
+        self.signal("-TERM")
+    }
+
+    /// The exit status once the process has exited, without waiting.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
     /// The process has not exited.
     pub fn alive(&mut self) -> bool {
         self.child

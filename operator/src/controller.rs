@@ -411,19 +411,46 @@ fn orphans(policy: &GpuNodePolicy, ctx: &Context, selectors: &[(String, Selector
 /// leading part-way: a deleted policy must keep its finalizer until every node is released.
 async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context, why: &str) -> Result<(), Error> {
     let now = Timestamp::now();
+    release_each(
+        nodes,
+        || ctx.leadership.is_leader(),
+        |n| async move {
+            let wrote = ctx.applier.release(&n, now).await?;
+            if wrote {
+                ctx.metrics.action(ActionKind::Release, ActionResult::Ok);
+                let event = plan::PlannedEvent {
+                    warning: false,
+                    reason: "Released",
+                    note: format!(
+                        "gpunode removed its labels, annotations, taints, cordon and condition: {why}"
+                    ),
+                };
+                ctx.events.publish(&n, &[event]);
+            }
+            Ok(())
+        },
+    )
+    .await
+    .map_err(Error::from)
+}
+
+/// Releases nodes in order while `leading()` holds. Losing leadership part-way is an error
+/// naming the first node left, never a quiet success: a deleted policy's finalizer must stay
+/// until every node is released, by this replica or the next leader.
+async fn release_each<F, Fut>(
+    nodes: Vec<Arc<Node>>,
+    leading: impl Fn() -> bool,
+    mut release: F,
+) -> Result<(), crate::apply::ApplyError>
+where
+    F: FnMut(Arc<Node>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), crate::apply::ApplyError>>,
+{
     for n in nodes {
-        if !ctx.leadership.is_leader() {
-            return Err(crate::apply::ApplyError::NotLeader(n.name_any()).into());
+        if !leading() {
+            return Err(crate::apply::ApplyError::NotLeader(n.name_any()));
         }
-        if ctx.applier.release(&n, now).await? {
-            ctx.metrics.action(ActionKind::Release, ActionResult::Ok);
-            let event = plan::PlannedEvent {
-                warning: false,
-                reason: "Released",
-                note: format!("gpunode removed its labels, annotations, taints, cordon and condition: {why}"),
-            };
-            ctx.events.publish(&n, &[event]);
-        }
+        release(n).await?;
     }
     Ok(())
 }
@@ -1011,6 +1038,40 @@ mod tests {
         // The finalizer's own failures stay what they are.
         let e = Error::from_finalizer(Finalizer::RemoveFinalizer(refused(409)));
         assert!(matches!(e, Error::Finalizer(_)));
+    }
+
+    fn named(name: &str) -> Arc<Node> {
+        let mut n = Node::default();
+        n.metadata.name = Some(name.to_string());
+        Arc::new(n)
+    }
+
+    #[tokio::test]
+    async fn a_release_cut_short_by_lost_leadership_fails() {
+        let nodes: Vec<Arc<Node>> = ["a", "b", "c"].into_iter().map(named).collect();
+        let checks = std::cell::Cell::new(0);
+        let released = std::cell::RefCell::new(Vec::new());
+        // Leading for the first node only.
+        let result = release_each(
+            nodes,
+            || {
+                checks.set(checks.get() + 1);
+                checks.get() == 1
+            },
+            |n| {
+                released.borrow_mut().push(n.name_any());
+                async { Ok(()) }
+            },
+        )
+        .await;
+        assert_eq!(released.into_inner(), ["a"]);
+        match result {
+            Err(ApplyError::NotLeader(node)) => assert_eq!(node, "b"),
+            other => panic!("a release cut short must fail, got {other:?}"),
+        }
+        // Leading throughout: every node, then success.
+        let all: Vec<Arc<Node>> = ["a", "b"].into_iter().map(named).collect();
+        assert!(release_each(all, || true, |_| async { Ok(()) }).await.is_ok());
     }
 
     #[test]

@@ -178,6 +178,14 @@ fn run(args: RunArgs) -> ExitCode {
             })
         });
 
+        // Whatever the API server does (gone, partitioned, not answering), the process exits
+        // within SHUTDOWN_LIMIT of the signal: a demo or a node drain never waits on it for good.
+        tokio::spawn(async {
+            shutdown_signal().await;
+            tokio::time::sleep(SHUTDOWN_LIMIT).await;
+            tracing::error!(limit = ?SHUTDOWN_LIMIT, "shutdown did not finish in time; exiting");
+            std::process::exit(1);
+        });
         controller::run(
             client,
             controller::Options {
@@ -195,14 +203,24 @@ fn run(args: RunArgs) -> ExitCode {
         .await;
         readiness.set_not_ready();
         let _ = release_tx.send(());
-        if let Some(t) = leader_task {
-            let _ = t.await;
+        if let Some(t) = leader_task
+            && tokio::time::timeout(LEASE_RELEASE_LIMIT, t).await.is_err()
+        {
+            // The Lease then expires by itself, after its duration.
+            tracing::warn!(limit = ?LEASE_RELEASE_LIMIT, "releasing the leader Lease got no answer in time");
         }
         let _ = stop_tx.send(true);
         let _ = server_task.await;
         ExitCode::SUCCESS
     })
 }
+
+/// Longest a shutdown takes from SIGTERM to exit, in-flight reconciles and the Lease release
+/// included (the chart's terminationGracePeriodSeconds is 30).
+const SHUTDOWN_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Longest the Lease release may take once the controller has stopped.
+const LEASE_RELEASE_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// SIGTERM or Ctrl-C.
 async fn shutdown_signal() {
