@@ -161,7 +161,7 @@ async fn a_deleted_policy_is_released_completely_when_its_leader_loses_the_lease
         .await
         .unwrap_or_else(|e| fail(e));
     a.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let mut b = Operator::start(&fc, &client, "rel-release-b", ns)
+    let b = Operator::start(&fc, &client, "rel-release-b", ns)
         .await
         .unwrap_or_else(|e| fail(e));
 
