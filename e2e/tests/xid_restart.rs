@@ -176,16 +176,21 @@ fn state(n: &Node) -> Option<String> {
         .and_then(|l| l.get("gpunode.dev/state").cloned())
 }
 
-/// The XIDs of the stored report, if one was observed at or after `since`.
-async fn report_since(reports: &Api<GpuNodeReport>, node: &str, since: jiff::Timestamp) -> Option<Vec<u32>> {
-    let status = reports.get_opt(node).await.ok()??.status?;
-    (status.observed_at?.0 >= since).then(|| {
-        status
-            .gpus
-            .iter()
-            .flat_map(|g| g.xids.iter().map(|x| x.xid))
-            .collect()
-    })
+/// The XIDs in the stored report, once `probe` has written its first one (its log says so after
+/// the write; observedAt has whole seconds only, too coarse to tell two probes apart).
+async fn first_report(probe: &Probe, reports: &Api<GpuNodeReport>, node: &str) -> Vec<u32> {
+    probe.logged("first observation").await;
+    let status = reports
+        .get(node)
+        .await
+        .unwrap_or_else(|e| fail(e))
+        .status
+        .unwrap_or_default();
+    status
+        .gpus
+        .iter()
+        .flat_map(|g| g.xids.iter().map(|x| x.xid))
+        .collect()
 }
 
 #[tokio::test]
@@ -270,13 +275,8 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
 
     // Restarted on the same boot: the XID comes back from the state directory, and the node stays
     // cordoned while healthyFor, and more, passes after the restarted probe's report.
-    let restarted_at = jiff::Timestamp::now();
     let second = host.start_probe("boot-a");
-    let xids = wait::until("the restarted probe's report", DEADLINE, || async {
-        Ok(report_since(&reports, &node, restarted_at).await)
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+    let xids = first_report(&second, &reports, &node).await;
     let published = Instant::now();
     assert_eq!(xids, vec![79], "the restarted probe forgot the XID of this boot");
     assert!(
@@ -309,15 +309,10 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
 
     // Boot B: the node rebooted, the XIDs of boot A are forgotten and the node recovers after
     // healthyFor.
-    let rebooted_at = jiff::Timestamp::now();
     let third = host.start_probe("boot-b");
-    third.logged("the node rebooted").await;
-    let xids = wait::until("the rebooted probe's report", DEADLINE, || async {
-        Ok(report_since(&reports, &node, rebooted_at).await)
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+    let xids = first_report(&third, &reports, &node).await;
     let clear = Instant::now();
+    third.logged("the node rebooted").await;
     assert_eq!(xids, Vec::<u32>::new());
     wait::until("the node uncordoned and compliant", DEADLINE, || async {
         let n = node_api.get(&node).await?;

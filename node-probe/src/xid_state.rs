@@ -184,7 +184,8 @@ impl XidStore {
     }
 
     /// Replaces the state file with these XIDs (atomically: a reader sees the old or the new
-    /// file, never half of one). A read-only store writes nothing.
+    /// file, never half of one), creating the directory if needed. A read-only store writes
+    /// nothing.
     pub fn save(&self, gpus: &BTreeMap<u32, VecDeque<XidEvent>>) -> Result<(), StateError> {
         if !self.writable {
             return Ok(());
@@ -203,6 +204,8 @@ impl XidStore {
             let path = path.to_owned();
             move |source| StateError::Io { path, source }
         };
+        // Created here, not only by the chart's init container: a local run names any path.
+        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
         let mut tmp = tempfile::Builder::new()
             .prefix(".xids-")
             .tempfile_in(&self.dir)
@@ -289,6 +292,18 @@ mod tests {
             .filter(|n| !n.starts_with("proc-"))
             .collect();
         assert_eq!(names, vec![FILE_NAME.to_owned()]);
+    }
+
+    #[test]
+    fn saving_creates_the_directory() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let state = dir.path().join("not/yet");
+        let store =
+            XidStore::open(&state, "n1", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
+        store
+            .save(&gpus(&[(0, &[xid(79, 0)])]))
+            .unwrap_or_else(|e| fail(e));
+        assert_eq!(store.load().map(|g| g.len()), Ok(1));
     }
 
     #[test]

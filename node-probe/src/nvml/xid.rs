@@ -7,7 +7,7 @@
 //! NVML delivers an XID only to event sets registered when it happened, so the log is the only
 //! record of it: with an [`XidStore`] the log starts from the XIDs saved earlier in the same boot
 //! and the thread saves it after each XID (at most once per [`MIN_SAVE_GAP`] during a storm, the
-//! rest as soon as the storm pauses), so a restarted probe still reports them.
+//! rest within a gap and a wait slice), so a restarted probe still reports them.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,6 +65,8 @@ struct XidLogInner {
     /// Changed since the last save.
     dirty: bool,
     last_save: Option<Instant>,
+    /// The last save failed (its warning was logged; the retries are not).
+    failing: bool,
 }
 
 impl Default for XidLog {
@@ -124,9 +126,9 @@ impl XidLog {
         }
     }
 
-    /// Saves the log to its store if it changed, unless the last save is under
-    /// [`MIN_SAVE_GAP`] old and `force` is false. Failures are logged and counted; the log stays
-    /// dirty, so the next call retries.
+    /// Saves the log to its store if it changed, unless the last save (or failed attempt) is
+    /// under [`MIN_SAVE_GAP`] old and `force` is false. Failures are counted (and logged once
+    /// until a save succeeds again); the log stays dirty, so a later call retries.
     pub fn save(&self, force: bool) {
         let Some(store) = &self.store else { return };
         let snapshot = {
@@ -139,11 +141,23 @@ impl XidLog {
             inner.last_save = Some(Instant::now());
             inner.per_gpu.clone()
         };
-        if let Err(e) = store.save(&snapshot) {
-            tracing::warn!(error = %e, "cannot save the XID state: a restarted probe would forget these XIDs");
-            let mut inner = self.lock();
-            inner.dirty = true;
-            inner.persistence.save_failures += 1;
+        let result = store.save(&snapshot);
+        let mut inner = self.lock();
+        match result {
+            Ok(()) if inner.failing => {
+                inner.failing = false;
+                tracing::info!("saved the XID state again");
+            }
+            Ok(()) => {}
+            Err(e) => {
+                // Retried on the next save, at most once per MIN_SAVE_GAP; warned once.
+                if !inner.failing {
+                    tracing::warn!(error = %e, "cannot save the XID state: a restarted probe would forget these XIDs");
+                }
+                inner.failing = true;
+                inner.dirty = true;
+                inner.persistence.save_failures += 1;
+            }
         }
     }
 
@@ -331,8 +345,9 @@ fn watch_events(
                 log.save(false);
             }
             Err(NvmlError::Timeout) => {
-                // A storm paused: what MIN_SAVE_GAP held back is saved now.
-                log.save(true);
+                // A storm paused: what MIN_SAVE_GAP held back is saved now (a failing save is
+                // retried no more often).
+                log.save(false);
                 if slice_ms == 0 {
                     mark_ready(ready);
                     slice_ms = full_slice;
