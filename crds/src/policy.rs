@@ -231,8 +231,13 @@ pub struct GpuRequirements {
     #[schemars(length(max = 256), inner(range(min = 1, max = 65535)))]
     pub fatal_xids: Vec<u32>,
 
-    /// How long a fatal XID counts as drift after it happened. Unset: until the node reboots
-    /// (the probe keeps the XIDs of the current boot).
+    /// How long a fatal XID counts as drift after the probe received it. Unset: until the node
+    /// reboots. The probe keeps the XIDs of the current boot (the newest 32 per GPU) in its state
+    /// directory (the chart mounts the host's /var/lib/gpunode), so they survive its own restarts
+    /// on the same boot; a new boot id forgets them. Without that directory, or if its file is
+    /// lost, corrupt or unreadable, a restarted probe starts without them (a warning, and the
+    /// metric gpunode_probe_xid_state_ignored_total). XIDs that happen while no probe runs are
+    /// never seen: NVML delivers events only to a process listening at the time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xid_window: Option<Duration>,
 }

@@ -7,7 +7,9 @@
 # Usage: e2e/demo/ctl.sh COMMAND [NODE] [VARIANT]
 #   heat NODE                  one GPU thermally throttled (HW + SW thermal slowdown)
 #   cool NODE                  all eight GPUs healthy again
-#   xid NODE                   an uncorrectable ECC error and XID 79 (GPU fallen off the bus)
+#   xid NODE                   an uncorrectable ECC error and XID 79 (GPU fallen off the bus) happen
+#                              now; the probe keeps the XID until the node reboots, even across its
+#                              own restarts (after `cool`, `xid` makes a new one happen)
 #   nvml NODE FIXTURE          any fixture in node-probe/fake-nvml/fixtures (e.g. pcie-gen4-x8)
 #   break-roce NODE [VARIANT]  pfc-wrong-priority (default), trust-pcp, mtu-1500, one-port-down,
 #                              no-rocev2-gid, ofed-ecn-absent
@@ -48,7 +50,12 @@ set_tree() {
 case ${1:-help} in
 heat) set_nvml "${2:-}" throttled ;;
 cool) set_nvml "${2:-}" healthy-8xh100 ;;
-xid) set_nvml "${2:-}" ecc-xid79 ;;
+xid)
+	# NVML delivers an XID only to a probe listening when it happens.
+	node_dir "${2:-}" >/dev/null
+	probe_listening "$2" || die "$2's probe has not registered for XID events yet (see $LOGS/probe-$2.log)"
+	set_nvml "${2:-}" ecc-xid79
+	;;
 nvml) set_nvml "${2:-}" "${3:?fixture name}" ;;
 break-roce) set_tree "${2:-}" "${3:-pfc-wrong-priority}" ;;
 fix-roce) set_tree "${2:-}" lossless-8port ;;

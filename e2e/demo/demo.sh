@@ -73,9 +73,13 @@ wait_for "the probe DaemonSet's pod on each GPU node" 120 probe_pods_running
 for n in "${HEALTHY[@]}"; do start_probe "$n" healthy-8xh100.json lossless-8port; done
 start_probe "$HOT" throttled.json lossless-8port
 start_probe "$ROCE" healthy-8xh100.json pfc-wrong-priority
-start_probe "$XID" ecc-xid79.json lossless-8port
+start_probe "$XID" healthy-8xh100.json lossless-8port
 start_operators
 wait_for "a GpuNodeReport from every GPU node" 120 all_reports_published
+# NVML delivers an XID only to a probe that was listening when it happened: once $XID's probe is,
+# its GPU takes an uncorrectable ECC error and falls off the bus (XID 79).
+wait_for "$XID's probe listening for XID events" 60 probe_listening "$XID"
+ln -sfn "$NVML_FIXTURES/ecc-xid79.json" "$WORK/nodes/$XID/nvml.json"
 
 step 8 "Applying examples/ (h100-training, a100-inference, roce-fabric)"
 "$KUBECTL" apply -f examples/

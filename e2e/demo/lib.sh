@@ -101,10 +101,11 @@ run_bg() {
 }
 
 # start_probe NODE NVML_FIXTURE SYSFS_TREE: the node's probe, with its fixtures behind symlinks
-# that e2e/demo/ctl.sh swaps (the probe re-reads both on every collection).
+# that e2e/demo/ctl.sh swaps (the probe re-reads both on every collection), keeping the XIDs of
+# this boot in $WORK/nodes/NODE/state (as the chart's /var/lib/gpunode).
 start_probe() {
 	local node=$1 dir=$WORK/nodes/$1 pod
-	mkdir -p "$dir"
+	mkdir -p "$dir/state"
 	ln -sfn "$NVML_FIXTURES/$2" "$dir/nvml.json"
 	ln -sfn "$SYSFS_FIXTURES/$3" "$dir/tree"
 	pod=$(running_pods "$NS" app.kubernetes.io/component=node-probe | awk -v n="$node" '$2 == n {print $1}')
@@ -112,8 +113,13 @@ start_probe() {
 	kubeconfig_for gpunode-node-probe "$pod" "$dir/kubeconfig"
 	run_bg "probe-$node" "KUBECONFIG=$dir/kubeconfig" "FAKE_NVML_FIXTURE=$dir/nvml.json" RUST_LOG=info -- \
 		"$BIN/gpunode-probe" --node-name "$node" --nvml-lib "$BIN/libfake_nvml.so" \
-		--sysfs-root "$dir/tree/sys" --net-fixtures "$dir/tree" --interval 2s --metrics-addr 127.0.0.1:0
+		--sysfs-root "$dir/tree/sys" --net-fixtures "$dir/tree" --interval 2s --metrics-addr 127.0.0.1:0 \
+		--state-dir "$dir/state"
 }
+
+# probe_listening NODE: the node's probe has registered for XID events. Like the real NVML, the
+# fake library delivers only XIDs that happen after that, so an XID is injected only then.
+probe_listening() { grep -q 'listening for XID events' "$LOGS/probe-$1.log"; }
 
 start_operators() {
 	local i=0 pod port

@@ -150,6 +150,8 @@ async fn helm_lint_is_clean_and_the_values_schema_is_strict() {
         ("operator.replica=3", "replica"),
         ("nodeProbe.privileged=maybe", "privileged"),
         ("nodeProbe.reportRefresh=soon", "reportRefresh"),
+        ("nodeProbe.xidState.hostPath=relative", "hostPath"),
+        ("nodeProbe.xidState.enable=true", "enable"),
         ("metrics.prometheusRule.for.drifted=soon", "drifted"),
         ("operator.image.pullPolicy=Sometimes", "pullPolicy"),
     ] {
@@ -276,7 +278,32 @@ async fn helm_template_defaults_and_each_toggle() {
     assert_eq!(pod["tolerations"], serde_json::json!([{"operator": "Exists"}]));
     assert_eq!(pod["volumes"][0]["hostPath"]["path"], "/sys");
     assert_eq!(container(ds)["volumeMounts"][0]["readOnly"], true);
+    // The XIDs of this boot: a host directory, writable, handed to the probe's user by an init
+    // container; the probe is told to keep them there.
+    assert_eq!(
+        pod["volumes"][1],
+        serde_json::json!({"name": "xid-state",
+                           "hostPath": {"path": "/var/lib/gpunode", "type": "DirectoryOrCreate"}})
+    );
+    assert_eq!(
+        container(ds)["volumeMounts"][1],
+        serde_json::json!({"name": "xid-state", "mountPath": "/var/lib/gpunode"})
+    );
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["name"], "xid-state-dir");
+    assert_eq!(init["image"], container(ds)["image"]);
+    assert_eq!(
+        init["args"],
+        serde_json::json!(["--state-dir=/var/lib/gpunode", "--chown-state-dir=65532:65532"])
+    );
+    assert_eq!(
+        init["volumeMounts"],
+        serde_json::json!([{"name": "xid-state", "mountPath": "/var/lib/gpunode"}])
+    );
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert_eq!(pod["securityContext"]["runAsGroup"], 65532);
     for want in [
+        "--state-dir=/var/lib/gpunode",
         "--sysfs-root=/host/sys",
         "--heartbeat=60s",
         "--report-refresh=10m",
@@ -342,6 +369,25 @@ async fn helm_template_defaults_and_each_toggle() {
         role_names(&no_probe)
     );
     assert_eq!(count(&no_probe, "Service"), 1);
+
+    let memory_only = render(&admin, &["nodeProbe.xidState.enabled=false"]).await;
+    let ds = one(&memory_only, "DaemonSet", "-node-probe");
+    let pod = &ds.data["spec"]["template"]["spec"];
+    assert!(pod.get("initContainers").is_none(), "{pod}");
+    assert_eq!(pod["volumes"].as_array().map(Vec::len), Some(1));
+    assert_eq!(container(ds)["volumeMounts"].as_array().map(Vec::len), Some(1));
+    assert!(
+        !args(ds).iter().any(|a| a.starts_with("--state-dir")),
+        "{:?}",
+        args(ds)
+    );
+    let elsewhere = render(&admin, &["nodeProbe.xidState.hostPath=/srv/gpunode"]).await;
+    let ds = one(&elsewhere, "DaemonSet", "-node-probe");
+    assert_eq!(
+        ds.data["spec"]["template"]["spec"]["volumes"][1]["hostPath"]["path"],
+        "/srv/gpunode"
+    );
+    assert!(args(ds).iter().any(|a| a == "--state-dir=/var/lib/gpunode"));
 
     let privileged = render(&admin, &["nodeProbe.privileged=true"]).await;
     let ds = one(&privileged, "DaemonSet", "-node-probe");

@@ -537,3 +537,64 @@ async fn a_probe_writes_only_its_own_nodes_heartbeat_lease() {
         .await
         .unwrap_or_else(|e| fail(e));
 }
+
+/// The probe pod as rendered: the probe is non-root and can write only its XID state directory;
+/// the one container that runs as root (to hand that directory to the probe's user) holds
+/// CAP_CHOWN and nothing else.
+#[tokio::test]
+async fn the_probe_pod_writes_only_its_xid_state_dir_and_only_its_init_container_is_root() {
+    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
+    let objects = chart::template(&admin, "r", NS, &[])
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let ds = objects
+        .iter()
+        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "DaemonSet"))
+        .unwrap_or_else(|| fail("no DaemonSet rendered"));
+    let pod = &ds.data["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+
+    let probe = &pod["containers"][0];
+    let sc = &probe["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"], json!({"drop": ["ALL"]}));
+    assert!(
+        sc.get("runAsUser").is_none(),
+        "the probe runs as the pod's user: {sc}"
+    );
+    let writable: Vec<&str> = probe["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["readOnly"] != true)
+        .filter_map(|m| m["mountPath"].as_str())
+        .collect();
+    assert_eq!(writable, vec!["/var/lib/gpunode"]);
+    let host_paths: Vec<(&str, &str)> = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| Some((v["hostPath"]["path"].as_str()?, v["hostPath"]["type"].as_str()?)))
+        .collect();
+    assert_eq!(
+        host_paths,
+        vec![("/sys", "Directory"), ("/var/lib/gpunode", "DirectoryOrCreate")]
+    );
+
+    let inits = pod["initContainers"].as_array().cloned().unwrap_or_default();
+    assert_eq!(inits.len(), 1, "{inits:?}");
+    let init = &inits[0];
+    let sc = &init["securityContext"];
+    assert_eq!(sc["runAsUser"], 0);
+    assert_eq!(sc["capabilities"], json!({"drop": ["ALL"], "add": ["CHOWN"]}));
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert!(sc.get("privileged").is_none_or(|p| p == false), "{sc}");
+    assert_eq!(
+        init["volumeMounts"],
+        json!([{"name": "xid-state", "mountPath": "/var/lib/gpunode"}])
+    );
+}

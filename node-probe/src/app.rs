@@ -18,6 +18,7 @@ use crate::network::NetworkCollector;
 use crate::nvml::{NvmlCollector, NvmlConfig};
 use crate::publish::{KubeSink, run_loop};
 use crate::state::ProbeState;
+use crate::xid_state::XidStore;
 
 /// How long `--once` waits for the XID thread to drain already-queued events.
 const ONCE_XID_WAIT: Duration = Duration::from_secs(2);
@@ -39,13 +40,38 @@ pub enum RunError {
     /// The report could not be encoded.
     #[error("encoding the report: {0}")]
     Encode(String),
+    /// `--chown-state-dir` failed.
+    #[error("preparing the state directory: {0}")]
+    StateDir(crate::xid_state::StateError),
 }
 
-/// The probe with all collectors, and the NVML collector on its own for its XID log.
-pub fn build(config: &Config) -> (Arc<Probe>, Arc<NvmlCollector>) {
+/// Where node `node` keeps the XIDs of this boot, from `--state-dir` (warnings say why not).
+/// `--once` only reads it: the running probe owns the file.
+fn xid_store(config: &Config, node: &str) -> Option<XidStore> {
+    let Some(dir) = &config.state_dir else {
+        if !config.once && !config.no_xid_events {
+            tracing::warn!(
+                "no --state-dir: XIDs are kept in memory only, so a restarted probe forgets the XIDs of this boot"
+            );
+        }
+        return None;
+    };
+    match XidStore::open(dir, node, &config.proc_root) {
+        Ok(store) if config.once => Some(store.read_only()),
+        Ok(store) => Some(store),
+        Err(e) => {
+            tracing::warn!(error = %e, "XIDs are kept in memory only: a restarted probe forgets them");
+            None
+        }
+    }
+}
+
+/// The probe of node `node` with all collectors, and the NVML collector on its own for its XID log.
+pub fn build(config: &Config, node: &str) -> (Arc<Probe>, Arc<NvmlCollector>) {
     let nvml = Arc::new(NvmlCollector::new(NvmlConfig {
         lib_path: config.nvml_lib.clone(),
         watch_xids: !config.no_xid_events,
+        xid_store: xid_store(config, node),
         ..NvmlConfig::default()
     }));
     let network = match &config.net_fixtures {
@@ -77,13 +103,21 @@ pub fn report_object(node: &str, status: GpuNodeReportStatus) -> GpuNodeReport {
     report
 }
 
+/// `--chown-state-dir`: prepares the state directory for the probe's user (the chart's init container).
+pub fn prepare_state_dir(config: &Config) -> Result<(), RunError> {
+    let (Some(dir), Some((uid, gid))) = (&config.state_dir, config.chown_state_dir) else {
+        return Ok(());
+    };
+    crate::xid_state::prepare_dir(dir, uid, gid).map_err(RunError::StateDir)
+}
+
 /// `--once`: one observation, printed as a GpuNodeReport.
 pub fn once(config: &Config) -> Result<String, RunError> {
     let node = config
         .node_name
         .clone()
         .unwrap_or_else(|| host_name(&config.proc_root));
-    let (probe, nvml) = build(config);
+    let (probe, nvml) = build(config, &node);
     if !config.no_xid_events {
         // XIDs already queued by the driver are part of this observation.
         nvml.prepare(ONCE_XID_WAIT);
@@ -107,7 +141,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let node = config.node_name.clone().ok_or(RunError::NoNodeName)?;
-    let (probe, nvml) = build(&config);
+    let (probe, nvml) = build(&config, &node);
     let xids = nvml.xids();
     let stale_after = config.interval * 3 + Duration::from_secs(30);
     let state = Arc::new(ProbeState::new(&node, stale_after, Some(xids.clone())));

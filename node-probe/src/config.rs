@@ -37,6 +37,12 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d.get())
 }
 
+fn parse_owner(s: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = s.split_once(':').ok_or("expected UID:GID")?;
+    let id = |v: &str| v.parse::<u32>().map_err(|e| format!("{v:?}: {e}"));
+    Ok((id(uid)?, id(gid)?))
+}
+
 /// gpunode node-probe: observes this GPU node (NVML, cooling sensors, RoCE lossless settings)
 /// and publishes its GpuNodeReport.
 #[derive(Debug, Clone, Parser)]
@@ -74,6 +80,17 @@ pub struct Config {
     /// Do not listen for XID events.
     #[arg(long)]
     pub no_xid_events: bool,
+
+    /// Keep the XIDs of the current boot in DIR/xids.json, so a restarted probe still reports
+    /// them (the chart mounts the host's /var/lib/gpunode). Unset: in memory only, and a
+    /// restarted probe forgets them (a warning says so).
+    #[arg(long, env = "GPUNODE_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Create --state-dir, hand it to UID:GID and exit: the chart's init container, which runs
+    /// as root with only CAP_CHOWN, so that the non-root probe can write it.
+    #[arg(long, value_name = "UID:GID", value_parser = parse_owner, requires = "state_dir")]
+    pub chown_state_dir: Option<(u32, u32)>,
 
     /// How often to observe, e.g. 10s.
     #[arg(long, env = "GPUNODE_INTERVAL", default_value = "10s", value_parser = parse_duration)]
@@ -162,6 +179,22 @@ mod tests {
         assert_eq!(c.output, Output::Json);
         assert_eq!(c.interval, Duration::from_secs(2));
         assert_eq!(c.publish().change.margin_edges, vec![-2, 5]);
+        assert_eq!(c.state_dir, None);
+        let c = Config::try_parse_from([
+            "gpunode-probe",
+            "--state-dir",
+            "/var/lib/gpunode",
+            "--chown-state-dir",
+            "65532:65532",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.state_dir, Some(PathBuf::from("/var/lib/gpunode")));
+        assert_eq!(c.chown_state_dir, Some((65532, 65532)));
+        assert!(Config::try_parse_from(["gpunode-probe", "--chown-state-dir", "1:1"]).is_err());
+        assert!(
+            Config::try_parse_from(["gpunode-probe", "--state-dir", "/x", "--chown-state-dir", "65532"])
+                .is_err()
+        );
         assert!(Config::try_parse_from(["gpunode-probe", "--interval", "0s"]).is_err());
         assert!(Config::try_parse_from(["gpunode-probe", "--interval", "soon"]).is_err());
     }

@@ -7,6 +7,7 @@
 //! * [`change`]: whether an observation differs materially from the last published one.
 //! * [`publish`]: the publish loop and the server-side-apply sink; [`metrics`]: `/metrics`,
 //!   `/healthz`; [`app`]: wiring for the binary (`--once` and [`app::run`]).
+//! * [`xid_state`]: the XIDs of the current boot, kept across probe restarts.
 #![warn(missing_docs)]
 
 pub mod app;
@@ -21,3 +22,4 @@ pub mod nvml;
 pub mod publish;
 pub mod state;
 pub mod sysfs;
+pub mod xid_state;

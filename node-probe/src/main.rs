@@ -47,6 +47,15 @@ async fn termination() {
 async fn main() -> ExitCode {
     let config = Config::parse();
     init_tracing(&config);
+    if config.chown_state_dir.is_some() {
+        return match app::prepare_state_dir(&config) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gpunode-probe: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if config.once {
         return match tokio::task::spawn_blocking(move || app::once(&config)).await {
             Ok(Ok(text)) => {

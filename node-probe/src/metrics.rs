@@ -403,6 +403,42 @@ fn network_metrics(registry: &mut Registry, report: &GpuNodeReportStatus, host: 
     pause.register(registry);
 }
 
+/// Whether the XIDs of this boot survive a probe restart, and what became of the state file.
+fn xid_state_metrics(registry: &mut Registry, p: &crate::nvml::Persistence, host: &str) {
+    let node = || vec![("Hostname".to_owned(), host.to_owned())];
+    let mut enabled = GaugeFamily::new(
+        "gpunode_probe_xid_state_enabled",
+        "XIDs of this boot are kept in the state directory across probe restarts (1) or in memory only (0).",
+    );
+    enabled.set(node(), bool_f(p.enabled));
+    enabled.register(registry);
+    if !p.enabled {
+        return;
+    }
+    let mut restored = GaugeFamily::new(
+        "gpunode_probe_xid_state_restored",
+        "XIDs of this boot restored from the state file at start.",
+    );
+    restored.set(node(), p.restored as f64);
+    restored.register(registry);
+    let ignored = Family::<Labels, Counter>::default();
+    if let Some(reason) = p.ignored {
+        ignored.get_or_create(&with(node(), "reason", reason)).inc();
+    }
+    registry.register(
+        "gpunode_probe_xid_state_ignored",
+        "State files not restored at start, by reason (missing, unreadable, too_large, corrupt, other_boot, other_node).",
+        ignored,
+    );
+    let failures = Family::<Labels, Counter>::default();
+    failures.get_or_create(&node()).inc_by(p.save_failures);
+    registry.register(
+        "gpunode_probe_xid_state_save_failures",
+        "Failed writes of the XID state file.",
+        failures,
+    );
+}
+
 /// The Prometheus text exposition of the probe's state.
 pub fn render(state: &ProbeState) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
@@ -426,6 +462,9 @@ pub fn render(state: &ProbeState) -> Result<String, std::fmt::Error> {
             }
             family.register(&mut registry);
         }
+    }
+    if let Some(xids) = state.xids() {
+        xid_state_metrics(&mut registry, &xids.persistence(), host);
     }
     let (ok, failed) = state.publishes();
     let publishes = Family::<Labels, Counter>::default();

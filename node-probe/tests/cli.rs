@@ -2,16 +2,29 @@
 
 mod common;
 
+use std::collections::{BTreeMap, VecDeque};
 use std::process::Command;
 
 use common::{FakeNvml, sysfs_tree};
 use gpunode_crds::GpuNodeReport;
-use gpunode_crds::report::CollectorName;
+use gpunode_crds::report::{CollectorName, XidEvent};
+use gpunode_probe::xid_state::XidStore;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 fn probe(fake_lib: &std::path::Path, tree: &str, format: &str) -> (i32, String, String) {
+    probe_with(fake_lib, tree, format, &[])
+}
+
+fn probe_with(
+    fake_lib: &std::path::Path,
+    tree: &str,
+    format: &str,
+    extra: &[&std::ffi::OsStr],
+) -> (i32, String, String) {
     let root = sysfs_tree(tree);
     let out = Command::new(env!("CARGO_BIN_EXE_gpunode-probe"))
         .args(["--once", "-o", format, "--node-name", "gpu-node-1"])
+        .args(extra)
         .arg("--nvml-lib")
         .arg(fake_lib)
         .arg("--sysfs-root")
@@ -20,6 +33,7 @@ fn probe(fake_lib: &std::path::Path, tree: &str, format: &str) -> (i32, String, 
         .arg(&root)
         .env_remove("FAKE_NVML_FIXTURE")
         .env_remove("NODE_NAME")
+        .env_remove("GPUNODE_STATE_DIR")
         .output()
         .unwrap_or_else(|e| panic!("run gpunode-probe: {e}"));
     (
@@ -65,17 +79,65 @@ fn once_prints_a_full_report() {
 }
 
 #[test]
-fn once_shows_queued_xids() {
+fn once_shows_the_xids_of_this_boot_from_the_state_dir_not_from_before_it_started() {
+    // XIDs in the fixture before the process started happened before it could register: NVML
+    // never delivers them.
     let fake = FakeNvml::new("ecc-xid79");
+    let xids_of = |stdout: &str| -> Vec<u32> {
+        let status = parse_yaml(stdout).status.unwrap_or_default();
+        status
+            .gpus
+            .iter()
+            .flat_map(|g| g.xids.iter().map(|x| x.xid))
+            .collect()
+    };
     let (code, stdout, stderr) = probe(&fake.lib, "lossless-8port", "yaml");
     assert_eq!(code, 0, "{stderr}");
+    assert_eq!(xids_of(&stdout), Vec::<u32>::new());
+
+    // What the running probe saved during this boot is shown, and left as it was.
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let proc_root = dir.path().join("proc");
+    let random = proc_root.join("sys/kernel/random");
+    std::fs::create_dir_all(&random).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(random.join("boot_id"), "boot-1\n").unwrap_or_else(|e| panic!("{e}"));
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap_or_else(|e| panic!("{e}"));
+    let store = XidStore::open(&state, "gpu-node-1", &proc_root).unwrap_or_else(|e| panic!("{e}"));
+    let saved = XidEvent {
+        xid: 79,
+        at: Time(jiff::Timestamp::from_second(1_700_000_000).unwrap_or_else(|e| panic!("{e}"))),
+    };
+    let gpus: BTreeMap<u32, VecDeque<XidEvent>> = [(5, VecDeque::from([saved.clone()]))].into();
+    store.save(&gpus).unwrap_or_else(|e| panic!("{e}"));
+    let before = std::fs::read(store.path()).unwrap_or_else(|e| panic!("{e}"));
+    let run = |proc_root: &std::path::Path| {
+        probe_with(
+            &fake.lib,
+            "lossless-8port",
+            "yaml",
+            &[
+                "--state-dir".as_ref(),
+                state.as_os_str(),
+                "--proc-root".as_ref(),
+                proc_root.as_os_str(),
+            ],
+        )
+    };
+    let (code, stdout, stderr) = run(&proc_root);
+    assert_eq!(code, 0, "{stderr}");
     let status = parse_yaml(&stdout).status.unwrap_or_default();
-    let xids: Vec<u32> = status
-        .gpus
-        .iter()
-        .flat_map(|g| g.xids.iter().map(|x| x.xid))
-        .collect();
-    assert_eq!(xids, vec![79]);
+    assert_eq!(status.gpus.get(5).map(|g| g.xids.clone()), Some(vec![saved]));
+    assert_eq!(xids_of(&stdout), vec![79]);
+    assert_eq!(std::fs::read(store.path()).ok(), Some(before.clone()));
+
+    // After a reboot (another boot id) they are gone.
+    std::fs::write(random.join("boot_id"), "boot-2\n").unwrap_or_else(|e| panic!("{e}"));
+    let (code, stdout, stderr) = run(&proc_root);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(xids_of(&stdout), Vec::<u32>::new());
+    assert!(stderr.contains("the node rebooted"), "{stderr}");
+    assert_eq!(std::fs::read(store.path()).ok(), Some(before));
 }
 
 #[test]

@@ -17,6 +17,7 @@ fn collector(fake: &FakeNvml) -> NvmlCollector {
         lib_path: fake.lib.clone().into(),
         watch_xids: true,
         event_wait: Duration::from_millis(50),
+        ..NvmlConfig::default()
     })
 }
 
@@ -31,9 +32,11 @@ fn reason(g: &GpuStatus, field: &str) -> String {
 
 #[test]
 fn absurd_values_become_field_errors() {
-    let fake = FakeNvml::new("absurd-values");
+    let fake = FakeNvml::without_events("absurd-values");
     let c = collector(&fake);
     assert!(c.prepare(DEADLINE));
+    fake.write_fixture("absurd-values");
+    assert!(wait_until(DEADLINE, || c.xids().total() == 1), "no XID");
     let mut report = GpuNodeReportStatus::default();
     c.collect(&mut report).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(report.gpus.len(), 8);
@@ -98,9 +101,10 @@ fn absurd_values_become_field_errors() {
 
 #[test]
 fn a_billion_xids_keep_memory_bounded_and_stop_cleanly() {
-    let fake = FakeNvml::new("xid-flood");
+    let fake = FakeNvml::without_events("xid-flood");
     let c = collector(&fake);
     assert!(c.prepare(DEADLINE));
+    fake.write_fixture("xid-flood");
     let log = c.xids();
     assert!(
         wait_until(DEADLINE, || log.total() >= 5_000),

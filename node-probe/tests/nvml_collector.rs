@@ -17,6 +17,7 @@ fn collector(fake: &FakeNvml, watch_xids: bool) -> NvmlCollector {
         lib_path: fake.lib.clone().into(),
         watch_xids,
         event_wait: Duration::from_millis(50),
+        ..NvmlConfig::default()
     })
 }
 
@@ -194,10 +195,13 @@ fn a_running_collector_sees_a_flipped_fixture() {
 }
 
 #[test]
-fn queued_xids_arrive_through_the_event_thread() {
-    let fake = FakeNvml::new("ecc-xid79");
+fn xids_that_happen_after_registration_arrive_through_the_event_thread() {
+    let fake = FakeNvml::without_events("ecc-xid79");
     let c = collector(&fake, true);
     assert!(c.prepare(DEADLINE), "XID thread not ready");
+    fake.write_fixture("ecc-xid79");
+    let log = c.xids();
+    assert!(wait_until(DEADLINE, || log.total() == 1), "no XID");
     let report = collect(&c);
     let xids: Vec<u32> = gpu(&report, 5).xids.iter().map(|x| x.xid).collect();
     assert_eq!(xids, vec![79]);
@@ -213,6 +217,39 @@ fn queued_xids_arrive_through_the_event_thread() {
     let report = collect(&c);
     assert_eq!(gpu(&report, 5).xids.len(), 1);
     c.shutdown();
+}
+
+#[test]
+fn xids_from_before_registration_are_never_delivered() {
+    // In the fixture when the library loads: happened before anyone could register.
+    let fake = FakeNvml::new("ecc-xid79");
+    let c = collector(&fake, true);
+    assert!(c.prepare(DEADLINE), "XID thread not ready");
+    fake.edit(|f| f["comment"] = "touched".into());
+    let report = collect(&c);
+    assert!(
+        report.gpus.iter().all(|g| g.xids.is_empty()),
+        "an XID from before registration arrived"
+    );
+
+    // Delivered to the process that had registered, never to one that starts afterwards.
+    let later = FakeNvml::without_events("ecc-xid79");
+    let first = collector(&later, true);
+    assert!(first.prepare(DEADLINE), "XID thread not ready");
+    later.write_fixture("ecc-xid79");
+    assert!(wait_until(DEADLINE, || first.xids().total() == 1), "no XID");
+    let second_lib = later.another_instance();
+    let second = collector(&second_lib, true);
+    assert!(second.prepare(DEADLINE), "XID thread not ready");
+    second_lib.edit(|f| f["comment"] = "touched".into());
+    let report = collect(&second);
+    assert!(
+        report.gpus.iter().all(|g| g.xids.is_empty()),
+        "a second instance saw an old XID"
+    );
+    c.shutdown();
+    first.shutdown();
+    second.shutdown();
 }
 
 #[tokio::test]

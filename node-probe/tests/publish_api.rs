@@ -237,7 +237,7 @@ async fn metrics_use_dcgm_names_and_healthz_follows_observations() {
         "--no-xid-events".into(),
     ];
     let config = <Config as clap::Parser>::try_parse_from(args).unwrap_or_else(|e| panic!("{e}"));
-    let (probe, _nvml) = app::build(&config);
+    let (probe, _nvml) = app::build(&config, "n");
     let state = Arc::new(ProbeState::new("node-a", Duration::from_secs(60), None));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (addr, server) = gpunode_probe::metrics::serve(

@@ -263,12 +263,13 @@ pub struct Mig {
     pub pending: i64,
 }
 
-/// An event waiting to be delivered.
+/// An event of this device.
 ///
-/// Each event is delivered once per `repeat` to event sets that registered its type on this
-/// device, and is identified by `id` (default: its 1-based position in the list). Delivery is
-/// remembered by id across fixture re-reads, so a test appends events to a live fixture and only
-/// the new ones arrive; rewriting the list with the same ids never replays an event.
+/// Identified by `id` (default: its 1-based position in the list). It happens when a re-read of
+/// the fixture first lists its id, and is then delivered `repeat` times to the event sets that
+/// had registered its type on this device at that moment (as the real library delivers only
+/// events that happen after registration). Events listed when the library is initialised are
+/// never delivered; rewriting the list with the same ids delivers nothing new.
 #[derive(Deserialize, Debug, Clone)]
 #[serde(default, deny_unknown_fields)]
 pub struct Event {

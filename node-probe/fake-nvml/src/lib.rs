@@ -6,9 +6,17 @@
 //!   [`fixture::Fixture`] for the format; every key has a healthy-H100 default.
 //! * **Live changes:** the file is re-read whenever its modification time, size or inode changes (checked
 //!   on every call), so a running probe sees a flipped fixture.
-//! * **XID events:** each device lists `events`; an event is delivered once (or `repeat` times)
-//!   to event sets that registered its type, and is remembered by `id` across re-reads: append to
-//!   the list to inject a new one, nothing is replayed.
+//! * **XID events, as the real library delivers them:** only to event sets registered before the
+//!   event happened. Each device lists `events`, identified by `id` (default: 1-based position);
+//!   an event *happens* when a re-read of the fixture first lists its id (absent from the version
+//!   read before), and is then queued, once or `repeat` times, to every event set registered at
+//!   that moment for its device and type. Events already in the fixture when the library is
+//!   initialised happened before anyone could register: a new process (or a re-init after the
+//!   last `nvmlShutdown`) never sees them, and an event set created later never sees earlier
+//!   events. To inject an XID, wait until the probe has registered (its log line "listening for
+//!   XID events"), then append `{"id": N, "xid": 79}` to a device's `events` or swap in a fixture
+//!   that lists it. Rewriting the list with the same ids delivers nothing; dropping an id and
+//!   listing it again later makes it happen again.
 //! * **Errors:** `init_error` makes `nvmlInit_v2` fail with that code; per-device `errors` maps a C
 //!   symbol (or `"*"`) to the code it returns; top-level `errors` does the same for calls without
 //!   a device.
@@ -682,7 +690,7 @@ pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut EventSetHandle) -> Return 
     global_call("nvmlEventSetCreate", |s| {
         let id = s.next_event_set;
         s.next_event_set += 1;
-        s.event_sets.insert(id, Vec::new());
+        s.event_sets.insert(id, state::EventSet::default());
         unsafe { put(set, id as EventSetHandle) }
     })
 }
@@ -721,8 +729,8 @@ pub extern "C" fn nvmlDeviceRegisterEvents(
             return code::NOT_SUPPORTED;
         }
         match s.event_sets.get_mut(&(set as usize)) {
-            Some(registrations) => {
-                registrations.push((device as usize - 1, types));
+            Some(set) => {
+                set.registrations.push((device as usize - 1, types));
                 code::SUCCESS
             }
             None => code::INVALID_ARGUMENT,
@@ -731,33 +739,25 @@ pub extern "C" fn nvmlDeviceRegisterEvents(
     .unwrap_or(code::UNINITIALIZED)
 }
 
-/// Takes the next undelivered event for the set's registrations, if any.
+/// Takes the next event queued to the set, if any.
 fn next_event(s: &mut state::State, set: usize) -> Result<Option<EventData>, Return> {
-    let registrations = s.event_sets.get(&set).ok_or(code::INVALID_ARGUMENT)?.clone();
-    for (index, mask) in registrations {
-        let Some(device) = s.fixture.devices.get(index) else {
-            continue;
-        };
-        for (pos, event) in device.events.iter().enumerate() {
-            if event.event_type & mask == 0 {
-                continue;
-            }
-            let id = event.id.unwrap_or(pos as u64 + 1);
-            let delivered = s.delivered.entry((index, id)).or_insert(0);
-            if *delivered >= event.repeat {
-                continue;
-            }
-            *delivered += 1;
-            return Ok(Some(EventData {
-                device: (index + 1) as DeviceHandle,
-                event_type: event.event_type,
-                event_data: event.xid,
-                gpu_instance_id: u32::MAX,
-                compute_instance_id: u32::MAX,
-            }));
-        }
+    let queue = &mut s.event_sets.get_mut(&set).ok_or(code::INVALID_ARGUMENT)?.queue;
+    let Some(front) = queue.front_mut() else {
+        return Ok(None);
+    };
+    let event = *front;
+    // A flood (`repeat`) is one queue entry counted down, so a billion events take no memory.
+    front.remaining -= 1;
+    if front.remaining == 0 {
+        queue.pop_front();
     }
-    Ok(None)
+    Ok(Some(EventData {
+        device: (event.device + 1) as DeviceHandle,
+        event_type: event.event_type,
+        event_data: event.xid,
+        gpu_instance_id: u32::MAX,
+        compute_instance_id: u32::MAX,
+    }))
 }
 
 /// How often a waiting `nvmlEventSetWait_v2` looks at the fixture again.
@@ -868,11 +868,8 @@ mod tests {
         let mut buf = [0 as c_char; 96];
         assert_eq!(unsafe { nvmlDeviceGetUUID(handle, buf.as_mut_ptr(), 96) }, 15);
 
-        // Events: registered type only, once per id, not replayed after a re-read.
-        let mut set: EventSetHandle = std::ptr::null_mut();
-        assert_eq!(unsafe { nvmlEventSetCreate(&mut set) }, code::SUCCESS);
-        assert_eq!(nvmlDeviceRegisterEvents(handle, 0x8, set), code::SUCCESS);
-        assert_eq!(nvmlDeviceRegisterEvents(handle, 0x4, set), code::NOT_SUPPORTED);
+        // Events: delivered only to sets registered before they happened, registered type
+        // only, once per id, not replayed after a re-read.
         let mut data = EventData {
             device: std::ptr::null_mut(),
             event_type: 0,
@@ -880,20 +877,48 @@ mod tests {
             gpu_instance_id: 0,
             compute_instance_id: 0,
         };
+        // An event appended before the set registered is never delivered to it.
+        write(r#"{"devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-b", "events": [{"id": 7, "xid": 13}]}]}"#);
+        assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, code::SUCCESS);
+        let mut set: EventSetHandle = std::ptr::null_mut();
+        assert_eq!(unsafe { nvmlEventSetCreate(&mut set) }, code::SUCCESS);
+        assert_eq!(nvmlDeviceRegisterEvents(handle, 0x8, set), code::SUCCESS);
+        assert_eq!(nvmlDeviceRegisterEvents(handle, 0x4, set), code::NOT_SUPPORTED);
         assert_eq!(unsafe { nvmlEventSetWait_v2(set, &mut data, 0) }, code::TIMEOUT);
-        let with_event = r#"{"devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-b", "events": [{"xid": 79}, {"type": 1, "xid": 5}]}]}"#;
+        // One appended after registration is, once per `repeat`.
+        let with_event = r#"{"devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-b", "events": [{"id": 7, "xid": 13}, {"id": 8, "xid": 79, "repeat": 2}, {"id": 9, "type": 1, "xid": 5}]}]}"#;
         write(with_event);
-        assert_eq!(
-            unsafe { nvmlEventSetWait_v2(set, &mut data, 1000) },
-            code::SUCCESS
-        );
-        assert_eq!(
-            (data.device as usize, data.event_type, data.event_data),
-            (2, 8, 79)
-        );
+        for _ in 0..2 {
+            assert_eq!(
+                unsafe { nvmlEventSetWait_v2(set, &mut data, 1000) },
+                code::SUCCESS
+            );
+            assert_eq!(
+                (data.device as usize, data.event_type, data.event_data),
+                (2, 8, 79)
+            );
+        }
+        assert_eq!(unsafe { nvmlEventSetWait_v2(set, &mut data, 20) }, code::TIMEOUT);
+        // A set created after the event never sees it; re-reads replay nothing.
+        let mut later: EventSetHandle = std::ptr::null_mut();
+        assert_eq!(unsafe { nvmlEventSetCreate(&mut later) }, code::SUCCESS);
+        assert_eq!(nvmlDeviceRegisterEvents(handle, 0x8, later), code::SUCCESS);
         write(&with_event.replace("GPU-a", "GPU-c"));
         assert_eq!(unsafe { nvmlEventSetWait_v2(set, &mut data, 20) }, code::TIMEOUT);
+        assert_eq!(
+            unsafe { nvmlEventSetWait_v2(later, &mut data, 20) },
+            code::TIMEOUT
+        );
+        // An id dropped from the list and listed again happens again, for both sets.
+        write(r#"{"devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}]}"#);
+        assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, code::SUCCESS);
+        write(r#"{"devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-b", "events": [{"id": 8, "xid": 48}]}]}"#);
+        for s in [set, later] {
+            assert_eq!(unsafe { nvmlEventSetWait_v2(s, &mut data, 1000) }, code::SUCCESS);
+            assert_eq!(data.event_data, 48);
+        }
         assert_eq!(nvmlEventSetFree(set), code::SUCCESS);
+        assert_eq!(nvmlEventSetFree(later), code::SUCCESS);
 
         // Reference-counted init.
         assert_eq!(nvmlInit_v2(), code::SUCCESS);
@@ -901,6 +926,25 @@ mod tests {
         assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, code::SUCCESS);
         assert_eq!(nvmlShutdown(), code::SUCCESS);
         assert_eq!(unsafe { nvmlDeviceGetCount_v2(&mut count) }, code::UNINITIALIZED);
+
+        // A new process (here: init after the last shutdown) never sees events that were
+        // already in the fixture, even ones it had not been told of.
+        write(
+            r#"{"devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-b", "events": [{"id": 8, "xid": 48}, {"id": 10, "xid": 79}]}]}"#,
+        );
+        assert_eq!(nvmlInit_v2(), code::SUCCESS);
+        let mut fresh: EventSetHandle = std::ptr::null_mut();
+        assert_eq!(unsafe { nvmlEventSetCreate(&mut fresh) }, code::SUCCESS);
+        assert_eq!(nvmlDeviceRegisterEvents(handle, 0x8, fresh), code::SUCCESS);
+        write(
+            r#"{"devices": [{"uuid": "GPU-c"}, {"uuid": "GPU-b", "events": [{"id": 8, "xid": 48}, {"id": 10, "xid": 79}]}]}"#,
+        );
+        assert_eq!(
+            unsafe { nvmlEventSetWait_v2(fresh, &mut data, 20) },
+            code::TIMEOUT
+        );
+        assert_eq!(nvmlEventSetFree(fresh), code::SUCCESS);
+        assert_eq!(nvmlShutdown(), code::SUCCESS);
 
         write(r#"{"init_error": 9}"#);
         assert_eq!(nvmlInit_v2(), 9);

@@ -1,7 +1,7 @@
 //! Process-wide state of the fake library: the fixture, re-read when its file changes, the
-//! init reference count, event sets and which events were delivered.
+//! init reference count, and the event sets with the events queued to each.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
@@ -33,11 +33,45 @@ pub struct State {
     path: PathBuf,
     stamp: Option<Stamp>,
     pub init_count: u32,
-    /// Event set id → registrations (device index, event mask).
-    pub event_sets: HashMap<usize, Vec<(usize, u64)>>,
+    /// Event set id → its registrations and queue.
+    pub event_sets: HashMap<usize, EventSet>,
     pub next_event_set: usize,
-    /// (device index, event id) → times delivered.
-    pub delivered: HashMap<(usize, u64), u64>,
+    /// (device index, event id) of every event in the fixture as last read: an event "happens"
+    /// when a re-read shows one that is not in here.
+    seen: HashSet<(usize, u64)>,
+}
+
+/// One `nvmlEventSet_t`.
+#[derive(Default)]
+pub struct EventSet {
+    /// (device index, event mask) registered on the set.
+    pub registrations: Vec<(usize, u64)>,
+    /// Events that happened since they were registered, oldest first.
+    pub queue: VecDeque<Pending>,
+}
+
+/// An event queued to a set, delivered `remaining` more times.
+#[derive(Clone, Copy)]
+pub struct Pending {
+    pub device: usize,
+    pub event_type: u64,
+    pub xid: u64,
+    pub remaining: u64,
+}
+
+/// The (device index, event id) pairs of a fixture; an event's id defaults to its 1-based position.
+fn event_ids(fixture: &Fixture) -> HashSet<(usize, u64)> {
+    fixture
+        .devices
+        .iter()
+        .enumerate()
+        .flat_map(|(index, d)| {
+            d.events
+                .iter()
+                .enumerate()
+                .map(move |(pos, e)| (index, e.id.unwrap_or(pos as u64 + 1)))
+        })
+        .collect()
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -75,6 +109,9 @@ pub fn init() -> u32 {
     if let Some(code) = fixture.init_error {
         return code;
     }
+    // Events already in the fixture happened before this process could register for them: like
+    // the real library, they are never delivered.
+    let seen = event_ids(&fixture);
     *guard = Some(State {
         fixture,
         path,
@@ -82,7 +119,7 @@ pub fn init() -> u32 {
         init_count: 1,
         event_sets: HashMap::new(),
         next_event_set: 1,
-        delivered: HashMap::new(),
+        seen,
     });
     code::SUCCESS
 }
@@ -101,17 +138,44 @@ pub fn shutdown() -> u32 {
 }
 
 impl State {
-    /// Re-reads the fixture when its modification time or size changed. A file that does not
-    /// parse (a test halfway through rewriting it) keeps the previous fixture and is retried.
+    /// Re-reads the fixture when its modification time, size or inode changed. A file that does
+    /// not parse (a test halfway through rewriting it) keeps the previous fixture and is retried.
+    /// Events the new version lists and the previous one did not happen now: each is queued to
+    /// the event sets registered for its device and type at this moment, and only to those.
     fn refresh(&mut self) {
         let Ok(stamp) = stamp_of(&self.path) else { return };
         if self.stamp == Some(stamp) {
             return;
         }
-        if let Ok((fixture, stamp)) = load(&self.path) {
-            self.fixture = fixture;
-            self.stamp = Some(stamp);
+        let Ok((fixture, stamp)) = load(&self.path) else {
+            return;
+        };
+        let ids = event_ids(&fixture);
+        for (index, device) in fixture.devices.iter().enumerate() {
+            for (pos, event) in device.events.iter().enumerate() {
+                let id = event.id.unwrap_or(pos as u64 + 1);
+                if self.seen.contains(&(index, id)) || event.repeat == 0 {
+                    continue;
+                }
+                for set in self.event_sets.values_mut() {
+                    let registered = set
+                        .registrations
+                        .iter()
+                        .any(|&(d, mask)| d == index && mask & event.event_type != 0);
+                    if registered {
+                        set.queue.push_back(Pending {
+                            device: index,
+                            event_type: event.event_type,
+                            xid: event.xid,
+                            remaining: event.repeat,
+                        });
+                    }
+                }
+            }
         }
+        self.seen = ids;
+        self.fixture = fixture;
+        self.stamp = Some(stamp);
     }
 
     /// The device behind a handle, with the error code configured for `symbol` if any.

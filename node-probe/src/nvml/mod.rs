@@ -17,7 +17,9 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 
 use crate::collect::{Collector, Outcome};
-pub use xid::{XidLog, XidWatcher};
+pub use xid::{Persistence, XidLog, XidWatcher};
+
+use crate::xid_state::XidStore;
 
 /// Default library name, resolved by the dynamic loader.
 pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
@@ -59,6 +61,8 @@ pub struct NvmlConfig {
     pub watch_xids: bool,
     /// How long one event wait blocks; bounds how long stopping the thread takes.
     pub event_wait: Duration,
+    /// Where the XIDs of this boot are kept across probe restarts; `None`: in memory only.
+    pub xid_store: Option<XidStore>,
 }
 
 impl Default for NvmlConfig {
@@ -67,6 +71,7 @@ impl Default for NvmlConfig {
             lib_path: DEFAULT_LIB.into(),
             watch_xids: true,
             event_wait: Duration::from_millis(500),
+            xid_store: None,
         }
     }
 }
@@ -87,9 +92,13 @@ pub struct NvmlCollector {
 impl NvmlCollector {
     /// A collector that loads the library on first use.
     pub fn new(config: NvmlConfig) -> Self {
+        let xids = match &config.xid_store {
+            Some(store) => XidLog::persistent(store.clone()),
+            None => XidLog::default(),
+        };
         NvmlCollector {
             config,
-            xids: Arc::new(XidLog::default()),
+            xids: Arc::new(xids),
             loaded: Mutex::default(),
         }
     }

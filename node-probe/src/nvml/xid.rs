@@ -3,6 +3,11 @@
 //!
 //! NVML events carry no timestamp, so each XID is stamped when the thread receives it. Every
 //! received XID bumps a `watch` channel so the publisher can publish at once.
+//!
+//! NVML delivers an XID only to event sets registered when it happened, so the log is the only
+//! record of it: with an [`XidStore`] the log starts from the XIDs saved earlier in the same boot
+//! and the thread saves it after each XID (at most once per [`MIN_SAVE_GAP`] during a storm, the
+//! rest within a gap and a wait slice), so a restarted probe still reports them.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,18 +23,36 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use tokio::sync::watch;
 
+use crate::xid_state::{Ignored, XidStore};
+
 /// NVML's code for an XID it could not decode.
 pub const XID_UNKNOWN: u32 = 999;
 /// Distinct (GPU, XID) pairs counted for metrics; bounds the metric's cardinality.
 const MAX_COUNTED_PAIRS: usize = 256;
 /// Most queued events drained before the thread reports ready.
 const MAX_DRAIN: usize = 1024;
+/// Shortest time between two saves of the XID state while XIDs keep arriving.
+pub const MIN_SAVE_GAP: Duration = Duration::from_secs(1);
 
 /// Recent XIDs per GPU, shared between the event thread and the collector.
 #[derive(Debug)]
 pub struct XidLog {
     inner: Mutex<XidLogInner>,
     notify: watch::Sender<u64>,
+    store: Option<XidStore>,
+}
+
+/// What became of the XID state: for logs and metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Persistence {
+    /// XIDs are saved (a state directory is set and the boot id is known).
+    pub enabled: bool,
+    /// XIDs restored at start.
+    pub restored: usize,
+    /// Why the state file was not restored at start, if it was not.
+    pub ignored: Option<&'static str>,
+    /// Saves that failed.
+    pub save_failures: u64,
 }
 
 #[derive(Debug, Default)]
@@ -38,6 +61,12 @@ struct XidLogInner {
     counts: BTreeMap<(u32, u32), u64>,
     total: u64,
     watcher_error: Option<String>,
+    persistence: Persistence,
+    /// Changed since the last save.
+    dirty: bool,
+    last_save: Option<Instant>,
+    /// The last save failed (its warning was logged; the retries are not).
+    failing: bool,
 }
 
 impl Default for XidLog {
@@ -45,6 +74,7 @@ impl Default for XidLog {
         XidLog {
             inner: Mutex::default(),
             notify: watch::Sender::new(0),
+            store: None,
         }
     }
 }
@@ -54,10 +84,93 @@ impl XidLog {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// A log kept in `store`: it starts from the XIDs saved there during this boot on this node;
+    /// a state file that is missing, unreadable or of another boot or node is ignored with a
+    /// warning. ([`XidLog::default`] keeps XIDs in memory only.)
+    pub fn persistent(store: XidStore) -> XidLog {
+        let mut inner = XidLogInner {
+            persistence: Persistence {
+                enabled: true,
+                ..Persistence::default()
+            },
+            ..XidLogInner::default()
+        };
+        match store.load() {
+            Ok(gpus) => {
+                let restored: usize = gpus.values().map(Vec::len).sum();
+                tracing::info!(
+                    path = %store.path().display(),
+                    boot_id = store.boot_id(),
+                    restored,
+                    "restored the XIDs of this boot"
+                );
+                inner.persistence.restored = restored;
+                inner.per_gpu = gpus.into_iter().map(|(i, x)| (i, x.into())).collect();
+            }
+            Err((why, detail)) => {
+                let what = match why {
+                    Ignored::OtherBoot => "the node rebooted: forgetting the XIDs of the previous boot",
+                    Ignored::Missing => "no XID state of this boot: starting with none",
+                    _ => "ignoring the XID state file: starting with no XIDs",
+                };
+                tracing::warn!(reason = why.label(), detail, "{what}");
+                inner.persistence.ignored = Some(why.label());
+                // The next save replaces a file that does not belong to this boot.
+                inner.dirty = why != Ignored::Missing;
+            }
+        }
+        XidLog {
+            inner: Mutex::new(inner),
+            notify: watch::Sender::new(0),
+            store: Some(store),
+        }
+    }
+
+    /// Saves the log to its store if it changed, unless the last save (or failed attempt) is
+    /// under [`MIN_SAVE_GAP`] old and `force` is false. Failures are counted (and logged once
+    /// until a save succeeds again); the log stays dirty, so a later call retries.
+    pub fn save(&self, force: bool) {
+        let Some(store) = &self.store else { return };
+        let snapshot = {
+            let mut inner = self.lock();
+            let due = force || inner.last_save.is_none_or(|at| at.elapsed() >= MIN_SAVE_GAP);
+            if !inner.dirty || !due {
+                return;
+            }
+            inner.dirty = false;
+            inner.last_save = Some(Instant::now());
+            inner.per_gpu.clone()
+        };
+        let result = store.save(&snapshot);
+        let mut inner = self.lock();
+        match result {
+            Ok(()) if inner.failing => {
+                inner.failing = false;
+                tracing::info!("saved the XID state again");
+            }
+            Ok(()) => {}
+            Err(e) => {
+                // Retried on the next save, at most once per MIN_SAVE_GAP; warned once.
+                if !inner.failing {
+                    tracing::warn!(error = %e, "cannot save the XID state: a restarted probe would forget these XIDs");
+                }
+                inner.failing = true;
+                inner.dirty = true;
+                inner.persistence.save_failures += 1;
+            }
+        }
+    }
+
+    /// What became of the XID state.
+    pub fn persistence(&self) -> Persistence {
+        self.lock().persistence.clone()
+    }
+
     /// Records an XID for GPU `index`, keeping the newest [`MAX_XIDS_PER_GPU`], and notifies.
     pub fn record(&self, index: u32, xid: u32, at: jiff::Timestamp) {
         let total = {
             let mut inner = self.lock();
+            inner.dirty = true;
             let events = inner.per_gpu.entry(index).or_default();
             if events.len() == MAX_XIDS_PER_GPU {
                 events.pop_front();
@@ -229,8 +342,12 @@ fn watch_events(
                 let xid = xid_code(event.event_data);
                 tracing::warn!(gpu = index, xid, "XID error");
                 log.record(index, xid, jiff::Timestamp::now());
+                log.save(false);
             }
             Err(NvmlError::Timeout) => {
+                // A storm paused: what MIN_SAVE_GAP held back is saved now (a failing save is
+                // retried no more often).
+                log.save(false);
                 if slice_ms == 0 {
                     mark_ready(ready);
                     slice_ms = full_slice;
@@ -250,6 +367,7 @@ fn watch_events(
             }
         }
     }
+    log.save(true);
 }
 
 type Registered<'n> = (nvml_wrapper::EventSet<'n>, Vec<u32>, Vec<String>);
@@ -334,6 +452,129 @@ mod tests {
         }
         assert_eq!(log.counts().len(), MAX_COUNTED_PAIRS);
         assert_eq!(log.total(), 1000);
+    }
+
+    fn fail(e: impl std::fmt::Display) -> ! {
+        panic!("{e}")
+    }
+
+    /// A state directory and a proc root per boot id, in one temporary directory.
+    struct Node {
+        dir: tempfile::TempDir,
+    }
+
+    impl Node {
+        fn new() -> Node {
+            Node {
+                dir: tempfile::tempdir().unwrap_or_else(|e| fail(e)),
+            }
+        }
+
+        fn store(&self, boot: &str) -> XidStore {
+            let proc_root = self.dir.path().join(format!("proc-{boot}"));
+            let random = proc_root.join("sys/kernel/random");
+            std::fs::create_dir_all(&random).unwrap_or_else(|e| fail(e));
+            std::fs::write(random.join("boot_id"), boot).unwrap_or_else(|e| fail(e));
+            XidStore::open(self.dir.path(), "n1", &proc_root).unwrap_or_else(|e| fail(e))
+        }
+
+        fn metrics(&self, log: XidLog) -> String {
+            let state = crate::state::ProbeState::new("n1", Duration::from_secs(60), Some(Arc::new(log)));
+            crate::metrics::render(&state).unwrap_or_else(|e| fail(e))
+        }
+    }
+
+    fn codes(log: &XidLog, gpu: u32) -> Vec<u32> {
+        log.for_gpu(gpu).iter().map(|x| x.xid).collect()
+    }
+
+    #[test]
+    fn a_persistent_log_keeps_the_xids_of_this_boot_across_restarts() {
+        let node = Node::new();
+        let first = XidLog::persistent(node.store("boot-a"));
+        assert_eq!(first.persistence().ignored, Some("missing"));
+        first.record(5, 79, jiff::Timestamp::UNIX_EPOCH);
+        first.save(false);
+        let at = first.for_gpu(5);
+
+        // A restart on the same boot: the XID is back, with the time it was received.
+        let restarted = XidLog::persistent(node.store("boot-a"));
+        assert_eq!(restarted.for_gpu(5), at);
+        assert_eq!(restarted.total(), 0, "restored XIDs are not received ones");
+        let p = restarted.persistence();
+        assert_eq!((p.enabled, p.restored, p.ignored), (true, 1, None));
+        restarted.record(5, 48, jiff::Timestamp::UNIX_EPOCH);
+        restarted.save(false);
+        assert_eq!(codes(&XidLog::persistent(node.store("boot-a")), 5), vec![79, 48]);
+        let metrics = node.metrics(restarted);
+        assert!(
+            metrics.contains("gpunode_probe_xid_state_restored{Hostname=\"n1\"} 1"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("gpunode_probe_xid_state_enabled{Hostname=\"n1\"} 1"));
+
+        // A reboot forgets them, counted, and the next save replaces the old boot's file.
+        let rebooted = XidLog::persistent(node.store("boot-b"));
+        assert!(rebooted.for_gpu(5).is_empty());
+        assert_eq!(rebooted.persistence().ignored, Some("other_boot"));
+        rebooted.save(false);
+        assert_eq!(
+            XidLog::persistent(node.store("boot-a")).persistence().ignored,
+            Some("other_boot")
+        );
+        let metrics = node.metrics(rebooted);
+        assert!(
+            metrics
+                .contains("gpunode_probe_xid_state_ignored_total{Hostname=\"n1\",reason=\"other_boot\"} 1"),
+            "{metrics}"
+        );
+    }
+
+    #[test]
+    fn a_corrupt_state_file_is_ignored_and_counted() {
+        let node = Node::new();
+        let store = node.store("boot-a");
+        std::fs::write(store.path(), "{\"version\": 1, \"gpus\": [").unwrap_or_else(|e| fail(e));
+        let log = XidLog::persistent(store.clone());
+        assert_eq!(log.persistence().ignored, Some("corrupt"));
+        assert!(log.for_gpu(0).is_empty());
+        log.record(0, 79, jiff::Timestamp::UNIX_EPOCH);
+        log.save(false);
+        assert_eq!(codes(&XidLog::persistent(store), 0), vec![79]);
+        let metrics = node.metrics(log);
+        assert!(
+            metrics.contains("gpunode_probe_xid_state_ignored_total{Hostname=\"n1\",reason=\"corrupt\"} 1"),
+            "{metrics}"
+        );
+        assert!(metrics.contains("gpunode_probe_xid_state_save_failures_total{Hostname=\"n1\"} 0"));
+    }
+
+    #[test]
+    fn saves_are_spaced_during_a_storm_and_failures_counted() {
+        let node = Node::new();
+        let store = node.store("boot-a");
+        let log = XidLog::persistent(store.clone());
+        log.record(0, 13, jiff::Timestamp::UNIX_EPOCH);
+        log.save(false);
+        log.record(0, 14, jiff::Timestamp::UNIX_EPOCH);
+        log.save(false);
+        // The second XID came within MIN_SAVE_GAP: held back until the storm pauses.
+        assert_eq!(codes(&XidLog::persistent(store.clone()), 0), vec![13]);
+        log.save(true);
+        assert_eq!(codes(&XidLog::persistent(store.clone()), 0), vec![13, 14]);
+
+        // A directory where the file should be: the save fails, is counted, and is retried.
+        std::fs::remove_file(store.path()).unwrap_or_else(|e| fail(e));
+        std::fs::create_dir(store.path()).unwrap_or_else(|e| fail(e));
+        log.record(0, 15, jiff::Timestamp::UNIX_EPOCH);
+        log.save(true);
+        assert_eq!(log.persistence().save_failures, 1);
+        std::fs::remove_dir(store.path()).unwrap_or_else(|e| fail(e));
+        log.save(true);
+        assert_eq!(codes(&XidLog::persistent(store), 0), vec![13, 14, 15]);
+        let memory_only = node.metrics(XidLog::default());
+        assert!(memory_only.contains("gpunode_probe_xid_state_enabled{Hostname=\"n1\"} 0"));
+        assert!(!memory_only.contains("gpunode_probe_xid_state_restored"));
     }
 
     #[test]

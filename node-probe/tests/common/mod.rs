@@ -70,6 +70,36 @@ impl FakeNvml {
         Self::with_json(&text)
     }
 
+    /// A copy of the fake library reading fixture `name` without its XID events: like the real
+    /// library, the fake delivers only events that happen after an event set registered, so a
+    /// test starts the collector on this, waits until its XID thread is ready, then lets the
+    /// events happen with [`FakeNvml::write_fixture`].
+    pub fn without_events(name: &str) -> FakeNvml {
+        let fake = Self::new(name);
+        fake.edit(|f| {
+            if let Some(devices) = f["devices"].as_array_mut() {
+                for d in devices {
+                    d["events"] = serde_json::json!([]);
+                }
+            }
+        });
+        fake
+    }
+
+    /// Replaces the fixture with fixture `name` (its events not seen before happen now).
+    pub fn write_fixture(&self, name: &str) {
+        let text =
+            std::fs::read_to_string(nvml_fixture(name)).unwrap_or_else(|e| panic!("fixture {name}: {e}"));
+        self.write(&text);
+    }
+
+    /// A second copy of the library (a separate load, as another process would have) reading
+    /// the same fixture text as this one now.
+    pub fn another_instance(&self) -> FakeNvml {
+        let text = std::fs::read_to_string(&self.fixture).unwrap_or_else(|e| panic!("read fixture: {e}"));
+        Self::with_json(&text)
+    }
+
     /// A copy of the fake library reading `json`.
     pub fn with_json(json: &str) -> FakeNvml {
         static N: AtomicUsize = AtomicUsize::new(0);

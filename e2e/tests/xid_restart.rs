@@ -1,0 +1,341 @@
+//! A fatal XID outlives the probe that saw it, until the node reboots: the real probe binary
+//! (fake NVML, fixture sysfs, the chart's ServiceAccount) sees XID 79 and the in-process operator
+//! cordons the node; the probe is SIGKILLed and restarted on the same boot and the node stays
+//! drifted and cordoned past `recovery.healthyFor`; restarted with a new boot id (a reboot), it
+//! reports no XID and the node is uncordoned after `healthyFor`.
+//!
+//! The fake NVML library, like the real one, delivers an XID only to a process that had
+//! registered for events when it happened, so nothing but the probe's state directory
+//! (`--state-dir`) carries the XID over a restart.
+//!
+//! Needs the binaries built (`make test` builds them first): `gpunode-probe` and
+//! `libfake_nvml.so` next to this test's target directory.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use gpunode_e2e::{
+    chart, cluster, crds, fixtures::repo_root, nodes, operator::InProcess, scratch::rand_suffix, wait,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, api::DeleteParams};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+/// `recovery.healthyFor` of the test's policy.
+const HEALTHY_FOR: Duration = Duration::from_secs(5);
+/// How far past `healthyFor` the node must still be cordoned after a restart on the same boot:
+/// well over the operator's reaction time to a report.
+const MARGIN: Duration = Duration::from_secs(4);
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    panic!("{e}")
+}
+
+/// `target/debug`, from this test's own path (`target/debug/deps/xid_restart-…`).
+fn built(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
+    let p = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join(name))
+        .unwrap_or_else(|| fail("test binary has no target directory"));
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace first (`cargo build --workspace`, as `make test` does)",
+        p.display()
+    );
+    p
+}
+
+/// A running probe and the lines of its log; killed (SIGKILL) when dropped.
+struct Probe {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Probe {
+    fn lines(&self) -> Vec<String> {
+        self.log.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Waits for a log line containing `needle`.
+    async fn logged(&self, needle: &str) -> String {
+        wait::until(&format!("the probe to log {needle:?}"), DEADLINE, || async {
+            Ok(self.lines().into_iter().find(|l| l.contains(needle)))
+        })
+        .await
+        .unwrap_or_else(|e| fail(e))
+    }
+
+    /// SIGKILL, as an OOM kill or a crash would end it: nothing is flushed or saved on the way
+    /// out. (A killed process is reaped at once, so waiting for it does not block the runtime.)
+    fn kill(mut self) {
+        self.child.kill().unwrap_or_else(|e| fail(e));
+        let status = self.child.wait().unwrap_or_else(|e| fail(e));
+        assert!(!status.success(), "the probe exited by itself: {status}");
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One test node's files: the NVML fixture, a proc root per boot, the state directory.
+struct Host {
+    dir: PathBuf,
+    node: String,
+    kubeconfig: PathBuf,
+}
+
+impl Host {
+    fn fixture(&self) -> PathBuf {
+        self.dir.join("nvml.json")
+    }
+
+    /// A proc root whose `sys/kernel/random/boot_id` is `boot`.
+    fn proc_root(&self, boot: &str) -> PathBuf {
+        let root = self.dir.join(format!("proc-{boot}"));
+        let random = root.join("sys/kernel/random");
+        std::fs::create_dir_all(&random).unwrap_or_else(|e| fail(e));
+        std::fs::write(random.join("boot_id"), format!("{boot}\n")).unwrap_or_else(|e| fail(e));
+        root
+    }
+
+    /// Starts the probe during boot `boot`, keeping XIDs in the state directory.
+    fn start_probe(&self, boot: &str) -> Probe {
+        let tree = repo_root().join("node-probe/tests/fixtures/sysfs/lossless-8port");
+        let mut child = Command::new(built("gpunode-probe"))
+            .arg("--node-name")
+            .arg(&self.node)
+            .arg("--nvml-lib")
+            .arg(built("libfake_nvml.so"))
+            .arg("--sysfs-root")
+            .arg(tree.join("sys"))
+            .arg("--net-fixtures")
+            .arg(&tree)
+            .arg("--proc-root")
+            .arg(self.proc_root(boot))
+            .arg("--state-dir")
+            .arg(self.dir.join("state"))
+            .args(["--interval", "500ms", "--heartbeat", "1s"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .env("FAKE_NVML_FIXTURE", self.fixture())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info")
+            .env_remove("GPUNODE_STATE_DIR")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| fail(e));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        if let Some(stderr) = child.stderr.take() {
+            let sink = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    eprintln!("probe: {line}");
+                    if let Ok(mut v) = sink.lock() {
+                        v.push(line);
+                    }
+                }
+            });
+        }
+        Probe { child, log }
+    }
+
+    /// An XID happens on GPU `gpu`: appended to the fixture of a running probe (atomically).
+    fn inject_xid(&self, gpu: usize, xid: u32) {
+        let path = self.fixture();
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| fail(e));
+        let mut fixture: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| fail(e));
+        fixture["devices"][gpu]["events"] = json!([{"id": 1, "type": 8, "xid": xid}]);
+        let tmp = self.dir.join("nvml.json.tmp");
+        std::fs::write(&tmp, fixture.to_string()).unwrap_or_else(|e| fail(e));
+        std::fs::rename(&tmp, &path).unwrap_or_else(|e| fail(e));
+    }
+}
+
+fn cordoned(n: &Node) -> bool {
+    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+}
+
+fn state(n: &Node) -> Option<String> {
+    n.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("gpunode.dev/state").cloned())
+}
+
+/// The XIDs in the stored report, once `probe` has written its first one (its log says so after
+/// the write; observedAt has whole seconds only, too coarse to tell two probes apart).
+async fn first_report(probe: &Probe, reports: &Api<GpuNodeReport>, node: &str) -> Vec<u32> {
+    probe.logged("first observation").await;
+    let status = reports
+        .get(node)
+        .await
+        .unwrap_or_else(|e| fail(e))
+        .status
+        .unwrap_or_default();
+    status
+        .gpus
+        .iter()
+        .flat_map(|g| g.xids.iter().map(|x| x.xid))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_reboot() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let client = cluster::admin_client().await.unwrap_or_else(|e| fail(e));
+    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let node = format!("xid-restart-{:06x}", rand_suffix());
+    nodes::create(
+        &client,
+        std::slice::from_ref(&node),
+        &nodes::GpuNodeShape::default(),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let dir = std::env::temp_dir().join(format!("gpunode-e2e-{node}"));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(e));
+    chart::install_accounts(&client).await.unwrap_or_else(|e| fail(e));
+    let pod = chart::probe_pod(&client, &node).await.unwrap_or_else(|e| fail(e));
+    let kubeconfig = dir.join("probe.kubeconfig");
+    chart::write_probe_kubeconfig(&client, &pod, &kubeconfig)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let host = Host {
+        dir,
+        node: node.clone(),
+        kubeconfig,
+    };
+    std::fs::copy(
+        repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"),
+        host.fixture(),
+    )
+    .unwrap_or_else(|e| fail(e));
+
+    crds::create_policy(
+        &client,
+        &node,
+        json!({
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+            "gpu": {},
+            "remediation": [{"classes": ["Xid"], "action": "Cordon"}],
+            "recovery": {"healthyFor": "5s"},
+            "staleAfter": "5m",
+        }),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    let operator = InProcess::start(&operator_client, "e2e-xid-restart");
+    let node_api: Api<Node> = Api::all(client.clone());
+    let reports: Api<GpuNodeReport> = Api::all(client.clone());
+
+    // Boot A. The XID happens once the probe has registered for events (NVML delivers nothing
+    // that happened before).
+    let first = host.start_probe("boot-a");
+    first.logged("listening for XID events").await;
+    wait::until("the node compliant", DEADLINE, || async {
+        let n = node_api.get(&node).await?;
+        Ok((state(&n).as_deref() == Some("compliant")).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    host.inject_xid(5, 79);
+    wait::until("the node drifted and cordoned for XID 79", DEADLINE, || async {
+        let n = node_api.get(&node).await?;
+        Ok((state(&n).as_deref() == Some("drifted") && cordoned(&n)).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    // Saved at once (the first XID after a quiet spell is not held back).
+    let saved = host.dir.join("state/xids.json");
+    wait::until("XID 79 in the probe's state file", DEADLINE, || async {
+        let text = std::fs::read_to_string(&saved).unwrap_or_default();
+        Ok(text.contains(r#""xid":79"#).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    first.kill();
+
+    // Restarted on the same boot: the XID comes back from the state directory, and the node stays
+    // cordoned while healthyFor, and more, passes after the restarted probe's report.
+    let second = host.start_probe("boot-a");
+    let xids = first_report(&second, &reports, &node).await;
+    let published = Instant::now();
+    assert_eq!(xids, vec![79], "the restarted probe forgot the XID of this boot");
+    assert!(
+        second
+            .lines()
+            .iter()
+            .any(|l| l.contains("restored the XIDs of this boot")),
+        "{:?}",
+        second.lines()
+    );
+    wait::until(
+        "healthyFor and a margin past the restarted probe's report, cordoned throughout",
+        HEALTHY_FOR + MARGIN + DEADLINE,
+        || async {
+            let n = node_api.get(&node).await?;
+            if !cordoned(&n) || state(&n).as_deref() != Some("drifted") {
+                fail(format!(
+                    "{:?} after the restarted probe's report, the node is {:?}, cordoned: {}",
+                    published.elapsed(),
+                    state(&n),
+                    cordoned(&n)
+                ));
+            }
+            Ok((published.elapsed() >= HEALTHY_FOR + MARGIN).then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    second.kill();
+
+    // Boot B: the node rebooted, the XIDs of boot A are forgotten and the node recovers after
+    // healthyFor.
+    let third = host.start_probe("boot-b");
+    let xids = first_report(&third, &reports, &node).await;
+    let clear = Instant::now();
+    third.logged("the node rebooted").await;
+    assert_eq!(xids, Vec::<u32>::new());
+    wait::until("the node uncordoned and compliant", DEADLINE, || async {
+        let n = node_api.get(&node).await?;
+        Ok((!cordoned(&n) && state(&n).as_deref() == Some("compliant")).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    assert!(
+        clear.elapsed() >= HEALTHY_FOR - Duration::from_millis(500),
+        "uncordoned {:?} after the first clear report, before healthyFor",
+        clear.elapsed()
+    );
+    eprintln!(
+        "recovered {:?} after the rebooted probe's first report",
+        clear.elapsed()
+    );
+
+    third.kill();
+    operator.stop().await.unwrap_or_else(|e| fail(e));
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    let _ = policies.delete(&node, &DeleteParams::default()).await;
+    chart::delete_probe_pod(&client, &node)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let _ = std::fs::remove_dir_all(&host.dir);
+}

@@ -1,0 +1,403 @@
+//! The XIDs of the current boot, kept in a small file so that they outlive the probe process.
+//!
+//! NVML delivers an XID once, to the event sets registered when it happened: a probe that
+//! restarts (rollout, OOM kill, crash) on the same boot would otherwise forget that a GPU fell
+//! off the bus, and the node would look healthy again. The file `<dir>/xids.json` holds the node
+//! name, the boot id (`<proc>/sys/kernel/random/boot_id`) and the newest XIDs per GPU (the same
+//! cap as the report). It is replaced atomically (temporary file + rename) and only has to
+//! outlive the process, not the kernel: a power loss is a reboot, which forgets the XIDs anyway,
+//! so it is never fsynced. A file from another boot or node, or one that is missing, too large
+//! or unreadable, is ignored with a warning (and counted in the metrics), never fatal.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use gpunode_crds::report::{MAX_GPUS, MAX_XIDS_PER_GPU, XidEvent};
+use serde::{Deserialize, Serialize};
+
+/// The state file's name in the state directory.
+pub const FILE_NAME: &str = "xids.json";
+/// Largest state file read: 64 GPUs × 32 XIDs take about 100 KiB.
+const MAX_FILE_BYTES: u64 = 1 << 20;
+/// Version of the file format.
+const FORMAT: u32 = 1;
+
+/// XIDs per GPU index, oldest first.
+pub type XidsByGpu = BTreeMap<u32, Vec<XidEvent>>;
+
+/// Why the XID state could not be used or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The boot id could not be read, so XIDs cannot be tied to a boot.
+    #[error("reading the boot id: {0}")]
+    BootId(#[from] crate::sysfs::SysfsError),
+    /// The state directory or file could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The directory or file.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// The state could not be encoded.
+    #[error("encoding the XID state: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// Why a state file was not restored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ignored {
+    /// There is none (first start since the directory was created, or it was lost).
+    Missing,
+    /// It could not be read.
+    Unreadable,
+    /// It is larger than any state the probe writes.
+    TooLarge,
+    /// It does not parse as a state file.
+    Corrupt,
+    /// It was written during another boot: the node rebooted.
+    OtherBoot,
+    /// It was written by the probe of another node.
+    OtherNode,
+}
+
+impl Ignored {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Ignored::Missing => "missing",
+            Ignored::Unreadable => "unreadable",
+            Ignored::TooLarge => "too_large",
+            Ignored::Corrupt => "corrupt",
+            Ignored::OtherBoot => "other_boot",
+            Ignored::OtherNode => "other_node",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StateFile {
+    version: u32,
+    node: String,
+    boot_id: String,
+    /// GPU index (as a string: JSON keys) → XIDs, oldest first.
+    gpus: BTreeMap<u32, Vec<XidEvent>>,
+}
+
+/// Where and for which node and boot the XID state is kept.
+#[derive(Debug, Clone)]
+pub struct XidStore {
+    dir: PathBuf,
+    node: String,
+    boot_id: String,
+    writable: bool,
+}
+
+impl XidStore {
+    /// The store in `dir` for `node`, during the boot `proc_root` names.
+    pub fn open(dir: &Path, node: &str, proc_root: &Path) -> Result<XidStore, StateError> {
+        let boot_id = crate::sysfs::read_text(&proc_root.join("sys/kernel/random/boot_id"))?;
+        Ok(XidStore {
+            dir: dir.to_owned(),
+            node: node.to_owned(),
+            boot_id,
+            writable: true,
+        })
+    }
+
+    /// The same store, never written (`--once`, next to a running probe that owns the file).
+    pub fn read_only(mut self) -> XidStore {
+        self.writable = false;
+        self
+    }
+
+    /// The state file.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(FILE_NAME)
+    }
+
+    /// The boot this store keeps XIDs for.
+    pub fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
+    /// The XIDs saved during this boot on this node, capped like the report; or why there are none,
+    /// with a detail for the log.
+    pub fn load(&self) -> Result<XidsByGpu, (Ignored, String)> {
+        let path = self.path();
+        let file = match std::fs::File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err((Ignored::Missing, format!("{} does not exist", path.display())));
+            }
+            Err(e) => return Err((Ignored::Unreadable, format!("{}: {e}", path.display()))),
+        };
+        let mut bytes = Vec::new();
+        if let Err(e) = file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes) {
+            return Err((Ignored::Unreadable, format!("{}: {e}", path.display())));
+        }
+        if bytes.len() as u64 > MAX_FILE_BYTES {
+            return Err((
+                Ignored::TooLarge,
+                format!("{} is over {MAX_FILE_BYTES} bytes", path.display()),
+            ));
+        }
+        let state: StateFile = serde_json::from_slice(&bytes)
+            .map_err(|e| (Ignored::Corrupt, format!("{}: {e}", path.display())))?;
+        if state.version != FORMAT {
+            return Err((
+                Ignored::Corrupt,
+                format!("{}: format version {}", path.display(), state.version),
+            ));
+        }
+        if state.node != self.node {
+            return Err((
+                Ignored::OtherNode,
+                format!("{} was written on node {:?}", path.display(), state.node),
+            ));
+        }
+        if state.boot_id != self.boot_id {
+            return Err((
+                Ignored::OtherBoot,
+                format!(
+                    "{} is of boot {}, this is boot {}",
+                    path.display(),
+                    state.boot_id,
+                    self.boot_id
+                ),
+            ));
+        }
+        Ok(state
+            .gpus
+            .into_iter()
+            .filter(|(index, _)| (*index as usize) < MAX_GPUS)
+            .map(|(index, mut xids)| {
+                // The newest are kept, as in the report.
+                let excess = xids.len().saturating_sub(MAX_XIDS_PER_GPU);
+                xids.drain(..excess);
+                (index, xids)
+            })
+            .filter(|(_, xids)| !xids.is_empty())
+            .collect())
+    }
+
+    /// Replaces the state file with these XIDs (atomically: a reader sees the old or the new
+    /// file, never half of one), creating the directory if needed. A read-only store writes
+    /// nothing.
+    pub fn save(&self, gpus: &BTreeMap<u32, VecDeque<XidEvent>>) -> Result<(), StateError> {
+        if !self.writable {
+            return Ok(());
+        }
+        let state = StateFile {
+            version: FORMAT,
+            node: self.node.clone(),
+            boot_id: self.boot_id.clone(),
+            gpus: gpus
+                .iter()
+                .map(|(index, xids)| (*index, xids.iter().cloned().collect()))
+                .collect(),
+        };
+        let bytes = serde_json::to_vec(&state)?;
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| StateError::Io { path, source }
+        };
+        // Created here, not only by the chart's init container: a local run names any path.
+        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".xids-")
+            .tempfile_in(&self.dir)
+            .map_err(io(&self.dir))?;
+        tmp.write_all(&bytes).map_err(io(tmp.path()))?;
+        let path = self.path();
+        tmp.persist(&path).map_err(|e| StateError::Io {
+            path,
+            source: e.error,
+        })?;
+        Ok(())
+    }
+}
+
+/// Creates `dir` if needed and hands it to `uid:gid`, for the chart's init container: the kubelet
+/// creates a hostPath directory owned by root, and the probe runs as non-root. Needs CAP_CHOWN
+/// only when the owner has to change.
+pub fn prepare_dir(dir: &Path, uid: u32, gid: u32) -> Result<(), StateError> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |source| StateError::Io {
+        path: dir.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let meta = std::fs::metadata(dir).map_err(io)?;
+    if (meta.uid(), meta.gid()) != (uid, gid) {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(io)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn fail(e: impl std::fmt::Display) -> ! {
+        panic!("{e}")
+    }
+
+    /// A proc root whose boot id is `boot`.
+    fn proc_root(dir: &Path, boot: &str) -> PathBuf {
+        let root = dir.join(format!("proc-{boot}"));
+        let random = root.join("sys/kernel/random");
+        std::fs::create_dir_all(&random).unwrap_or_else(|e| fail(e));
+        std::fs::write(random.join("boot_id"), format!("{boot}\n")).unwrap_or_else(|e| fail(e));
+        root
+    }
+
+    fn xid(code: u32, second: i64) -> XidEvent {
+        XidEvent {
+            xid: code,
+            at: Time(jiff::Timestamp::from_second(1_700_000_000 + second).unwrap_or_else(|e| fail(e))),
+        }
+    }
+
+    fn gpus(entries: &[(u32, &[XidEvent])]) -> BTreeMap<u32, VecDeque<XidEvent>> {
+        entries
+            .iter()
+            .map(|(i, x)| (*i, x.iter().cloned().collect()))
+            .collect()
+    }
+
+    #[test]
+    fn round_trip_within_one_boot() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let proc = proc_root(dir.path(), "boot-a");
+        let store = XidStore::open(dir.path(), "n1", &proc).unwrap_or_else(|e| fail(e));
+        assert_eq!(store.boot_id(), "boot-a");
+        assert_eq!(store.load().err().map(|e| e.0), Some(Ignored::Missing));
+        store
+            .save(&gpus(&[(5, &[xid(79, 0), xid(48, 1)]), (0, &[xid(13, 2)])]))
+            .unwrap_or_else(|e| fail(e));
+        let again = XidStore::open(dir.path(), "n1", &proc).unwrap_or_else(|e| fail(e));
+        let loaded = again.load().unwrap_or_else(|(_, e)| fail(e));
+        assert_eq!(loaded.get(&5), Some(&vec![xid(79, 0), xid(48, 1)]));
+        assert_eq!(loaded.get(&0), Some(&vec![xid(13, 2)]));
+        assert_eq!(loaded.len(), 2);
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap_or_else(|e| fail(e))
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with("proc-"))
+            .collect();
+        assert_eq!(names, vec![FILE_NAME.to_owned()]);
+    }
+
+    #[test]
+    fn saving_creates_the_directory() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let state = dir.path().join("not/yet");
+        let store =
+            XidStore::open(&state, "n1", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
+        store
+            .save(&gpus(&[(0, &[xid(79, 0)])]))
+            .unwrap_or_else(|e| fail(e));
+        assert_eq!(store.load().map(|g| g.len()), Ok(1));
+    }
+
+    #[test]
+    fn a_new_boot_or_another_node_forgets() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let before =
+            XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
+        before
+            .save(&gpus(&[(1, &[xid(79, 0)])]))
+            .unwrap_or_else(|e| fail(e));
+        let rebooted =
+            XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-b")).unwrap_or_else(|e| fail(e));
+        let (why, detail) = rebooted
+            .load()
+            .err()
+            .unwrap_or_else(|| fail("restored across a reboot"));
+        assert_eq!(why, Ignored::OtherBoot);
+        assert!(detail.contains("boot-a") && detail.contains("boot-b"), "{detail}");
+        let other =
+            XidStore::open(dir.path(), "n2", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
+        assert_eq!(other.load().err().map(|e| e.0), Some(Ignored::OtherNode));
+        // The new boot's first write replaces the old boot's file.
+        rebooted.save(&BTreeMap::new()).unwrap_or_else(|e| fail(e));
+        assert_eq!(rebooted.load().map(|g| g.len()), Ok(0));
+        assert_eq!(before.load().err().map(|e| e.0), Some(Ignored::OtherBoot));
+    }
+
+    #[test]
+    fn corrupt_oversized_and_unreadable_files_are_ignored() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let store =
+            XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
+        let path = store.path();
+        for (text, want) in [
+            ("{\"version\": 1, \"node\": \"n1\"", Ignored::Corrupt),
+            ("not json", Ignored::Corrupt),
+            (
+                r#"{"version": 9, "node": "n1", "bootId": "boot-a", "gpus": {}}"#,
+                Ignored::Corrupt,
+            ),
+            (
+                r#"{"version": 1, "node": "n1", "bootId": "boot-a", "gpus": {"0": [{"xid": "x"}]}}"#,
+                Ignored::Corrupt,
+            ),
+        ] {
+            std::fs::write(&path, text).unwrap_or_else(|e| fail(e));
+            assert_eq!(store.load().err().map(|e| e.0), Some(want), "{text}");
+        }
+        std::fs::write(&path, vec![b' '; MAX_FILE_BYTES as usize + 1]).unwrap_or_else(|e| fail(e));
+        assert_eq!(store.load().err().map(|e| e.0), Some(Ignored::TooLarge));
+        std::fs::remove_file(&path).unwrap_or_else(|e| fail(e));
+        std::fs::create_dir(&path).unwrap_or_else(|e| fail(e));
+        assert_eq!(store.load().err().map(|e| e.0), Some(Ignored::Unreadable));
+        // And a directory in the way makes saving fail with an error, not a panic.
+        assert!(store.save(&gpus(&[(0, &[xid(79, 0)])])).is_err());
+    }
+
+    #[test]
+    fn a_loaded_file_is_capped_like_the_report() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let store =
+            XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
+        let many: Vec<XidEvent> = (0..100).map(|i| xid(13, i)).collect();
+        store
+            .save(&gpus(&[(0, &many), (MAX_GPUS as u32, &many[..1]), (3, &[])]))
+            .unwrap_or_else(|e| fail(e));
+        let loaded = store.load().unwrap_or_else(|(_, e)| fail(e));
+        assert_eq!(loaded.keys().copied().collect::<Vec<_>>(), vec![0]);
+        let kept = loaded.get(&0).cloned().unwrap_or_default();
+        assert_eq!(kept.len(), MAX_XIDS_PER_GPU);
+        assert_eq!(kept.first(), Some(&xid(13, 100 - MAX_XIDS_PER_GPU as i64)));
+    }
+
+    #[test]
+    fn a_read_only_store_writes_nothing_and_no_boot_id_is_an_error() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let store = XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a"))
+            .unwrap_or_else(|e| fail(e))
+            .read_only();
+        store
+            .save(&gpus(&[(0, &[xid(79, 0)])]))
+            .unwrap_or_else(|e| fail(e));
+        assert!(!store.path().exists());
+        assert!(XidStore::open(dir.path(), "n1", &dir.path().join("no-proc")).is_err());
+    }
+
+    #[test]
+    fn prepare_dir_creates_and_keeps_an_owned_directory() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let state = dir.path().join("var/lib/gpunode");
+        let meta = std::fs::metadata(dir.path()).unwrap_or_else(|e| fail(e));
+        // Already ours: no chown needed (so no privilege either).
+        prepare_dir(&state, meta.uid(), meta.gid()).unwrap_or_else(|e| fail(e));
+        assert!(state.is_dir());
+    }
+}
