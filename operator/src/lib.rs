@@ -7,7 +7,6 @@ pub mod cache;
 pub mod check;
 pub mod controller;
 pub mod crdgen;
-pub mod evaluate;
 pub mod events;
 pub mod heartbeats;
 pub mod leader;
@@ -19,4 +18,7 @@ pub mod server;
 pub mod status;
 pub mod triggers;
 pub mod trim;
-pub mod verdict;
+
+// The pure evaluator lives in gpunode-checks, which the node-probe shares; these keep the
+// operator's paths (`crate::evaluate`, `crate::verdict`).
+pub use gpunode_checks::{evaluate, verdict};
