@@ -128,3 +128,23 @@ async fn run(api: Api<GpuNodePolicy>, tx: watch::Sender<Known>, state: Arc<Probe
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16) -> kube::core::Status {
+        kube::core::Status::failure("refused", "Forbidden").with_code(code)
+    }
+
+    #[test]
+    fn only_a_403_counts_as_forbidden() {
+        let api = |code| kube::Error::Api(Box::new(status(code)));
+        assert!(forbidden(&watcher::Error::InitialListFailed(api(403))));
+        assert!(forbidden(&watcher::Error::WatchStartFailed(api(403))));
+        assert!(forbidden(&watcher::Error::WatchError(Box::new(status(403)))));
+        assert!(!forbidden(&watcher::Error::InitialListFailed(api(500))));
+        assert!(!forbidden(&watcher::Error::WatchError(Box::new(status(410)))));
+        assert!(!forbidden(&watcher::Error::NoResourceVersion));
+    }
+}
