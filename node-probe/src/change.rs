@@ -9,10 +9,11 @@
 //! on it differs from the verdict on the last published report in anything the operator decides
 //! on ([`Decides`]): the state, the set of drifts (class, check, GPU, device) and the set of
 //! unknown checks (check, GPU). So every value a check reads, at every threshold a policy can
-//! set, reaches the operator as soon as it is observed, and nothing else is written early: the
-//! free text of a drift ("got 86 C" becoming "got 87 C"), temperature and power noise that
-//! crosses no policy's threshold, counters no check reads, all wait for `--report-refresh`
-//! (10m). Both reports are judged fresh and at the same instant, so staleness and XID windows
+//! set, reaches the operator as soon as it is observed. Discrete changes of the report (the
+//! list below without its temperature bands: throttle reasons, counters, links, collector
+//! health...) are also written at once, as they always were, for the report's readers. What
+//! waits for `--report-refresh` (10m): the free text of a drift ("got 86 C" becoming "got 87
+//! C"), temperature and power noise that crosses no policy's threshold, timestamps. Both reports are judged fresh and at the same instant, so staleness and XID windows
 //! (which the operator tracks itself) never cause a write.
 //!
 //! A write that only takes findings away (a drift or unknown clearing, nothing new) waits until
@@ -119,6 +120,17 @@ impl fmt::Display for Change {
 }
 
 impl Change {
+    /// A temperature moving across a band edge (GPU margin, HBM, chassis sensor band).
+    pub fn is_temperature_band(&self) -> bool {
+        matches!(
+            self,
+            Change::Gpu {
+                what: "temperature band" | "memory temperature band",
+                ..
+            } | Change::Cooling("sensor temperature band")
+        )
+    }
+
     /// Whether the change may wait for `--recovery-gap`: only a verdict that lost findings and
     /// gained none. Everything else, including every fallback change, is published at once.
     pub fn is_recovery(&self) -> bool {
@@ -236,8 +248,9 @@ fn subject(gpu: Option<u32>, device: Option<&str>) -> String {
 
 /// The probe's decision: what makes `next` worth publishing at once, given the last published
 /// observation `prev` (empty: it waits for the refresh). With the policies known (`Some`, even
-/// none), exactly the [`verdict_changes`]; without (`None`: the watch has not listed, failed, or
-/// is forbidden), the band heuristic [`material_changes`].
+/// none), the [`verdict_changes`] plus the discrete [`material_changes`] (no temperature
+/// bands); without (`None`: the watch has not listed, failed, or is forbidden), all of
+/// [`material_changes`].
 pub fn decide(
     prev: &GpuNodeReportStatus,
     next: &GpuNodeReportStatus,
@@ -245,10 +258,15 @@ pub fn decide(
     cfg: &ChangeConfig,
     now: Timestamp,
 ) -> Vec<Change> {
-    match policies {
-        Some(policies) => verdict_changes(prev, next, policies, now),
-        None => material_changes(prev, next, cfg),
+    let mut changes = material_changes(prev, next, cfg);
+    if let Some(policies) = policies {
+        // The policies say exactly which temperatures matter; bands would only add writes on
+        // noise. Discrete changes (throttling, counters, links, ...) stay immediate for the
+        // report's readers, as without policies.
+        changes.retain(|c| !c.is_temperature_band());
+        changes.extend(verdict_changes(prev, next, policies, now));
     }
+    changes
 }
 
 /// Every material difference between the last published observation and the new one
