@@ -235,6 +235,28 @@ async fn helm_template_defaults_and_each_toggle() {
         );
     }
 
+    // The probe's cluster-wide rules, exactly: its report, its Node, and a read-only watch of
+    // the policies its publish decision evaluates.
+    assert_eq!(
+        rules(one(&d, "ClusterRole", "-node-probe")),
+        vec![
+            (
+                serde_json::json!(["gpunodereports"]),
+                serde_json::json!(["create", "patch"])
+            ),
+            (
+                serde_json::json!(["gpunodereports/status"]),
+                serde_json::json!(["patch"])
+            ),
+            (serde_json::json!(["nodes"]), serde_json::json!(["get"])),
+            (
+                serde_json::json!(["gpunodepolicies"]),
+                serde_json::json!(["get", "list", "watch"])
+            ),
+        ],
+        "ClusterRole -node-probe"
+    );
+
     let op = one(&d, "Deployment", "-operator");
     assert_eq!(op.data["spec"]["replicas"], 2);
     let a = args(op);

@@ -319,3 +319,118 @@ async fn a_probe_whose_token_is_bound_to_another_node_cannot_publish() {
         .unwrap_or_else(|e| fail(e));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Writes the fake NVML fixture atomically (a new file renamed over the old one), so the probe
+/// never reads half of it.
+fn write_fixture(path: &Path, fixture: &serde_json::Value) {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec_pretty(fixture).unwrap_or_else(|e| fail(e)),
+    )
+    .unwrap_or_else(|e| fail(e));
+    std::fs::rename(&tmp, path).unwrap_or_else(|e| fail(e));
+}
+
+#[tokio::test]
+async fn a_policy_threshold_crossing_reaches_the_report_at_once() {
+    // The example: slowdown 97 C, one GPU from 84 to 86 C under maxGpuCelsius 85. The
+    // margin (13 -> 11 C) crosses no temperature band, so without the policy watch the probe
+    // would write it only at its report refresh (10m, past this test's deadline).
+    let client = cluster::admin_client().await.unwrap_or_else(|e| fail(e));
+    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let id = rand_suffix();
+    let node = format!("probe-hot-{id:06x}");
+    nodes::create(
+        &client,
+        std::slice::from_ref(&node),
+        &nodes::GpuNodeShape::default(),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    // Selects no node (no operator runs here): the probe decides by every policy it can see.
+    let policy = format!("probe-hot-{id:06x}");
+    crds::create_policy(
+        &client,
+        &policy,
+        serde_json::json!({
+            "nodeSelector": {"matchLabels": {"gpunode-e2e/none": policy}},
+            "cooling": {"maxGpuCelsius": 85},
+        }),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    let dir = std::env::temp_dir().join(format!("gpunode-e2e-{node}"));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(e));
+    let kubeconfig = probe_kubeconfig(&client, &node, &dir).await;
+    let fixture = dir.join("nvml.json");
+    let text = std::fs::read_to_string(repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"))
+        .unwrap_or_else(|e| fail(e));
+    let mut nvml: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| fail(e));
+    let devices = nvml["devices"]
+        .as_array_mut()
+        .unwrap_or_else(|| fail("fixture has no devices"));
+    for d in devices.iter_mut() {
+        d["thresholds"]["slowdown"] = 97.into();
+    }
+    devices[3]["temperature"] = 84.into();
+    write_fixture(&fixture, &nvml);
+
+    let (args, env) = probe_args(&node, &fixture);
+    let mut child = Command::new(built("gpunode-probe"))
+        .args(&args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("KUBECONFIG", &kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| fail(e));
+    let lines = capture_stderr(&mut child);
+    let _running = Probe(child);
+
+    let reports: Api<GpuNodeReport> = Api::all(client.clone());
+    let gpu3 = |r: Option<GpuNodeReport>| {
+        r.and_then(|r| r.status).and_then(|s| {
+            s.gpus
+                .iter()
+                .find(|g| g.index == 3)
+                .and_then(|g| g.temperature_celsius)
+        })
+    };
+    wait::until("the first report at 84 C", DEADLINE, || async {
+        Ok(gpu3(reports.get_opt(&node).await?).filter(|t| *t == 84))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    wait::until("the probe's policy watch to sync", DEADLINE, || async {
+        let lines = lines.lock().map(|v| v.clone()).unwrap_or_default();
+        Ok(lines.into_iter().find(|l| l.contains("policy watch synced")))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    nvml["devices"][3]["temperature"] = 86.into();
+    write_fixture(&fixture, &nvml);
+    let flipped = Instant::now();
+    wait::until("86 C in the stored report", DEADLINE, || async {
+        Ok(gpu3(reports.get_opt(&node).await?).filter(|t| *t == 86))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    // Timing for the closing note; the probe observes every 500 ms here.
+    eprintln!(
+        "thermal: 86 C visible in the stored report {:?} after the fixture changed",
+        flipped.elapsed()
+    );
+
+    Api::<gpunode_crds::GpuNodePolicy>::all(client.clone())
+        .delete(&policy, &Default::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    chart::delete_probe_pod(&client, &node)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let _ = std::fs::remove_dir_all(&dir);
+}

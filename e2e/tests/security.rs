@@ -157,9 +157,13 @@ async fn each_service_account_may_do_exactly_what_its_binary_needs() {
             "admissionregistration.k8s.io/validatingadmissionpolicies",
         ),
     ];
-    // Every call gpunode-probe makes (node-probe/src/publish.rs).
+    // Every call gpunode-probe makes (node-probe/src/publish.rs, policies.rs).
     let probe_allowed = [
         ask("create", "gpunode.dev/gpunodereports"),
+        // The read-only policy watch the publish decision runs the operator's checks on.
+        ask("get", "gpunode.dev/gpunodepolicies"),
+        ask("list", "gpunode.dev/gpunodepolicies"),
+        ask("watch", "gpunode.dev/gpunodepolicies"),
         ask("patch", "gpunode.dev/gpunodereports"),
         ask("patch", "gpunode.dev/gpunodereports/status"),
         ask("get", "nodes"),
@@ -188,7 +192,9 @@ async fn each_service_account_may_do_exactly_what_its_binary_needs() {
         ask("patch", "gpunode.dev/gpunodepolicies"),
         ask("update", "gpunode.dev/gpunodepolicies"),
         ask("delete", "gpunode.dev/gpunodepolicies"),
+        ask("deletecollection", "gpunode.dev/gpunodepolicies"),
         ask("patch", "gpunode.dev/gpunodepolicies/status"),
+        ask("update", "gpunode.dev/gpunodepolicies/status"),
         ask("create", "pods/eviction"),
         // Leases: never read, never deleted, and written only in the release namespace.
         ask_in("get", "coordination.k8s.io/leases", NS),

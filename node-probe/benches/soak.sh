@@ -3,6 +3,10 @@
 # publishing to a local control plane: CPU as a share of one core, peak RSS, API writes per hour.
 #
 # Usage:  node-probe/benches/soak.sh [SECONDS]        (default 600; `make bench-probe`)
+#         NOISE=1 node-probe/benches/soak.sh [SECONDS]
+# NOISE=1: a GpuNodePolicy (examples/h100-training.yaml) is applied, so the probe publishes by
+# the operator's checks, and the fake NVML fixture is rewritten every 2 s with realistic noise:
+# GPU temperatures around means of 55-80 C (sd 1 C), HBM 6 C above, power 250-700 W.
 # The probe is the release build, with the fake NVML library (healthy 8x H100 fixture) and the
 # lossless 8-port sysfs fixture tree. Targets (issue 4): CPU < 0.5% of one core, RSS < 30 MB,
 # at most 60 writes per node per hour.
@@ -18,12 +22,33 @@ cargo build --release --locked -p gpunode-probe -p fake-nvml >&2
 BIN=$CARGO_TARGET_DIR/release
 export KUBECONFIG
 KUBECONFIG=$(GPUNODE_CLUSTER_NAME=bench-probe e2e/cluster/up.sh | tail -1)
-trap 'kill "${PID:-0}" 2>/dev/null || true; GPUNODE_CLUSTER_NAME=bench-probe e2e/cluster/down.sh >/dev/null 2>&1 || true' EXIT
+trap 'kill "${PID:-0}" "${NOISE_PID:-0}" 2>/dev/null || true; GPUNODE_CLUSTER_NAME=bench-probe e2e/cluster/down.sh >/dev/null 2>&1 || true' EXIT
 NODE=$(e2e/cluster/nodes.sh 1 soak | tail -1)
 kubectl apply --server-side -f charts/gpunode/crds >/dev/null
 
 WORK=$(mktemp -d)
 cp node-probe/fake-nvml/fixtures/healthy-8xh100.json "$WORK/nvml.json"
+if [[ ${NOISE:-0} == 1 ]]; then
+	kubectl apply --server-side -f examples/h100-training.yaml >/dev/null
+	python3 - "$WORK/nvml.json" <<'EOF' &
+import json, os, random, sys, time
+path = sys.argv[1]
+base = json.load(open(path))
+means = [55 + 25 * i / 7 for i in range(8)]
+while True:
+    fx = json.loads(json.dumps(base))
+    for d, m in zip(fx["devices"], means):
+        d["temperature"] = round(random.gauss(m, 1.0))
+        d["memory_temperature"] = round(random.gauss(m + 6, 1.0))
+        d["power_mw"] = random.randint(250, 700) * 1000
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(fx, f)
+    os.rename(tmp, path)
+    time.sleep(2)
+EOF
+	NOISE_PID=$!
+fi
 TREE=node-probe/tests/fixtures/sysfs/lossless-8port
 FAKE_NVML_FIXTURE=$WORK/nvml.json "$BIN/gpunode-probe" --node-name "$NODE" \
 	--nvml-lib "$BIN/libfake_nvml.so" --sysfs-root "$TREE/sys" --net-fixtures "$TREE" \

@@ -16,7 +16,8 @@ use crate::cooling::CoolingCollector;
 use crate::metrics;
 use crate::network::NetworkCollector;
 use crate::nvml::{NvmlCollector, NvmlConfig};
-use crate::publish::{KubeSink, run_loop};
+use crate::policies::watch_policies;
+use crate::publish::{KubeSink, run_loop_with_policies};
 use crate::state::ProbeState;
 use crate::xid_state::XidStore;
 
@@ -161,13 +162,16 @@ pub async fn run(
         .map_err(|source| RunError::Serve { addr, source })?;
     tracing::info!(%bound, node = %node, "serving /metrics and /healthz");
 
+    let policies = (!config.no_policy_watch)
+        .then(|| watch_policies(client.clone(), state.clone(), stopped(stop_rx.clone())));
     let mut sink =
         KubeSink::new(client, &node).with_heartbeat_lease(&config.lease_namespace, config.heartbeat);
-    run_loop(
+    run_loop_with_policies(
         &config.publish(),
         probe,
         &mut sink,
         Some(xids.subscribe()),
+        policies,
         state,
         stopped(stop_rx),
     )

@@ -1,20 +1,48 @@
 //! Whether a new observation differs materially from the last published one: the pure decision
-//! behind "publish now" versus "wait for the heartbeat".
+//! behind "publish now" versus "wait for the refresh" ([`decide`]).
 //!
-//! Material: anything the operator's drift checks could flip on — collector health, inventory,
-//! driver, modes, throttle reasons, XIDs, ECC / retirement / remap counters, PCIe and NVLink
-//! state, RDMA port state and lossless settings, field errors appearing or clearing, and
-//! temperatures crossing a band (margin to slowdown for GPUs, absolute for HBM and chassis
-//! sensors) by more than the hysteresis. Not material: temperature noise inside a band, power
-//! draw, PCIe replay and pause counters, timestamps.
+//! # The contract with the operator
+//!
+//! The probe learns every GpuNodePolicy (a read-only watch, [`crate::policies`]) and runs the
+//! operator's own evaluator on them ([`gpunode_checks::evaluate`], the code the operator acts
+//! on, not a copy). An observation is published at once when, for any known policy, the verdict
+//! on it differs from the verdict on the last published report in anything the operator decides
+//! on ([`Decides`]): the state, the set of drifts (class, check, GPU, device) and the set of
+//! unknown checks (check, GPU). So every value a check reads, at every threshold a policy can
+//! set, reaches the operator as soon as it is observed. Discrete changes of the report (the
+//! list below without its temperature bands: throttle reasons, counters, links, collector
+//! health...) are also written at once, as they always were, for the report's readers. What
+//! waits for `--report-refresh` (10m): the free text of a drift ("got 86 C" becoming "got 87
+//! C"), temperature and power noise that crosses no policy's threshold, timestamps. Both reports are judged fresh and at the same instant, so staleness and XID windows
+//! (which the operator tracks itself) never cause a write.
+//!
+//! A write that only takes findings away (a drift or unknown clearing, nothing new) waits until
+//! `--recovery-gap` (2m) has passed since the previous report write: a value sitting on a
+//! threshold would otherwise write on every flip. A new drift or unknown is never delayed; the
+//! operator holds a cleared class for `recovery.healthyFor` anyway.
+//!
+//! # Fallback
+//!
+//! Until the policy watch has listed once, after it fails, or when RBAC forbids it, the probe
+//! does not know what the operator checks and falls back to [`material_changes`]: anything a
+//! check could flip on — collector health, inventory, driver, modes, throttle reasons, XIDs,
+//! ECC / retirement / remap counters, PCIe and NVLink state, RDMA port state and lossless
+//! settings, field errors appearing or clearing, and temperatures crossing a band (margin to
+//! slowdown for GPUs, absolute for HBM and chassis sensors) by more than the hysteresis. Not
+//! material there: temperature noise inside a band, power draw, PCIe replay and pause counters,
+//! timestamps. A threshold between two band edges can then wait for the refresh.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use gpunode_checks::evaluate::evaluate_heard;
+use gpunode_checks::verdict::{NodeState, Verdict};
 use gpunode_crds::report::{
-    CoolingStatus, FieldError, GpuNodeReportStatus, GpuStatus, NetworkStatus, PcieStatus, RdmaDevice,
-    SensorReading,
+    CoolingStatus, FieldError, GpuNodeReport, GpuNodeReportStatus, GpuStatus, NetworkStatus, PcieStatus,
+    RdmaDevice, SensorReading,
 };
+use gpunode_crds::{DriftClass, GpuNodePolicySpec, GpuNodeReportSpec};
+use jiff::Timestamp;
 
 /// Temperature bands used to decide when a temperature change matters.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,6 +86,16 @@ pub enum Change {
     },
     /// Cooling sensors or fans.
     Cooling(&'static str),
+    /// The operator's verdict under a policy differs from the one on the last published report.
+    Verdict {
+        /// The policy's name.
+        policy: String,
+        /// Findings the published report does not have (drifts, unknowns), or a worse state:
+        /// published without delay.
+        worse: bool,
+        /// What differs, briefly.
+        what: String,
+    },
     /// An RDMA port.
     Port {
         /// `mlx5_0/1`.
@@ -75,13 +113,164 @@ impl fmt::Display for Change {
             Change::GpuSet => f.write_str("GPU set changed"),
             Change::Gpu { index, what } => write!(f, "GPU {index}: {what} changed"),
             Change::Cooling(what) => write!(f, "cooling: {what} changed"),
+            Change::Verdict { policy, what, .. } => write!(f, "policy {policy}: {what}"),
             Change::Port { port, what } => write!(f, "{port}: {what} changed"),
         }
     }
 }
 
+impl Change {
+    /// A temperature moving across a band edge (GPU margin, HBM, chassis sensor band).
+    pub fn is_temperature_band(&self) -> bool {
+        matches!(
+            self,
+            Change::Gpu {
+                what: "temperature band" | "memory temperature band",
+                ..
+            } | Change::Cooling("sensor temperature band")
+        )
+    }
+
+    /// Whether the change may wait for `--recovery-gap`: only a verdict that lost findings and
+    /// gained none. Everything else, including every fallback change, is published at once.
+    pub fn is_recovery(&self) -> bool {
+        matches!(self, Change::Verdict { worse: false, .. })
+    }
+}
+
+/// A policy the probe knows from its watch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KnownPolicy {
+    /// `metadata.name`.
+    pub name: String,
+    /// The spec the operator evaluates.
+    pub spec: GpuNodePolicySpec,
+}
+
+/// Everything in a [`Verdict`] that the operator's plan decides on: the state, which drifts (by
+/// class, check, GPU and device) and which checks are unknown (by check and GPU). Not the free
+/// text (`expected`, `actual`, an unknown's `reason`), which changes with every reading while a
+/// value stays on the wrong side of a limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decides {
+    /// Compliant, Drifted or Unknown.
+    pub state: NodeState,
+    /// (class, check, GPU, device) of every drift.
+    pub drifts: BTreeSet<(DriftClass, String, Option<u32>, Option<String>)>,
+    /// (check, GPU) of every unknown check.
+    pub unknowns: BTreeSet<(String, Option<u32>)>,
+}
+
+impl Decides {
+    /// What the operator decides on from `verdict`.
+    pub fn of(verdict: &Verdict) -> Decides {
+        Decides {
+            state: verdict.state,
+            drifts: verdict
+                .drifts
+                .iter()
+                .map(|d| (d.class, d.check.clone(), d.gpu, d.device.clone()))
+                .collect(),
+            unknowns: verdict
+                .unknowns
+                .iter()
+                .map(|u| (u.check.clone(), u.gpu))
+                .collect(),
+        }
+    }
+}
+
+/// The operator's verdict under `policy` on a report with `status`, judged fresh at `now`: the
+/// probe is alive (it is the one asking), and staleness is the heartbeat's business.
+pub fn verdict_at(policy: &GpuNodePolicySpec, status: &GpuNodeReportStatus, now: Timestamp) -> Verdict {
+    let report = GpuNodeReport {
+        metadata: Default::default(),
+        spec: GpuNodeReportSpec::default(),
+        status: Some(status.clone()),
+    };
+    evaluate_heard(policy, Some(&report), Some(now), now)
+}
+
+/// Every policy under which the operator would decide differently on `next` than on `prev`.
+pub fn verdict_changes(
+    prev: &GpuNodeReportStatus,
+    next: &GpuNodeReportStatus,
+    policies: &[KnownPolicy],
+    now: Timestamp,
+) -> Vec<Change> {
+    let mut out = Vec::new();
+    for policy in policies {
+        let a = Decides::of(&verdict_at(&policy.spec, prev, now));
+        let b = Decides::of(&verdict_at(&policy.spec, next, now));
+        if a == b {
+            continue;
+        }
+        let rank = |s: NodeState| match s {
+            NodeState::Compliant => 0,
+            NodeState::Unknown => 1,
+            NodeState::Drifted => 2,
+        };
+        let new_drifts: Vec<_> = b.drifts.difference(&a.drifts).collect();
+        let new_unknowns: Vec<_> = b.unknowns.difference(&a.unknowns).collect();
+        let worse = !new_drifts.is_empty() || !new_unknowns.is_empty() || rank(b.state) > rank(a.state);
+        let mut what = vec![format!("{} -> {}", a.state, b.state)];
+        what.extend(
+            new_drifts
+                .iter()
+                .map(|(_, check, gpu, device)| format!("+{check}{}", subject(*gpu, device.as_deref()))),
+        );
+        what.extend(
+            new_unknowns
+                .iter()
+                .map(|(check, gpu)| format!("+{check}{} unknown", subject(*gpu, None))),
+        );
+        let gone = a.drifts.difference(&b.drifts).count() + a.unknowns.difference(&b.unknowns).count();
+        if gone > 0 {
+            what.push(format!("{gone} cleared"));
+        }
+        out.push(Change::Verdict {
+            policy: policy.name.clone(),
+            worse,
+            what: what.join(", "),
+        });
+    }
+    out
+}
+
+fn subject(gpu: Option<u32>, device: Option<&str>) -> String {
+    match (gpu, device) {
+        (Some(g), Some(d)) => format!(" (gpu {g} {d})"),
+        (Some(g), None) => format!(" (gpu {g})"),
+        (None, Some(d)) => format!(" ({d})"),
+        (None, None) => String::new(),
+    }
+}
+
+/// The probe's decision: what makes `next` worth publishing at once, given the last published
+/// observation `prev` (empty: it waits for the refresh). With the policies known (`Some`, even
+/// none), the [`verdict_changes`] plus the discrete [`material_changes`] (no temperature
+/// bands); without (`None`: the watch has not listed, failed, or is forbidden), all of
+/// [`material_changes`].
+pub fn decide(
+    prev: &GpuNodeReportStatus,
+    next: &GpuNodeReportStatus,
+    policies: Option<&[KnownPolicy]>,
+    cfg: &ChangeConfig,
+    now: Timestamp,
+) -> Vec<Change> {
+    let mut changes = material_changes(prev, next, cfg);
+    if let Some(policies) = policies {
+        // The policies say exactly which temperatures matter; bands would only add writes on
+        // noise. Discrete changes (throttling, counters, links, ...) stay immediate for the
+        // report's readers, as without policies.
+        changes.retain(|c| !c.is_temperature_band());
+        changes.extend(verdict_changes(prev, next, policies, now));
+    }
+    changes
+}
+
 /// Every material difference between the last published observation and the new one
-/// (empty: only noise changed).
+/// (empty: only noise changed). The fallback of [`decide`] when no policy is known.
 pub fn material_changes(
     prev: &GpuNodeReportStatus,
     next: &GpuNodeReportStatus,

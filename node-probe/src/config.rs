@@ -106,6 +106,15 @@ pub struct Config {
     #[arg(long, env = "GPUNODE_REPORT_REFRESH", default_value = "10m", value_parser = parse_duration)]
     pub report_refresh: Duration,
 
+    /// Shortest time from a report write to one that only clears findings (a drift or unknown
+    /// that went away, nothing new), e.g. 2m: a value on a threshold does not write every flip.
+    #[arg(long, env = "GPUNODE_RECOVERY_GAP", default_value = "2m", value_parser = parse_duration)]
+    pub recovery_gap: Duration,
+
+    /// Do not watch GpuNodePolicies; decide what to publish at once by temperature bands only.
+    #[arg(long)]
+    pub no_policy_watch: bool,
+
     /// Namespace of the heartbeat Lease `gpunode-probe-<node>` (the release namespace).
     #[arg(long, env = "GPUNODE_LEASE_NAMESPACE", default_value = "gpunode-system")]
     pub lease_namespace: String,
@@ -140,6 +149,7 @@ impl Config {
             heartbeat: self.heartbeat,
             report_refresh: self.report_refresh,
             backoff_max: self.max_backoff,
+            recovery_gap: self.recovery_gap,
             change: ChangeConfig {
                 margin_edges: self.margin_bands.clone(),
                 ..ChangeConfig::default()
@@ -160,6 +170,8 @@ mod tests {
         assert_eq!(c.heartbeat, Duration::from_secs(60));
         assert_eq!(c.report_refresh, Duration::from_secs(600));
         assert_eq!(c.lease_namespace, "gpunode-system");
+        assert_eq!(c.recovery_gap, Duration::from_secs(120));
+        assert!(!c.no_policy_watch);
         assert_eq!(c.metrics_addr.port(), 9400);
         assert_eq!(c.margin_bands, vec![0, 3, 5, 10, 15]);
         let c = Config::try_parse_from([
@@ -169,6 +181,8 @@ mod tests {
             "json",
             "--interval",
             "2s",
+            "--recovery-gap",
+            "30s",
             "--margin-bands",
             "-2,5",
             "--nvml-lib",
@@ -179,6 +193,7 @@ mod tests {
         assert_eq!(c.output, Output::Json);
         assert_eq!(c.interval, Duration::from_secs(2));
         assert_eq!(c.publish().change.margin_edges, vec![-2, 5]);
+        assert_eq!(c.publish().recovery_gap, Duration::from_secs(30));
         assert_eq!(c.state_dir, None);
         let c = Config::try_parse_from([
             "gpunode-probe",

@@ -4,7 +4,8 @@
 //! * [`collect`]: the collector trait and the [`collect::Probe`] that runs them into a report.
 //! * [`nvml`], [`cooling`], [`network`]: the collectors.
 //! * [`limits`]: keeps a report inside the CRD schema's bounds.
-//! * [`change`]: whether an observation differs materially from the last published one.
+//! * [`change`]: whether an observation differs materially from the last published one (the
+//!   contract with the operator); [`policies`]: the GpuNodePolicies it decides by.
 //! * [`publish`]: the publish loop and the server-side-apply sink; [`metrics`]: `/metrics`,
 //!   `/healthz`; [`app`]: wiring for the binary (`--once` and [`app::run`]).
 //! * [`xid_state`]: the XIDs of the current boot, kept across probe restarts.
@@ -19,6 +20,7 @@ pub mod limits;
 pub mod metrics;
 pub mod network;
 pub mod nvml;
+pub mod policies;
 pub mod publish;
 pub mod state;
 pub mod sysfs;

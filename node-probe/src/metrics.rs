@@ -475,6 +475,34 @@ pub fn render(state: &ProbeState) -> Result<String, std::fmt::Error> {
         .get_or_create(&vec![("result".into(), "error".into())])
         .inc_by(failed);
     registry.register("gpunode_publish", "Report publishes by result.", publishes);
+    let synced = Gauge::<i64>::default();
+    let policies = Gauge::<i64>::default();
+    match state.policies() {
+        Some(n) => {
+            synced.set(1);
+            policies.set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        None => {
+            synced.set(0);
+        }
+    }
+    registry.register(
+        "gpunode_probe_policy_watch_synced",
+        "1 while the probe knows the GpuNodePolicies and publishes by the operator's checks; 0 while it falls back to temperature bands (watch not listed yet, failed, or forbidden by RBAC).",
+        synced,
+    );
+    registry.register(
+        "gpunode_probe_policies",
+        "GpuNodePolicies the publish decision evaluates (while synced).",
+        policies,
+    );
+    let errors = Counter::<u64>::default();
+    errors.inc_by(state.policy_watch_errors());
+    registry.register(
+        "gpunode_probe_policy_watch_errors",
+        "Failed lists and watches of GpuNodePolicies.",
+        errors,
+    );
     let mut out = String::new();
     encode(&mut out, &registry)?;
     Ok(out)

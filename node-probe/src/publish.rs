@@ -1,8 +1,9 @@
 //! Publishing observations as the node's `GpuNodeReport`.
 //!
-//! [`run_loop`] observes on an interval (and right after an XID arrives) and publishes the whole
-//! report at once when [`material_changes`] finds a difference from the last published
-//! observation, and otherwise every `report_refresh`. In between, every `heartbeat`, it only
+//! [`run_loop`] observes on an interval (and right after an XID arrives or the policies change)
+//! and publishes the whole report at once when [`decide`] finds a difference from the last
+//! published observation (under the known policies, one in the operator's verdict; see
+//! [`crate::change`] for the contract), and otherwise every `report_refresh`. In between, every `heartbeat`, it only
 //! renews the node's heartbeat Lease ([`gpunode_crds::heartbeat`]: a report write costs the API
 //! server six times a Lease renewal). A failed write is retried with capped exponential backoff,
 //! always with the newest observation (the latest replaces what was waiting; nothing queues up),
@@ -27,7 +28,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::change::{ChangeConfig, material_changes};
+use crate::change::{ChangeConfig, decide};
+use crate::policies::Known;
 use crate::state::ProbeState;
 
 /// Field manager of every write the probe makes.
@@ -101,7 +103,11 @@ pub struct PublishConfig {
     pub backoff_initial: Duration,
     /// Longest retry delay.
     pub backoff_max: Duration,
-    /// What counts as a material change.
+    /// Shortest time from a report write to a write that only clears findings (a drift or an
+    /// unknown that went away, nothing new): a value sitting on a threshold publishes its drift at
+    /// once but not every flip back.
+    pub recovery_gap: Duration,
+    /// What counts as a material change when no policy is known.
     pub change: ChangeConfig,
 }
 
@@ -114,6 +120,7 @@ impl Default for PublishConfig {
             min_gap: Duration::from_secs(1),
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),
+            recovery_gap: Duration::from_secs(120),
             change: ChangeConfig::default(),
         }
     }
@@ -283,8 +290,13 @@ pub async fn publish_once(
 /// Why the next write happens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Due {
-    /// A material change: the whole report, now.
-    Change(String),
+    /// A material change: the whole report, now (a recovery: after `recovery_gap`).
+    Change {
+        /// What changed.
+        why: String,
+        /// Only findings cleared (see [`crate::change::Change::is_recovery`]).
+        recovery: bool,
+    },
     /// `report_refresh` passed: the whole report.
     Refresh,
     /// `heartbeat` passed: the Lease (see [`ReportSink::heartbeat`]).
@@ -295,7 +307,8 @@ impl Due {
     /// Of two reasons, the one that writes more wins (the earlier change keeps its text).
     fn merge(old: Due, new: Due) -> Due {
         let rank = |d: &Due| match d {
-            Due::Change(_) => 2,
+            Due::Change { recovery: false, .. } => 3,
+            Due::Change { recovery: true, .. } => 2,
             Due::Refresh => 1,
             Due::Heartbeat => 0,
         };
@@ -303,12 +316,43 @@ impl Due {
     }
 }
 
+/// When a write for `due` may happen: after the backoff or `min_gap` (`next_attempt`), and a
+/// recovery only `recovery_gap` after the last report write.
+fn ready_at(
+    due: &Due,
+    next_attempt: Instant,
+    last_report_at: Option<Instant>,
+    config: &PublishConfig,
+) -> Instant {
+    match (due, last_report_at) {
+        (Due::Change { recovery: true, .. }, Some(last)) => next_attempt.max(last + config.recovery_gap),
+        _ => next_attempt,
+    }
+}
+
 /// The publish loop; returns when `shutdown` completes. `xids` wakes it when an XID arrives.
+/// Without policies: see [`run_loop_with_policies`].
 pub async fn run_loop<O: Observe, S: ReportSink>(
     config: &PublishConfig,
     observer: Arc<O>,
     sink: &mut S,
+    xids: Option<watch::Receiver<u64>>,
+    state: Arc<ProbeState>,
+    shutdown: impl Future<Output = ()>,
+) {
+    run_loop_with_policies(config, observer, sink, xids, None, state, shutdown).await;
+}
+
+/// [`run_loop`], deciding by the operator's checks under the policies `policies` holds (see
+/// [`crate::policies`]; while it holds `None`, or without it, by temperature bands). A change of
+/// the policies triggers an observation, since the last published report may judge differently
+/// under the new ones.
+pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
+    config: &PublishConfig,
+    observer: Arc<O>,
+    sink: &mut S,
     mut xids: Option<watch::Receiver<u64>>,
+    mut policies: Option<watch::Receiver<Known>>,
     state: Arc<ProbeState>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -317,6 +361,7 @@ pub async fn run_loop<O: Observe, S: ReportSink>(
     let mut next_tick = start;
     let mut last_observe: Option<Instant> = None;
     let mut xid_pending = false;
+    let mut policy_pending = false;
     let mut published: Option<GpuNodeReportStatus> = None;
     // Last write of the whole report, and last write of anything (report or Lease).
     let mut last_report_at: Option<Instant> = None;
@@ -330,19 +375,26 @@ pub async fn run_loop<O: Observe, S: ReportSink>(
     let mut backoff = config.backoff_initial;
 
     loop {
-        let observe_at = if xid_pending {
+        let observe_at = if xid_pending || policy_pending {
             next_tick.min(last_observe.map_or(start, |t| t + config.min_gap))
         } else {
             next_tick
         };
-        let wake = if pending.is_some() {
-            observe_at.min(next_attempt)
-        } else {
-            observe_at
+        // When what waits may be written: after the backoff or `min_gap`, and a recovery only
+        // `recovery_gap` after the last report write.
+        let wake = match &pending {
+            Some((_, due)) => observe_at.min(ready_at(due, next_attempt, last_report_at, config)),
+            None => observe_at,
         };
         let xid_changed = async {
             match xids.as_mut() {
                 Some(rx) if !xid_pending => rx.changed().await.is_ok(),
+                _ => std::future::pending().await,
+            }
+        };
+        let policies_changed = async {
+            match policies.as_mut() {
+                Some(rx) if !policy_pending => rx.changed().await.is_ok(),
                 _ => std::future::pending().await,
             }
         };
@@ -357,11 +409,25 @@ pub async fn run_loop<O: Observe, S: ReportSink>(
                 }
                 continue;
             }
+            alive = policies_changed => {
+                if alive {
+                    policy_pending = true;
+                } else {
+                    policies = None;
+                }
+                continue;
+            }
         }
 
         let now = Instant::now();
         if now >= observe_at {
-            let reason = if xid_pending { "xid" } else { "interval" };
+            let reason = if xid_pending {
+                "xid"
+            } else if policy_pending {
+                "policies"
+            } else {
+                "interval"
+            };
             let obs = {
                 let observer = observer.clone();
                 match tokio::task::spawn_blocking(move || observer.observe()).await {
@@ -376,17 +442,31 @@ pub async fn run_loop<O: Observe, S: ReportSink>(
             tracing::debug!(reason, "observed");
             last_observe = Some(now);
             xid_pending = false;
+            policy_pending = false;
             while next_tick <= now {
                 next_tick += config.interval;
             }
             state.set_latest(obs.clone());
             let due = match &published {
-                None => Some(Due::Change("first observation".into())),
+                None => Some(Due::Change {
+                    why: "first observation".into(),
+                    recovery: false,
+                }),
                 Some(prev) => {
-                    let changes = material_changes(prev, &obs, &config.change);
+                    let known = policies.as_ref().and_then(|rx| rx.borrow().clone());
+                    let changes = decide(
+                        prev,
+                        &obs,
+                        known.as_deref().map(Vec::as_slice),
+                        &config.change,
+                        jiff::Timestamp::now(),
+                    );
                     if !changes.is_empty() {
                         let text: Vec<String> = changes.iter().map(ToString::to_string).collect();
-                        Some(Due::Change(text.join("; ")))
+                        Some(Due::Change {
+                            why: text.join("; "),
+                            recovery: changes.iter().all(crate::change::Change::is_recovery),
+                        })
                     } else if last_report_at.is_none_or(|t| now.duration_since(t) >= config.report_refresh) {
                         Some(Due::Refresh)
                     } else if last_write_at.is_none_or(|t| now.duration_since(t) >= config.heartbeat) {
@@ -396,16 +476,24 @@ pub async fn run_loop<O: Observe, S: ReportSink>(
                     }
                 }
             };
-            // Keep only the newest observation; the reason that writes most stays.
+            // Keep only the newest observation. After a failed write the reason that writes most
+            // stays (what failed must still be written); otherwise what waits was decided
+            // against the same published report as `due`, which replaces it (a recovery
+            // that reverted before its gap passed is not written).
             pending = match (pending.take(), due) {
                 (None, None) => None,
+                (Some(_), None) if !failed_since_write => None,
                 (Some((_, due)), None) | (None, Some(due)) => Some((obs, due)),
+                (Some(_), Some(new)) if !failed_since_write => Some((obs, new)),
                 (Some((_, old)), Some(new)) => Some((obs, Due::merge(old, new))),
             };
         }
 
         let now = Instant::now();
-        if now < next_attempt {
+        if pending
+            .as_ref()
+            .is_none_or(|(_, due)| now < ready_at(due, next_attempt, last_report_at, config))
+        {
             continue;
         }
         let Some((status, due)) = pending.take() else {
@@ -416,7 +504,7 @@ pub async fn run_loop<O: Observe, S: ReportSink>(
         let lapsed = last_write_at.is_none_or(|t| now.duration_since(t) >= config.heartbeat * 2);
         let lease_only = due == Due::Heartbeat && !failed_since_write && !lapsed;
         let reason = match &due {
-            Due::Change(why) => why.as_str(),
+            Due::Change { why, .. } => why.as_str(),
             Due::Refresh => "refresh",
             Due::Heartbeat if lease_only => "heartbeat",
             Due::Heartbeat => "heartbeat after a failure or a gap",

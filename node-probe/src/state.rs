@@ -1,7 +1,7 @@
 //! What the publish loop shares with the HTTP endpoints: the latest observation, when it was
 //! made, and publish outcomes.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,9 @@ pub struct ProbeState {
     publish_ok: AtomicU64,
     publish_failed: AtomicU64,
     xids: Option<Arc<XidLog>>,
+    /// Policies the publish decision knows, or -1 while it falls back to temperature bands.
+    policies: AtomicI64,
+    policy_watch_errors: AtomicU64,
 }
 
 impl ProbeState {
@@ -31,6 +34,8 @@ impl ProbeState {
             publish_ok: AtomicU64::new(0),
             publish_failed: AtomicU64::new(0),
             xids,
+            policies: AtomicI64::new(-1),
+            policy_watch_errors: AtomicU64::new(0),
         }
     }
 
@@ -66,6 +71,28 @@ impl ProbeState {
             self.publish_ok.load(Ordering::Relaxed),
             self.publish_failed.load(Ordering::Relaxed),
         )
+    }
+
+    /// How many policies the publish decision knows (`None`: the watch has not listed, failed
+    /// or is forbidden, and the probe falls back to temperature bands).
+    pub fn set_policies(&self, known: Option<usize>) {
+        let n = known.map_or(-1, |n| i64::try_from(n).unwrap_or(i64::MAX));
+        self.policies.store(n, Ordering::Relaxed);
+    }
+
+    /// See [`ProbeState::set_policies`].
+    pub fn policies(&self) -> Option<usize> {
+        usize::try_from(self.policies.load(Ordering::Relaxed)).ok()
+    }
+
+    /// Counts a failed policy list or watch.
+    pub fn record_policy_watch_error(&self) {
+        self.policy_watch_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Failed policy lists and watches so far.
+    pub fn policy_watch_errors(&self) -> u64 {
+        self.policy_watch_errors.load(Ordering::Relaxed)
     }
 
     /// The node name.

@@ -7,7 +7,11 @@ use std::time::Duration;
 
 use gpunode_crds::ThrottleReason;
 use gpunode_crds::report::{GpuNodeReportStatus, GpuStatus};
-use gpunode_probe::publish::{Beat, Observe, PublishConfig, PublishError, ReportSink, run_loop};
+use gpunode_probe::change::KnownPolicy;
+use gpunode_probe::policies::Known;
+use gpunode_probe::publish::{
+    Beat, Observe, PublishConfig, PublishError, ReportSink, run_loop, run_loop_with_policies,
+};
 use gpunode_probe::state::ProbeState;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -18,6 +22,24 @@ struct Scripted {
     count: AtomicU64,
     throttled: Mutex<bool>,
     temperature: Mutex<i32>,
+    /// Slowdown threshold; 89 when unset.
+    slowdown: Mutex<Option<i32>>,
+    /// When each observation was made.
+    observed: Mutex<Vec<Instant>>,
+}
+
+impl Scripted {
+    fn set_temperature(&self, celsius: i32) {
+        *self.temperature.lock().unwrap_or_else(|e| e.into_inner()) = celsius - 40;
+    }
+
+    fn last_observed(&self) -> Option<Instant> {
+        self.observed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last()
+            .copied()
+    }
 }
 
 impl Observe for Scripted {
@@ -25,12 +47,24 @@ impl Observe for Scripted {
         let n = self.count.fetch_add(1, Ordering::SeqCst);
         let throttled = *self.throttled.lock().unwrap_or_else(|e| e.into_inner());
         let temperature = *self.temperature.lock().unwrap_or_else(|e| e.into_inner());
+        let slowdown = self
+            .slowdown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or(89);
+        self.observed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Instant::now());
         GpuNodeReportStatus {
             probe_version: Some(format!("obs-{n}")),
+            observed_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::now(),
+            )),
             gpus: vec![GpuStatus {
                 index: 0,
                 temperature_celsius: Some(40 + temperature),
-                slowdown_celsius: Some(89),
+                slowdown_celsius: Some(slowdown),
                 throttle_reasons: if throttled {
                     vec![ThrottleReason::HwSlowdown]
                 } else {
@@ -112,7 +146,15 @@ struct Harness {
 }
 
 fn start(config: PublishConfig) -> Harness {
-    let observer = Arc::new(Scripted::default());
+    start_with(config, Arc::new(Scripted::default()), None)
+}
+
+/// [`start`] with a given observer and, when `policies` is given, deciding by them.
+fn start_with(
+    config: PublishConfig,
+    observer: Arc<Scripted>,
+    policies: Option<watch::Receiver<Known>>,
+) -> Harness {
     let sink = Recorder::default();
     let (xid_tx, xid_rx) = watch::channel(0);
     let (stop, stopped) = oneshot::channel::<()>();
@@ -120,10 +162,24 @@ fn start(config: PublishConfig) -> Harness {
     let task = {
         let (observer, mut sink) = (observer.clone(), sink.clone());
         tokio::spawn(async move {
-            run_loop(&config, observer, &mut sink, Some(xid_rx), state, async {
+            let stopped = async {
                 let _ = stopped.await;
-            })
-            .await;
+            };
+            match policies {
+                Some(p) => {
+                    run_loop_with_policies(
+                        &config,
+                        observer,
+                        &mut sink,
+                        Some(xid_rx),
+                        Some(p),
+                        state,
+                        stopped,
+                    )
+                    .await
+                }
+                None => run_loop(&config, observer, &mut sink, Some(xid_rx), state, stopped).await,
+            }
         })
     };
     Harness {
@@ -345,5 +401,140 @@ async fn after_a_failed_heartbeat_the_whole_report_is_written() {
     // observation a heartbeat after that (every 10 s).
     assert_eq!(reports, vec![0, 61]);
     assert_eq!(beats, vec![130]);
+    h.stop().await;
+}
+
+/// A policy with only `cooling.maxGpuCelsius`.
+fn max_gpu_celsius(limit: i32) -> KnownPolicy {
+    let spec = serde_json::from_value(serde_json::json!({ "cooling": { "maxGpuCelsius": limit } }))
+        .unwrap_or_else(|e| panic!("policy: {e}"));
+    KnownPolicy {
+        name: "hot".into(),
+        spec,
+    }
+}
+
+fn known(policies: Vec<KnownPolicy>) -> Known {
+    Some(Arc::new(policies))
+}
+
+/// A GPU at 84 C, slowdown 97 (margin 13: far from every fallback band edge on the way to 86 C),
+/// heartbeats on the Lease, so that only material changes and refreshes write the report.
+fn at_84(policies: Option<watch::Receiver<Known>>) -> Harness {
+    let observer = Arc::new(Scripted::default());
+    *observer.slowdown.lock().unwrap_or_else(|e| e.into_inner()) = Some(97);
+    observer.set_temperature(84);
+    let h = start_with(PublishConfig::default(), observer, policies);
+    h.sink.lease.store(true, Ordering::SeqCst);
+    h
+}
+
+#[tokio::test(start_paused = true)]
+async fn crossing_a_policy_threshold_publishes_at_once() {
+    let (_tx, rx) = watch::channel(known(vec![max_gpu_celsius(85)]));
+    let h = at_84(Some(rx));
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    h.run_for(Duration::from_secs(25)).await;
+    assert_eq!(h.sink.published().len(), 1);
+    h.observer.set_temperature(86);
+    let flipped = Instant::now();
+    assert!(
+        h.wait_for(Duration::from_secs(12), |h| h.sink.published().len() == 2)
+            .await,
+        "86 C under maxGpuCelsius 85 was not published at once"
+    );
+    let (at, _) = h.sink.published()[1];
+    let observed = h
+        .observer
+        .last_observed()
+        .unwrap_or_else(|| panic!("no observation"));
+    assert!(
+        at.duration_since(observed) < Duration::from_secs(2),
+        "published {:?} after the observation",
+        at.duration_since(observed)
+    );
+    assert!(at.duration_since(flipped) <= Duration::from_secs(10) + Duration::from_secs(2));
+    // Noise while drifted changes only the drift's text ("got 87 C"): nothing to publish.
+    for t in [87, 86, 88, 87, 86, 88] {
+        h.observer.set_temperature(t);
+        h.run_for(Duration::from_secs(10)).await;
+    }
+    assert_eq!(h.sink.published().len(), 2, "noise while drifted was published");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_policies_the_same_crossing_waits_for_the_refresh() {
+    // The fallback (watch not synced, or forbidden): 84 -> 86 C crosses no margin band.
+    let (_tx, rx) = watch::channel(None);
+    let h = at_84(Some(rx));
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    h.observer.set_temperature(86);
+    h.run_for(Duration::from_secs(120)).await;
+    assert_eq!(
+        h.sink.published().len(),
+        1,
+        "the band fallback published 84 -> 86 C"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_policy_publishes_what_it_judges_differently_at_once() {
+    let (tx, rx) = watch::channel(known(vec![]));
+    let h = at_84(Some(rx));
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    // No policy checks the temperature: 86 C waits.
+    h.observer.set_temperature(86);
+    h.run_for(Duration::from_secs(25)).await;
+    assert_eq!(h.sink.published().len(), 1);
+    // A policy appears under which the published 84 C and the observed 86 C differ: the probe
+    // observes and publishes without waiting for the interval.
+    h.run_for(Duration::from_secs(2)).await;
+    let sent = Instant::now();
+    tx.send_replace(known(vec![max_gpu_celsius(85)]));
+    assert!(
+        h.wait_for(Duration::from_secs(3), |h| h.sink.published().len() == 2)
+            .await
+    );
+    let (at, _) = h.sink.published()[1];
+    assert!(
+        at.duration_since(sent) < Duration::from_secs(2),
+        "{:?}",
+        at.duration_since(sent)
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_value_flapping_on_a_threshold_publishes_drifts_at_once_and_recoveries_after_the_gap() {
+    let (_tx, rx) = watch::channel(known(vec![max_gpu_celsius(85)]));
+    let h = at_84(Some(rx));
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    // 84, 86, 84, 86 ... every observation for an hour.
+    for i in 0..360 {
+        h.observer.set_temperature(if i % 2 == 0 { 86 } else { 84 });
+        h.run_for(Duration::from_secs(10)).await;
+    }
+    let published = h.sink.published();
+    // Each recovery waits 2 minutes after the previous write, each drift then follows at once:
+    // at most two writes per 2 minutes instead of one per flip.
+    assert!(
+        (20..=61).contains(&published.len()),
+        "{} writes in an hour of flapping",
+        published.len()
+    );
     h.stop().await;
 }

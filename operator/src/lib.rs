@@ -7,7 +7,6 @@ pub mod cache;
 pub mod check;
 pub mod controller;
 pub mod crdgen;
-pub mod evaluate;
 pub mod events;
 pub mod heartbeats;
 pub mod leader;
@@ -20,4 +19,7 @@ pub mod status;
 pub mod sweep;
 pub mod triggers;
 pub mod trim;
-pub mod verdict;
+
+// The pure evaluator lives in gpunode-checks, which the node-probe shares; these keep the
+// operator's paths (`crate::evaluate`, `crate::verdict`).
+pub use gpunode_checks::{evaluate, verdict};

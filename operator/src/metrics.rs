@@ -185,7 +185,18 @@ macro_rules! label_value {
     )*};
 }
 
-label_value!(ErrorKind, ActionKind, ActionResult, NodeState);
+label_value!(ErrorKind, ActionKind, ActionResult);
+
+/// A node state as a label value: [`NodeState`] lives in gpunode-checks, which does not depend
+/// on prometheus-client.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct StateLabel(NodeState);
+
+impl EncodeLabelValue for StateLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.0.as_str())
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
@@ -220,7 +231,7 @@ pub const NODE_PARTS: [&str; 3] = ["metadata", "spec", "condition"];
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NodeLabels {
     policy: String,
-    state: NodeState,
+    state: StateLabel,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -402,7 +413,7 @@ impl Metrics {
         self.nodes
             .get_or_create(&NodeLabels {
                 policy: policy.to_string(),
-                state,
+                state: StateLabel(state),
             })
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
@@ -444,7 +455,7 @@ impl Metrics {
         for state in NODE_STATES {
             self.nodes.remove(&NodeLabels {
                 policy: policy.to_string(),
-                state,
+                state: StateLabel(state),
             });
         }
     }

@@ -195,7 +195,7 @@ pub fn unchanged_until_heard(
 }
 
 /// The later of a report's `observedAt` and its probe's last heartbeat.
-pub(crate) fn last_heard(observed_at: Timestamp, heard: Option<Timestamp>) -> Timestamp {
+pub fn last_heard(observed_at: Timestamp, heard: Option<Timestamp>) -> Timestamp {
     heard.map_or(observed_at, |h| h.max(observed_at))
 }
 
