@@ -285,11 +285,15 @@ async fn markers_no_policy_governs_are_released_with_an_event() {
     op.spawn().unwrap_or_else(|e| fail(e));
     op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
     wait_all_clean(&wave, "every unowned node released at start-up").await;
-    let released = op
-        .metric("gpunode_actions_total{action=\"release\",result=\"ok\"}")
-        .await
-        .unwrap_or_else(|e| fail(e));
-    assert!(released >= 3.0, "release metric {released}");
+    // Counted once each release returns, just after its last write.
+    wait::until("the release metric to count every node", DEADLINE, || async {
+        let released = op
+            .metric("gpunode_actions_total{action=\"release\",result=\"ok\"}")
+            .await?;
+        Ok((released >= 3.0).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
     let events: Api<Event> = Api::all(client.clone());
     wait::until("a Released event for each node", DEADLINE, || async {
         let list = events
