@@ -214,11 +214,22 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
     .unwrap_or_else(|e| fail(e));
     assert_eq!(status.drifted, 0);
 
-    operator.stop().await.unwrap_or_else(|e| fail(e));
+    // A deleted policy's metric series go with it (an alert on them would fire for ever).
+    let series = format!("policy=\"{name}\"");
+    assert!(
+        operator.metrics.encode().contains(&series),
+        "no series for the live policy"
+    );
     policies
         .delete(&name, &Default::default())
         .await
         .unwrap_or_else(|e| fail(e));
+    wait::until("the deleted policy's metric series to go", DEADLINE, || async {
+        Ok::<_, gpunode_e2e::Error>((!operator.metrics.encode().contains(&series)).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    operator.stop().await.unwrap_or_else(|e| fail(e));
 }
 
 #[tokio::test]

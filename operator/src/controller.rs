@@ -976,16 +976,17 @@ pub async fn run(
             policies_for(&p2, &labels)
         })
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, error_policy, ctx.clone())
         .for_each(|res| {
-            let sweep = sweep.clone();
+            let ctx = ctx.clone();
             async move {
                 match res {
                     // A policy that went away without its cleanup (its finalizer removed by
-                    // hand): look for the nodes it left.
+                    // hand): forget it and look for the nodes it left.
                     Err(controller::Error::ObjectNotFound(policy)) => {
                         info!(policy = %policy.name, "GpuNodePolicy is gone");
-                        sweep.notify_one();
+                        forget(&ctx, &policy.name);
+                        ctx.sweep.notify_one();
                     }
                     Err(e) => warn!(error = %e, "controller"),
                     Ok(_) => {}
