@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: reliability-long reliability-report help demo test lint unit crds cluster-build cluster-up cluster-down bench bench-probe demo-down
+.PHONY: reliability-long reliability-report help demo test lint unit crds cluster-build cluster-up cluster-down bench bench-probe bench-probe-latency demo-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -60,6 +60,9 @@ cluster-down: ## stop the local control plane started by cluster-up
 
 bench-probe: ## node-probe steady-state CPU, RSS and writes/hour at default intervals (SECONDS=600)
 	node-probe/benches/soak.sh $(or $(SECONDS),600)
+
+bench-probe-latency: ## node-probe observation -> stored report per check class (ROUNDS=3)
+	node-probe/benches/latency.sh $(or $(ROUNDS),3)
 
 bench: ## scale benchmark (not part of test): N = BENCH_NS (100,1000,5000) KWOK nodes, results in docs/benchmarks
 	bench/run.sh

@@ -25,6 +25,9 @@ KUBECONFIG=$(GPUNODE_CLUSTER_NAME=bench-probe e2e/cluster/up.sh | tail -1)
 trap 'kill "${PID:-0}" "${NOISE_PID:-0}" 2>/dev/null || true; GPUNODE_CLUSTER_NAME=bench-probe e2e/cluster/down.sh >/dev/null 2>&1 || true' EXIT
 NODE=$(e2e/cluster/nodes.sh 1 soak | tail -1)
 kubectl apply --server-side -f charts/gpunode/crds >/dev/null
+# The release namespace, so the probe heartbeats through its Lease as in a real install
+# (without it every heartbeat is a whole report write).
+kubectl create namespace gpunode-system --dry-run=client -o yaml | kubectl apply --server-side -f - >/dev/null
 
 WORK=$(mktemp -d)
 cp node-probe/fake-nvml/fixtures/healthy-8xh100.json "$WORK/nvml.json"
@@ -65,22 +68,23 @@ done
 kubectl get gnr "$NODE" >/dev/null || { cat "$WORK/probe.log" >&2; exit 1; }
 # Writes the API server served for reports: this cluster has no other writer of gpunodereports.
 writes() { kubectl get --raw /metrics |
-	awk '/^apiserver_request_total\{/ && /resource="gpunodereports"/ && /verb="(PATCH|APPLY|PUT|POST)"/ {s += $NF} END {print s + 0}'; }
-T0=$(date +%s.%N) C0=$(ticks) W0=$(writes)
+	awk -v r="${1:-gpunodereports}" '/^apiserver_request_total\{/ && $0 ~ "resource=\"" r "\"" && /verb="(PATCH|APPLY|PUT|POST)"/ {s += $NF} END {print s + 0}'; }
+T0=$(date +%s.%N) C0=$(ticks) W0=$(writes) L0=$(writes leases)
 echo "soak: measuring ${DURATION}s (probe pid $PID)" >&2
 # The measurement window itself: a fixed-length observation, not a wait for a condition.
 sleep "$DURATION"
-T1=$(date +%s.%N) C1=$(ticks) W1=$(writes)
+T1=$(date +%s.%N) C1=$(ticks) W1=$(writes) L1=$(writes leases)
 HZ=$(getconf CLK_TCK)
 HWM=$(awk '/VmHWM/ {print $2}' "/proc/$PID/status")
-python3 - "$T0" "$T1" "$C0" "$C1" "$HZ" "$HWM" "$W0" "$W1" <<'EOF'
+python3 - "$T0" "$T1" "$C0" "$C1" "$HZ" "$HWM" "$W0" "$W1" "$L0" "$L1" <<'EOF'
 import sys
-t0, t1, c0, c1, hz, hwm, w0, w1 = map(float, sys.argv[1:])
+t0, t1, c0, c1, hz, hwm, w0, w1, l0, l1 = map(float, sys.argv[1:])
 secs = t1 - t0
 cpu = (c1 - c0) / hz
 print(f"machine: {open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}")
 print(f"window: {secs:.0f} s")
 print(f"cpu: {cpu:.2f} s = {100 * cpu / secs:.3f}% of one core (target < 0.5%)")
 print(f"peak rss: {hwm / 1024:.1f} MiB (target < 30)")
-print(f"api writes: {w1 - w0:.0f} = {(w1 - w0) * 3600 / secs:.0f} per hour (target <= 60)")
+print(f"report writes: {w1 - w0:.0f} = {(w1 - w0) * 3600 / secs:.0f} per hour (target <= 60)")
+print(f"heartbeat Lease writes: {l1 - l0:.0f} = {(l1 - l0) * 3600 / secs:.0f} per hour")
 EOF
