@@ -68,17 +68,17 @@ done
 kubectl get gnr "$NODE" >/dev/null || { cat "$WORK/probe.log" >&2; exit 1; }
 # Writes the API server served for reports: this cluster has no other writer of gpunodereports.
 writes() { kubectl get --raw /metrics |
-	awk -v r="${1:-gpunodereports}" '/^apiserver_request_total\{/ && $0 ~ "resource=\"" r "\"" && /verb="(PATCH|APPLY|PUT|POST)"/ {s += $NF} END {print s + 0}'; }
-T0=$(date +%s.%N) C0=$(ticks) W0=$(writes) L0=$(writes leases)
+	awk '/^apiserver_request_total\{/ && /resource="gpunodereports"/ && /verb="(PATCH|APPLY|PUT|POST)"/ {s += $NF} END {print s + 0}'; }
+T0=$(date +%s.%N) C0=$(ticks) W0=$(writes)
 echo "soak: measuring ${DURATION}s (probe pid $PID)" >&2
 # The measurement window itself: a fixed-length observation, not a wait for a condition.
 sleep "$DURATION"
-T1=$(date +%s.%N) C1=$(ticks) W1=$(writes) L1=$(writes leases)
+T1=$(date +%s.%N) C1=$(ticks) W1=$(writes)
 HZ=$(getconf CLK_TCK)
 HWM=$(awk '/VmHWM/ {print $2}' "/proc/$PID/status")
-python3 - "$T0" "$T1" "$C0" "$C1" "$HZ" "$HWM" "$W0" "$W1" "$L0" "$L1" <<'EOF'
+python3 - "$T0" "$T1" "$C0" "$C1" "$HZ" "$HWM" "$W0" "$W1" <<'EOF'
 import sys
-t0, t1, c0, c1, hz, hwm, w0, w1, l0, l1 = map(float, sys.argv[1:])
+t0, t1, c0, c1, hz, hwm, w0, w1 = map(float, sys.argv[1:])
 secs = t1 - t0
 cpu = (c1 - c0) / hz
 print(f"machine: {open('/proc/cpuinfo').read().split('model name')[1].split(':')[1].splitlines()[0].strip()}")
@@ -86,5 +86,4 @@ print(f"window: {secs:.0f} s")
 print(f"cpu: {cpu:.2f} s = {100 * cpu / secs:.3f}% of one core (target < 0.5%)")
 print(f"peak rss: {hwm / 1024:.1f} MiB (target < 30)")
 print(f"report writes: {w1 - w0:.0f} = {(w1 - w0) * 3600 / secs:.0f} per hour (target <= 60)")
-print(f"heartbeat Lease writes: {l1 - l0:.0f} = {(l1 - l0) * 3600 / secs:.0f} per hour")
 EOF
