@@ -396,10 +396,13 @@ pub fn plan(policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> P
                 current.remove(&Action::Drain);
             }
             if user_uncordoned.is_some() {
+                // A drain a person cancelled is over, whatever the ladder wants now: its stale
+                // marker takes no capacity and must not count against the budget (it would let
+                // another disruptive action onto the node without a slot).
+                current.remove(&Action::Drain);
                 if wanted.contains(&Action::Cordon) {
                     wanted.remove(&Action::Cordon);
                     wanted.remove(&Action::Drain);
-                    current.remove(&Action::Drain);
                 } else {
                     user_uncordoned = None;
                 }

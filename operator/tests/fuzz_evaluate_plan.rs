@@ -334,10 +334,14 @@ fn node() -> impl Strategy<Value = Node> {
 
 /// In effect before the plan: a disruptive gpunode taint, gpunode's cordon, or a drain its
 /// bookkeeping says is under way (resumed, not newly admitted).
+/// Whether the node is out of service by gpunode's doing. A drain a person cancelled (by
+/// uncordoning the node gpunode cordoned, now or before) leaves a schedulable node that takes
+/// no capacity away: its stale drain marker does not make it disrupted.
 fn was_disrupted(v: &NodeView) -> bool {
+    let cancelled = v.markers.user_uncordoned.is_some() || (v.markers.cordoned_by_us && !v.unschedulable);
     v.taints.iter().any(|t| t.effect.is_disruptive())
         || (v.unschedulable && v.markers.cordoned_by_us)
-        || v.markers.drain_started.is_some()
+        || (v.markers.drain_started.is_some() && !cancelled)
 }
 
 #[test]

@@ -344,6 +344,48 @@ fn a_human_uncordon_cancels_the_drain_until_the_node_recovers() {
     assert_eq!(of(&p, "a").cordon, Some(true));
 }
 
+/// Found by `make reliability-long` (the budget fuzz at 5,000 cases): a drain a person cancelled
+/// leaves a stale `drain-started` marker on a schedulable node. That node is not disrupted, so
+/// it takes no budget slot, and it gets no disruptive action without one.
+#[test]
+fn a_drain_a_person_cancelled_takes_no_budget_and_gives_none() {
+    let mut policy = ladder();
+    policy.remediation.push(gpunode_crds::policy::RemediationRule {
+        classes: vec![DriftClass::Driver],
+        action: RemediationAction::Cordon,
+        effect: None,
+        after: gpunode_crds::Duration::from_secs(0),
+    });
+    let cancelled = |name: &str, class: DriftClass| {
+        let mut n = node(name);
+        n.verdict = drifted(&[class]);
+        n.markers.drain_started = Some(at(-3600));
+        n.markers.user_uncordoned = Some(at(-3600));
+        n
+    };
+    // Budget 1, held by nobody: the other node's fatal XID is admitted.
+    let nodes = vec![cancelled("b", DriftClass::Driver), {
+        let mut a = node("a");
+        a.verdict = drifted(&[DriftClass::Xid]);
+        a
+    }];
+    let p = plan(&policy, &nodes, at(0));
+    assert_eq!(p.budget_in_use, 1, "only a's new drain holds the slot");
+    assert_eq!(of(&p, "a").cordon, Some(true));
+    assert_eq!(of(&p, "b").cordon, None, "the person's uncordon is respected");
+    // Budget 0: the cancelled node's throttling gets no taint, having no slot.
+    let mut policy0 = ladder();
+    policy0.disruption.max_unavailable = gpunode_crds::MaxUnavailable::Count(0);
+    let nodes = vec![cancelled("c", DriftClass::Throttle)];
+    let p = plan(&policy0, &nodes, at(60));
+    assert!(
+        of(&p, "c").taints.is_empty(),
+        "tainted with no budget: {:?}",
+        of(&p, "c").taints
+    );
+    assert_eq!(p.budget_in_use, 0);
+}
+
 #[test]
 fn thirty_nodes_drifting_under_a_ten_percent_budget_proceed_three_at_a_time() {
     let policy = policy(
