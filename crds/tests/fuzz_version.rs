@@ -21,24 +21,22 @@ fn rangeish() -> impl Strategy<Value = String> {
 #[test]
 fn range_parsing_never_panics_and_round_trips() {
     let accepted = std::cell::Cell::new(0u32);
-    runner(&SEED, 1024)
-        .run(&rangeish(), |s| {
-            match s.parse::<VersionRange>() {
-                Ok(r) => {
-                    accepted.set(accepted.get() + 1);
-                    let printed = r.to_string();
-                    let again: VersionRange = printed
-                        .parse()
-                        .map_err(|e| TestCaseError::fail(format!("{printed:?} (from {s:?}): {e}")))?;
-                    prop_assert_eq!(again.to_string(), printed);
-                    prop_assert!(!r.clauses().is_empty());
-                }
-                Err(e) => prop_assert!(!e.to_string().is_empty()),
+    let outcome = runner(&SEED, 1024).run(&rangeish(), |s| {
+        match s.parse::<VersionRange>() {
+            Ok(r) => {
+                accepted.set(accepted.get() + 1);
+                let printed = r.to_string();
+                let again: VersionRange = printed
+                    .parse()
+                    .map_err(|e| TestCaseError::fail(format!("{printed:?} (from {s:?}): {e}")))?;
+                prop_assert_eq!(again.to_string(), printed);
+                prop_assert!(!r.clauses().is_empty());
             }
-            let _ = "550.54.15".parse::<VersionRange>().map(|r| r.matches_str(&s));
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
+        }
+        let _ = "550.54.15".parse::<VersionRange>().map(|r| r.matches_str(&s));
+        Ok(())
+    });
     assert!(accepted.get() > 0, "no generated range parsed");
     record(
         env!("CARGO_TARGET_TMPDIR"),
@@ -54,7 +52,9 @@ fn range_parsing_never_panics_and_round_trips() {
             ),
             ("accepted ranges round-trip", "print → parse → same".into()),
         ],
+        &outcome,
     );
+    outcome.unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -63,31 +63,29 @@ fn versions_compare_like_their_components() {
         prop::collection::vec(0u32..1_000_000, 1..5),
         prop::collection::vec(0u32..1_000_000, 1..5),
     );
-    runner(&SEED, 1024)
-        .run(&strategy, |(a, b)| {
-            let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(".");
-            let (sa, sb) = (join(&a), join(&b));
-            let va: Version = sa
-                .parse()
-                .map_err(|e| TestCaseError::fail(format!("{sa}: {e}")))?;
-            let vb: Version = sb
-                .parse()
-                .map_err(|e| TestCaseError::fail(format!("{sb}: {e}")))?;
-            // Trailing zeros do not count: compare padded component lists.
-            let n = a.len().max(b.len());
-            let pad = |v: &[u32]| {
-                let mut v = v.to_vec();
-                v.resize(n, 0);
-                v
-            };
-            prop_assert_eq!(va.cmp(&vb), pad(&a).cmp(&pad(&b)));
-            let ge: VersionRange = format!(">={sb}")
-                .parse()
-                .map_err(|e| TestCaseError::fail(format!(">={sb}: {e}")))?;
-            prop_assert_eq!(ge.matches(&va), va >= vb);
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
+    let outcome = runner(&SEED, 1024).run(&strategy, |(a, b)| {
+        let join = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(".");
+        let (sa, sb) = (join(&a), join(&b));
+        let va: Version = sa
+            .parse()
+            .map_err(|e| TestCaseError::fail(format!("{sa}: {e}")))?;
+        let vb: Version = sb
+            .parse()
+            .map_err(|e| TestCaseError::fail(format!("{sb}: {e}")))?;
+        // Trailing zeros do not count: compare padded component lists.
+        let n = a.len().max(b.len());
+        let pad = |v: &[u32]| {
+            let mut v = v.to_vec();
+            v.resize(n, 0);
+            v
+        };
+        prop_assert_eq!(va.cmp(&vb), pad(&a).cmp(&pad(&b)));
+        let ge: VersionRange = format!(">={sb}")
+            .parse()
+            .map_err(|e| TestCaseError::fail(format!(">={sb}: {e}")))?;
+        prop_assert_eq!(ge.matches(&va), va >= vb);
+        Ok(())
+    });
     record(
         env!("CARGO_TARGET_TMPDIR"),
         "version-order",
@@ -96,5 +94,7 @@ fn versions_compare_like_their_components() {
             "ordering agrees with the components",
             "padded numeric comparison".into(),
         )],
+        &outcome,
     );
+    outcome.unwrap_or_else(|e| panic!("{e}"));
 }

@@ -99,6 +99,19 @@ fn cordon_and_taint(tag: &str, nodes: usize) -> WaveSpec {
     spec
 }
 
+/// A policy's `nodes` fake nodes, each cordoned and tainted by gpunode for a fatal XID.
+async fn disrupted_wave(client: &Client, tag: &str, nodes: usize) -> Wave {
+    let wave = Wave::setup(client, &cordon_and_taint(tag, nodes))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    wave.wait_all("compliant", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    wait_all_disrupted(&wave).await;
+    wave
+}
+
 async fn wait_all_disrupted(wave: &Wave) {
     wait::until("every node cordoned and tainted by gpunode", DEADLINE, || async {
         let nodes = wave.nodes_now().await?;
@@ -165,14 +178,7 @@ async fn a_deleted_policy_is_released_completely_when_its_leader_loses_the_lease
         .await
         .unwrap_or_else(|e| fail(e));
 
-    let wave = Wave::setup(&client, &cordon_and_taint("rls", 40))
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
-    wait_all_disrupted(&wave).await;
+    let wave = disrupted_wave(&client, "rls", 40).await;
 
     // B cannot take over while A is paused: what A does on resuming decides.
     b.pause().unwrap_or_else(|e| fail(e));
@@ -251,14 +257,7 @@ async fn markers_no_policy_governs_are_released_with_an_event() {
         .await
         .unwrap_or_else(|e| fail(e));
     op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let wave = Wave::setup(&client, &cordon_and_taint("unowned", 3))
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
-    wait_all_disrupted(&wave).await;
+    let wave = disrupted_wave(&client, "unowned", 3).await;
 
     // Someone removes the finalizer by hand while the operator is down, then deletes the policy.
     op.kill();

@@ -78,12 +78,10 @@ fn encode(a: &Attr, out: &mut Vec<u8>) {
 
 #[test]
 fn arbitrary_bytes_never_panic() {
-    runner(&SEED, 512)
-        .run(&prop::collection::vec(any::<u8>(), 0..600), |bytes| {
-            let _ = parse_ieee_reply(&bytes);
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
+    let outcome = runner(&SEED, 512).run(&prop::collection::vec(any::<u8>(), 0..600), |bytes| {
+        let _ = parse_ieee_reply(&bytes);
+        Ok(())
+    });
     record(
         env!("CARGO_TARGET_TMPDIR"),
         "dcb-bytes",
@@ -92,7 +90,9 @@ fn arbitrary_bytes_never_panic() {
             cases(512)
         ),
         &[("no panic on any input", "every case parsed or refused".into())],
+        &outcome,
     );
+    outcome.unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -103,25 +103,23 @@ fn framed_replies_with_hostile_attributes_never_panic() {
         prop_oneof![Just(0i8), any::<i8>()],
     );
     let accepted = std::cell::Cell::new(0u32);
-    runner(&SEED, 512)
-        .run(&strategy, |(attrs, kind, lie)| {
-            let mut body = Vec::new();
-            for a in &attrs {
-                encode(a, &mut body);
+    let outcome = runner(&SEED, 512).run(&strategy, |(attrs, kind, lie)| {
+        let mut body = Vec::new();
+        for a in &attrs {
+            encode(a, &mut body);
+        }
+        if let Ok(config) = parse_ieee_reply(&message(kind, &body, lie)) {
+            accepted.set(accepted.get() + 1);
+            if let Some(prios) = config.pfc_priorities() {
+                prop_assert!(
+                    prios.iter().all(|p| *p < 8),
+                    "PFC priority out of range: {prios:?}"
+                );
             }
-            if let Ok(config) = parse_ieee_reply(&message(kind, &body, lie)) {
-                accepted.set(accepted.get() + 1);
-                if let Some(prios) = config.pfc_priorities() {
-                    prop_assert!(
-                        prios.iter().all(|p| *p < 8),
-                        "PFC priority out of range: {prios:?}"
-                    );
-                }
-                let _ = config.trust_from_app_table();
-            }
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
+            let _ = config.trust_from_app_table();
+        }
+        Ok(())
+    });
     assert!(
         accepted.get() > 0,
         "the generator never produced a reply the parser accepts"
@@ -140,5 +138,7 @@ fn framed_replies_with_hostile_attributes_never_panic() {
             ),
             ("PFC priorities in 0..8", "checked on every accepted reply".into()),
         ],
+        &outcome,
     );
+    outcome.unwrap_or_else(|e| panic!("{e}"));
 }

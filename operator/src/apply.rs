@@ -201,7 +201,7 @@ fn desired_annotations(plan: &NodePlan) -> BTreeMap<String, String> {
     a
 }
 
-fn is_ours_label(key: &str) -> bool {
+pub(crate) fn is_ours_label(key: &str) -> bool {
     key == markers::POLICY_LABEL || key == markers::STATE_LABEL || key.starts_with(DRIFT_LABEL_PREFIX)
 }
 

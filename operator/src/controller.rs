@@ -62,15 +62,6 @@ use crate::{
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A selector of the policy cannot be used (the API server rejects such policies; this one
-    /// was stored before that rule, or by a skewed version). The policy acts on nothing.
-    #[error("policy {policy}: {source}")]
-    InvalidSelector {
-        /// The policy.
-        policy: String,
-        /// The field and why.
-        source: InvalidSelector,
-    },
     /// Writing some of a policy's nodes failed; each failure was counted under its own kind
     /// when it happened.
     #[error("{failed} node writes failed, the first: {first}")]
@@ -104,7 +95,6 @@ impl Error {
     /// The metric kind: what failed, not how it travelled.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidSelector { .. } => ErrorKind::InvalidObject,
             Error::Nodes { first, .. } => first.kind(),
             Error::Apply(e) => e.kind(),
             Error::Finalizer(_) | Error::Timeout(_) => ErrorKind::Other,
@@ -188,15 +178,11 @@ impl Context {
 
 /// The policy's node selector, parsed as strictly as the API server validates it. Also checks
 /// the drain's pod selector: a policy with any unusable selector selects no node at all.
-pub(crate) fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, Error> {
-    let invalid = |source| Error::InvalidSelector {
-        policy: policy.name_any(),
-        source,
-    };
+pub(crate) fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, InvalidSelector> {
     if let Some(pods) = &policy.spec.disruption.drain.pod_selector {
-        selector::parse(POD_SELECTOR_FIELD, pods).map_err(invalid)?;
+        selector::parse(POD_SELECTOR_FIELD, pods)?;
     }
-    selector::parse("spec.nodeSelector", &policy.spec.node_selector).map_err(invalid)
+    selector::parse("spec.nodeSelector", &policy.spec.node_selector)
 }
 
 /// Where the drain's pod selector is, in errors and conditions.
@@ -532,10 +518,11 @@ fn forget(ctx: &Context, policy: &str) {
 
 /// A policy with a selector gpunode cannot use selects no node: nothing is acted on or undone,
 /// the Degraded condition names the field, and the policy is looked at again when it changes.
-async fn invalid_policy(policy: &GpuNodePolicy, ctx: &Context, error: Error) -> Result<Action, Error> {
-    let Error::InvalidSelector { source, .. } = &error else {
-        return Err(error);
-    };
+async fn invalid_policy(
+    policy: &GpuNodePolicy,
+    ctx: &Context,
+    source: &InvalidSelector,
+) -> Result<Action, Error> {
     let name = policy.name_any();
     warn!(policy = %name, error = %source, "policy has an unusable selector: it selects no node");
     ctx.metrics.reconcile_error(ErrorKind::InvalidObject);
@@ -581,7 +568,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     let name = policy.name_any();
     let selector = match selector_of(&policy) {
         Ok(s) => s,
-        Err(e) => return invalid_policy(&policy, &ctx, e).await,
+        Err(e) => return invalid_policy(&policy, &ctx, &e).await,
     };
     let selectors = ctx.selectors();
     release_nodes(
@@ -777,10 +764,9 @@ fn error_policy(policy: Arc<Guarded<GpuNodePolicy>>, error: &Error, ctx: Arc<Con
     if !error.counted() {
         ctx.metrics.reconcile_error(error.kind());
     }
-    match error {
-        Error::InvalidSelector { .. } => Action::await_change(),
-        _ => Action::requeue(Duration::from_secs(2)),
-    }
+    // A policy with an unusable selector never gets here: it is reconciled to a Degraded
+    // status and waits for a change (invalid_policy).
+    Action::requeue(Duration::from_secs(2))
 }
 
 /// How the node and report watches list. Streamed from the API server's cache
@@ -1027,15 +1013,6 @@ mod tests {
             source: refused(403),
         })));
         assert_eq!((e.kind(), e.counted()), (ErrorKind::Taints, false));
-        let e = Error::from_finalizer(Finalizer::ApplyFailed(Error::InvalidSelector {
-            policy: "p".into(),
-            source: InvalidSelector {
-                field: "spec.nodeSelector".into(),
-                reason: "r".into(),
-            },
-        }));
-        assert!(matches!(e, Error::InvalidSelector { .. }));
-        assert_eq!(e.kind(), ErrorKind::InvalidObject);
         // The finalizer's own failures stay what they are.
         let e = Error::from_finalizer(Finalizer::RemoveFinalizer(refused(409)));
         assert!(matches!(e, Error::Finalizer(_)));

@@ -15,9 +15,11 @@ use crate::{controller::Guarded, markers};
 /// Whether gpunode left anything on the node.
 pub fn has_markers(node: &Node) -> bool {
     let meta = &node.metadata;
-    let labels = meta.labels.iter().flatten().any(|(k, _)| {
-        k == markers::POLICY_LABEL || k == markers::STATE_LABEL || k.starts_with(markers::DRIFT_LABEL_PREFIX)
-    });
+    let labels = meta
+        .labels
+        .iter()
+        .flatten()
+        .any(|(k, _)| crate::apply::is_ours_label(k));
     let annotations = meta
         .annotations
         .iter()

@@ -171,27 +171,25 @@ fn evaluate_survives_mutated_reports() {
     let observed: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap_or_else(|e| panic!("{e}"));
     let strategy = (prop::bool::ANY, mutations(), -100_000i64..100_000);
     let parsed = std::cell::Cell::new(0u32);
-    runner(&SEED, 256)
-        .run(&strategy, |(which, ms, offset)| {
-            let report = mutate(if which { &base } else { &broken }, &ms);
-            // What the API server's schema would reject never reaches evaluate as a typed
-            // report; the operator's watch turns it into Unknown (DeserializeGuard).
-            let Ok(report) = serde_json::from_value::<GpuNodeReport>(report) else {
-                return Ok(());
-            };
-            parsed.set(parsed.get() + 1);
-            let now = observed + SignedDuration::from_secs(offset);
-            // What the operator's cache keeps of the report decides the same.
-            let mut trimmed = report.clone();
-            gpunode_operator::trim::report(&mut trimmed);
-            for p in &policies {
-                let verdict = evaluate(&p.spec, Some(&report), now);
-                consistent(&verdict)?;
-                prop_assert_eq!(&verdict, &evaluate(&p.spec, Some(&trimmed), now));
-            }
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
+    let outcome = runner(&SEED, 256).run(&strategy, |(which, ms, offset)| {
+        let report = mutate(if which { &base } else { &broken }, &ms);
+        // What the API server's schema would reject never reaches evaluate as a typed
+        // report; the operator's watch turns it into Unknown (DeserializeGuard).
+        let Ok(report) = serde_json::from_value::<GpuNodeReport>(report) else {
+            return Ok(());
+        };
+        parsed.set(parsed.get() + 1);
+        let now = observed + SignedDuration::from_secs(offset);
+        // What the operator's cache keeps of the report decides the same.
+        let mut trimmed = report.clone();
+        gpunode_operator::trim::report(&mut trimmed);
+        for p in &policies {
+            let verdict = evaluate(&p.spec, Some(&report), now);
+            consistent(&verdict)?;
+            prop_assert_eq!(&verdict, &evaluate(&p.spec, Some(&trimmed), now));
+        }
+        Ok(())
+    });
     assert!(
         parsed.get() > 0,
         "no mutated report deserialized: the generator is too destructive"
@@ -222,7 +220,9 @@ fn evaluate_survives_mutated_reports() {
                 "every verdict".into(),
             ),
         ],
+        &outcome,
     );
+    outcome.unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -231,20 +231,20 @@ fn evaluate_survives_mutated_policies() {
         serde_json::from_value(fixture("healthy-h100-report.yaml")).unwrap_or_else(|e| panic!("{e}"));
     let base = fixture("strict-policy.yaml");
     let now: Timestamp = "2026-11-29T12:00:30Z".parse().unwrap_or_else(|e| panic!("{e}"));
-    runner(&SEED, 256)
-        .run(&mutations(), |ms| {
-            if let Ok(p) = serde_json::from_value::<GpuNodePolicy>(mutate(&base, &ms)) {
-                consistent(&evaluate(&p.spec, Some(&report), now))?;
-            }
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
+    let outcome = runner(&SEED, 256).run(&mutations(), |ms| {
+        if let Ok(p) = serde_json::from_value::<GpuNodePolicy>(mutate(&base, &ms)) {
+            consistent(&evaluate(&p.spec, Some(&report), now))?;
+        }
+        Ok(())
+    });
     record(
         env!("CARGO_TARGET_TMPDIR"),
         "evaluate-policies",
         format!("proptest: evaluate with mutated policies ({} cases)", cases(256)),
         &[("no panic on any input", "every policy that deserializes".into())],
+        &outcome,
     );
+    outcome.unwrap_or_else(|e| panic!("{e}"));
 }
 
 const CLASSES: [DriftClass; 5] = [
@@ -352,65 +352,63 @@ fn plan_never_exceeds_the_budget_on_hostile_nodes() {
         0u32..4,
         prop::bool::ANY,
     );
-    runner(&SEED, 256)
-        .run(&strategy, |(nodes, max_unavailable, breaker)| {
-            let policy: GpuNodePolicy = serde_json::from_value(json!({
-                "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy", "metadata": {"name": "p"},
-                "spec": {
-                    "remediation": [
-                        {"classes": ["Throttle", "Thermal"], "action": "Taint", "effect": "NoSchedule"},
-                        {"classes": ["Driver"], "action": "Cordon"},
-                        {"classes": ["Xid", "Memory"], "action": "Drain"},
-                    ],
-                    "disruption": {"maxUnavailable": max_unavailable,
-                                   "circuitBreaker": {"maxDriftedPercent": if breaker { 30 } else { 100 }}},
-                }
-            }))
-            .unwrap_or_else(|e| panic!("policy: {e}"));
-            let views: Vec<NodeView> = nodes
-                .into_iter()
-                .enumerate()
-                .map(|(i, (mut n, v, conflict))| {
-                    n.metadata.name = Some(format!("n{i}"));
-                    let conflicts = if conflict {
-                        vec!["other".to_string()]
-                    } else {
-                        vec![]
-                    };
-                    NodeView::observe(&n, v, conflicts).0
-                })
-                .collect();
-            let p = plan(&policy.spec, &views, now);
-            prop_assert_eq!(p.nodes.len(), views.len());
-            let before = views.iter().filter(|v| was_disrupted(v)).count();
-            let mut newly = 0usize;
-            for np in &p.nodes {
-                let Some(v) = views.iter().find(|v| v.name == np.node) else {
-                    return Err(TestCaseError::fail(format!("plan for unknown node {}", np.node)));
+    let outcome = runner(&SEED, 256).run(&strategy, |(nodes, max_unavailable, breaker)| {
+        let policy: GpuNodePolicy = serde_json::from_value(json!({
+            "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy", "metadata": {"name": "p"},
+            "spec": {
+                "remediation": [
+                    {"classes": ["Throttle", "Thermal"], "action": "Taint", "effect": "NoSchedule"},
+                    {"classes": ["Driver"], "action": "Cordon"},
+                    {"classes": ["Xid", "Memory"], "action": "Drain"},
+                ],
+                "disruption": {"maxUnavailable": max_unavailable,
+                               "circuitBreaker": {"maxDriftedPercent": if breaker { 30 } else { 100 }}},
+            }
+        }))
+        .unwrap_or_else(|e| panic!("policy: {e}"));
+        let views: Vec<NodeView> = nodes
+            .into_iter()
+            .enumerate()
+            .map(|(i, (mut n, v, conflict))| {
+                n.metadata.name = Some(format!("n{i}"));
+                let conflicts = if conflict {
+                    vec!["other".to_string()]
+                } else {
+                    vec![]
                 };
-                let disrupts = np.taints.iter().any(|t| t.effect.is_disruptive())
-                    || np.cordon == Some(true)
-                    || matches!(np.drain, DrainStep::Run { .. });
-                if disrupts && !was_disrupted(v) && np.write {
-                    newly += 1;
-                    prop_assert!(!v.skip, "a skipped node was disrupted");
-                    prop_assert!(
-                        v.conflicts.is_empty(),
-                        "a node with a conflicting policy was disrupted"
-                    );
-                }
+                NodeView::observe(&n, v, conflicts).0
+            })
+            .collect();
+        let p = plan(&policy.spec, &views, now);
+        prop_assert_eq!(p.nodes.len(), views.len());
+        let before = views.iter().filter(|v| was_disrupted(v)).count();
+        let mut newly = 0usize;
+        for np in &p.nodes {
+            let Some(v) = views.iter().find(|v| v.name == np.node) else {
+                return Err(TestCaseError::fail(format!("plan for unknown node {}", np.node)));
+            };
+            let disrupts = np.taints.iter().any(|t| t.effect.is_disruptive())
+                || np.cordon == Some(true)
+                || matches!(np.drain, DrainStep::Run { .. });
+            if disrupts && !was_disrupted(v) && np.write {
+                newly += 1;
+                prop_assert!(!v.skip, "a skipped node was disrupted");
+                prop_assert!(
+                    v.conflicts.is_empty(),
+                    "a node with a conflicting policy was disrupted"
+                );
             }
-            let allowed = usize::try_from(p.budget_allowed).unwrap_or(usize::MAX);
-            prop_assert!(
-                newly <= allowed.saturating_sub(before),
-                "{newly} newly disrupted with {before} already disrupted of {allowed} allowed"
-            );
-            if p.circuit_open {
-                prop_assert_eq!(newly, 0, "new disruption while the circuit breaker is open");
-            }
-            Ok(())
-        })
-        .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let allowed = usize::try_from(p.budget_allowed).unwrap_or(usize::MAX);
+        prop_assert!(
+            newly <= allowed.saturating_sub(before),
+            "{newly} newly disrupted with {before} already disrupted of {allowed} allowed"
+        );
+        if p.circuit_open {
+            prop_assert_eq!(newly, 0, "new disruption while the circuit breaker is open");
+        }
+        Ok(())
+    });
     record(
         env!("CARGO_TARGET_TMPDIR"),
         "plan",
@@ -429,5 +427,7 @@ fn plan_never_exceeds_the_budget_on_hostile_nodes() {
                 "every plan".into(),
             ),
         ],
+        &outcome,
     );
+    outcome.unwrap_or_else(|e| panic!("{e}"));
 }

@@ -28,16 +28,32 @@ pub fn runner(seed: &[u8; 32], default_cases: u32) -> TestRunner {
     )
 }
 
+/// Where [`record`] leaves its files.
+fn results_dir(tmpdir: &str) -> PathBuf {
+    std::env::var_os("GPUNODE_RELIABILITY_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(tmpdir).join("reliability"))
+}
+
 /// Leaves a fuzz test's outcome for the reliability report: `fuzz-<file>.json` in
 /// `GPUNODE_RELIABILITY_DIR`, else in `<tmpdir>/reliability` (pass the test's
-/// `env!("CARGO_TARGET_TMPDIR")`). `checks` are (invariant, detail) pairs that held.
-pub fn record(tmpdir: &str, file: &str, fault: String, checks: &[(&str, String)]) {
-    let dir = std::env::var_os("GPUNODE_RELIABILITY_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(tmpdir).join("reliability"));
+/// `env!("CARGO_TARGET_TMPDIR")`). `checks` are the (invariant, detail) pairs the run checks;
+/// `outcome` is the run's result, recorded as it is (a failure marks every check of the run
+/// failed, with the failure as its detail) before the caller fails the test with it.
+pub fn record<E: std::fmt::Display>(
+    tmpdir: &str,
+    file: &str,
+    fault: String,
+    checks: &[(&str, String)],
+    outcome: &Result<(), E>,
+) {
+    let dir = results_dir(tmpdir);
     let checks: Vec<serde_json::Value> = checks
         .iter()
-        .map(|(i, d)| serde_json::json!({"invariant": i, "ok": true, "detail": d}))
+        .map(|(i, d)| match outcome {
+            Ok(()) => serde_json::json!({"invariant": i, "ok": true, "detail": d}),
+            Err(e) => serde_json::json!({"invariant": i, "ok": false, "detail": e.to_string()}),
+        })
         .collect();
     let run = serde_json::json!([{"class": "bad input (fuzz)", "fault": fault, "seed": 1,
                                    "checks": checks, "recovery_ms": null}]);
@@ -45,4 +61,30 @@ pub fn record(tmpdir: &str, file: &str, fault: String, checks: &[(&str, String)]
     // it is not a reason to fail the test that passed.
     let _ = std::fs::create_dir_all(&dir);
     let _ = std::fs::write(dir.join(format!("fuzz-{file}.json")), run.to_string());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorded(outcome: &Result<(), String>) -> serde_json::Value {
+        let tmp = std::env::temp_dir().join(format!("gpunode-testkit-{}", std::process::id()));
+        let dir = tmp.to_string_lossy().into_owned();
+        let file = format!("unit-{}", outcome.is_ok());
+        record(&dir, &file, "f".into(), &[("holds", "why".into())], outcome);
+        let path = results_dir(&dir).join(format!("fuzz-{file}.json"));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let _ = std::fs::remove_file(&path);
+        let _ = std::fs::remove_dir_all(&tmp);
+        serde_json::from_str(&text).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_failed_run_is_recorded_as_failed() {
+        let ok = recorded(&Ok(()));
+        assert_eq!(ok[0]["checks"][0]["ok"], true);
+        let failed = recorded(&Err("minimal failing input: x".into()));
+        assert_eq!(failed[0]["checks"][0]["ok"], false);
+        assert_eq!(failed[0]["checks"][0]["detail"], "minimal failing input: x");
+    }
 }
