@@ -7,8 +7,9 @@
 //! - [`Operator`]: `gpunode-operator run --leader-elect` as a real process (so SIGKILL and SIGSTOP
 //!   are real), each replica with its own ServiceAccount, so the audit log says who wrote what.
 //! - [`Wave`]: fake GPU nodes with pods under one policy, a wave of fatal XIDs and the driver that
-//!   heals drained nodes until the wave is through; [`DisruptionMonitor`] watches the nodes and
-//!   records the most disrupted at any observed instant.
+//!   heals drained nodes until the wave is through; [`WaveMonitor`] (crate::monitor) watches the
+//!   nodes and pods and checks the budget, a person's cordon, other controllers' markers and
+//!   repeated evictions at every observed instant.
 //! - [`Recorder`] writes each run's invariants and recovery time as JSON; [`summary`] turns every
 //!   results file into the table of docs/reliability.md.
 
@@ -17,17 +18,12 @@ use std::{
     io::{Read, Write},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{
-        Arc,
-        atomic::{AtomicUsize, Ordering},
-    },
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
 use gpunode_crds::GpuNodePolicy;
 use k8s_openapi::api::{
-    core::v1::{Namespace, Node, Pod, ServiceAccount},
+    core::v1::{Namespace, Node, Pod, ServiceAccount, Taint},
     policy::v1::PodDisruptionBudget,
     rbac::v1::ClusterRoleBinding,
 };
@@ -35,12 +31,16 @@ use kube::{
     Api, Client, Config,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
-    runtime::{WatchStreamExt, reflector, watcher},
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::{Error, accounts, crds, fixtures::repo_root, nodes, pods, reports, scratch::rand_suffix, wait};
+pub use crate::audit::{AuditEvent, evictions};
+pub use crate::monitor::WaveMonitor;
+use crate::{
+    Error, accounts, audit::AuditLog, crds, fixtures::repo_root, nodes, pods, reports, scratch::rand_suffix,
+    wait,
+};
 
 /// Label that ties a test's nodes to its policy (not `gpunode.dev/`: that prefix is gpunode's).
 pub const RUN_LABEL: &str = "rel.gpunode.test/run";
@@ -52,6 +52,12 @@ pub const STATE_LABEL: &str = "gpunode.dev/state";
 pub const CORDONED_ANNOTATION: &str = "gpunode.dev/cordoned";
 /// Written when gpunode starts a drain.
 pub const DRAIN_STARTED_ANNOTATION: &str = "gpunode.dev/drain-started";
+/// Another controller's label on every wave node: gpunode must never remove it.
+pub const FOREIGN_LABEL: (&str, &str) = ("team.example.com/owner", "ml-platform");
+/// Another controller's taint (key, value, effect) on every wave node: gpunode must never remove it.
+pub const FOREIGN_TAINT: (&str, &str, &str) = ("example.com/maintenance", "planned", "PreferNoSchedule");
+/// Marks a wave's bystander: a node of the policy that a person cordoned, which stays healthy.
+pub const BYSTANDER_LABEL: &str = "rel.gpunode.test/bystander";
 /// Environment variable naming the reliability cluster (default `rel-<GPUNODE_CLUSTER_NAME>`).
 pub const CLUSTER_ENV: &str = "GPUNODE_REL_CLUSTER";
 
@@ -70,6 +76,7 @@ pub struct FaultCluster {
     pub kubeconfig: PathBuf,
     /// The apiserver's audit log.
     pub audit_log: PathBuf,
+    log: AuditLog,
 }
 
 impl FaultCluster {
@@ -102,7 +109,7 @@ impl FaultCluster {
         let audit_log = dir.join("logs/audit.log");
         // The same flags on every start, so later test binaries reuse the running cluster.
         let api_args = format!(
-            "--audit-policy-file={} --audit-log-path={} --audit-log-maxsize=500 --audit-log-maxbackup=1 \
+            "--audit-policy-file={} --audit-log-path={} --audit-log-maxsize=50 --audit-log-maxbackup=0 \
              --etcd-compaction-interval=20s",
             root.join("e2e/cluster/audit-policy.yaml").display(),
             audit_log.display()
@@ -126,6 +133,7 @@ impl FaultCluster {
             name,
             dir,
             kubeconfig,
+            log: AuditLog::new(audit_log.clone()),
             audit_log,
         })
     }
@@ -180,10 +188,9 @@ impl FaultCluster {
         .await
     }
 
-    /// Every audit event so far (unparseable lines skipped).
+    /// Every audit event so far, from the active file and every rotated one.
     pub fn audit(&self) -> Result<Vec<AuditEvent>, Error> {
-        let text = std::fs::read_to_string(&self.audit_log).map_err(io(self.audit_log.display()))?;
-        Ok(text.lines().filter_map(AuditEvent::parse).collect())
+        self.log.events()
     }
 }
 
@@ -232,81 +239,6 @@ pub async fn hold(what: &str, length: Duration) -> Result<(), Error> {
         Ok((tokio::time::Instant::now() >= end).then_some(()))
     })
     .await
-}
-
-/// One line of the audit log (Metadata level).
-#[derive(Debug, Clone)]
-pub struct AuditEvent {
-    /// create, update, patch, delete, list ...
-    pub verb: String,
-    /// The user's name.
-    pub user: String,
-    /// Resource, e.g. `pods`.
-    pub resource: String,
-    /// Subresource, e.g. `eviction`, `status`.
-    pub subresource: String,
-    /// Namespace of the object.
-    pub namespace: String,
-    /// Name of the object.
-    pub name: String,
-    /// HTTP status of the response.
-    pub code: u16,
-    /// When the API server received the request.
-    pub at: jiff::Timestamp,
-}
-
-impl AuditEvent {
-    fn parse(line: &str) -> Option<AuditEvent> {
-        let v: serde_json::Value = serde_json::from_str(line).ok()?;
-        let s = |p: &str| {
-            v.pointer(p)
-                .and_then(|x| x.as_str())
-                .unwrap_or_default()
-                .to_string()
-        };
-        Some(AuditEvent {
-            verb: s("/verb"),
-            user: s("/user/username"),
-            resource: s("/objectRef/resource"),
-            subresource: s("/objectRef/subresource"),
-            namespace: s("/objectRef/namespace"),
-            name: s("/objectRef/name"),
-            code: v
-                .pointer("/responseStatus/code")
-                .and_then(|c| c.as_u64())
-                .and_then(|c| u16::try_from(c).ok())
-                .unwrap_or(0),
-            at: s("/requestReceivedTimestamp").parse().ok()?,
-        })
-    }
-
-    /// A request that changes state.
-    pub fn is_write(&self) -> bool {
-        matches!(
-            self.verb.as_str(),
-            "create" | "update" | "patch" | "delete" | "deletecollection"
-        )
-    }
-
-    /// Answered with 2xx.
-    pub fn succeeded(&self) -> bool {
-        (200..300).contains(&self.code)
-    }
-}
-
-/// Successful evictions per pod of `namespace`.
-pub fn evictions(events: &[AuditEvent], namespace: &str) -> BTreeMap<String, usize> {
-    let mut out = BTreeMap::new();
-    for e in events.iter().filter(|e| {
-        e.resource == "pods"
-            && e.subresource == "eviction"
-            && e.verb == "create"
-            && e.namespace == namespace
-            && e.succeeded()
-    }) {
-        *out.entry(e.name.clone()).or_insert(0) += 1;
-    }
-    out
 }
 
 /// The two eviction invariants: no pod evicted twice, every pod in `expected` evicted.
@@ -387,65 +319,6 @@ pub fn gpunode_taints(node: &Node) -> BTreeSet<String> {
         .filter(|t| t.key == TAINT_KEY)
         .map(|t| format!("{}:{}", t.value.as_deref().unwrap_or_default(), t.effect))
         .collect()
-}
-
-/// Watches the nodes of a selector and records the most disrupted by gpunode at once.
-pub struct DisruptionMonitor {
-    max: Arc<AtomicUsize>,
-    seen: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl DisruptionMonitor {
-    /// Starts watching nodes labelled `selector` (a label selector).
-    pub fn start(client: &Client, selector: &str) -> DisruptionMonitor {
-        let (max, seen) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (reader, writer) = reflector::store::<Node>();
-        let stream = watcher(
-            Api::<Node>::all(client.clone()),
-            watcher::Config::default().labels(selector),
-        )
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-        let (m, s) = (max.clone(), seen.clone());
-        let task = tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(item) = stream.next().await {
-                // Errors are the faults themselves (API server down); the watcher relists.
-                if item.is_ok() {
-                    let now = reader.state().iter().filter(|n| disrupted(n)).count();
-                    m.fetch_max(now, Ordering::Relaxed);
-                    s.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        });
-        DisruptionMonitor { max, seen, task }
-    }
-
-    /// The most nodes disrupted at once so far, and how many node states were observed.
-    pub fn max(&self) -> (usize, usize) {
-        (
-            self.max.load(Ordering::Relaxed),
-            self.seen.load(Ordering::Relaxed),
-        )
-    }
-
-    /// The budget invariant for `allowed` nodes.
-    pub fn check(&self, allowed: usize) -> Check {
-        let (max, seen) = self.max();
-        Check::new(
-            "budget held at every observed instant",
-            max <= allowed && seen > 0,
-            format!("max {max} disrupted of {allowed} allowed over {seen} observed node changes"),
-        )
-    }
-}
-
-impl Drop for DisruptionMonitor {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// The operator binary (built by `cargo build --workspace`, as `make test` does first).
@@ -706,8 +579,10 @@ pub struct Wave {
     pub policy: String,
     /// Pod names by node.
     pub pods: BTreeMap<String, Vec<String>>,
-    /// Whether a PodDisruptionBudget (maxUnavailable 0) holds every eviction until released.
+    /// Whether a PodDisruptionBudget (maxUnavailable 0) holds evictions until released.
     pub pdb: bool,
+    /// The node of the policy that a person cordoned (healthy, no pods), when the spec asks for one.
+    pub bystander: Option<String>,
     client: Client,
 }
 
@@ -722,18 +597,26 @@ pub struct WaveSpec {
     pub pods_per_node: usize,
     /// Hold evictions with a PDB until [`Wave::release_pdb`].
     pub pdb: bool,
+    /// The PDB spares each node's first pod (`slot=0`): a drain evicts it, then waits on the rest.
+    pub pdb_spares_first: bool,
+    /// Add a node of the policy that a person cordoned (see [`BYSTANDER_LABEL`]).
+    pub bystander: bool,
     /// The policy's `spec` (the node selector is added).
     pub policy_spec: serde_json::Value,
 }
 
 impl WaveSpec {
-    /// XIDs drain one node at a time, recovery after 1 s healthy, breaker off.
+    /// XIDs drain one node at a time, recovery after 1 s healthy, breaker off; every node
+    /// carries another controller's label and taint, and a person cordoned one more node of the
+    /// policy (the bystander).
     pub fn drain(tag: &str, nodes: usize, pods_per_node: usize) -> WaveSpec {
         WaveSpec {
             tag: tag.to_string(),
             nodes,
             pods_per_node,
             pdb: false,
+            pdb_spares_first: false,
+            bystander: true,
             policy_spec: json!({
                 "gpu": {},
                 "remediation": [{"classes": ["Xid"], "action": "Drain"}],
@@ -766,14 +649,25 @@ impl Wave {
     pub async fn setup(client: &Client, spec: &WaveSpec) -> Result<Wave, Error> {
         let id = format!("{}-{:06x}", spec.tag, rand_suffix());
         let nodes: Vec<String> = (0..spec.nodes).map(|i| format!("{id}-{i}")).collect();
+        let bystander = spec.bystander.then(|| format!("{id}-cordoned"));
         let api: Api<Node> = Api::all(client.clone());
         let pp = PatchParams::apply("gpunode-e2e").force();
-        for n in &nodes {
+        for n in nodes.iter().chain(&bystander) {
             let mut node = nodes::render(n, &nodes::GpuNodeShape::default())?;
-            node.metadata
-                .labels
-                .get_or_insert_with(Default::default)
-                .insert(RUN_LABEL.to_string(), id.clone());
+            let labels = node.metadata.labels.get_or_insert_with(Default::default);
+            labels.insert(RUN_LABEL.to_string(), id.clone());
+            labels.insert(FOREIGN_LABEL.0.to_string(), FOREIGN_LABEL.1.to_string());
+            let node_spec = node.spec.get_or_insert_with(Default::default);
+            node_spec.taints.get_or_insert_with(Vec::new).push(Taint {
+                key: FOREIGN_TAINT.0.into(),
+                value: Some(FOREIGN_TAINT.1.into()),
+                effect: FOREIGN_TAINT.2.into(),
+                time_added: None,
+            });
+            if Some(n) == bystander.as_ref() {
+                labels.insert(BYSTANDER_LABEL.to_string(), "true".into());
+                node_spec.unschedulable = Some(true);
+            }
             api.patch(n, &pp, &Patch::Apply(&node)).await?;
             reports::publish(client, n, report_status(false, "boot-1")).await?;
         }
@@ -796,8 +690,14 @@ impl Wave {
         .await?;
         if spec.pdb {
             let pdb: PodDisruptionBudget = serde_json::from_value(json!({
-                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "hold"},
-                "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "wave"}}}}))?;
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "hold"},
+            "spec": {"maxUnavailable": 0, "selector": {
+                "matchLabels": {"app": "wave"},
+                "matchExpressions": if spec.pdb_spares_first {
+                    json!([{"key": "slot", "operator": "NotIn", "values": ["0"]}])
+                } else {
+                    json!([])
+                }}}}))?;
             Api::<PodDisruptionBudget>::namespaced(client.clone(), &namespace)
                 .create(&PostParams::default(), &pdb)
                 .await?;
@@ -811,7 +711,7 @@ impl Wave {
                 pod_api
                     .create(
                         &PostParams::default(),
-                        &pods::on_node(&name, n, json!({"app": "wave"}))?,
+                        &pods::on_node(&name, n, json!({"app": "wave", "slot": j.to_string()}))?,
                     )
                     .await?;
                 names.push(name);
@@ -831,13 +731,29 @@ impl Wave {
             namespace,
             pods,
             pdb: spec.pdb,
+            bystander,
             client: client.clone(),
         })
     }
 
-    /// The label selector of the wave's nodes.
+    /// The label selector of the wave's nodes (not the bystander).
     pub fn selector(&self) -> String {
+        format!("{RUN_LABEL}={},!{BYSTANDER_LABEL}", self.id)
+    }
+
+    /// The label selector of every node of the wave's policy, the bystander included.
+    pub fn policy_selector(&self) -> String {
         format!("{RUN_LABEL}={}", self.id)
+    }
+
+    /// Starts the watches that check the wave at every instant (see [`WaveMonitor`]).
+    pub fn monitor(&self) -> WaveMonitor {
+        WaveMonitor::start(
+            &self.client,
+            &self.policy_selector(),
+            &self.namespace,
+            self.bystander.is_some(),
+        )
     }
 
     /// Every pod name.
@@ -940,9 +856,13 @@ impl Wave {
     }
 
     /// After the wave: gpunode's markers are exactly what the policy implies for healthy nodes
-    /// (compliant, no drift labels, no taints, no cordon) and the node's own labels are intact.
+    /// (compliant, no drift labels, no taints, no cordon of its own), the node's own labels and
+    /// other controllers' label and taint are intact, and the bystander is still cordoned.
     pub async fn final_checks(&self) -> Result<Vec<Check>, Error> {
-        let nodes = self.nodes_now().await?;
+        let nodes = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default().labels(&self.policy_selector()))
+            .await?
+            .items;
         let mut wrong = Vec::new();
         for n in &nodes {
             let name = n.metadata.name.clone().unwrap_or_default();
@@ -951,23 +871,48 @@ impl Wave {
                 .keys()
                 .filter(|k| k.starts_with("gpunode.dev/drift."))
                 .collect();
+            let person_cordoned = self.bystander.as_ref() == Some(&name);
+            let foreign_taint = n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t.key == FOREIGN_TAINT.0 && t.effect == FOREIGN_TAINT.2)
+            });
             if labels.get("gpunode.dev/policy") != Some(&self.policy)
                 || labels.get(STATE_LABEL).map(String::as_str) != Some("compliant")
                 || !drift_labels.is_empty()
                 || !gpunode_taints(n).is_empty()
-                || n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+                || n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) != person_cordoned
                 || annotation(n, CORDONED_ANNOTATION).is_some()
                 || !labels.contains_key("nvidia.com/gpu.product")
+                || labels.get(FOREIGN_LABEL.0).map(String::as_str) != Some(FOREIGN_LABEL.1)
+                || !foreign_taint
                 || labels.get(RUN_LABEL) != Some(&self.id)
             {
                 wrong.push(name);
             }
         }
+        let expected = self.nodes.len() + usize::from(self.bystander.is_some());
         Ok(vec![Check::new(
             "no gpunode taint, label or cordon lost or orphaned",
-            wrong.is_empty() && nodes.len() == self.nodes.len(),
-            format!("{} nodes, wrong: {wrong:?}", nodes.len()),
+            wrong.is_empty() && nodes.len() == expected,
+            format!("{} of {expected} nodes, wrong: {wrong:?}", nodes.len()),
         )])
+    }
+
+    /// Every invariant of the wave after a run: the watches' (budget of `allowed` held at every
+    /// instant, a person's cordon, other controllers' markers, no eviction after a commit), the
+    /// audit log's (no pod evicted twice, each pod of `evicted` evicted) and the final state's.
+    pub async fn run_checks(
+        &self,
+        fc: &FaultCluster,
+        monitor: &WaveMonitor,
+        allowed: usize,
+        evicted: &[String],
+    ) -> Result<Vec<Check>, Error> {
+        let audit = fc.audit()?;
+        let mut checks = monitor.checks(allowed, &audit, &self.namespace);
+        checks.extend(eviction_checks(&audit, &self.namespace, evicted));
+        checks.extend(self.final_checks().await?);
+        Ok(checks)
     }
 
     /// Deletes the policy, nodes and namespace (best effort, without waiting).
@@ -978,7 +923,7 @@ impl Wave {
         let _ = Api::<Namespace>::all(self.client.clone())
             .delete(&self.namespace, &DeleteParams::background())
             .await;
-        for n in &self.nodes {
+        for n in self.nodes.iter().chain(&self.bystander) {
             let _ = Api::<Node>::all(self.client.clone())
                 .delete(n, &DeleteParams::background())
                 .await;

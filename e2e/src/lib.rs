@@ -3,11 +3,13 @@
 //! and the fixtures shared with the schema tests.
 
 pub mod accounts;
+pub mod audit;
 pub mod chart;
 pub mod cluster;
 pub mod crds;
 pub mod faults;
 pub mod fixtures;
+pub mod monitor;
 pub mod nodes;
 pub mod operator;
 pub mod pods;

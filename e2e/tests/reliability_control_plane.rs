@@ -8,9 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpunode_e2e::faults::{
-    self, Check, DisruptionMonitor, FaultCluster, Operator, Recorder, Restore, Run, Wave, WaveSpec,
-};
+use gpunode_e2e::faults::{self, Check, FaultCluster, Operator, Recorder, Restore, Run, Wave, WaveSpec};
 
 const CLASS: &str = "control plane";
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -50,7 +48,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     let mut spec = WaveSpec::drain("cp", 3, 2);
     spec.pdb = true;
     let wave = Wave::setup(&client, &spec).await.unwrap_or_else(|e| fail(e));
-    let monitor = DisruptionMonitor::start(&client, &wave.selector());
+    let monitor = wave.monitor();
     wave.wait_all("compliant", DEADLINE)
         .await
         .unwrap_or_else(|e| fail(e));
@@ -94,14 +92,12 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     .unwrap_or_else(|e| fail(e));
     let recovered_ms = faults::elapsed_ms(back);
     let audit = fc.audit().unwrap_or_else(|e| fail(e));
-    let mut checks = vec![
-        Check::new(
-            "operator process survived without restart",
-            op.alive(),
-            "same process",
-        ),
-        monitor.check(1),
-    ];
+    let mut checks = vec![Check::new(
+        "operator process survived without restart",
+        op.alive(),
+        "same process",
+    )];
+    checks.extend(monitor.checks(1, &audit, &wave.namespace));
     checks.extend(faults::eviction_checks(&audit, &wave.namespace, &[]));
     let still = wave.alive_pods().await.unwrap_or_else(|e| fail(e));
     checks.push(Check::new(
@@ -186,17 +182,16 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     let resumed = Instant::now();
     wave.drive(DEADLINE * 2).await.unwrap_or_else(|e| fail(e));
     let wave_ms = faults::elapsed_ms(resumed);
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
-    let mut checks = vec![
-        Check::new(
-            "operator process survived without restart",
-            op.alive(),
-            "same process",
-        ),
-        monitor.check(1),
-    ];
-    checks.extend(faults::eviction_checks(&audit, &wave.namespace, &wave.all_pods()));
-    checks.extend(wave.final_checks().await.unwrap_or_else(|e| fail(e)));
+    let mut checks = vec![Check::new(
+        "operator process survived without restart",
+        op.alive(),
+        "same process",
+    )];
+    checks.extend(
+        wave.run_checks(&fc, &monitor, 1, &wave.all_pods())
+            .await
+            .unwrap_or_else(|e| fail(e)),
+    );
     rec.push(Run {
         class: CLASS.into(),
         fault: format!("etcd paused (SIGSTOP) {} s mid-wave", (outage() / 3).as_secs()),

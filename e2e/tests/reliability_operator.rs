@@ -1,12 +1,16 @@
 //! Operator faults with the operator as real processes (`gpunode-operator run --leader-elect`):
-//! - the leader SIGKILLed at seeded random points of a drain and restarted (a container restart:
-//!   same pod name, so it takes its own Lease back at once), 20 seeds (`GPUNODE_REL_SEEDS`);
+//! - the leader SIGKILLed and restarted (a container restart: same pod name, so it takes its own
+//!   Lease back at once) with four waves in flight, each aimed at a phase of its drain (before the
+//!   cordon, after it, between evictions, after the drain); the phase each kill landed in is
+//!   recorded and the four must be covered; `GPUNODE_REL_SEEDS` rounds (default 5, 20 runs);
 //! - both replicas SIGKILLed mid-drain and restarted;
-//! - the leader cut off (SIGSTOP, its view of a partition) until its Lease expires: the follower
-//!   takes over, and the old leader, continued, writes nothing after the new one acquired the
-//!   Lease (audit log, per ServiceAccount).
+//! - the leader cut off (SIGSTOP, its view of a partition) at a seeded point until its Lease
+//!   expires: the follower takes over, and the old leader, continued, writes nothing after the new
+//!   one acquired the Lease (audit log, per ServiceAccount); `GPUNODE_REL_PARTITIONS` seeds.
 //!
-//! After each: no pod evicted twice, every node ends as the policy implies, budget held.
+//! Every wave has three nodes under `maxUnavailable: 1`, so the budget binds. After each run: no
+//! pod evicted twice, none after its eviction was committed, every node ends as the policy
+//! implies, the budget, a person's cordon and other controllers' markers held at every instant.
 //! The steps share one binary and run in sequence: two operator deployments at once would both
 //! act on every policy.
 
@@ -14,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use gpunode_e2e::{
-    faults::{self, Check, DisruptionMonitor, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
+    faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveMonitor, WaveSpec},
     wait,
 };
 use k8s_openapi::api::coordination::v1::Lease;
@@ -39,7 +43,7 @@ fn seeds() -> u64 {
     std::env::var("GPUNODE_REL_SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(20)
+        .unwrap_or(5)
 }
 
 async fn lease(client: &Client, ns: &str) -> Option<(String, jiff::Timestamp)> {
@@ -51,95 +55,214 @@ async fn lease(client: &Client, ns: &str) -> Option<(String, jiff::Timestamp)> {
     Some((spec.holder_identity?, spec.acquire_time?.0))
 }
 
-/// Checks common to every run of a wave.
-async fn wave_checks(fc: &FaultCluster, wave: &Wave, monitor: &DisruptionMonitor) -> Vec<Check> {
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
-    let mut checks = vec![monitor.check(1)];
-    checks.extend(faults::eviction_checks(&audit, &wave.namespace, &wave.all_pods()));
-    checks.extend(wave.final_checks().await.unwrap_or_else(|e| fail(e)));
-    checks
+/// Checks common to every run of a wave under `maxUnavailable: 1`.
+async fn wave_checks(fc: &FaultCluster, wave: &Wave, monitor: &WaveMonitor) -> Vec<Check> {
+    wave.run_checks(fc, monitor, 1, &wave.all_pods())
+        .await
+        .unwrap_or_else(|e| fail(e))
 }
 
 #[tokio::test]
 async fn leader_kills_restarts_and_partitions_lose_and_repeat_nothing() {
     let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
     let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "operator");
-    sigkill_at_random_points(&fc, &client, &mut rec).await;
+    sigkill_in_every_phase(&fc, &client, &mut rec).await;
     both_replicas_killed(&fc, &client, &mut rec).await;
-    partitioned_leader(&fc, &client, &mut rec).await;
+    for seed in 0..partitions() {
+        partitioned_leader(&fc, &client, &mut rec, seed).await;
+    }
     rec.assert_clean();
 }
 
-async fn sigkill_at_random_points(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
-    let n = seeds();
+fn partitions() -> u64 {
+    std::env::var("GPUNODE_REL_PARTITIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Where a drain stood when the operator died, from what the API server shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    BeforeCordon,
+    CordonedBeforeEvictions,
+    BetweenEvictions,
+    AfterDrain,
+}
+
+impl Phase {
+    const ALL: [Phase; 4] = [
+        Phase::BeforeCordon,
+        Phase::CordonedBeforeEvictions,
+        Phase::BetweenEvictions,
+        Phase::AfterDrain,
+    ];
+
+    fn describe(self) -> &'static str {
+        match self {
+            Phase::BeforeCordon => "before the cordon",
+            Phase::CordonedBeforeEvictions => "after the cordon, before any eviction",
+            Phase::BetweenEvictions => "between evictions",
+            Phase::AfterDrain => "after the drain, before the node healed",
+        }
+    }
+}
+
+/// The phase of the node furthest into its drain: cordoned by gpunode or with a drain started,
+/// and how many of its pods are left.
+async fn phase_of(wave: &Wave) -> Result<(Phase, String), gpunode_e2e::Error> {
+    let nodes = wave.nodes_now().await?;
+    let alive = wave.alive_pods().await?;
+    let mut phase = Phase::BeforeCordon;
+    let mut detail = Vec::new();
+    for n in &nodes {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        let total = wave.pods.get(&name).map_or(0, Vec::len);
+        let left = alive.get(&name).copied().unwrap_or(0);
+        let started =
+            faults::disrupted(n) || faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some();
+        detail.push(format!(
+            "{left}/{total}{}",
+            if started { " cordoned" } else { "" }
+        ));
+        if !started && left == total {
+            continue;
+        }
+        let p = match left {
+            0 => Phase::AfterDrain,
+            l if l < total => Phase::BetweenEvictions,
+            _ => Phase::CordonedBeforeEvictions,
+        };
+        phase = phase.max(p);
+    }
+    Ok((phase, format!("pods left per node: {}", detail.join(", "))))
+}
+
+/// Waits until `wave` has reached `phase`.
+async fn reach(wave: &Wave, phase: Phase) {
+    wait::until(
+        &format!("{} to be {}", wave.id, phase.describe()),
+        DEADLINE,
+        || async { Ok((phase_of(wave).await?.0 == phase).then_some(())) },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+}
+
+/// Each round runs four waves of three nodes under `maxUnavailable: 1` (so the budget binds),
+/// each with three pods per node, and kills the leader once, with each wave's drain aimed at a
+/// different phase: one drifted a seeded 0–60 ms before the kill (before the cordon), one whose
+/// evictions a PDB holds (cordoned, before any eviction), one whose PDB spares each node's first
+/// pod (between evictions), one whose first node has been drained but not yet healed (after the
+/// drain). Each wave is a run, filed under the phase observed at the kill; the phases observed
+/// over all rounds must cover the four.
+async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
+    let rounds = seeds();
     let mut op = Operator::start(fc, client, "rel-kill", "rel-kill")
         .await
         .unwrap_or_else(|e| fail(e));
     op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
-    // One single-node policy per seed, set up together so the runs only pay for the drain.
-    let waves: Vec<Wave> = join_all((0..n).map(|s| {
-        let client = client.clone();
-        async move { Wave::setup(&client, &WaveSpec::drain(&format!("kill{s}"), 1, 3)).await }
-    }))
-    .await
-    .into_iter()
-    .map(|w| w.unwrap_or_else(|e| fail(e)))
-    .collect();
-    for (seed, wave) in (0..n).zip(&waves) {
-        let monitor = DisruptionMonitor::start(client, &wave.selector());
-        wave.wait_all("compliant", DEADLINE)
+    let mut observed: std::collections::BTreeMap<Phase, usize> = Default::default();
+    for round in 0..rounds {
+        let specs: Vec<WaveSpec> = Phase::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, aim)| {
+                let mut spec = WaveSpec::drain(&format!("k{round}p{i}"), 3, 3);
+                spec.pdb = matches!(aim, Phase::CordonedBeforeEvictions | Phase::BetweenEvictions);
+                spec.pdb_spares_first = *aim == Phase::BetweenEvictions;
+                spec
+            })
+            .collect();
+        let waves: Vec<Wave> = join_all(specs.iter().map(|s| Wave::setup(client, s)))
+            .await
+            .into_iter()
+            .map(|w| w.unwrap_or_else(|e| fail(e)))
+            .collect();
+        let monitors: Vec<WaveMonitor> = waves.iter().map(Wave::monitor).collect();
+        for w in &waves {
+            w.wait_all("compliant", DEADLINE)
+                .await
+                .unwrap_or_else(|e| fail(e));
+        }
+        let [early, held, partial, drained] = [&waves[0], &waves[1], &waves[2], &waves[3]];
+        for w in [held, partial, drained] {
+            w.drift_all().await.unwrap_or_else(|e| fail(e));
+        }
+        reach(held, Phase::CordonedBeforeEvictions).await;
+        reach(partial, Phase::BetweenEvictions).await;
+        reach(drained, Phase::AfterDrain).await;
+        // A seeded point in the held drains' retry cycle, then a seeded point of the early
+        // wave's reaction.
+        let r = mix(round);
+        faults::hold("kill point in the held drains", Duration::from_millis(r % 1500))
             .await
             .unwrap_or_else(|e| fail(e));
-        // Kill point: 0–600 ms after the fatal XID is reported, which spans the operator's
-        // reaction, the cordon, the evictions and what follows.
-        let delay = Duration::from_millis(mix(seed) % 600);
-        wave.drift_all().await.unwrap_or_else(|e| fail(e));
-        faults::hold("kill point", delay)
+        early.drift_all().await.unwrap_or_else(|e| fail(e));
+        let early_ms = (r >> 16) % 60;
+        faults::hold("kill point after the drift", Duration::from_millis(early_ms))
             .await
             .unwrap_or_else(|e| fail(e));
         op.kill();
-        let node = wave.nodes_now().await.unwrap_or_else(|e| fail(e));
-        let left = wave
-            .alive_pods()
-            .await
-            .unwrap_or_else(|e| fail(e))
-            .values()
-            .sum::<usize>();
-        let at_kill = node.first().map_or("?".to_string(), |n| {
-            format!(
-                "cordoned={} drain-started={} pods left {left}/3",
-                faults::disrupted(n),
-                faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some()
-            )
-        });
+        let mut at_kill = Vec::new();
+        for w in &waves {
+            at_kill.push(phase_of(w).await.unwrap_or_else(|e| fail(e)));
+        }
         op.spawn().unwrap_or_else(|e| fail(e));
         let restarted = Instant::now();
         op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
         let recovery = faults::elapsed_ms(restarted);
-        wave.drive(DEADLINE).await.unwrap_or_else(|e| fail(e));
-        let mut checks = wave_checks(fc, wave, &monitor).await;
-        // A container restart keeps the pod name: the replica renews its own Lease at once
-        // instead of waiting for it to expire.
-        checks.push(Check::new(
-            "restarted replica leads again without waiting for its Lease to expire",
-            recovery < 10_000,
-            format!(
-                "killed {} ms after the XID ({at_kill}); leading {recovery} ms after the restart",
-                delay.as_millis()
-            ),
-        ));
-        rec.push(Run {
-            class: CLASS.into(),
-            fault: "leader SIGKILLed at a seeded random point of a drain, restarted".into(),
-            seed: Some(seed),
-            checks,
-            recovery_ms: Some(recovery),
+        for w in &waves {
+            w.release_pdb().await.unwrap_or_else(|e| fail(e));
+        }
+        for r in join_all(waves.iter().map(|w| w.drive(DEADLINE * 2))).await {
+            r.unwrap_or_else(|e| fail(e));
+        }
+        for ((w, m), (phase, detail)) in waves.iter().zip(&monitors).zip(at_kill) {
+            *observed.entry(phase).or_default() += 1;
+            let mut checks = wave_checks(fc, w, m).await;
+            // A container restart keeps the pod name: the replica renews its own Lease at once
+            // instead of waiting for it to expire.
+            checks.push(Check::new(
+                "restarted replica leads again without waiting for its Lease to expire",
+                recovery < 10_000,
+                format!(
+                    "killed {}: {detail}; leading {recovery} ms after the restart",
+                    phase.describe()
+                ),
+            ));
+            rec.push(Run {
+                class: CLASS.into(),
+                fault: format!("leader SIGKILLed {}, restarted (3-node waves)", phase.describe()),
+                seed: Some(round),
+                checks,
+                recovery_ms: Some(recovery),
+            })
+            .unwrap_or_else(|e| fail(e));
+        }
+        for w in &waves {
+            w.cleanup().await;
+        }
+    }
+    let checks = Phase::ALL
+        .iter()
+        .map(|p| {
+            let n = observed.get(p).copied().unwrap_or(0);
+            Check::new(
+                &format!("a SIGKILL landed {}", p.describe()),
+                n > 0,
+                format!("{n} of {} waves", rounds * 4),
+            )
         })
-        .unwrap_or_else(|e| fail(e));
-    }
-    for w in &waves {
-        w.cleanup().await;
-    }
+        .collect();
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: format!("where the SIGKILLs landed, over {rounds} rounds"),
+        seed: None,
+        checks,
+        recovery_ms: None,
+    })
+    .unwrap_or_else(|e| fail(e));
 }
 
 async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
@@ -151,10 +274,10 @@ async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Reco
     let mut b = Operator::start(fc, client, "rel-ha-b", ns)
         .await
         .unwrap_or_else(|e| fail(e));
-    let mut spec = WaveSpec::drain("both", 2, 2);
+    let mut spec = WaveSpec::drain("both", 3, 2);
     spec.pdb = true;
     let wave = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
-    let monitor = DisruptionMonitor::start(client, &wave.selector());
+    let monitor = wave.monitor();
     wave.wait_all("compliant", DEADLINE)
         .await
         .unwrap_or_else(|e| fail(e));
@@ -201,21 +324,21 @@ async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Reco
     wave.cleanup().await;
 }
 
-async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
-    let ns = "rel-part";
+async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Recorder, seed: u64) {
+    let ns = &format!("rel-part{seed}");
     // The cluster outlives a test run: only this run's writes count.
     let started = jiff::Timestamp::now();
-    let a = Operator::start(fc, client, "rel-part-a", ns)
+    let a = Operator::start(fc, client, &format!("rel-part{seed}-a"), ns)
         .await
         .unwrap_or_else(|e| fail(e));
     a.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let b = Operator::start(fc, client, "rel-part-b", ns)
+    let b = Operator::start(fc, client, &format!("rel-part{seed}-b"), ns)
         .await
         .unwrap_or_else(|e| fail(e));
-    let mut spec = WaveSpec::drain("part", 2, 2);
+    let mut spec = WaveSpec::drain(&format!("part{seed}"), 3, 2);
     spec.pdb = true;
     let wave = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
-    let monitor = DisruptionMonitor::start(client, &wave.selector());
+    let monitor = wave.monitor();
     wave.wait_all("compliant", DEADLINE)
         .await
         .unwrap_or_else(|e| fail(e));
@@ -231,7 +354,7 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
     .unwrap_or_else(|e| fail(e));
     // The leader retries the held evictions every few seconds; stop it at a seeded point of
     // that cycle, possibly mid-apply.
-    faults::hold("pause point", Duration::from_millis(mix(99) % 5000))
+    faults::hold("pause point", Duration::from_millis(mix(1000 + seed) % 5000))
         .await
         .unwrap_or_else(|e| fail(e));
     a.pause().unwrap_or_else(|e| fail(e));
@@ -279,8 +402,9 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
     ));
     rec.push(Run {
         class: CLASS.into(),
-        fault: "leader partitioned (SIGSTOP) until its Lease expired, then continued".into(),
-        seed: Some(99),
+        fault: "leader partitioned (SIGSTOP) at a seeded point until its Lease expired, then continued"
+            .into(),
+        seed: Some(seed),
         checks,
         recovery_ms: Some(failover),
     })

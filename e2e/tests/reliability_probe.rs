@@ -3,14 +3,16 @@
 //!   node turns Unknown and nothing disruptive happens under a policy that does not ask for it;
 //!   under one that taints Stale nodes explicitly, the taint comes; both recover when the probe
 //!   returns;
-//! - a probe floods updates (hundreds of reports as fast as the API server takes them): the
-//!   operator's reconciles stay bounded by the updates and it writes nothing to the Node;
+//! - a probe floods updates (hundreds of reports from 32 concurrent writers, as fast as the API
+//!   server takes them): the operator's reconciles stay bounded by the updates and it writes
+//!   nothing to the Node;
 //! - a probe restarts with a different boot id: no action, no write to the Node.
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use gpunode_e2e::{
-    faults::{self, Check, DisruptionMonitor, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
+    faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
     reports, wait,
 };
 use kube::Client;
@@ -18,6 +20,8 @@ use serde_json::json;
 
 const CLASS: &str = "probe";
 const DEADLINE: Duration = Duration::from_secs(120);
+/// Reports in flight at once during the flood.
+const FLOOD_WRITERS: usize = 32;
 
 fn fail(e: impl std::fmt::Display) -> ! {
     panic!("{e}")
@@ -87,7 +91,6 @@ fn aged(age: Duration) -> serde_json::Value {
 }
 
 async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
-    let _ = fc;
     // Policy A does not act on Stale; policy B taints Stale nodes explicitly.
     let mut spec = WaveSpec::drain("stale", 1, 2);
     spec.policy_spec["staleAfter"] = json!("60s");
@@ -97,7 +100,7 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     spec.policy_spec["remediation"] =
         json!([{"classes": ["Stale"], "action": "Taint", "effect": "NoSchedule"}]);
     let loud = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
-    let monitor = DisruptionMonitor::start(client, &quiet.selector());
+    let monitor = quiet.monitor();
     quiet
         .wait_all("compliant", DEADLINE)
         .await
@@ -178,9 +181,13 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
             !tainted.is_empty(),
             format!("taints {tainted:?}"),
         ),
-        monitor.check(0),
     ];
-    checks.extend(quiet.final_checks().await.unwrap_or_else(|e| fail(e)));
+    checks.extend(
+        quiet
+            .run_checks(fc, &monitor, 0, &[])
+            .await
+            .unwrap_or_else(|e| fail(e)),
+    );
     rec.push(Run {
         class: CLASS.into(),
         fault: "probe died (report went stale)".into(),
@@ -207,16 +214,22 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
     let start = Instant::now();
-    for i in 0..updates {
-        let node = &wave.nodes[(i % 2) as usize];
-        let mut s = faults::report_status(false, "boot-1");
-        // Noise a probe would not even publish: temperature and power jitter.
-        s["gpus"][0]["temperatureCelsius"] = json!(40 + (i % 7));
-        s["gpus"][0]["powerWatts"] = json!(100 + (i % 13));
-        reports::publish(client, node, s)
-            .await
-            .unwrap_or_else(|e| fail(e));
-    }
+    // Concurrent writers at full speed: as many reports in flight as the API server takes.
+    let results: Vec<Result<(), gpunode_e2e::Error>> = futures::stream::iter(0..updates)
+        .map(|i| {
+            let node = wave.nodes[(i % 2) as usize].clone();
+            async move {
+                let mut s = faults::report_status(false, "boot-1");
+                // Noise a probe would not even publish: temperature and power jitter.
+                s["gpus"][0]["temperatureCelsius"] = json!(40 + (i % 7));
+                s["gpus"][0]["powerWatts"] = json!(100 + (i % 13));
+                reports::publish(client, &node, s).await
+            }
+        })
+        .buffer_unordered(FLOOD_WRITERS)
+        .collect()
+        .await;
+    let refused = results.iter().filter(|r| r.is_err()).count();
     let flood_s = start.elapsed().as_secs_f64();
     let ended = Instant::now();
     let r1 = settled(op).await;
@@ -237,7 +250,8 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
             "operator work bounded by the updates",
             reconciles <= f64::from(updates) + 5.0,
             format!(
-                "{updates} reports in {flood_s:.1} s ({:.0}/s) → {reconciles} reconciles",
+                "{updates} reports from {FLOOD_WRITERS} concurrent writers in {flood_s:.1} s \
+                 ({:.0}/s, {refused} refused) → {reconciles} reconciles",
                 f64::from(updates) / flood_s
             ),
         ),
@@ -250,7 +264,7 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
     checks.extend(wave.final_checks().await.unwrap_or_else(|e| fail(e)));
     rec.push(Run {
         class: CLASS.into(),
-        fault: format!("probe flooded {updates} updates"),
+        fault: format!("probe flooded {updates} updates from {FLOOD_WRITERS} concurrent writers"),
         seed: None,
         checks,
         recovery_ms: Some(settle_ms),

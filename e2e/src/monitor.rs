@@ -1,0 +1,254 @@
+//! Watches that check a wave's invariants at every instant the API server shows, not only at the
+//! end of a run: how many nodes gpunode has out of service at once, a person's cordon, other
+//! controllers' taints and labels, and when each pod's eviction was committed.
+//!
+//! The pod watch is the eviction oracle that does not trust the answers: the audit log says what
+//! each eviction request was answered, but an eviction answered 5xx (or never answered) may still
+//! have been committed. The watch sees the deletion itself; any eviction request the API server
+//! received after a pod's deletion was committed is a repeat, whatever either was answered.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+
+use crate::{
+    audit::AuditEvent,
+    faults::{BYSTANDER_LABEL, Check, FOREIGN_LABEL, FOREIGN_TAINT, disrupted},
+};
+
+#[derive(Debug, Default)]
+struct Seen {
+    max_disrupted: usize,
+    node_changes: usize,
+    bystander_seen: usize,
+    /// `node at time` for every observed state of a person's cordoned node without the cordon.
+    cordon_lifted: Vec<String>,
+    /// `node: what` for every observed state missing another controller's label or taint.
+    foreign_lost: Vec<String>,
+    /// Per pod: the earliest time its deletion is known to have been committed.
+    committed: BTreeMap<String, jiff::Timestamp>,
+    pod_events: usize,
+}
+
+fn has_foreign(node: &Node) -> (bool, bool) {
+    let label = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(FOREIGN_LABEL.0))
+        .is_some_and(|v| v == FOREIGN_LABEL.1);
+    let taint = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t.key == FOREIGN_TAINT.0
+                    && t.value.as_deref() == Some(FOREIGN_TAINT.1)
+                    && t.effect == FOREIGN_TAINT.2
+            })
+        });
+    (label, taint)
+}
+
+fn is_bystander(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(BYSTANDER_LABEL))
+}
+
+/// The earliest moment a terminating pod's deletion is known to be committed: when it was seen
+/// terminating, or earlier by its own stamps (`deletionTimestamp` is the commit time plus the
+/// grace period, in whole seconds).
+fn commit_bound(pod: &Pod, seen_at: jiff::Timestamp) -> jiff::Timestamp {
+    let stamped = pod.metadata.deletion_timestamp.as_ref().and_then(|t| {
+        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+        t.0.checked_sub(jiff::SignedDuration::from_secs(grace - 1)).ok()
+    });
+    match stamped {
+        Some(s) if s < seen_at => s,
+        _ => seen_at,
+    }
+}
+
+/// The watches of one wave: its nodes (`selector`, with any bystander) and its pods.
+pub struct WaveMonitor {
+    seen: Arc<Mutex<Seen>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    has_bystander: bool,
+}
+
+impl WaveMonitor {
+    /// Starts watching the nodes labelled `selector` and the pods of `namespace`.
+    pub fn start(client: &Client, selector: &str, namespace: &str, has_bystander: bool) -> WaveMonitor {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let (reader, writer) = reflector::store::<Node>();
+        let nodes = watcher(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default().labels(selector),
+        )
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+        let s = seen.clone();
+        let node_task = tokio::spawn(async move {
+            let mut nodes = std::pin::pin!(nodes);
+            while let Some(item) = nodes.next().await {
+                // Errors are the faults themselves (API server down); the watcher relists.
+                let Ok(node) = item else { continue };
+                let now = reader.state().iter().filter(|n| disrupted(n)).count();
+                let Ok(mut seen) = s.lock() else { return };
+                seen.max_disrupted = seen.max_disrupted.max(now);
+                seen.node_changes += 1;
+                let name = node.metadata.name.clone().unwrap_or_default();
+                let (label, taint) = has_foreign(&node);
+                if !label || !taint {
+                    seen.foreign_lost
+                        .push(format!("{name}: label {label}, taint {taint}"));
+                }
+                if is_bystander(&node) {
+                    seen.bystander_seen += 1;
+                    if !node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+                        seen.cordon_lifted
+                            .push(format!("{name} at {}", jiff::Timestamp::now()));
+                    }
+                }
+            }
+        });
+        let pods = watcher(
+            Api::<Pod>::namespaced(client.clone(), namespace),
+            watcher::Config::default(),
+        )
+        .default_backoff();
+        let s = seen.clone();
+        let pod_task = tokio::spawn(async move {
+            let mut pods = std::pin::pin!(pods);
+            while let Some(item) = pods.next().await {
+                let now = jiff::Timestamp::now();
+                let (pod, deleted) = match item {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
+                    Ok(watcher::Event::Delete(p)) => (p, true),
+                    _ => continue,
+                };
+                if !deleted && pod.metadata.deletion_timestamp.is_none() {
+                    continue;
+                }
+                let Ok(mut seen) = s.lock() else { return };
+                seen.pod_events += 1;
+                let at = commit_bound(&pod, now);
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let e = seen.committed.entry(name).or_insert(at);
+                *e = (*e).min(at);
+            }
+        });
+        WaveMonitor {
+            seen,
+            tasks: vec![node_task, pod_task],
+            has_bystander,
+        }
+    }
+
+    /// The most nodes gpunode had out of service at once, and how many node states were observed.
+    pub fn max(&self) -> (usize, usize) {
+        self.seen
+            .lock()
+            .map(|s| (s.max_disrupted, s.node_changes))
+            .unwrap_or((usize::MAX, 0))
+    }
+
+    /// The budget invariant for `allowed` nodes.
+    pub fn budget_check(&self, allowed: usize) -> Check {
+        let (max, seen) = self.max();
+        Check::new(
+            "budget held at every observed instant",
+            max <= allowed && seen > 0,
+            format!("max {max} disrupted of {allowed} allowed over {seen} observed node changes"),
+        )
+    }
+
+    /// Every invariant the watches hold for a wave under a budget of `allowed` nodes, with the
+    /// audit log's eviction requests for the wave's `namespace`.
+    pub fn checks(&self, allowed: usize, audit: &[AuditEvent], namespace: &str) -> Vec<Check> {
+        let mut out = vec![self.budget_check(allowed)];
+        let Ok(seen) = self.seen.lock() else {
+            out.push(Check::new("monitor alive", false, "poisoned"));
+            return out;
+        };
+        out.push(Check::new(
+            "other controllers' taints and labels kept at every observed instant",
+            seen.foreign_lost.is_empty() && seen.node_changes > 0,
+            format!(
+                "{} observed node states, missing in: {:?}",
+                seen.node_changes,
+                seen.foreign_lost.iter().take(5).collect::<Vec<_>>()
+            ),
+        ));
+        if self.has_bystander {
+            out.push(Check::new(
+                "a person's cordon never lifted",
+                seen.cordon_lifted.is_empty() && seen.bystander_seen > 0,
+                format!(
+                    "{} observed states of the node a person cordoned, uncordoned in: {:?}",
+                    seen.bystander_seen,
+                    seen.cordon_lifted.iter().take(5).collect::<Vec<_>>()
+                ),
+            ));
+        }
+        let repeats: Vec<String> = audit
+            .iter()
+            .filter(|e| e.is_eviction_in(namespace))
+            .filter_map(|e| {
+                let committed = seen.committed.get(&e.name)?;
+                (e.at > *committed)
+                    .then(|| format!("{} at {} ({}), committed by {committed}", e.name, e.at, e.code))
+            })
+            .collect();
+        let requests = audit.iter().filter(|e| e.is_eviction_in(namespace)).count();
+        out.push(Check::new(
+            "no eviction requested after the pod's eviction was committed (pod watch)",
+            repeats.is_empty(),
+            format!(
+                "{requests} eviction requests, {} pods seen deleted; repeats: {repeats:?}",
+                seen.committed.len()
+            ),
+        ));
+        out
+    }
+}
+
+impl Drop for WaveMonitor {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    #[test]
+    fn the_commit_bound_is_the_earlier_of_the_stamp_and_the_observation() {
+        let mut pod = Pod::default();
+        let seen: jiff::Timestamp = "2026-12-01T12:00:10Z".parse().unwrap_or_default();
+        assert_eq!(commit_bound(&pod, seen), seen);
+        // Deleted at 12:00:00 with 30 s of grace: stamped 12:00:30; committed before 12:00:01.
+        pod.metadata.deletion_timestamp = Some(Time("2026-12-01T12:00:30Z".parse().unwrap_or_default()));
+        pod.metadata.deletion_grace_period_seconds = Some(30);
+        assert_eq!(commit_bound(&pod, seen).to_string(), "2026-12-01T12:00:01Z");
+        // Seen before the stamp's bound: the observation is the bound.
+        let early: jiff::Timestamp = "2026-12-01T12:00:00.5Z".parse().unwrap_or_default();
+        assert_eq!(commit_bound(&pod, early), early);
+    }
+}
