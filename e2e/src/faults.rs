@@ -23,6 +23,7 @@ use std::{
 
 use gpunode_crds::GpuNodePolicy;
 use k8s_openapi::api::{
+    coordination::v1::Lease,
     core::v1::{Namespace, Node, Pod, ServiceAccount, Taint},
     policy::v1::PodDisruptionBudget,
     rbac::v1::ClusterRoleBinding,
@@ -356,7 +357,22 @@ pub struct Operator {
     pub metrics_port: u16,
     kubeconfig: PathBuf,
     bin: PathBuf,
+    launch: Launch,
     child: Option<Child>,
+}
+
+/// How a replica's process is started, beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// Command the operator runs under, e.g. `ip netns exec NS` (a network namespace).
+    pub prefix: Vec<String>,
+    /// Extra environment, e.g. libfaketime's (a skewed clock).
+    pub env: Vec<(String, String)>,
+    /// The API server address the replica uses instead of the admin kubeconfig's, with the name
+    /// its certificate is checked against (`tls-server-name`).
+    pub server: Option<(String, String)>,
+    /// Address /metrics listens on (default 127.0.0.1), e.g. the namespace's end of a veth link.
+    pub metrics_ip: Option<String>,
 }
 
 impl Operator {
@@ -367,6 +383,17 @@ impl Operator {
         admin: &Client,
         identity: &str,
         namespace: &str,
+    ) -> Result<Operator, Error> {
+        Operator::start_with(fc, admin, identity, namespace, Launch::default()).await
+    }
+
+    /// [`Operator::start`], started as `launch` says.
+    pub async fn start_with(
+        fc: &FaultCluster,
+        admin: &Client,
+        identity: &str,
+        namespace: &str,
+        launch: Launch,
     ) -> Result<Operator, Error> {
         let pp = PatchParams::apply("gpunode-rel").force();
         Api::<Namespace>::all(admin.clone())
@@ -403,10 +430,14 @@ impl Operator {
         let token = accounts::token(admin, namespace, identity, None).await?;
         let admin_yaml = std::fs::read_to_string(&fc.kubeconfig).map_err(io(fc.kubeconfig.display()))?;
         let admin_kc: serde_json::Value = serde_yaml::from_str(&admin_yaml)?;
-        let cluster = admin_kc
+        let mut cluster = admin_kc
             .pointer("/clusters/0/cluster")
             .cloned()
             .ok_or_else(|| Error::Kubeconfig("admin kubeconfig has no cluster".into()))?;
+        if let Some((server, tls_name)) = &launch.server {
+            cluster["server"] = json!(server);
+            cluster["tls-server-name"] = json!(tls_name);
+        }
         let kc = json!({
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": "rel", "cluster": cluster}],
@@ -423,6 +454,7 @@ impl Operator {
             metrics_port: free_port()?,
             kubeconfig,
             bin: operator_bin()?,
+            launch,
             child: None,
         };
         op.spawn()?;
@@ -443,7 +475,16 @@ impl Operator {
             .open(&self.log)
             .map_err(io(self.log.display()))?;
         let err = log.try_clone().map_err(io("log file"))?;
-        let child = Command::new(&self.bin)
+        let mut cmd = match self.launch.prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&self.bin);
+                c
+            }
+            None => Command::new(&self.bin),
+        };
+        let child = cmd
+            .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
             .args([
                 "run",
                 "--instance",
@@ -453,7 +494,7 @@ impl Operator {
                 "--lease-namespace",
                 &self.namespace,
                 "--metrics-addr",
-                &format!("127.0.0.1:{}", self.metrics_port),
+                &format!("{}:{}", self.metrics_ip(), self.metrics_port),
             ])
             .env("KUBECONFIG", &self.kubeconfig)
             // The watcher's debug lines name a 410 Gone when a resumed watch expired.
@@ -466,6 +507,18 @@ impl Operator {
             .map_err(io(self.bin.display()))?;
         self.child = Some(child);
         Ok(())
+    }
+
+    fn metrics_ip(&self) -> String {
+        self.launch
+            .metrics_ip
+            .clone()
+            .unwrap_or_else(|| "127.0.0.1".into())
+    }
+
+    /// The running process's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// SIGKILL (no graceful shutdown, the Lease is not released) and reap.
@@ -528,9 +581,9 @@ impl Operator {
 
     /// A counter or gauge from /metrics (summed over its label sets).
     pub async fn metric(&self, name: &str) -> Result<f64, Error> {
-        let port = self.metrics_port;
+        let (ip, port) = (self.metrics_ip(), self.metrics_port);
         let body = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-            let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+            let mut s = std::net::TcpStream::connect((ip.as_str(), port))?;
             s.set_read_timeout(Some(Duration::from_secs(5)))?;
             s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
             let mut out = String::new();
@@ -545,6 +598,21 @@ impl Operator {
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum())
+    }
+
+    /// Waits until the Lease of its namespace names this replica (needs no access to its /metrics).
+    pub async fn wait_holding(&self, admin: &Client, timeout: Duration) -> Result<jiff::Timestamp, Error> {
+        wait::until(
+            &format!("{} to hold the Lease", self.identity),
+            timeout,
+            || async {
+                Ok(lease(admin, &self.namespace)
+                    .await
+                    .filter(|(h, _)| *h == self.identity)
+                    .map(|(_, at)| at))
+            },
+        )
+        .await
     }
 
     /// Waits until /metrics says this replica leads.
@@ -565,6 +633,39 @@ impl Drop for Operator {
         }
         self.kill();
     }
+}
+
+/// The holder of the operator's Lease in `namespace` and when it acquired it.
+pub async fn lease(client: &Client, namespace: &str) -> Option<(String, jiff::Timestamp)> {
+    let l = Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt(gpunode_operator::leader::DEFAULT_LEASE_NAME)
+        .await
+        .ok()??;
+    let spec = l.spec?;
+    Some((spec.holder_identity?, spec.acquire_time?.0))
+}
+
+/// splitmix64: a deterministic sequence per seed, no dependency.
+pub fn mix(seed: u64) -> u64 {
+    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The API server's address from the admin kubeconfig (`127.0.0.1:<port>`).
+pub fn apiserver_addr(fc: &FaultCluster) -> Result<std::net::SocketAddr, Error> {
+    let yaml = std::fs::read_to_string(&fc.kubeconfig).map_err(io(fc.kubeconfig.display()))?;
+    let kc: serde_json::Value = serde_yaml::from_str(&yaml)?;
+    let server = kc
+        .pointer("/clusters/0/cluster/server")
+        .and_then(|s| s.as_str())
+        .ok_or_else(|| Error::Kubeconfig("admin kubeconfig has no server".into()))?;
+    server
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .parse()
+        .map_err(|e| Error::Kubeconfig(format!("server {server}: {e}")))
 }
 
 /// A policy's fake nodes, their workload, and the wave of drifts the tests run through.

@@ -39,23 +39,8 @@ fn fail(e: impl std::fmt::Display) -> ! {
     panic!("{e}")
 }
 
-/// `target/debug`, from this test's own path (`target/debug/deps/ha-…`).
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
-    exe.parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| fail("test binary has no target directory"))
-}
-
 fn operator_bin() -> PathBuf {
-    let p = bin_dir().join("gpunode-operator");
-    assert!(
-        p.exists(),
-        "{} is missing: build the workspace first (`cargo build --workspace`, as `make test` does)",
-        p.display()
-    );
-    p
+    gpunode_e2e::faults::operator_bin().unwrap_or_else(|e| fail(e))
 }
 
 /// A free port on 127.0.0.1 (bound and released; the replica binds it right after).

@@ -26,23 +26,8 @@ fn fail(e: impl std::fmt::Display) -> ! {
     panic!("{e}")
 }
 
-/// `target/debug`, from this test's own path (`target/debug/deps/probe-…`).
-fn bin_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
-    exe.parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| fail("test binary has no target directory"))
-}
-
 fn built(name: &str) -> PathBuf {
-    let p = bin_dir().join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: build the workspace first (`cargo build --workspace`, as `make test` does)",
-        p.display()
-    );
-    p
+    gpunode_e2e::probe::built(name).unwrap_or_else(|e| fail(e))
 }
 
 /// Kills the probe if the test fails before stopping it.

@@ -21,8 +21,7 @@ use gpunode_e2e::{
     faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveMonitor, WaveSpec},
     wait,
 };
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::{Api, Client};
+use kube::Client;
 
 const CLASS: &str = "operator";
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -31,28 +30,11 @@ fn fail(e: impl std::fmt::Display) -> ! {
     panic!("{e}")
 }
 
-/// splitmix64: a deterministic sequence per seed, no dependency.
-fn mix(seed: u64) -> u64 {
-    let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 fn seeds() -> u64 {
     std::env::var("GPUNODE_REL_SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5)
-}
-
-async fn lease(client: &Client, ns: &str) -> Option<(String, jiff::Timestamp)> {
-    let l = Api::<Lease>::namespaced(client.clone(), ns)
-        .get_opt(gpunode_operator::leader::DEFAULT_LEASE_NAME)
-        .await
-        .ok()??;
-    let spec = l.spec?;
-    Some((spec.holder_identity?, spec.acquire_time?.0))
 }
 
 /// Checks common to every run of a wave under `maxUnavailable: 1`.
@@ -151,7 +133,7 @@ async fn reach(wave: &Wave, phase: Phase) {
 
 /// Each round runs four waves of three nodes under `maxUnavailable: 1` (so the budget binds),
 /// each with three pods per node, and kills the leader once, with each wave's drain aimed at a
-/// different phase: one drifted a seeded 0–60 ms before the kill (before the cordon), one whose
+/// different phase: one drifting as the kill comes (before the cordon), one whose
 /// evictions a PDB holds (cordoned, before any eviction), one whose PDB spares each node's first
 /// pod (between evictions), one whose first node has been drained but not yet healed (after the
 /// drain). Each wave is a run, filed under the phase observed at the kill; the phases observed
@@ -194,16 +176,21 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
         reach(drained, Phase::AfterDrain).await;
         // A seeded point in the held drains' retry cycle, then a seeded point of the early
         // wave's reaction.
-        let r = mix(round);
+        let r = faults::mix(round);
         faults::hold("kill point in the held drains", Duration::from_millis(r % 1500))
             .await
             .unwrap_or_else(|e| fail(e));
-        early.drift_all().await.unwrap_or_else(|e| fail(e));
-        let early_ms = (r >> 16) % 60;
-        faults::hold("kill point after the drift", Duration::from_millis(early_ms))
-            .await
-            .unwrap_or_else(|e| fail(e));
-        op.kill();
+        // The early wave's drifts are being written when the kill comes, a seeded 0–20 ms after
+        // the first: the operator reacts within tens of milliseconds.
+        let early_ms = (r >> 16) % 20;
+        let kill = async {
+            faults::hold("kill point after the drift", Duration::from_millis(early_ms))
+                .await
+                .unwrap_or_else(|e| fail(e));
+            op.kill();
+        };
+        let (drifted, ()) = tokio::join!(early.drift_all(), kill);
+        drifted.unwrap_or_else(|e| fail(e));
         let mut at_kill = Vec::new();
         for w in &waves {
             at_kill.push(phase_of(w).await.unwrap_or_else(|e| fail(e)));
@@ -354,13 +341,16 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
     .unwrap_or_else(|e| fail(e));
     // The leader retries the held evictions every few seconds; stop it at a seeded point of
     // that cycle, possibly mid-apply.
-    faults::hold("pause point", Duration::from_millis(mix(1000 + seed) % 5000))
-        .await
-        .unwrap_or_else(|e| fail(e));
+    faults::hold(
+        "pause point",
+        Duration::from_millis(faults::mix(1000 + seed) % 5000),
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
     a.pause().unwrap_or_else(|e| fail(e));
     let paused = Instant::now();
     let (holder, acquired) = wait::until("the follower to take the Lease over", DEADLINE, || async {
-        Ok(lease(client, ns).await.filter(|(h, _)| *h == b.identity))
+        Ok(faults::lease(client, ns).await.filter(|(h, _)| *h == b.identity))
     })
     .await
     .unwrap_or_else(|e| fail(e));

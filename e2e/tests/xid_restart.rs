@@ -11,17 +11,15 @@
 //! Needs the binaries built (`make test` builds them first): `gpunode-probe` and
 //! `libfake_nvml.so` next to this test's target directory.
 
-use std::{
-    io::{BufRead, BufReader},
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_e2e::{
-    chart, cluster, crds, fixtures::repo_root, nodes, operator::InProcess, scratch::rand_suffix, wait,
+    chart, cluster, crds, nodes,
+    operator::InProcess,
+    probe::{Host, Probe},
+    scratch::rand_suffix,
+    wait,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::DeleteParams};
@@ -38,133 +36,6 @@ fn fail(e: impl std::fmt::Display) -> ! {
     panic!("{e}")
 }
 
-/// `target/debug`, from this test's own path (`target/debug/deps/xid_restart-…`).
-fn built(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap_or_else(|e| fail(e));
-    let p = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|d| d.join(name))
-        .unwrap_or_else(|| fail("test binary has no target directory"));
-    assert!(
-        p.exists(),
-        "{} is missing: build the workspace first (`cargo build --workspace`, as `make test` does)",
-        p.display()
-    );
-    p
-}
-
-/// A running probe and the lines of its log; killed (SIGKILL) when dropped.
-struct Probe {
-    child: Child,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Probe {
-    fn lines(&self) -> Vec<String> {
-        self.log.lock().map(|v| v.clone()).unwrap_or_default()
-    }
-
-    /// Waits for a log line containing `needle`.
-    async fn logged(&self, needle: &str) -> String {
-        wait::until(&format!("the probe to log {needle:?}"), DEADLINE, || async {
-            Ok(self.lines().into_iter().find(|l| l.contains(needle)))
-        })
-        .await
-        .unwrap_or_else(|e| fail(e))
-    }
-
-    /// SIGKILL, as an OOM kill or a crash would end it: nothing is flushed or saved on the way
-    /// out. (A killed process is reaped at once, so waiting for it does not block the runtime.)
-    fn kill(mut self) {
-        self.child.kill().unwrap_or_else(|e| fail(e));
-        let status = self.child.wait().unwrap_or_else(|e| fail(e));
-        assert!(!status.success(), "the probe exited by itself: {status}");
-    }
-}
-
-impl Drop for Probe {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One test node's files: the NVML fixture, a proc root per boot, the state directory.
-struct Host {
-    dir: PathBuf,
-    node: String,
-    kubeconfig: PathBuf,
-}
-
-impl Host {
-    fn fixture(&self) -> PathBuf {
-        self.dir.join("nvml.json")
-    }
-
-    /// A proc root whose `sys/kernel/random/boot_id` is `boot`.
-    fn proc_root(&self, boot: &str) -> PathBuf {
-        let root = self.dir.join(format!("proc-{boot}"));
-        let random = root.join("sys/kernel/random");
-        std::fs::create_dir_all(&random).unwrap_or_else(|e| fail(e));
-        std::fs::write(random.join("boot_id"), format!("{boot}\n")).unwrap_or_else(|e| fail(e));
-        root
-    }
-
-    /// Starts the probe during boot `boot`, keeping XIDs in the state directory.
-    fn start_probe(&self, boot: &str) -> Probe {
-        let tree = repo_root().join("node-probe/tests/fixtures/sysfs/lossless-8port");
-        let mut child = Command::new(built("gpunode-probe"))
-            .arg("--node-name")
-            .arg(&self.node)
-            .arg("--nvml-lib")
-            .arg(built("libfake_nvml.so"))
-            .arg("--sysfs-root")
-            .arg(tree.join("sys"))
-            .arg("--net-fixtures")
-            .arg(&tree)
-            .arg("--proc-root")
-            .arg(self.proc_root(boot))
-            .arg("--state-dir")
-            .arg(self.dir.join("state"))
-            .args(["--interval", "500ms", "--heartbeat", "1s"])
-            .args(["--metrics-addr", "127.0.0.1:0"])
-            .env("FAKE_NVML_FIXTURE", self.fixture())
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "info")
-            .env_remove("GPUNODE_STATE_DIR")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| fail(e));
-        let log = Arc::new(Mutex::new(Vec::new()));
-        if let Some(stderr) = child.stderr.take() {
-            let sink = log.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    eprintln!("probe: {line}");
-                    if let Ok(mut v) = sink.lock() {
-                        v.push(line);
-                    }
-                }
-            });
-        }
-        Probe { child, log }
-    }
-
-    /// An XID happens on GPU `gpu`: appended to the fixture of a running probe (atomically).
-    fn inject_xid(&self, gpu: usize, xid: u32) {
-        let path = self.fixture();
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| fail(e));
-        let mut fixture: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| fail(e));
-        fixture["devices"][gpu]["events"] = json!([{"id": 1, "type": 8, "xid": xid}]);
-        let tmp = self.dir.join("nvml.json.tmp");
-        std::fs::write(&tmp, fixture.to_string()).unwrap_or_else(|e| fail(e));
-        std::fs::rename(&tmp, &path).unwrap_or_else(|e| fail(e));
-    }
-}
-
 fn cordoned(n: &Node) -> bool {
     n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
 }
@@ -179,7 +50,10 @@ fn state(n: &Node) -> Option<String> {
 /// The XIDs in the stored report, once `probe` has written its first one (its log says so after
 /// the write; observedAt has whole seconds only, too coarse to tell two probes apart).
 async fn first_report(probe: &Probe, reports: &Api<GpuNodeReport>, node: &str) -> Vec<u32> {
-    probe.logged("first observation").await;
+    probe
+        .logged("first observation", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
     let status = reports
         .get(node)
         .await
@@ -209,24 +83,7 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
     )
     .await
     .unwrap_or_else(|e| fail(e));
-    let dir = std::env::temp_dir().join(format!("gpunode-e2e-{node}"));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(e));
-    chart::install_accounts(&client).await.unwrap_or_else(|e| fail(e));
-    let pod = chart::probe_pod(&client, &node).await.unwrap_or_else(|e| fail(e));
-    let kubeconfig = dir.join("probe.kubeconfig");
-    chart::write_probe_kubeconfig(&client, &pod, &kubeconfig)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    let host = Host {
-        dir,
-        node: node.clone(),
-        kubeconfig,
-    };
-    std::fs::copy(
-        repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"),
-        host.fixture(),
-    )
-    .unwrap_or_else(|e| fail(e));
+    let host = Host::prepare(&client, &node).await.unwrap_or_else(|e| fail(e));
 
     crds::create_policy(
         &client,
@@ -248,15 +105,18 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
 
     // Boot A. The XID happens once the probe has registered for events (NVML delivers nothing
     // that happened before).
-    let first = host.start_probe("boot-a");
-    first.logged("listening for XID events").await;
+    let first = host.start_probe("boot-a").unwrap_or_else(|e| fail(e));
+    first
+        .logged("listening for XID events", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
     wait::until("the node compliant", DEADLINE, || async {
         let n = node_api.get(&node).await?;
         Ok((state(&n).as_deref() == Some("compliant")).then_some(()))
     })
     .await
     .unwrap_or_else(|e| fail(e));
-    host.inject_xid(5, 79);
+    host.inject_xid(5, 79).unwrap_or_else(|e| fail(e));
     wait::until("the node drifted and cordoned for XID 79", DEADLINE, || async {
         let n = node_api.get(&node).await?;
         Ok((state(&n).as_deref() == Some("drifted") && cordoned(&n)).then_some(()))
@@ -271,11 +131,14 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
     })
     .await
     .unwrap_or_else(|e| fail(e));
-    first.kill();
+    assert!(
+        first.kill().unwrap_or_else(|e| fail(e)),
+        "the probe exited by itself"
+    );
 
     // Restarted on the same boot: the XID comes back from the state directory, and the node stays
     // cordoned while healthyFor, and more, passes after the restarted probe's report.
-    let second = host.start_probe("boot-a");
+    let second = host.start_probe("boot-a").unwrap_or_else(|e| fail(e));
     let xids = first_report(&second, &reports, &node).await;
     let published = Instant::now();
     assert_eq!(xids, vec![79], "the restarted probe forgot the XID of this boot");
@@ -305,14 +168,20 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
     )
     .await
     .unwrap_or_else(|e| fail(e));
-    second.kill();
+    assert!(
+        second.kill().unwrap_or_else(|e| fail(e)),
+        "the probe exited by itself"
+    );
 
     // Boot B: the node rebooted, the XIDs of boot A are forgotten and the node recovers after
     // healthyFor.
-    let third = host.start_probe("boot-b");
+    let third = host.start_probe("boot-b").unwrap_or_else(|e| fail(e));
     let xids = first_report(&third, &reports, &node).await;
     let clear = Instant::now();
-    third.logged("the node rebooted").await;
+    third
+        .logged("the node rebooted", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
     assert_eq!(xids, Vec::<u32>::new());
     wait::until("the node uncordoned and compliant", DEADLINE, || async {
         let n = node_api.get(&node).await?;
@@ -330,12 +199,12 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
         clear.elapsed()
     );
 
-    third.kill();
+    assert!(
+        third.kill().unwrap_or_else(|e| fail(e)),
+        "the probe exited by itself"
+    );
     operator.stop().await.unwrap_or_else(|e| fail(e));
     let policies: Api<GpuNodePolicy> = Api::all(client.clone());
     let _ = policies.delete(&node, &DeleteParams::default()).await;
-    chart::delete_probe_pod(&client, &node)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    let _ = std::fs::remove_dir_all(&host.dir);
+    host.cleanup(&client).await;
 }

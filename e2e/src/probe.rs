@@ -1,0 +1,184 @@
+//! The real node-probe binary as a process, on one test node: the fake NVML library with a JSON
+//! fixture, the repo's fixture sysfs, a proc root per boot (its `boot_id`), the XID state
+//! directory, and a kubeconfig for the chart's probe ServiceAccount with a token bound to a pod
+//! on the node (the DaemonSet pod's projected token, in effect).
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use kube::Client;
+use serde_json::json;
+
+use crate::{Error, chart, fixtures::repo_root, wait};
+
+fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::Unexpected(format!("{what}: {e}"))
+}
+
+/// `target/<profile>/<name>`, from the running test's own path (`target/<profile>/deps/…`).
+pub fn built(name: &str) -> Result<PathBuf, Error> {
+    let exe = std::env::current_exe().map_err(io("current_exe"))?;
+    let p = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join(name))
+        .ok_or_else(|| Error::Unexpected("test binary has no target directory".into()))?;
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(Error::Unexpected(format!(
+            "{} is missing: build the workspace first (`cargo build --workspace`, as `make test` does)",
+            p.display()
+        )))
+    }
+}
+
+/// A running probe and the lines of its log; killed (SIGKILL) when dropped.
+pub struct Probe {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Probe {
+    /// Every line it logged so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.log.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Waits for a log line containing `needle`.
+    pub async fn logged(&self, needle: &str, timeout: Duration) -> Result<String, Error> {
+        wait::until(&format!("the probe to log {needle:?}"), timeout, || async {
+            Ok(self.lines().into_iter().find(|l| l.contains(needle)))
+        })
+        .await
+    }
+
+    /// SIGKILL, as an OOM kill or a crash would end it: nothing is flushed or saved on the way
+    /// out. Returns whether it was still running (a killed process is reaped at once).
+    pub fn kill(mut self) -> Result<bool, Error> {
+        let running = matches!(self.child.try_wait(), Ok(None));
+        self.child.kill().map_err(io("kill the probe"))?;
+        let status = self.child.wait().map_err(io("reap the probe"))?;
+        Ok(running && !status.success())
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One test node's files: the NVML fixture, a proc root per boot, the state directory.
+pub struct Host {
+    /// Where its files live.
+    pub dir: PathBuf,
+    /// The node.
+    pub node: String,
+    kubeconfig: PathBuf,
+}
+
+impl Host {
+    /// Prepares `node`'s files under the temp dir, a healthy 8×H100 fixture, and the probe's
+    /// account and pod-bound token.
+    pub async fn prepare(admin: &Client, node: &str) -> Result<Host, Error> {
+        let dir = std::env::temp_dir().join(format!("gpunode-e2e-{node}"));
+        std::fs::create_dir_all(&dir).map_err(io(dir.display()))?;
+        chart::install_accounts(admin).await?;
+        let pod = chart::probe_pod(admin, node).await?;
+        let kubeconfig = dir.join("probe.kubeconfig");
+        chart::write_probe_kubeconfig(admin, &pod, &kubeconfig).await?;
+        let host = Host {
+            dir,
+            node: node.to_string(),
+            kubeconfig,
+        };
+        std::fs::copy(
+            repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"),
+            host.fixture(),
+        )
+        .map_err(io("copy the NVML fixture"))?;
+        Ok(host)
+    }
+
+    /// The NVML fixture the probe's fake library reads.
+    pub fn fixture(&self) -> PathBuf {
+        self.dir.join("nvml.json")
+    }
+
+    /// A proc root whose `sys/kernel/random/boot_id` is `boot`.
+    pub fn proc_root(&self, boot: &str) -> Result<PathBuf, Error> {
+        let root = self.dir.join(format!("proc-{boot}"));
+        let random = root.join("sys/kernel/random");
+        std::fs::create_dir_all(&random).map_err(io(random.display()))?;
+        std::fs::write(random.join("boot_id"), format!("{boot}\n")).map_err(io("boot_id"))?;
+        Ok(root)
+    }
+
+    /// Starts the probe during boot `boot`, keeping XIDs in the state directory; its log lines
+    /// go to the test's stderr too, prefixed with the node.
+    pub fn start_probe(&self, boot: &str) -> Result<Probe, Error> {
+        let tree = repo_root().join("node-probe/tests/fixtures/sysfs/lossless-8port");
+        let mut child = Command::new(built("gpunode-probe")?)
+            .arg("--node-name")
+            .arg(&self.node)
+            .arg("--nvml-lib")
+            .arg(built("libfake_nvml.so")?)
+            .arg("--sysfs-root")
+            .arg(tree.join("sys"))
+            .arg("--net-fixtures")
+            .arg(&tree)
+            .arg("--proc-root")
+            .arg(self.proc_root(boot)?)
+            .arg("--state-dir")
+            .arg(self.dir.join("state"))
+            .args(["--interval", "500ms", "--heartbeat", "1s"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .env("FAKE_NVML_FIXTURE", self.fixture())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info")
+            .env_remove("GPUNODE_STATE_DIR")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(io("start gpunode-probe"))?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        if let Some(stderr) = child.stderr.take() {
+            let sink = log.clone();
+            let node = self.node.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    eprintln!("probe {node}: {line}");
+                    if let Ok(mut v) = sink.lock() {
+                        v.push(line);
+                    }
+                }
+            });
+        }
+        Ok(Probe { child, log })
+    }
+
+    /// An XID happens on GPU `gpu`: written into the fixture of a running probe (atomically).
+    pub fn inject_xid(&self, gpu: usize, xid: u32) -> Result<(), Error> {
+        let path = self.fixture();
+        let text = std::fs::read_to_string(&path).map_err(io(path.display()))?;
+        let mut fixture: serde_json::Value = serde_json::from_str(&text)?;
+        fixture["devices"][gpu]["events"] = json!([{"id": 1, "type": 8, "xid": xid}]);
+        let tmp = self.dir.join("nvml.json.tmp");
+        std::fs::write(&tmp, fixture.to_string()).map_err(io(tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(io(path.display()))
+    }
+
+    /// Removes its files and the probe's pod (best effort).
+    pub async fn cleanup(&self, admin: &Client) {
+        let _ = chart::delete_probe_pod(admin, &self.node).await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
