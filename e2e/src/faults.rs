@@ -57,6 +57,8 @@ pub const DRAIN_STARTED_ANNOTATION: &str = "gpunode.dev/drain-started";
 pub const FOREIGN_LABEL: (&str, &str) = ("team.example.com/owner", "ml-platform");
 /// Another controller's taint (key, value, effect) on every wave node: gpunode must never remove it.
 pub const FOREIGN_TAINT: (&str, &str, &str) = ("example.com/maintenance", "planned", "PreferNoSchedule");
+/// Marks nodes a test creates only to fill the operator's cache.
+pub const FILLER_LABEL: &str = "rel.gpunode.test/filler";
 /// Marks a wave's bystander: a node of the policy that a person cordoned, which stays healthy.
 pub const BYSTANDER_LABEL: &str = "rel.gpunode.test/bystander";
 /// Environment variable naming the reliability cluster (default `rel-<GPUNODE_CLUSTER_NAME>`).
@@ -100,7 +102,42 @@ impl FaultCluster {
             .map_err(|e| Error::ClusterStart(format!("up.sh panicked: {e}")))??;
         let client = fc.client().await?;
         crds::install(&client).await?;
+        // Once per test binary: its tests may run side by side, and each calls `up`.
+        static CLEARED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        CLEARED.get_or_try_init(|| fc.clear(&client)).await?;
         Ok((fc, client))
+    }
+
+    /// Deletes what an earlier test binary left behind when it failed before its cleanup
+    /// (policies, the waves' nodes and namespaces), so its drains do not run on in this one's
+    /// operator. Cargo runs test binaries one after another, never side by side.
+    async fn clear(&self, client: &Client) -> Result<(), Error> {
+        let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+        for p in policies.list(&ListParams::default()).await?.items {
+            if let Some(name) = p.metadata.name {
+                let _ = policies.delete(&name, &DeleteParams::default()).await;
+            }
+        }
+        let nodes: Api<Node> = Api::all(client.clone());
+        for selector in [RUN_LABEL, FILLER_LABEL] {
+            for n in nodes.list(&ListParams::default().labels(selector)).await?.items {
+                if let Some(name) = n.metadata.name {
+                    let _ = nodes.delete(&name, &DeleteParams::background()).await;
+                }
+            }
+        }
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let label = format!("{}=true", crate::scratch::E2E_LABEL);
+        for ns in namespaces
+            .list(&ListParams::default().labels(&label))
+            .await?
+            .items
+        {
+            if let Some(name) = ns.metadata.name.filter(|n| n.starts_with("rel-")) {
+                let _ = namespaces.delete(&name, &DeleteParams::background()).await;
+            }
+        }
+        Ok(())
     }
 
     fn start_blocking() -> Result<FaultCluster, Error> {
@@ -977,18 +1014,45 @@ impl Wave {
                 ts.iter()
                     .any(|t| t.key == FOREIGN_TAINT.0 && t.effect == FOREIGN_TAINT.2)
             });
-            if labels.get("gpunode.dev/policy") != Some(&self.policy)
-                || labels.get(STATE_LABEL).map(String::as_str) != Some("compliant")
-                || !drift_labels.is_empty()
-                || !gpunode_taints(n).is_empty()
-                || n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) != person_cordoned
-                || annotation(n, CORDONED_ANNOTATION).is_some()
-                || !labels.contains_key("nvidia.com/gpu.product")
-                || labels.get(FOREIGN_LABEL.0).map(String::as_str) != Some(FOREIGN_LABEL.1)
-                || !foreign_taint
-                || labels.get(RUN_LABEL) != Some(&self.id)
-            {
-                wrong.push(name);
+            let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+            let problems: Vec<String> = [
+                (
+                    labels.get("gpunode.dev/policy") != Some(&self.policy),
+                    "policy label".to_string(),
+                ),
+                (
+                    labels.get(STATE_LABEL).map(String::as_str) != Some("compliant"),
+                    format!("state {:?}", labels.get(STATE_LABEL)),
+                ),
+                (!drift_labels.is_empty(), format!("drift labels {drift_labels:?}")),
+                (
+                    !gpunode_taints(n).is_empty(),
+                    format!("taints {:?}", gpunode_taints(n)),
+                ),
+                (
+                    unschedulable != person_cordoned,
+                    format!("unschedulable {unschedulable}"),
+                ),
+                (
+                    annotation(n, CORDONED_ANNOTATION).is_some(),
+                    "gpunode's cordon annotation".to_string(),
+                ),
+                (
+                    !labels.contains_key("nvidia.com/gpu.product"),
+                    "own labels".to_string(),
+                ),
+                (
+                    labels.get(FOREIGN_LABEL.0).map(String::as_str) != Some(FOREIGN_LABEL.1)
+                        || !foreign_taint,
+                    "another controller's label or taint".to_string(),
+                ),
+                (labels.get(RUN_LABEL) != Some(&self.id), "run label".to_string()),
+            ]
+            .into_iter()
+            .filter_map(|(bad, what)| bad.then_some(what))
+            .collect();
+            if !problems.is_empty() {
+                wrong.push(format!("{name}: {}", problems.join(", ")));
             }
         }
         let expected = self.nodes.len() + usize::from(self.bystander.is_some());

@@ -24,3 +24,12 @@ pub async fn publish(client: &Client, node: &str, status: serde_json::Value) -> 
     api.patch_status(node, &pp, &Patch::Apply(&status)).await?;
     Ok(())
 }
+
+/// Writes only the `status` of `node`'s existing report (one request instead of two).
+pub async fn publish_status(client: &Client, node: &str, status: serde_json::Value) -> Result<(), Error> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<GpuNodeReport>(&()));
+    let pp = PatchParams::apply("gpunode-e2e").force();
+    let status = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport", "status": status});
+    api.patch_status(node, &pp, &Patch::Apply(&status)).await?;
+    Ok(())
+}

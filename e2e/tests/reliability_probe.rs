@@ -6,13 +6,17 @@
 //! - a probe floods updates (hundreds of reports from 32 concurrent writers, as fast as the API
 //!   server takes them): the operator's reconciles stay bounded by the updates and it writes
 //!   nothing to the Node;
-//! - a probe restarts with a different boot id: no action, no write to the Node.
+//! - a probe restarts with a different boot id: no action, no write to the Node;
+//! - the real probe process (fake NVML, the chart's ServiceAccount) SIGKILLed mid-drain after a
+//!   fatal XID and restarted on the same boot: the XID comes back from its state directory, the
+//!   node stays out of service and its drain completes; restarted after a reboot, the node returns.
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gpunode_e2e::{
     faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
+    probe::Host,
     reports, wait,
 };
 use kube::Client;
@@ -67,6 +71,7 @@ async fn dead_flooding_and_restarted_probes_cause_no_harm() {
     op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
     dead_probe(&fc, &client, &mut rec).await;
     flood(&fc, &client, &op, &mut rec).await;
+    real_probe_killed(&fc, &client, &mut rec).await;
     rec.push(Run {
         class: CLASS.into(),
         fault: "(all probe faults) operator process".into(),
@@ -284,5 +289,108 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
         recovery_ms: None,
     })
     .unwrap_or_else(|e| fail(e));
+    wave.cleanup().await;
+}
+
+fn cordoned(n: &k8s_openapi::api::core::v1::Node) -> bool {
+    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+}
+
+async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
+    let wave = Wave::setup(client, &WaveSpec::drain("realprobe", 1, 2))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let monitor = wave.monitor();
+    let node = wave.nodes[0].clone();
+    let host = Host::prepare(client, &node).await.unwrap_or_else(|e| fail(e));
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let first = host.start_probe("boot-a").unwrap_or_else(|e| fail(e));
+    // NVML delivers an XID only to an event set registered before it happened.
+    first
+        .logged("listening for XID events", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    wave.wait_all("compliant", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    host.inject_xid(3, 79).unwrap_or_else(|e| fail(e));
+    wait::until("the drain to start", DEADLINE, || async {
+        let n = nodes.get(&node).await?;
+        Ok(faults::annotation(&n, faults::DRAIN_STARTED_ANNOTATION).map(|_| ()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let was_running = first.kill().unwrap_or_else(|e| fail(e));
+    let second = host.start_probe("boot-a").unwrap_or_else(|e| fail(e));
+    let restored = second
+        .logged("restored the XIDs of this boot", DEADLINE)
+        .await
+        .is_ok();
+    second
+        .logged("first observation", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    // The drain completes with the restarted probe still reporting the XID.
+    wait::until("the drain to complete", DEADLINE, || async {
+        Ok((wave.alive_pods().await?.values().sum::<usize>() == 0).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let n = nodes.get(&node).await.unwrap_or_else(|e| fail(e));
+    let held = cordoned(&n) && faults::label(&n, faults::STATE_LABEL).as_deref() == Some("drifted");
+    let _ = second.kill();
+    // The repair: a reboot. The XIDs of boot A are forgotten; the node returns after healthyFor.
+    let third = host.start_probe("boot-b").unwrap_or_else(|e| fail(e));
+    third
+        .logged("first observation", DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let rebooted = Instant::now();
+    wait::until("the node back in service", DEADLINE, || async {
+        let n = nodes.get(&node).await?;
+        Ok(
+            (!cordoned(&n) && faults::label(&n, faults::STATE_LABEL).as_deref() == Some("compliant"))
+                .then_some(()),
+        )
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let recovery = faults::elapsed_ms(rebooted);
+    let mut checks = vec![
+        Check::new(
+            "the probe was running when SIGKILLed mid-drain",
+            was_running,
+            "killed after the drain started",
+        ),
+        Check::new(
+            "the restarted probe kept the XID of this boot",
+            restored,
+            "log: restored the XIDs of this boot",
+        ),
+        Check::new(
+            "the node stayed cordoned and drifted across the probe's restart until drained",
+            held,
+            format!(
+                "cordoned {}, state {:?}",
+                cordoned(&n),
+                faults::label(&n, faults::STATE_LABEL)
+            ),
+        ),
+    ];
+    checks.extend(
+        wave.run_checks(fc, &monitor, 1, &wave.all_pods())
+            .await
+            .unwrap_or_else(|e| fail(e)),
+    );
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: "the real probe process SIGKILLed mid-drain and restarted on the same boot".into(),
+        seed: None,
+        checks,
+        recovery_ms: Some(recovery),
+    })
+    .unwrap_or_else(|e| fail(e));
+    drop(third);
+    host.cleanup(client).await;
     wave.cleanup().await;
 }
