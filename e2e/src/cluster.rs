@@ -78,15 +78,30 @@ fn start() -> Result<Cluster, Error> {
     })
 }
 
+/// The admin kubeconfig of this process's cluster when it is not the shared one (the reliability
+/// suite's own control plane, set by `faults::FaultCluster::up`).
+static ADMIN_KUBECONFIG: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Makes every helper of this process that builds its own clients (ServiceAccount clients, the
+/// chart's accounts) use `kubeconfig`'s cluster. Only the first call counts.
+pub fn use_admin_kubeconfig(kubeconfig: std::path::PathBuf) {
+    let _ = ADMIN_KUBECONFIG.set(kubeconfig);
+}
+
 /// A client configuration from the cluster's admin kubeconfig. kube's built-in retry of 429/503
 /// is off: tests observe the API server's answers as they are (an eviction refused by a
 /// PodDisruptionBudget is a 429 the test must see, not minutes of hidden retries).
 pub async fn admin_config() -> Result<Config, Error> {
-    let cluster = tokio::task::spawn_blocking(cluster)
-        .await
-        .map_err(|e| Error::ClusterStart(format!("starting the cluster panicked: {e}")))??;
-    let kubeconfig =
-        Kubeconfig::read_from(&cluster.kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let path = match ADMIN_KUBECONFIG.get() {
+        Some(p) => p.clone(),
+        None => {
+            tokio::task::spawn_blocking(cluster)
+                .await
+                .map_err(|e| Error::ClusterStart(format!("starting the cluster panicked: {e}")))??
+                .kubeconfig
+        }
+    };
+    let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| Error::Kubeconfig(e.to_string()))?;

@@ -101,6 +101,7 @@ impl FaultCluster {
             .await
             .map_err(|e| Error::ClusterStart(format!("up.sh panicked: {e}")))??;
         let client = fc.client().await?;
+        crate::cluster::use_admin_kubeconfig(fc.kubeconfig.clone());
         crds::install(&client).await?;
         // Once per test binary: its tests may run side by side, and each calls `up`.
         static CLEARED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();

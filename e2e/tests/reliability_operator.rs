@@ -56,6 +56,14 @@ async fn leader_kills_restarts_and_partitions_lose_and_repeat_nothing() {
     rec.assert_clean();
 }
 
+/// Waves aimed at each phase per kill (`GPUNODE_REL_WAVES_PER_PHASE`, default 1).
+fn waves_per_phase() -> usize {
+    std::env::var("GPUNODE_REL_WAVES_PER_PHASE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
 fn partitions() -> u64 {
     std::env::var("GPUNODE_REL_PARTITIONS")
         .ok()
@@ -131,7 +139,8 @@ async fn reach(wave: &Wave, phase: Phase) {
     .unwrap_or_else(|e| fail(e));
 }
 
-/// Each round runs four waves of three nodes under `maxUnavailable: 1` (so the budget binds),
+/// Each round runs four waves (times `GPUNODE_REL_WAVES_PER_PHASE`) of three nodes under
+/// `maxUnavailable: 1` (so the budget binds),
 /// each with three pods per node, and kills the leader once, with each wave's drain aimed at a
 /// different phase: one drifting as the kill comes (before the cordon), one whose
 /// evictions a PDB holds (cordoned, before any eviction), one whose PDB spares each node's first
@@ -146,7 +155,12 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
     op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
     let mut observed: std::collections::BTreeMap<Phase, usize> = Default::default();
     for round in 0..rounds {
-        let specs: Vec<WaveSpec> = Phase::ALL
+        let per_phase = waves_per_phase();
+        let aims: Vec<Phase> = Phase::ALL
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(*p, per_phase))
+            .collect();
+        let specs: Vec<WaveSpec> = aims
             .iter()
             .enumerate()
             .map(|(i, aim)| {
@@ -167,13 +181,23 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
                 .await
                 .unwrap_or_else(|e| fail(e));
         }
-        let [early, held, partial, drained] = [&waves[0], &waves[1], &waves[2], &waves[3]];
-        for w in [held, partial, drained] {
-            w.drift_all().await.unwrap_or_else(|e| fail(e));
+        let aimed = |phase: Phase| {
+            waves
+                .iter()
+                .zip(&aims)
+                .filter(move |(_, a)| **a == phase)
+                .map(|(w, _)| w)
+        };
+        for (w, aim) in waves.iter().zip(&aims) {
+            if *aim != Phase::BeforeCordon {
+                w.drift_all().await.unwrap_or_else(|e| fail(e));
+            }
         }
-        reach(held, Phase::CordonedBeforeEvictions).await;
-        reach(partial, Phase::BetweenEvictions).await;
-        reach(drained, Phase::AfterDrain).await;
+        for (w, aim) in waves.iter().zip(&aims) {
+            if *aim != Phase::BeforeCordon {
+                reach(w, *aim).await;
+            }
+        }
         // A seeded point in the held drains' retry cycle, then a seeded point of the early
         // wave's reaction.
         let r = faults::mix(round);
@@ -189,8 +213,10 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
                 .unwrap_or_else(|e| fail(e));
             op.kill();
         };
-        let (drifted, ()) = tokio::join!(early.drift_all(), kill);
-        drifted.unwrap_or_else(|e| fail(e));
+        let (drifted, ()) = tokio::join!(join_all(aimed(Phase::BeforeCordon).map(Wave::drift_all)), kill);
+        for d in drifted {
+            d.unwrap_or_else(|e| fail(e));
+        }
         let mut at_kill = Vec::new();
         for w in &waves {
             at_kill.push(phase_of(w).await.unwrap_or_else(|e| fail(e)));
@@ -238,7 +264,7 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
             Check::new(
                 &format!("a SIGKILL landed {}", p.describe()),
                 n > 0,
-                format!("{n} of {} waves", rounds * 4),
+                format!("{n} of {} waves", rounds * 4 * waves_per_phase() as u64),
             )
         })
         .collect();
