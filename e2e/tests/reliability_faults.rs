@@ -243,8 +243,9 @@ async fn released_check(client: &Client, wave: &Wave) -> Check {
     )
 }
 
-/// Waits until the policy is gone and every node of it released.
-async fn wait_released(client: &Client, wave: &Wave, timeout: Duration) {
+/// Waits until the policy is gone and every node of it released; whether they were in time (a
+/// release that never comes is recorded as a violation by the checks after it, not a panic).
+async fn wait_released(client: &Client, wave: &Wave, timeout: Duration) -> bool {
     let policies = Api::<GpuNodePolicy>::all(client.clone());
     wait::until(&format!("{} released", wave.id), timeout, || async {
         if policies.get_opt(&wave.policy).await?.is_some() {
@@ -258,7 +259,8 @@ async fn wait_released(client: &Client, wave: &Wave, timeout: Duration) {
         }
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .map_err(|e| eprintln!("{e}"))
+    .is_ok()
 }
 
 /// Reports every node healthy and waits until each is compliant, untainted and uncordoned
@@ -437,8 +439,8 @@ async fn policy_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut O
         .await
         .unwrap_or_else(|e| fail(e));
     let deleted = Instant::now();
-    wait_released(client, &wave, DEADLINE).await;
-    let recovery = faults::elapsed_ms(deleted);
+    let released = wait_released(client, &wave, DEADLINE).await;
+    let recovery = released.then(|| faults::elapsed_ms(deleted));
     let gone = jiff::Timestamp::now();
     wave.release_pdb().await.unwrap_or_else(|e| fail(e));
     faults::hold("a drain retry cycle without the PDB", RETRY_WINDOW)
@@ -463,7 +465,7 @@ async fn policy_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut O
         fault: "policy deleted mid-drain".into(),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery_ms: recovery,
     })
     .unwrap_or_else(|e| fail(e));
     wave.cleanup().await;
@@ -504,7 +506,7 @@ async fn crds_removed_and_reinstalled(
     let back = Instant::now();
     // The probes write their reports again: still the fatal XID, and the bystander healthy.
     wave.drift_all().await.unwrap_or_else(|e| fail(e));
-    for n in &wave.bystander {
+    if let Some(n) = &wave.bystander {
         reports::publish(client, n, faults::report_status(false, "boot-1"))
             .await
             .unwrap_or_else(|e| fail(e));
