@@ -47,3 +47,35 @@ pub async fn create_policy(
         .create(&PostParams::default(), &policy)
         .await?)
 }
+
+/// Deletes every generated CRD (and with them every policy and report, once the operator has
+/// released what the policies did) and waits until each is gone.
+pub async fn uninstall(client: &Client, timeout: Duration) -> Result<(), Error> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let names: Vec<String> = generate::crds()
+        .into_iter()
+        .filter_map(|(_, crd)| crd.metadata.name)
+        .collect();
+    for name in &names {
+        match api.delete(name, &kube::api::DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    crate::wait::until("gpunode's CRDs to be deleted", timeout, || async {
+        for name in &names {
+            if let Some(crd) = api.get_opt(name).await? {
+                let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+                let why: Vec<String> = conditions
+                    .iter()
+                    .filter(|c| c.type_ == "Terminating" || c.type_ == "InstanceDeletionInProgress")
+                    .map(|c| format!("{}: {}", c.type_, c.message.clone().unwrap_or_default()))
+                    .collect();
+                return Err(Error::Unexpected(format!("{name} still there: {why:?}")));
+            }
+        }
+        Ok(Some(()))
+    })
+    .await
+}
