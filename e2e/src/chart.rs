@@ -531,11 +531,8 @@ pub async fn delete_probe_pod(admin: &Client, node: &str) -> Result<(), Error> {
 /// Writes a kubeconfig for the test cluster that authenticates with `token` (for binaries run
 /// as processes, e.g. the probe with its pod-bound token).
 pub async fn write_kubeconfig(token: &str, path: &Path) -> Result<(), Error> {
-    let cluster = tokio::task::spawn_blocking(cluster::cluster)
-        .await
-        .map_err(|e| Error::ClusterStart(format!("starting the cluster panicked: {e}")))??;
-    let mut kubeconfig =
-        Kubeconfig::read_from(&cluster.kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let admin = cluster::admin_kubeconfig().await?;
+    let mut kubeconfig = Kubeconfig::read_from(&admin).map_err(|e| Error::Kubeconfig(e.to_string()))?;
     let user = "gpunode-e2e-token".to_string();
     kubeconfig.auth_infos = vec![NamedAuthInfo {
         name: user.clone(),

@@ -88,11 +88,9 @@ pub fn use_admin_kubeconfig(kubeconfig: std::path::PathBuf) {
     let _ = ADMIN_KUBECONFIG.set(kubeconfig);
 }
 
-/// A client configuration from the cluster's admin kubeconfig. kube's built-in retry of 429/503
-/// is off: tests observe the API server's answers as they are (an eviction refused by a
-/// PodDisruptionBudget is a 429 the test must see, not minutes of hidden retries).
-pub async fn admin_config() -> Result<Config, Error> {
-    let path = match ADMIN_KUBECONFIG.get() {
+/// The path of this process's admin kubeconfig (starting the shared cluster if needed).
+pub async fn admin_kubeconfig() -> Result<std::path::PathBuf, Error> {
+    Ok(match ADMIN_KUBECONFIG.get() {
         Some(p) => p.clone(),
         None => {
             tokio::task::spawn_blocking(cluster)
@@ -100,7 +98,14 @@ pub async fn admin_config() -> Result<Config, Error> {
                 .map_err(|e| Error::ClusterStart(format!("starting the cluster panicked: {e}")))??
                 .kubeconfig
         }
-    };
+    })
+}
+
+/// A client configuration from the cluster's admin kubeconfig. kube's built-in retry of 429/503
+/// is off: tests observe the API server's answers as they are (an eviction refused by a
+/// PodDisruptionBudget is a 429 the test must see, not minutes of hidden retries).
+pub async fn admin_config() -> Result<Config, Error> {
+    let path = admin_kubeconfig().await?;
     let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| Error::Kubeconfig(e.to_string()))?;
     let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await

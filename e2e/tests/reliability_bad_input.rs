@@ -217,6 +217,24 @@ fn cases(base: &Value, fields: &[&str], n: usize, salt: u64) -> Vec<(String, Val
     out
 }
 
+/// The mutations a case name lists, as (field, hostile value name): `"/a = null"` or
+/// `"seed 7: /a = null, /b = missing"`.
+fn mutations(case: &str) -> Vec<(&str, &str)> {
+    let list = case
+        .split_once(": ")
+        .filter(|(p, _)| p.starts_with("seed "))
+        .map_or(case, |(_, l)| l);
+    list.split(", ").filter_map(|m| m.split_once(" = ")).collect()
+}
+
+/// The leaf of a field the case broke that `message` names, if any.
+fn names_a_field(case: &str, message: &str) -> Option<String> {
+    mutations(case)
+        .iter()
+        .map(|(f, _)| leaf(f))
+        .find(|l| message.contains(l.as_str()))
+}
+
 /// What the running operator must say of a stored report: Unknown when its types cannot read
 /// it, else what `evaluate` says.
 fn expected(policy: &GpuNodePolicy, stored: &DynamicObject) -> Result<NodeState, String> {
@@ -280,14 +298,7 @@ impl Judge<'_> {
                 status["observedAt"] = json!(jiff::Timestamp::now().to_string());
             }
             t.cases += 1;
-            let field = case
-                .rsplit(", ")
-                .next()
-                .unwrap_or(case)
-                .split(" = ")
-                .next()
-                .unwrap_or_default();
-            let field = field.rsplit(": ").next().unwrap_or(field);
+
             match reports::publish_status(self.client, node, status.clone()).await {
                 // A value of the wrong shape for server-side apply is refused while building the
                 // typed patch, which the API server answers with 500 (naming the field).
@@ -295,7 +306,9 @@ impl Judge<'_> {
                     if matches!(s.code, 400 | 413 | 422)
                         || (s.code == 500 && s.message.contains("failed to create typed patch object")) =>
                 {
-                    t.rejection(case, &leaf(field), &s.message);
+                    let named = names_a_field(case, &s.message)
+                        .unwrap_or_else(|| mutations(case).first().map(|(f, _)| leaf(f)).unwrap_or_default());
+                    t.rejection(case, &named, &s.message);
                     continue;
                 }
                 Err(e) => {
@@ -319,12 +332,12 @@ impl Judge<'_> {
                     continue;
                 }
             };
-            if case.contains("= missing") && !case.contains(", ") && want == NodeState::Compliant {
-                let f = case.split(" = ").next().unwrap_or_default();
-                if !harmless(f) {
-                    t.wrong
-                        .push(format!("{case}: a missing section made the node Compliant"));
-                }
+            let removed_needed = mutations(case)
+                .iter()
+                .any(|(f, v)| *v == "missing" && !harmless(f));
+            if removed_needed && want == NodeState::Compliant {
+                t.wrong
+                    .push(format!("{case}: a missing section made the node Compliant"));
             }
             // The same verdict as the last one would not show the operator judged this case:
             // put a report of another verdict between them, then write the case again.
@@ -435,14 +448,7 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
         let name = format!("bad-{run_id}-{i}");
         doc["metadata"] = json!({"name": name, "labels": {"rel.gpunode.test/bad": run_id}});
         t.cases += 1;
-        let field = case
-            .rsplit(", ")
-            .next()
-            .unwrap_or(&case)
-            .split(" = ")
-            .next()
-            .unwrap_or_default();
-        let field = field.rsplit(": ").next().unwrap_or(field).to_string();
+
         let obj: DynamicObject = match serde_json::from_value(doc.clone()) {
             Ok(o) => o,
             Err(e) => {
@@ -452,7 +458,9 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
         };
         match api.create(&dry, &obj).await {
             Err(kube::Error::Api(s)) if matches!(s.code, 400 | 413 | 422) => {
-                t.rejection(&format!("policy {case}"), &leaf(&field), &s.message);
+                let named = names_a_field(&case, &s.message)
+                    .unwrap_or_else(|| mutations(&case).first().map(|(f, _)| leaf(f)).unwrap_or_default());
+                t.rejection(&format!("policy {case}"), &named, &s.message);
                 // What the schema keeps out is still fed to the evaluator where it parses.
                 if let Ok(p) = serde_json::from_value::<GpuNodePolicy>(doc) {
                     let _ = evaluate(&p.spec, Some(&healthy_report), jiff::Timestamp::now());

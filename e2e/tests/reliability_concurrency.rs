@@ -151,6 +151,9 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
         json!([{"classes": ["Xid"], "action": "Taint", "effect": "NoSchedule"}]);
     spec.policy_spec["disruption"]["maxUnavailable"] = json!(4);
     let wave = Wave::setup(&client, &spec).await.unwrap_or_else(|e| fail(e));
+    // Besides the actor's own markers, checked against its last write at the end: a third
+    // controller's label and taint and a person's cordon, watched at every instant.
+    let monitor = wave.monitor();
     wave.wait_all("compliant", DEADLINE)
         .await
         .unwrap_or_else(|e| fail(e));
@@ -262,7 +265,10 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
                 format!("{summary:?}"),
             ),
             Check::new("operator survived", op.alive(), "same process"),
-        ],
+        ]
+        .into_iter()
+        .chain(monitor.checks(4, &fc.audit().unwrap_or_else(|e| fail(e)), &wave.namespace))
+        .collect(),
         recovery_ms: Some(recovery),
     })
     .unwrap_or_else(|e| fail(e));

@@ -228,7 +228,7 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
                 // Noise a probe would not even publish: temperature and power jitter.
                 s["gpus"][0]["temperatureCelsius"] = json!(40 + (i % 7));
                 s["gpus"][0]["powerWatts"] = json!(100 + (i % 13));
-                reports::publish(client, &node, s).await
+                reports::publish_status(client, &node, s).await
             }
         })
         .buffer_unordered(FLOOD_WRITERS)
