@@ -62,7 +62,9 @@ for t in "${TARGETS[@]}"; do
     -artifact_prefix="$artifacts/" -print_final_stats=1 >"$log" 2>&1
   rc=$?
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
-  corpus=$(find "$work" -type f | wc -l)
+  # libFuzzer's own count of the corpus it ended with (seeds and what it added), else the files.
+  corpus=$(grep -o 'corp: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*$')
+  [ -n "$corpus" ] || corpus=$(find "$work" "$seeds" -type f | wc -l)
   crash=$(find "$artifacts" -type f | head -1)
   fault="libFuzzer: $t (${execs:-0} executions, corpus $corpus inputs)"
   if [ "$rc" -eq 0 ] && [ -z "$crash" ] && [ "${execs:-0}" -gt 0 ]; then

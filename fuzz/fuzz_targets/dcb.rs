@@ -59,15 +59,25 @@ fuzz_target!(|data: &[u8]| {
     let parsed = parse_ieee_reply(data);
     if let Ok(config) = &parsed {
         let again = parse_ieee_reply(&encode(config));
-        assert_eq!(again.as_ref().ok(), Some(config), "re-encoded reply parsed differently: {again:?}");
+        assert_eq!(
+            again.as_ref().ok(),
+            Some(config),
+            "re-encoded reply parsed differently: {again:?}"
+        );
     }
     // Only the first message counts: what follows it (here, junk) cannot change the result.
-    let declared = data.get(..4).map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize);
+    let declared = data
+        .get(..4)
+        .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize);
     if declared.is_some_and(|n| n <= data.len()) {
         let mut longer = data.to_vec();
         longer.extend_from_slice(&[0xff, 0xff, 0x00, 0x01, 0x13, 0x37, 0, 0]);
         let other = parse_ieee_reply(&longer);
-        assert_eq!(parsed.as_ref().ok(), other.as_ref().ok(), "bytes after the message changed the result");
+        assert_eq!(
+            parsed.as_ref().ok(),
+            other.as_ref().ok(),
+            "bytes after the message changed the result"
+        );
         assert_eq!(parsed.is_err(), other.is_err());
     }
 });

@@ -25,10 +25,17 @@ fn whole_terms(s: &str) -> Option<u128> {
         }
         let value: u128 = rest[..n].parse().ok()?;
         rest = &rest[n..];
-        let (unit, len) = [("ns", 1u128), ("us", 1_000), ("ms", 1_000_000), ("s", 1_000_000_000), ("m", 60_000_000_000), ("h", 3_600_000_000_000)]
-            .into_iter()
-            .find(|(u, _)| rest.starts_with(u))
-            .map(|(u, f)| (f, u.len()))?;
+        let (unit, len) = [
+            ("ns", 1u128),
+            ("us", 1_000),
+            ("ms", 1_000_000),
+            ("s", 1_000_000_000),
+            ("m", 60_000_000_000),
+            ("h", 3_600_000_000_000),
+        ]
+        .into_iter()
+        .find(|(u, _)| rest.starts_with(u))
+        .map(|(u, f)| (f, u.len()))?;
         rest = &rest[len..];
         total = total.checked_add(value.checked_mul(unit)?)?;
     }
@@ -46,7 +53,9 @@ fuzz_target!(|data: &[u8]| {
                 "{s:?} accepted with a character outside the grammar"
             );
             let printed = d.to_string();
-            let back: Duration = printed.parse().unwrap_or_else(|e| panic!("{printed:?} (from {s:?}) does not parse back: {e}"));
+            let back: Duration = printed
+                .parse()
+                .unwrap_or_else(|e| panic!("{printed:?} (from {s:?}) does not parse back: {e}"));
             assert_eq!(back, d, "{s:?} printed as {printed:?}");
             if let Some(nanos) = whole_terms(s) {
                 assert_eq!(d.get().as_nanos(), nanos, "{s:?}");

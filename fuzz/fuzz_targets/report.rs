@@ -20,7 +20,15 @@ const POLICIES: [&str; 4] = [
 ];
 
 /// What the strict policy reads of a report.
-const STRICT_READS: [&str; 7] = ["observedAt", "driverVersion", "cudaVersion", "gpuCount", "gpus", "cooling", "network"];
+const STRICT_READS: [&str; 7] = [
+    "observedAt",
+    "driverVersion",
+    "cudaVersion",
+    "gpuCount",
+    "gpus",
+    "cooling",
+    "network",
+];
 
 fn policies() -> &'static [GpuNodePolicy] {
     static P: OnceLock<Vec<GpuNodePolicy>> = OnceLock::new();
@@ -39,7 +47,11 @@ fuzz_target!(|data: &[u8]| {
     let missing: Vec<&str> = STRICT_READS
         .iter()
         .copied()
-        .filter(|k| value.pointer(&format!("/status/{k}")).is_none_or(serde_json::Value::is_null))
+        .filter(|k| {
+            value
+                .pointer(&format!("/status/{k}"))
+                .is_none_or(serde_json::Value::is_null)
+        })
         .collect();
     let Ok(report) = serde_json::from_value::<GpuNodeReport>(value) else {
         return;
@@ -53,7 +65,11 @@ fuzz_target!(|data: &[u8]| {
     for (i, p) in policies().iter().enumerate() {
         let verdict = evaluate(&p.spec, Some(&report), now);
         assert!(!verdict.summary().is_empty());
-        assert_eq!(verdict, evaluate(&p.spec, Some(&again), now), "round trip changed the verdict");
+        assert_eq!(
+            verdict,
+            evaluate(&p.spec, Some(&again), now),
+            "round trip changed the verdict"
+        );
         if i == 0 && !missing.is_empty() {
             assert!(
                 verdict.state != NodeState::Compliant,

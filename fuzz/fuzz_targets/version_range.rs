@@ -37,21 +37,30 @@ fuzz_target!(|data: &[u8]| {
     let versions: Vec<Version> = lines.filter_map(|l| l.parse().ok()).collect();
     for v in &versions {
         let printed = v.to_string();
-        let back: Version = printed.parse().unwrap_or_else(|e| panic!("{printed:?} does not parse back: {e}"));
+        let back: Version = printed
+            .parse()
+            .unwrap_or_else(|e| panic!("{printed:?} does not parse back: {e}"));
         assert_eq!(back.parts(), v.parts());
     }
     for w in versions.windows(2) {
         let n = w[0].parts().len().max(w[1].parts().len());
-        assert_eq!(w[0].cmp(&w[1]), padded(w[0].parts(), n).cmp(&padded(w[1].parts(), n)));
+        assert_eq!(
+            w[0].cmp(&w[1]),
+            padded(w[0].parts(), n).cmp(&padded(w[1].parts(), n))
+        );
     }
     match first.parse::<VersionRange>() {
         Ok(range) => {
             let printed = range.to_string();
-            let back: VersionRange =
-                printed.parse().unwrap_or_else(|e| panic!("{printed:?} (from {first:?}) does not parse back: {e}"));
+            let back: VersionRange = printed
+                .parse()
+                .unwrap_or_else(|e| panic!("{printed:?} (from {first:?}) does not parse back: {e}"));
             assert_eq!(back.to_string(), printed);
             for v in &versions {
-                let want = range.clauses().iter().all(|c| reference(c.op, c.version.parts(), v.parts()));
+                let want = range
+                    .clauses()
+                    .iter()
+                    .all(|c| reference(c.op, c.version.parts(), v.parts()));
                 assert_eq!(range.matches(v), want, "{printed} on {v}");
                 assert_eq!(back.matches(v), want, "{printed} (reparsed) on {v}");
             }
