@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: reliability-long reliability-report help demo test lint unit crds cluster-build cluster-up cluster-down bench bench-probe bench-probe-latency demo-down
+.PHONY: fuzz reliability-long reliability-report help demo test lint unit crds cluster-build cluster-up cluster-down bench bench-probe bench-probe-latency demo-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -37,8 +37,14 @@ reliability-long: ## the reliability suite at scale (500+ fault runs, 10,000 bad
 	  PROPTEST_CASES=5000 $(CARGO) test --workspace --locked \
 	  --test 'reliability_*' --test 'fuzz_*' -- --test-threads=1 || status=$$?; \
 	  GPUNODE_CLUSTER_NAME=rel-rel e2e/cluster/down.sh || true; \
+	  GPUNODE_RELIABILITY_DIR="$(REL_RESULTS)" fuzz/run.sh 120 || status=1; \
 	  $(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" docs/reliability.md || status=1; \
 	  exit $$status
+
+# Coverage-guided fuzzing (cargo-fuzz / libFuzzer, nightly; cargo-fuzz is installed into
+# ~/.cache/gpunode by fuzz/install.sh). Not part of `make test`; reliability-long runs it too.
+fuzz: ## libFuzzer on the DCB parser, version ranges, durations and report decoding (FUZZ_SECS=60 each)
+	GPUNODE_RELIABILITY_DIR="$(REL_RESULTS)" fuzz/run.sh $(or $(FUZZ_SECS),60)
 
 reliability-report: ## print the last reliability results and write them into docs/reliability.md
 	$(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" docs/reliability.md

@@ -45,12 +45,48 @@ impl FromStr for Duration {
         if !follows_grammar(s) {
             return Err(err());
         }
-        let d: kube::core::Duration = s.parse().map_err(|_| err())?;
-        if d.is_negative() {
-            return Err(err());
-        }
-        Ok(Duration(d.into()))
+        // Integer arithmetic, not kube's parser: it multiplies in f64 and panics on a value
+        // past the f64 -> Duration range (`2545027477574775807807s`, found by fuzz/duration).
+        let nanos = nanos(s).ok_or_else(err)?;
+        Ok(Duration(time::Duration::from_nanos(nanos)))
     }
+}
+
+/// The nanoseconds of a string that follows the grammar, as Go's `time.ParseDuration` reads it
+/// (fractions truncated to the nanosecond); None past Go's range (i64 nanoseconds).
+fn nanos(s: &str) -> Option<u64> {
+    let mut rest = s;
+    let mut total: u128 = 0;
+    while !rest.is_empty() && rest != "0" {
+        let int_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let int: u128 = rest[..int_len].parse().ok()?;
+        rest = &rest[int_len..];
+        let mut frac: (u128, u32) = (0, 0);
+        if let Some(f) = rest.strip_prefix('.') {
+            let n = f.bytes().take_while(u8::is_ascii_digit).count();
+            // Digits past the 18th cannot change the result at nanosecond precision.
+            let kept = &f[..n.min(18)];
+            frac = (kept.parse().ok()?, kept.len() as u32);
+            rest = &f[n..];
+        }
+        let (unit, len): (u128, usize) = [
+            ("ns", 1),
+            ("us", 1_000),
+            ("ms", 1_000_000),
+            ("s", 1_000_000_000),
+            ("m", 60_000_000_000),
+            ("h", 3_600_000_000_000),
+        ]
+        .into_iter()
+        .find(|(u, _)| rest.starts_with(u))
+        .map(|(u, f)| (f, u.len()))?;
+        rest = &rest[len..];
+        let term = int
+            .checked_mul(unit)?
+            .checked_add(frac.0 * unit / 10u128.pow(frac.1))?;
+        total = total.checked_add(term)?;
+    }
+    u64::try_from(total).ok().filter(|n| *n <= i64::MAX as u64)
 }
 
 /// The grammar the API server enforces (`rules::DURATION_RE`), checked by hand to keep a regex
@@ -181,6 +217,26 @@ mod tests {
         for bad in ["", "-30s", "30", "5 m", "soon", "+5m", "1d"] {
             assert!(bad.parse::<Duration>().is_err(), "{bad:?} should be rejected");
         }
+    }
+
+    #[test]
+    fn huge_values_are_refused_not_a_panic() {
+        // Regression (fuzz/duration): kube's parser panicked in f64 -> Duration here.
+        assert!("2545027477574775807807s".parse::<Duration>().is_err());
+        assert!(
+            "9999999999999999999999999999999999999999h"
+                .parse::<Duration>()
+                .is_err()
+        );
+        // Go's range ends at i64::MAX nanoseconds.
+        assert!("9223372036854775807ns".parse::<Duration>().is_ok());
+        assert!("9223372036854775808ns".parse::<Duration>().is_err());
+        assert!("2562047h47m16.854775807s".parse::<Duration>().is_ok());
+        assert!("2562047h47m16.854775808s".parse::<Duration>().is_err());
+        assert_eq!(
+            "1.000000000000000000001s".parse::<Duration>().map(|d| d.get()),
+            Ok(time::Duration::from_secs(1))
+        );
     }
 
     #[test]

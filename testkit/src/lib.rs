@@ -37,13 +37,17 @@ fn results_dir(tmpdir: &str) -> PathBuf {
 
 /// Leaves a fuzz test's outcome for the reliability report: `fuzz-<file>.json` in
 /// `GPUNODE_RELIABILITY_DIR`, else in `<tmpdir>/reliability` (pass the test's
-/// `env!("CARGO_TARGET_TMPDIR")`). `checks` are the (invariant, detail) pairs the run checks;
-/// `outcome` is the run's result, recorded as it is (a failure marks every check of the run
-/// failed, with the failure as its detail) before the caller fails the test with it.
+/// `env!("CARGO_TARGET_TMPDIR")`). `fault` names the run, and `cases_run` (counted inside the
+/// test body, so cases the strategy rejected and early returns do not count) is appended to it.
+/// `checks` are the (invariant, detail) pairs the run checks; `outcome` is the run's result,
+/// recorded as it is (a failure marks every check of the run failed, with the failure as its
+/// detail) before the caller fails the test with it. A run that executed no case proved
+/// nothing: every check is recorded failed.
 pub fn record<E: std::fmt::Display>(
     tmpdir: &str,
     file: &str,
-    fault: String,
+    fault: &str,
+    cases_run: u64,
     checks: &[(&str, String)],
     outcome: &Result<(), E>,
 ) {
@@ -51,10 +55,14 @@ pub fn record<E: std::fmt::Display>(
     let checks: Vec<serde_json::Value> = checks
         .iter()
         .map(|(i, d)| match outcome {
-            Ok(()) => serde_json::json!({"invariant": i, "ok": true, "detail": d}),
             Err(e) => serde_json::json!({"invariant": i, "ok": false, "detail": e.to_string()}),
+            Ok(()) if cases_run == 0 => {
+                serde_json::json!({"invariant": i, "ok": false, "detail": "no case ran"})
+            }
+            Ok(()) => serde_json::json!({"invariant": i, "ok": true, "detail": d}),
         })
         .collect();
+    let fault = format!("{fault} ({cases_run} cases run)");
     let run = serde_json::json!([{"class": "bad input (fuzz)", "fault": fault, "seed": 1,
                                    "checks": checks, "recovery_ms": null}]);
     // A report that cannot be written leaves a gap in the table, which the report names;
@@ -63,15 +71,31 @@ pub fn record<E: std::fmt::Display>(
     let _ = std::fs::write(dir.join(format!("fuzz-{file}.json")), run.to_string());
 }
 
+/// Counts the cases a property test actually executed (call [`Counter::hit`] in the body).
+#[derive(Debug, Default)]
+pub struct Counter(std::cell::Cell<u64>);
+
+impl Counter {
+    /// One more.
+    pub fn hit(&self) {
+        self.0.set(self.0.get() + 1);
+    }
+
+    /// How many so far.
+    pub fn get(&self) -> u64 {
+        self.0.get()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn recorded(outcome: &Result<(), String>) -> serde_json::Value {
+    fn recorded(outcome: &Result<(), String>, cases_run: u64) -> serde_json::Value {
         let tmp = std::env::temp_dir().join(format!("gpunode-testkit-{}", std::process::id()));
         let dir = tmp.to_string_lossy().into_owned();
-        let file = format!("unit-{}", outcome.is_ok());
-        record(&dir, &file, "f".into(), &[("holds", "why".into())], outcome);
+        let file = format!("unit-{}-{cases_run}", outcome.is_ok());
+        record(&dir, &file, "f", cases_run, &[("holds", "why".into())], outcome);
         let path = results_dir(&dir).join(format!("fuzz-{file}.json"));
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let _ = std::fs::remove_file(&path);
@@ -81,10 +105,28 @@ mod tests {
 
     #[test]
     fn a_failed_run_is_recorded_as_failed() {
-        let ok = recorded(&Ok(()));
+        let ok = recorded(&Ok(()), 3);
         assert_eq!(ok[0]["checks"][0]["ok"], true);
-        let failed = recorded(&Err("minimal failing input: x".into()));
+        assert_eq!(ok[0]["checks"][0]["detail"], "why");
+        assert_eq!(ok[0]["fault"], "f (3 cases run)");
+        let failed = recorded(&Err("minimal failing input: x".into()), 3);
         assert_eq!(failed[0]["checks"][0]["ok"], false);
         assert_eq!(failed[0]["checks"][0]["detail"], "minimal failing input: x");
+    }
+
+    #[test]
+    fn a_run_without_cases_is_recorded_as_failed() {
+        let none = recorded(&Ok(()), 0);
+        assert_eq!(none[0]["checks"][0]["ok"], false);
+        assert_eq!(none[0]["checks"][0]["detail"], "no case ran");
+        assert_eq!(none[0]["fault"], "f (0 cases run)");
+    }
+
+    #[test]
+    fn the_counter_counts() {
+        let c = Counter::default();
+        c.hit();
+        c.hit();
+        assert_eq!(c.get(), 2);
     }
 }
