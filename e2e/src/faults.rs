@@ -114,7 +114,24 @@ impl FaultCluster {
     /// operator. Cargo runs test binaries one after another, never side by side.
     async fn clear(&self, client: &Client) -> Result<(), Error> {
         let policies: Api<GpuNodePolicy> = Api::all(client.clone());
-        for p in policies.list(&ListParams::default()).await?.items {
+        // Just after the CRDs are installed on a fresh cluster their storage may still be
+        // initializing (429 "storage is (re)initializing"): wait until they are served.
+        let listed = wait::until("the policy API to be served", Duration::from_secs(60), || async {
+            match policies.list(&ListParams::default()).await {
+                Ok(l) => Ok(Some(l)),
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await?;
+        let reports: Api<gpunode_crds::GpuNodeReport> = Api::all(client.clone());
+        wait::until("the report API to be served", Duration::from_secs(60), || async {
+            match reports.list(&ListParams::default().limit(1)).await {
+                Ok(_) => Ok(Some(())),
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await?;
+        for p in listed.items {
             if let Some(name) = p.metadata.name {
                 let _ = policies.delete(&name, &DeleteParams::default()).await;
             }
