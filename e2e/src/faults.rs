@@ -956,6 +956,19 @@ impl Wave {
         .await
     }
 
+    /// Waits until a node of the wave other than `except` has a drain started, and names it.
+    pub async fn drain_started(&self, except: &[&str], timeout: Duration) -> Result<String, Error> {
+        wait::until(&format!("a drain to start in {}", self.id), timeout, || async {
+            let ns = self.nodes_now().await?;
+            Ok(ns
+                .iter()
+                .filter(|n| !except.contains(&n.metadata.name.as_deref().unwrap_or_default()))
+                .find(|n| annotation(n, DRAIN_STARTED_ANNOTATION).is_some())
+                .and_then(|n| n.metadata.name.clone()))
+        })
+        .await
+    }
+
     /// A fatal XID on every node at once.
     pub async fn drift_all(&self) -> Result<(), Error> {
         for n in &self.nodes {

@@ -55,15 +55,10 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
 
     // A wave: every node drifts; the budget admits one, whose drain the PDB holds.
     wave.drift_all().await.unwrap_or_else(|e| fail(e));
-    let first = gpunode_e2e::wait::until("a drain to start", DEADLINE, || async {
-        let ns = wave.nodes_now().await?;
-        Ok(ns
-            .iter()
-            .find(|n| faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some())
-            .and_then(|n| n.metadata.name.clone()))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+    let first = wave
+        .drain_started(&[], DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
 
     // Fault 1: the API server stops for the outage, mid-drain, with two nodes queued.
     let before = jiff::Timestamp::now();

@@ -111,18 +111,10 @@ async fn wave(client: &Client, tag: &str, pdb: bool) -> (Wave, WaveMonitor) {
     (wave, monitor)
 }
 
-/// Waits until a node of the wave other than `except` has a drain started, and names it.
 async fn drain_started(wave: &Wave, except: &[&str]) -> String {
-    wait::until(&format!("a drain to start in {}", wave.id), DEADLINE, || async {
-        let ns = wave.nodes_now().await?;
-        Ok(ns
-            .iter()
-            .filter(|n| !except.contains(&n.metadata.name.as_deref().unwrap_or_default()))
-            .find(|n| faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some())
-            .and_then(|n| n.metadata.name.clone()))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e))
+    wave.drain_started(except, DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e))
 }
 
 fn alive(op: &mut Operator) -> Check {

@@ -53,17 +53,10 @@ async fn partitions_skewed_clocks_and_oom_kills_lose_and_repeat_nothing() {
     rec.assert_clean();
 }
 
-/// Waits until a drain of the wave has started.
 async fn drain_started(wave: &Wave) {
-    wait::until("a drain to start", DEADLINE, || async {
-        let ns = wave.nodes_now().await?;
-        Ok(ns
-            .iter()
-            .any(|n| faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some())
-            .then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+    wave.drain_started(&[], DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
 }
 
 /// Writes by `user` received at or after `since`: all of them, and those the API server committed.

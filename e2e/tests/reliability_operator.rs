@@ -295,15 +295,9 @@ async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Reco
         .await
         .unwrap_or_else(|e| fail(e));
     wave.drift_all().await.unwrap_or_else(|e| fail(e));
-    wait::until("a drain to start", DEADLINE, || async {
-        let ns = wave.nodes_now().await?;
-        Ok(ns
-            .iter()
-            .any(|n| faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some())
-            .then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+    wave.drain_started(&[], DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
     a.kill();
     b.kill();
     let killed = jiff::Timestamp::now();
@@ -356,15 +350,9 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
         .await
         .unwrap_or_else(|e| fail(e));
     wave.drift_all().await.unwrap_or_else(|e| fail(e));
-    wait::until("a drain to start", DEADLINE, || async {
-        let ns = wave.nodes_now().await?;
-        Ok(ns
-            .iter()
-            .any(|n| faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some())
-            .then_some(()))
-    })
-    .await
-    .unwrap_or_else(|e| fail(e));
+    wave.drain_started(&[], DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
     // The leader retries the held evictions every few seconds; stop it at a seeded point of
     // that cycle, possibly mid-apply.
     faults::hold(

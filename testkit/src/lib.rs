@@ -54,12 +54,15 @@ pub fn record<E: std::fmt::Display>(
     let dir = results_dir(tmpdir);
     let checks: Vec<serde_json::Value> = checks
         .iter()
-        .map(|(i, d)| match outcome {
-            Err(e) => serde_json::json!({"invariant": i, "ok": false, "detail": e.to_string()}),
-            Ok(()) if cases_run == 0 => {
-                serde_json::json!({"invariant": i, "ok": false, "detail": "no case ran"})
-            }
-            Ok(()) => serde_json::json!({"invariant": i, "ok": true, "detail": d}),
+        .map(|(i, d)| {
+            // The run's outcome decides: a failure, or a run of no case, fails every check.
+            let failure = match outcome {
+                Err(e) => Some(e.to_string()),
+                Ok(()) if cases_run == 0 => Some("no case ran".to_string()),
+                Ok(()) => None,
+            };
+            serde_json::json!({"invariant": i, "ok": failure.is_none(),
+                               "detail": failure.unwrap_or_else(|| d.clone())})
         })
         .collect();
     let fault = format!("{fault} ({cases_run} cases run)");
