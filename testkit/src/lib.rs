@@ -95,9 +95,10 @@ mod tests {
     use super::*;
 
     fn recorded(outcome: &Result<(), String>, cases_run: u64) -> serde_json::Value {
-        let tmp = std::env::temp_dir().join(format!("gpunode-testkit-{}", std::process::id()));
-        let dir = tmp.to_string_lossy().into_owned();
         let file = format!("unit-{}-{cases_run}", outcome.is_ok());
+        // A directory per case: the tests run side by side, and each removes its own.
+        let tmp = std::env::temp_dir().join(format!("gpunode-testkit-{}-{file}", std::process::id()));
+        let dir = tmp.to_string_lossy().into_owned();
         record(&dir, &file, "f", cases_run, &[("holds", "why".into())], outcome);
         let path = results_dir(&dir).join(format!("fuzz-{file}.json"));
         let text = std::fs::read_to_string(&path).unwrap_or_default();
