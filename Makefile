@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: fuzz reliability-long reliability-report help demo test lint unit crds cluster-build cluster-up cluster-down bench bench-probe bench-probe-latency demo-down
+.PHONY: kind-up kind-down kind-test fuzz reliability-long reliability-report help demo test lint unit crds cluster-build cluster-up cluster-down bench bench-probe bench-probe-latency demo-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -65,6 +65,19 @@ cluster-up: ## start a local control plane; prints the kubeconfig path last
 
 cluster-down: ## stop the local control plane started by cluster-up
 	@e2e/cluster/down.sh
+
+# The kind cluster (e2e/kind): real kubelets, the chart's images and DaemonSet, built offline with
+# the project's own Docker engine and node image. GPUNODE_KIND_CLUSTER names it (default gpunode-kind).
+kind-up: ## a kind cluster with real kubelets and the chart installed from images built here; prints the kubeconfig
+	$(CARGO) build --workspace --locked
+	@e2e/kind/cluster.sh up
+
+kind-down: ## delete the kind cluster and stop its Docker engine (no container, network or daemon left)
+	@e2e/kind/cluster.sh down
+
+kind-test: ## the kind e2e suite on real pods (creates the cluster if needed, deletes it afterwards)
+	$(CARGO) build --workspace --locked
+	e2e/kind/test.sh
 
 bench-probe: ## node-probe steady-state CPU, RSS and writes/hour at default intervals (SECONDS=600)
 	node-probe/benches/soak.sh $(or $(SECONDS),600)

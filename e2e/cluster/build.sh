@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Build (or reuse from the cache) the binaries of the local control plane:
-#   kubernetes  kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (k8s.io/kubernetes, ONE go build)
+#   kubernetes  kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, and kubelet, kubeadm,
+#               kube-proxy for the kind nodes of e2e/kind  (k8s.io/kubernetes, ONE go build)
 #   etcd        go.etcd.io/etcd/server/v3
 #   kwok        sigs.k8s.io/kwok/cmd/kwok
 #   helm        helm.sh/helm/v3/cmd/helm (default kube version = the Kubernetes minor built here)
+#   kind        sigs.k8s.io/kind           } only for the kind cluster of e2e/kind, built when named:
+#   coredns     github.com/coredns/coredns } build.sh kind coredns
 #
 # Every component is built from a Go wrapper module under e2e/cluster/tools/<name>/ whose go.mod and
 # go.sum are committed, so the build is pinned. The Kubernetes version is one variable, K8S_VERSION:
@@ -21,7 +24,7 @@
 #   K8S_VERSION     Kubernetes version to build (default: the one tools/k8s/go.mod pins, v1.37.2)
 #   GPUNODE_CACHE   cache root (default $HOME/.cache/gpunode): bin/<component>-<version>/, go/mod, go/build, logs/
 #
-# Cache layout: $CACHE/bin/k8s-v1.37.2/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl},
+# Cache layout: $CACHE/bin/k8s-v1.37.2/{kube-apiserver,kube-controller-manager,kube-scheduler,kubectl,kubelet,...},
 # $CACHE/bin/etcd-v3.6.16/etcd, $CACHE/bin/kwok-v0.8.0/kwok, $CACHE/bin/helm-v3.22.0-kube1.37/helm and
 # $CACHE/bin/set-k8s-v1.37.2/ (symlinks to all of them: GPUNODE_BIN_DIR). A directory counts only when
 # its .stamp matches the inputs (versions, go.mod/go.sum hash, ldflags, Go version); anything else is
@@ -47,14 +50,22 @@ K8S_VERSION=${K8S_VERSION:-$DEFAULT_K8S_VERSION}
 ETCD_VERSION=$(modver "$TOOLS/etcd/go.mod" go.etcd.io/etcd/server/v3)
 KWOK_VERSION=$(modver "$TOOLS/kwok/go.mod" sigs.k8s.io/kwok)
 HELM_VERSION=$(modver "$TOOLS/helm/go.mod" helm.sh/helm/v3)
+# The kind cluster of e2e/kind only (not in the default set): kind itself and the cluster DNS.
+KIND_VERSION=$(modver "$TOOLS/kind/go.mod" sigs.k8s.io/kind)
+COREDNS_VERSION=$(modver "$TOOLS/coredns/go.mod" github.com/coredns/coredns)
 [[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "K8S_VERSION must look like v1.37.2 (got '$K8S_VERSION')"
 K8S_MINOR=${BASH_REMATCH[1]}
 
 K8S_DIR=$CACHE/bin/k8s-$K8S_VERSION
+# The control plane's binaries, kubectl, and the node binaries of the kind cluster (e2e/kind): one
+# go build, so the packages they share compile once.
+K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kubeadm kube-proxy)
 ETCD_DIR=$CACHE/bin/etcd-$ETCD_VERSION
 KWOK_DIR=$CACHE/bin/kwok-$KWOK_VERSION
 HELM_DIR=$CACHE/bin/helm-$HELM_VERSION-kube1.$K8S_MINOR
 SET_DIR=$CACHE/bin/set-k8s-$K8S_VERSION
+KIND_DIR=$CACHE/bin/kind-$KIND_VERSION
+COREDNS_DIR=$CACHE/bin/coredns-$COREDNS_VERSION
 
 # ---------------------------------------------------------------------------------------------------
 print_env() {
@@ -76,6 +87,10 @@ print_env() {
 		v=${k#*=}
 		printf 'export %s=%q\n' "${k%%=*}" "$v"
 	done
+	# Built only for the kind cluster: exported when present.
+	[[ ! -f $KIND_DIR/.stamp ]] || printf 'export GPUNODE_KIND=%q\n' "$KIND_DIR/kind"
+	[[ ! -f $COREDNS_DIR/.stamp ]] || printf 'export GPUNODE_COREDNS=%q GPUNODE_COREDNS_VERSION=%q\n' \
+		"$COREDNS_DIR/coredns" "$COREDNS_VERSION"
 }
 
 case "${1:-}" in
@@ -213,7 +228,7 @@ gen_k8s_wrapper() { # VERSION DIR COMPONENT-LABEL
 		     inblk { print; if ($0 ~ /^\)/) inblk = 0; next }
 		     /^godebug / { print }' "$gomod"
 		printf '\ntool (\n'
-		printf '\tk8s.io/kubernetes/cmd/%s\n' kube-apiserver kube-controller-manager kube-scheduler kubectl
+		printf '\tk8s.io/kubernetes/cmd/%s\n' "${K8S_BINS[@]}"
 		printf ')\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$v"
 		awk -v ver="v0.$minor.$patch" '$2 == "=>" && $3 ~ /^\.\/staging\/src\/k8s\.io\// { print "\t" $1 " => " $1 " " ver }' "$gomod"
 		printf ')\n'
@@ -226,8 +241,8 @@ gen_k8s_wrapper() { # VERSION DIR COMPONENT-LABEL
 }
 
 build_k8s() {
-	local v=$K8S_VERSION comp="kubernetes $K8S_VERSION (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl)"
-	local wdir ld kv key tmp bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+	local v=$K8S_VERSION comp="kubernetes $K8S_VERSION (${K8S_BINS[*]})"
+	local wdir ld kv key tmp bins=("${K8S_BINS[@]}")
 	if [[ $v == "$DEFAULT_K8S_VERSION" ]]; then
 		wdir=$TOOLS/k8s
 	else
@@ -259,10 +274,11 @@ build_k8s() {
 	record_time kubernetes "$v"
 	log "  go build: ${STEP_SECONDS}s, largest process ${STEP_MAXRSS_MIB} MiB, system peak ${STEP_SYSMEM_MIB} MiB"
 	local b
-	for b in kube-apiserver kube-controller-manager kube-scheduler; do
+	for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
 		check_version "$comp" "$tmp/$b" "Kubernetes $v" --version
 	done
 	check_version "$comp" "$tmp/kubectl" "$v" version --client
+	check_version "$comp" "$tmp/kubeadm" "$v" version -o short
 	finish_tmp "$tmp" "$K8S_DIR" "$key"
 	log "kubernetes $v: done in $((SECONDS - t0))s -> $K8S_DIR"
 }
@@ -333,6 +349,24 @@ build_helm() {
 	log "helm $v: done in $((SECONDS - BUILT_T0))s -> $HELM_DIR"
 }
 
+build_kind() {
+	local v=$KIND_VERSION
+	build_simple kind "$v" "$TOOLS/kind" "$KIND_DIR" "-s -w" kind sigs.k8s.io/kind
+	[[ -n $BUILT_TMP ]] || return 0
+	check_version "kind $v" "$BUILT_TMP/kind" "kind $v" version
+	finish_tmp "$BUILT_TMP" "$KIND_DIR" "$BUILT_KEY"
+	log "kind $v: done in $((SECONDS - BUILT_T0))s -> $KIND_DIR"
+}
+
+build_coredns() {
+	local v=$COREDNS_VERSION
+	build_simple coredns "$v" "$TOOLS/coredns" "$COREDNS_DIR" "-s -w" coredns github.com/coredns/coredns
+	[[ -n $BUILT_TMP ]] || return 0
+	check_version "coredns $v" "$BUILT_TMP/coredns" "CoreDNS-${v#v}" -version
+	finish_tmp "$BUILT_TMP" "$COREDNS_DIR" "$BUILT_KEY"
+	log "coredns $v: done in $((SECONDS - BUILT_T0))s -> $COREDNS_DIR"
+}
+
 link_set() {
 	local tmp=$SET_DIR.tmp.$$ b ok=1 bins=("$K8S_DIR"/kube-apiserver "$K8S_DIR"/kube-controller-manager
 		"$K8S_DIR"/kube-scheduler "$K8S_DIR"/kubectl "$ETCD_DIR"/etcd "$KWOK_DIR"/kwok "$HELM_DIR"/helm)
@@ -395,7 +429,9 @@ for c in "${comps[@]}"; do
 	etcd) build_etcd ;;
 	kwok) build_kwok ;;
 	helm) build_helm ;;
-	*) die "unknown component '$c' (expected: kubernetes etcd kwok helm)" ;;
+	kind) build_kind ;;
+	coredns) build_coredns ;;
+	*) die "unknown component '$c' (expected: kubernetes etcd kwok helm kind coredns)" ;;
 	esac
 done
 if [[ -f $K8S_DIR/.stamp && -f $ETCD_DIR/.stamp && -f $KWOK_DIR/.stamp && -f $HELM_DIR/.stamp ]]; then
