@@ -11,7 +11,8 @@
 //! near miss exists to catch. A mutant that passes the cases is a near miss nobody tests.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
+    io::Read,
     path::{Path, PathBuf},
     process::Command,
     time::Instant,
@@ -215,8 +216,19 @@ fn case_files() -> Vec<PathBuf> {
     files
 }
 
-/// Per alert name: (cases where it fires, cases where it stays silent), as `file: test name @ t`.
-type Coverage = BTreeMap<String, (Vec<String>, Vec<String>)>;
+/// What the cases say about one alert.
+#[derive(Default)]
+struct Cases {
+    /// Cases where it fires, as `file: test name @ t`.
+    fires: Vec<String>,
+    /// Cases where it stays silent.
+    silent: Vec<String>,
+    /// The files holding them.
+    files: BTreeSet<String>,
+}
+
+/// The cases, by alert name.
+type Coverage = BTreeMap<String, Cases>;
 
 fn coverage(files: &[PathBuf]) -> Coverage {
     let mut cov = Coverage::new();
@@ -249,10 +261,11 @@ fn coverage(files: &[PathBuf]) -> Coverage {
                 let fires = case["exp_alerts"].as_sequence().is_some_and(|a| !a.is_empty());
                 let what = format!("{file}: {name} @ {at}");
                 if fires {
-                    entry.0.push(what)
+                    entry.fires.push(what);
                 } else {
-                    entry.1.push(what)
+                    entry.silent.push(what);
                 }
+                entry.files.insert(file.clone());
             }
         }
     }
@@ -278,20 +291,25 @@ fn stage(dir: &Path, groups: &Value, files: &[PathBuf]) -> Vec<String> {
         .collect()
 }
 
-/// Runs promtool in `dir`; returns whether it succeeded and what it printed.
+/// Runs promtool in `dir`; returns whether it succeeded and what it printed. stdout and stderr
+/// share one pipe, so a test file's FAILED (stderr) stays under its name (stdout).
 fn promtool(dir: &Path, args: &[&str]) -> (bool, String) {
     let bin = tools::promtool().unwrap_or_else(|e| fail(e));
-    let out = Command::new(&bin)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| fail(format!("running {}: {e}", bin.display())));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    let run = || -> std::io::Result<(bool, String)> {
+        let (mut reader, writer) = std::io::pipe()?;
+        let mut cmd = Command::new(&bin);
+        cmd.args(args)
+            .current_dir(dir)
+            .stdout(writer.try_clone()?)
+            .stderr(writer);
+        let mut child = cmd.spawn()?;
+        // The Command holds the pipe's write ends; reading ends only once they are all closed.
+        drop(cmd);
+        let mut text = String::new();
+        reader.read_to_string(&mut text)?;
+        Ok((child.wait()?.success(), text))
+    };
+    run().unwrap_or_else(|e| fail(format!("running {} {}: {e}", bin.display(), args.join(" "))))
 }
 
 fn work_dir() -> PathBuf {
@@ -328,7 +346,7 @@ fn every_alert_fires_on_its_series_and_stays_silent_on_near_misses() {
         ));
     }
     for name in alerts.keys() {
-        let (fires, silent) = cov.get(name).map_or((0, 0), |(f, s)| (f.len(), s.len()));
+        let (fires, silent) = cov.get(name).map_or((0, 0), |c| (c.fires.len(), c.silent.len()));
         if fires == 0 {
             problems.push(format!(
                 "alert {name} has no case where it fires (exp_alerts non-empty)"
@@ -395,19 +413,46 @@ fn every_alert_fires_on_its_series_and_stays_silent_on_near_misses() {
             mutate(&groups, name, &expr, alert.for_.as_deref()),
         ));
     }
-    let mut survivors = Vec::new();
-    for (i, (name, what, mutated)) in mutants.iter().enumerate() {
-        let dir = work.join(format!("mutant-{i}"));
-        let names = stage(&dir, mutated, &files);
-        let mut args = vec!["test", "rules"];
-        args.extend(names.iter().map(String::as_str));
-        let (ok, _) = promtool(&dir, &args);
-        if ok {
-            survivors.push(format!("{name}: {what} ({})", dir.display()));
-        } else {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-    }
+    // A mutant changes one alert, so only the files with cases for it are run; the mutants are
+    // spread over the CPUs (each promtool run is a process of its own, in a directory of its own).
+    let threads = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(mutants.len());
+    let survivors: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (mutants, cov, work, files) = (&mutants, &cov, &work, &files);
+                scope.spawn(move || {
+                    let mut survivors = Vec::new();
+                    for (i, (name, what, mutated)) in mutants.iter().enumerate().skip(t).step_by(threads) {
+                        let dir = work.join(format!("mutant-{i}"));
+                        let own: Vec<PathBuf> = files
+                            .iter()
+                            .filter(|f| {
+                                f.file_name()
+                                    .is_some_and(|n| cov[name].files.contains(n.to_string_lossy().as_ref()))
+                            })
+                            .cloned()
+                            .collect();
+                        let names = stage(&dir, mutated, &own);
+                        let mut args = vec!["test", "rules"];
+                        args.extend(names.iter().map(String::as_str));
+                        let (ok, _) = promtool(&dir, &args);
+                        if ok {
+                            survivors.push(format!("{name}: {what} ({})", dir.display()));
+                        } else {
+                            let _ = std::fs::remove_dir_all(&dir);
+                        }
+                    }
+                    survivors
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|_| fail("a mutant thread panicked")))
+            .collect()
+    });
     if !survivors.is_empty() {
         fail(format!(
             "the cases in charts/gpunode/tests/alerts pass on these broken alerts (a near miss is missing):\n  {}",
@@ -415,7 +460,7 @@ fn every_alert_fires_on_its_series_and_stays_silent_on_near_misses() {
         ));
     }
     let _ = std::fs::remove_dir_all(&work);
-    let cases: usize = cov.values().map(|(f, s)| f.len() + s.len()).sum();
+    let cases: usize = cov.values().map(|c| c.fires.len() + c.silent.len()).sum();
     eprintln!(
         "{} alerts, {cases} cases in {} files, {} mutants killed, in {:.1}s",
         alerts.len(),
