@@ -3,8 +3,8 @@
 #   kubernetes  kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (k8s.io/kubernetes, ONE go build)
 #   etcd        go.etcd.io/etcd/server/v3
 #   kwok        sigs.k8s.io/kwok/cmd/kwok
-#   helm        helm.sh/helm/v3/cmd/helm (default kube version = the Kubernetes minor built here)
 #   promtool    github.com/prometheus/prometheus/cmd/promtool (the chart's alert tests, e2e/tests/alerts.rs)
+#   helm        helm.sh/helm/v3/cmd/helm (default kube version = the Kubernetes minor built here)
 #
 # Every component is built from a Go wrapper module under e2e/cluster/tools/<name>/ whose go.mod and
 # go.sum are committed, so the build is pinned. The Kubernetes version is one variable, K8S_VERSION:
@@ -48,12 +48,12 @@ DEFAULT_K8S_VERSION=$(modver "$TOOLS/k8s/go.mod" k8s.io/kubernetes)
 K8S_VERSION=${K8S_VERSION:-$DEFAULT_K8S_VERSION}
 ETCD_VERSION=$(modver "$TOOLS/etcd/go.mod" go.etcd.io/etcd/server/v3)
 KWOK_VERSION=$(modver "$TOOLS/kwok/go.mod" sigs.k8s.io/kwok)
-HELM_VERSION=$(modver "$TOOLS/helm/go.mod" helm.sh/helm/v3)
 # Prometheus 3.X.Y is tagged v0.3XX.Y as a Go module: the release promtool reports is derived from it.
 PROMTOOL_MODVERSION=$(modver "$TOOLS/promtool/go.mod" github.com/prometheus/prometheus)
 [[ $PROMTOOL_MODVERSION =~ ^v0\.([1-9])([0-9][0-9])\.([0-9]+)$ ]] ||
 	die "tools/promtool/go.mod: github.com/prometheus/prometheus $PROMTOOL_MODVERSION is not a v0.3XX.Y (Prometheus 3.x) version"
 PROMTOOL_VERSION=v${BASH_REMATCH[1]}.$((10#${BASH_REMATCH[2]})).${BASH_REMATCH[3]}
+HELM_VERSION=$(modver "$TOOLS/helm/go.mod" helm.sh/helm/v3)
 [[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] || die "K8S_VERSION must look like v1.37.2 (got '$K8S_VERSION')"
 K8S_MINOR=${BASH_REMATCH[1]}
 
@@ -319,6 +319,20 @@ build_kwok() {
 	log "kwok $v: done in $((SECONDS - BUILT_T0))s -> $KWOK_DIR"
 }
 
+build_promtool() {
+	local v=$PROMTOOL_VERSION p=github.com/prometheus/common/version ld
+	# What Prometheus's own release build (promu) sets, so `promtool --version` names the release;
+	# the revision is the module version (the module zip carries no commit).
+	ld="-s -w -X $p.Version=${v#v} -X $p.Revision=$PROMTOOL_MODVERSION -X $p.Branch=HEAD"
+	ld+=" -X $p.BuildUser=gpunode-build.sh"
+	build_simple promtool "$v" "$TOOLS/promtool" "$PROMTOOL_DIR" "$ld" promtool \
+		github.com/prometheus/prometheus/cmd/promtool
+	[[ -n $BUILT_TMP ]] || return 0
+	check_version "promtool $v" "$BUILT_TMP/promtool" "promtool, version ${v#v} (branch: HEAD, revision: $PROMTOOL_MODVERSION)" --version
+	finish_tmp "$BUILT_TMP" "$PROMTOOL_DIR" "$BUILT_KEY"
+	log "promtool $v: done in $((SECONDS - BUILT_T0))s -> $PROMTOOL_DIR"
+}
+
 build_helm() {
 	local v=$HELM_VERSION p=helm.sh/helm/v3 ld chart out
 	ld="-s -w -X $p/internal/version.version=$v -X $p/internal/version.gitTreeState=clean"
@@ -340,20 +354,6 @@ build_helm() {
 	log "  helm template: .Capabilities.KubeVersion = v1.$K8S_MINOR.0"
 	finish_tmp "$BUILT_TMP" "$HELM_DIR" "$BUILT_KEY"
 	log "helm $v: done in $((SECONDS - BUILT_T0))s -> $HELM_DIR"
-}
-
-build_promtool() {
-	local v=$PROMTOOL_VERSION p=github.com/prometheus/common/version ld
-	# What Prometheus's own release build (promu) sets, so `promtool --version` names the release;
-	# the revision is the module version (the module zip carries no commit).
-	ld="-s -w -X $p.Version=${v#v} -X $p.Revision=$PROMTOOL_MODVERSION -X $p.Branch=HEAD"
-	ld+=" -X $p.BuildUser=gpunode-build.sh"
-	build_simple promtool "$v" "$TOOLS/promtool" "$PROMTOOL_DIR" "$ld" promtool \
-		github.com/prometheus/prometheus/cmd/promtool
-	[[ -n $BUILT_TMP ]] || return 0
-	check_version "promtool $v" "$BUILT_TMP/promtool" "promtool, version ${v#v} (branch: HEAD, revision: $PROMTOOL_MODVERSION)" --version
-	finish_tmp "$BUILT_TMP" "$PROMTOOL_DIR" "$BUILT_KEY"
-	log "promtool $v: done in $((SECONDS - BUILT_T0))s -> $PROMTOOL_DIR"
 }
 
 link_set() {
@@ -417,9 +417,9 @@ for c in "${comps[@]}"; do
 	kubernetes | k8s) build_k8s ;;
 	etcd) build_etcd ;;
 	kwok) build_kwok ;;
-	helm) build_helm ;;
 	promtool) build_promtool ;;
-	*) die "unknown component '$c' (expected: kubernetes etcd kwok helm promtool)" ;;
+	helm) build_helm ;;
+	*) die "unknown component '$c' (expected: kubernetes etcd kwok helm)" ;;
 	esac
 done
 if [[ -f $K8S_DIR/.stamp && -f $ETCD_DIR/.stamp && -f $KWOK_DIR/.stamp && -f $HELM_DIR/.stamp ]]; then
