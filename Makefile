@@ -56,7 +56,7 @@ lint: ## cargo fmt --check and clippy with warnings denied
 crds: ## regenerate charts/gpunode/crds from the Rust types
 	$(CARGO) run --quiet --locked -p gpunode-operator -- crds --write charts/gpunode/crds >/dev/null
 
-cluster-build: ## build (or reuse from cache) etcd, kube-apiserver, KCM, scheduler, kwok, helm; host tools of the fault suite
+cluster-build: ## build (or reuse from cache) etcd, kube-apiserver, KCM, scheduler, kwok, helm, promtool (alert tests); host tools of the fault suite
 	e2e/cluster/build.sh
 	e2e/cluster/host-tools.sh
 

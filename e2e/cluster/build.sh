@@ -4,6 +4,7 @@
 #               kube-proxy for the kind nodes of e2e/kind  (k8s.io/kubernetes, ONE go build)
 #   etcd        go.etcd.io/etcd/server/v3
 #   kwok        sigs.k8s.io/kwok/cmd/kwok
+#   promtool    github.com/prometheus/prometheus/cmd/promtool (the chart's alert tests, e2e/tests/alerts.rs)
 #   helm        helm.sh/helm/v3/cmd/helm (default kube version = the Kubernetes minor built here)
 #   kind        sigs.k8s.io/kind           } only for the kind cluster of e2e/kind, built when named:
 #   coredns     github.com/coredns/coredns } build.sh kind coredns
@@ -14,7 +15,7 @@
 # k8s.io/kubernetes@$K8S_VERSION's own go.mod under $CACHE/wrappers/.
 #
 # Usage:
-#   build.sh [COMPONENT...]     build what is missing (default: kubernetes etcd kwok helm); stdout stays empty
+#   build.sh [COMPONENT...]     build what is missing (default: kubernetes etcd kwok helm promtool); stdout stays empty
 #   build.sh --print-env        print `export GPUNODE_...=` lines for the built binaries (fails if not built)
 #   build.sh --regen            regenerate the committed tools/k8s/go.mod+go.sum for K8S_VERSION and
 #                               e2e/cluster/kwok-stages.yaml from the kwok module (maintainers only)
@@ -29,7 +30,8 @@
 # $CACHE/bin/set-k8s-v1.37.2/ (symlinks to all of them: GPUNODE_BIN_DIR). A directory counts only when
 # its .stamp matches the inputs (versions, go.mod/go.sum hash, ldflags, Go version); anything else is
 # deleted and rebuilt into a temporary directory that is renamed into place after every binary of the
-# set passed its --version check.
+# set passed its --version check. promtool: $CACHE/bin/promtool-v3.16.0/promtool (Prometheus 3.16.0 is
+# the Go module version v0.316.0), not part of the set.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -49,6 +51,11 @@ DEFAULT_K8S_VERSION=$(modver "$TOOLS/k8s/go.mod" k8s.io/kubernetes)
 K8S_VERSION=${K8S_VERSION:-$DEFAULT_K8S_VERSION}
 ETCD_VERSION=$(modver "$TOOLS/etcd/go.mod" go.etcd.io/etcd/server/v3)
 KWOK_VERSION=$(modver "$TOOLS/kwok/go.mod" sigs.k8s.io/kwok)
+# Prometheus 3.X.Y is tagged v0.3XX.Y as a Go module: the release promtool reports is derived from it.
+PROMTOOL_MODVERSION=$(modver "$TOOLS/promtool/go.mod" github.com/prometheus/prometheus)
+[[ $PROMTOOL_MODVERSION =~ ^v0\.([1-9])([0-9][0-9])\.([0-9]+)$ ]] ||
+	die "tools/promtool/go.mod: github.com/prometheus/prometheus $PROMTOOL_MODVERSION is not a v0.3XX.Y (Prometheus 3.x) version"
+PROMTOOL_VERSION=v${BASH_REMATCH[1]}.$((10#${BASH_REMATCH[2]})).${BASH_REMATCH[3]}
 HELM_VERSION=$(modver "$TOOLS/helm/go.mod" helm.sh/helm/v3)
 # The kind cluster of e2e/kind only (not in the default set): kind itself and the cluster DNS.
 KIND_VERSION=$(modver "$TOOLS/kind/go.mod" sigs.k8s.io/kind)
@@ -63,6 +70,7 @@ K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet 
 ETCD_DIR=$CACHE/bin/etcd-$ETCD_VERSION
 KWOK_DIR=$CACHE/bin/kwok-$KWOK_VERSION
 HELM_DIR=$CACHE/bin/helm-$HELM_VERSION-kube1.$K8S_MINOR
+PROMTOOL_DIR=$CACHE/bin/promtool-$PROMTOOL_VERSION
 SET_DIR=$CACHE/bin/set-k8s-$K8S_VERSION
 KIND_DIR=$CACHE/bin/kind-$KIND_VERSION
 COREDNS_DIR=$CACHE/bin/coredns-$COREDNS_VERSION
@@ -70,7 +78,7 @@ COREDNS_DIR=$CACHE/bin/coredns-$COREDNS_VERSION
 # ---------------------------------------------------------------------------------------------------
 print_env() {
 	local d missing=()
-	for d in "$K8S_DIR" "$ETCD_DIR" "$KWOK_DIR" "$HELM_DIR"; do
+	for d in "$K8S_DIR" "$ETCD_DIR" "$KWOK_DIR" "$HELM_DIR" "$PROMTOOL_DIR"; do
 		[[ -f $d/.stamp ]] || missing+=("$d")
 	done
 	[[ -d $SET_DIR ]] || missing+=("$SET_DIR")
@@ -83,7 +91,8 @@ print_env() {
 		GPUNODE_ETCD=$ETCD_DIR/etcd GPUNODE_KUBE_APISERVER=$K8S_DIR/kube-apiserver \
 		GPUNODE_KUBE_CONTROLLER_MANAGER=$K8S_DIR/kube-controller-manager \
 		GPUNODE_KUBE_SCHEDULER=$K8S_DIR/kube-scheduler GPUNODE_KUBECTL=$K8S_DIR/kubectl \
-		GPUNODE_KWOK=$KWOK_DIR/kwok GPUNODE_HELM=$HELM_DIR/helm; do
+		GPUNODE_KWOK=$KWOK_DIR/kwok GPUNODE_HELM=$HELM_DIR/helm \
+		GPUNODE_PROMTOOL_VERSION=$PROMTOOL_VERSION GPUNODE_PROMTOOL=$PROMTOOL_DIR/promtool; do
 		v=${k#*=}
 		printf 'export %s=%q\n' "${k%%=*}" "$v"
 	done
@@ -326,6 +335,20 @@ build_kwok() {
 	log "kwok $v: done in $((SECONDS - BUILT_T0))s -> $KWOK_DIR"
 }
 
+build_promtool() {
+	local v=$PROMTOOL_VERSION p=github.com/prometheus/common/version ld
+	# What Prometheus's own release build (promu) sets, so `promtool --version` names the release;
+	# the revision is the module version (the module zip carries no commit).
+	ld="-s -w -X $p.Version=${v#v} -X $p.Revision=$PROMTOOL_MODVERSION -X $p.Branch=HEAD"
+	ld+=" -X $p.BuildUser=gpunode-build.sh"
+	build_simple promtool "$v" "$TOOLS/promtool" "$PROMTOOL_DIR" "$ld" promtool \
+		github.com/prometheus/prometheus/cmd/promtool
+	[[ -n $BUILT_TMP ]] || return 0
+	check_version "promtool $v" "$BUILT_TMP/promtool" "promtool, version ${v#v} (branch: HEAD, revision: $PROMTOOL_MODVERSION)" --version
+	finish_tmp "$BUILT_TMP" "$PROMTOOL_DIR" "$BUILT_KEY"
+	log "promtool $v: done in $((SECONDS - BUILT_T0))s -> $PROMTOOL_DIR"
+}
+
 build_helm() {
 	local v=$HELM_VERSION p=helm.sh/helm/v3 ld chart out
 	ld="-s -w -X $p/internal/version.version=$v -X $p/internal/version.gitTreeState=clean"
@@ -420,14 +443,15 @@ if [[ ${1:-} == --regen ]]; then
 fi
 
 comps=("$@")
-((${#comps[@]})) || comps=(kubernetes etcd kwok helm)
+((${#comps[@]})) || comps=(kubernetes etcd kwok helm promtool)
 T0=$SECONDS
-log "$PROG: $GO_VERSION, cache $CACHE, kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION"
+log "$PROG: $GO_VERSION, cache $CACHE, kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION, promtool $PROMTOOL_VERSION"
 for c in "${comps[@]}"; do
 	case $c in
 	kubernetes | k8s) build_k8s ;;
 	etcd) build_etcd ;;
 	kwok) build_kwok ;;
+	promtool) build_promtool ;;
 	helm) build_helm ;;
 	kind) build_kind ;;
 	coredns) build_coredns ;;

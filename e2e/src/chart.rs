@@ -9,7 +9,6 @@
 use std::{
     path::{Path, PathBuf},
     process::Command,
-    sync::OnceLock,
     time::Duration,
 };
 
@@ -100,31 +99,7 @@ pub fn chart_dir() -> PathBuf {
 
 /// The helm binary: `GPUNODE_HELM` if set, else the one `e2e/cluster/build.sh` built.
 pub fn helm() -> Result<PathBuf, Error> {
-    static HELM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    HELM.get_or_init(|| {
-        if let Some(p) = std::env::var_os("GPUNODE_HELM").filter(|p| !p.is_empty()) {
-            return Ok(PathBuf::from(p));
-        }
-        let script = repo_root().join("e2e/cluster/build.sh");
-        let out = Command::new(&script)
-            .arg("--print-env")
-            .output()
-            .map_err(|e| format!("running {} --print-env: {e}", script.display()))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{} --print-env failed (build the cluster binaries with `make cluster-build`): {}",
-                script.display(),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .find_map(|l| l.strip_prefix("export GPUNODE_HELM="))
-            .map(|p| PathBuf::from(p.trim().trim_matches('"').trim_matches('\'')))
-            .ok_or_else(|| format!("{} --print-env names no GPUNODE_HELM", script.display()))
-    })
-    .clone()
-    .map_err(Error::Unexpected)
+    crate::tools::built("GPUNODE_HELM")
 }
 
 /// Runs helm with `args` (blocking) and returns its stdout; a failure carries helm's stderr.

@@ -18,6 +18,7 @@ pub mod pods;
 pub mod probe;
 pub mod reports;
 pub mod scratch;
+pub mod tools;
 pub mod wait;
 
 use std::time::Duration;
