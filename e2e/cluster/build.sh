@@ -98,7 +98,7 @@ print_env() {
 	done
 	# Built only for the kind cluster: exported when present.
 	[[ ! -f $KIND_DIR/.stamp ]] || printf 'export GPUNODE_KIND=%q\n' "$KIND_DIR/kind"
-	[[ ! -f $COREDNS_DIR/.stamp ]] || printf 'export GPUNODE_COREDNS=%q GPUNODE_COREDNS_VERSION=%q\n' \
+	[[ ! -f $COREDNS_DIR/.stamp ]] || printf 'export GPUNODE_COREDNS=%q\nexport GPUNODE_COREDNS_VERSION=%q\n' \
 		"$COREDNS_DIR/coredns" "$COREDNS_VERSION"
 }
 
@@ -455,7 +455,7 @@ for c in "${comps[@]}"; do
 	helm) build_helm ;;
 	kind) build_kind ;;
 	coredns) build_coredns ;;
-	*) die "unknown component '$c' (expected: kubernetes etcd kwok helm kind coredns)" ;;
+	*) die "unknown component '$c' (expected: kubernetes etcd kwok helm promtool kind coredns)" ;;
 	esac
 done
 if [[ -f $K8S_DIR/.stamp && -f $ETCD_DIR/.stamp && -f $KWOK_DIR/.stamp && -f $HELM_DIR/.stamp ]]; then

@@ -19,7 +19,7 @@ use kube::{
 };
 use serde_json::Value;
 
-use crate::{Error, audit::AuditLog, chart, fixtures::repo_root, wait};
+use crate::{Error, audit::AuditLog, chart, fixtures::repo_root, tools, wait};
 
 /// The admin kubeconfig of the kind cluster.
 pub const KUBECONFIG_ENV: &str = "GPUNODE_KIND_KUBECONFIG";
@@ -127,13 +127,13 @@ impl Kind {
 
     /// `kubectl <args…>` as admin.
     pub fn kubectl(&self, args: &[&str]) -> Result<String, Error> {
-        let kubectl = std::env::var("GPUNODE_KUBECTL").unwrap_or_else(|_| "kubectl".to_string());
+        let kubectl = tools::built("GPUNODE_KUBECTL")?;
         let out = Command::new(&kubectl)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(args)
             .output()
-            .map_err(io(format!("running {kubectl}")))?;
+            .map_err(io(format!("running {}", kubectl.display())))?;
         if !out.status.success() {
             return Err(Error::Unexpected(format!(
                 "kubectl {} failed ({}): {}",
