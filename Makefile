@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 
-.PHONY: kind-up kind-down kind-test fuzz reliability-long reliability-report help demo test lint unit crds cluster-build cluster-up cluster-down bench bench-probe bench-probe-latency demo-down
+.PHONY: images kind-up kind-down kind-test fuzz reliability-long reliability-report help demo test lint unit crds cluster-build cluster-up cluster-down bench bench-probe bench-probe-latency demo-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -65,6 +65,15 @@ cluster-up: ## start a local control plane; prints the kubeconfig path last
 
 cluster-down: ## stop the local control plane started by cluster-up
 	@e2e/cluster/down.sh
+
+# Published-style images: release binaries on distroless cc-debian12 (pulled), with the Docker
+# engine of this machine. Offline, BASE is assembled here: see e2e/kind/images.sh.
+IMAGE_BASE ?= gcr.io/distroless/cc-debian12:nonroot
+images: ## the operator and node-probe images from release binaries (IMAGE_BASE, REPOSITORY, TAG; needs Docker)
+	$(CARGO) build --release --locked -p gpunode-operator -p gpunode-probe
+	GPUNODE_DOCKER_HOST="$${DOCKER_HOST:-unix:///var/run/docker.sock}" BASE="$(IMAGE_BASE)" \
+	  REPOSITORY="$(or $(REPOSITORY),gpunode)" TAG="$(or $(TAG),$$($(CARGO) pkgid -p gpunode-operator | sed 's/.*[#@]//'))" \
+	  e2e/kind/images.sh target/release
 
 # The kind cluster (e2e/kind): real kubelets, the chart's images and DaemonSet, built offline with
 # the project's own Docker engine and node image. GPUNODE_KIND_CLUSTER names it (default gpunode-kind).

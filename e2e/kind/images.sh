@@ -8,6 +8,7 @@
 #               machine's glibc, libgcc and CA bundle: the offline counterpart of distroless
 #               cc-debian12, which `make images` uses for published images)
 #   REPOSITORY  image name prefix (default gpunode)
+#   TAG         the images' tag (default kind-<hash of the binaries, the Dockerfile and the base>)
 set -euo pipefail
 PROG=e2e/kind/images.sh
 # shellcheck source=lib.sh
@@ -56,8 +57,8 @@ done
 key=$( (cat "$ctx/bin/"* "$REPO/Dockerfile" | sha256sum; printf '%s\n' "$base") | sha256sum | cut -c1-12)
 out=()
 for target in operator node-probe; do
-	image=$repo_prefix/$target:kind-$key
-	if ! docker image inspect "$image" >/dev/null 2>&1; then
+	image=$repo_prefix/$target:${TAG:-kind-$key}
+	if [[ -n ${TAG:-} ]] || ! docker image inspect "$image" >/dev/null 2>&1; then
 		# The legacy builder uses a local base as it is (BuildKit would try to resolve it remotely).
 		DOCKER_BUILDKIT=0 docker build -q --build-arg "BASE=$base" --target "$target" -t "$image" \
 			-f "$REPO/Dockerfile" "$ctx" >/dev/null || die "docker build of $image failed"

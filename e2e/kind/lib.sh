@@ -12,7 +12,8 @@ ENGINE_RUN=/run/gpunode-docker
 ENGINE_DATA=$CACHE/docker
 STATE=$REPO/.cluster/kind-$KIND_NAME
 KIND_BIN=$CACHE/kind/bin
-export DOCKER_HOST=unix://$ENGINE_RUN/docker.sock
+# GPUNODE_DOCKER_HOST: another engine (`make images` on a machine with its own Docker).
+export DOCKER_HOST=${GPUNODE_DOCKER_HOST:-unix://$ENGINE_RUN/docker.sock}
 # Debian's docker CLI matches its daemon (20.10); kind finds `docker` on the PATH.
 export PATH=$KIND_BIN:$PATH
 export GOMODCACHE=$CACHE/go/mod GOCACHE=$CACHE/go/build GOWORK=off
