@@ -16,13 +16,14 @@ demo-down: ## stop the demo
 
 # The e2e tests start (or reuse) the local control plane .cluster/test; it is stopped afterwards
 # whatever the outcome. GPUNODE_KUBECONFIG=path runs them against an existing cluster instead.
-test: lint cluster-build ## every test: fmt, clippy, unit, property, CRD freshness, e2e on a local control plane
+test: lint cluster-build ## every test: fmt, clippy, unit, property, CRD freshness, e2e on a local control plane, then on kind (real pods)
 	$(CARGO) build --workspace --locked
 	@rm -rf "$(REL_RESULTS)"
 	@status=0; GPUNODE_CLUSTER_NAME=test $(CARGO) test --workspace --locked || status=$$?; \
 	  if [ -z "$$GPUNODE_KUBECONFIG" ]; then GPUNODE_CLUSTER_NAME=test e2e/cluster/down.sh || true; fi; \
 	  GPUNODE_CLUSTER_NAME=rel-test e2e/cluster/down.sh || true; \
 	  $(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" || true; \
+	  CARGO="$(CARGO)" e2e/kind/test.sh || status=1; \
 	  exit $$status
 
 # Results of the reliability suite (docs/reliability.md): JSON per test binary, aggregated by
@@ -52,6 +53,7 @@ reliability-report: ## print the last reliability results and write them into do
 lint: ## cargo fmt --check and clippy with warnings denied
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	$(CARGO) clippy -p gpunode-e2e --all-targets --features kind --locked -- -D warnings
 
 crds: ## regenerate charts/gpunode/crds from the Rust types
 	$(CARGO) run --quiet --locked -p gpunode-operator -- crds --write charts/gpunode/crds >/dev/null

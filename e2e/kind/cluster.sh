@@ -223,6 +223,7 @@ up() {
 }
 
 down() {
+	local bridge=
 	if docker info >/dev/null 2>&1; then
 		if [[ -x ${GPUNODE_KIND:-} ]] || eval "$("$REPO/e2e/cluster/build.sh" --print-env 2>/dev/null)"; then
 			[[ -z ${GPUNODE_KIND:-} ]] || kindc delete cluster --name "$KIND_NAME" >&2 || true
@@ -230,17 +231,21 @@ down() {
 		local left
 		left=$(docker ps -aq --filter "label=io.x-k8s.kind.cluster=$KIND_NAME")
 		[[ -z $left ]] || docker rm -f -v $left >/dev/null
+		local id
+		id=$(docker network inspect kind --format '{{.Id}}' 2>/dev/null || true)
+		[[ -z $id ]] || bridge=br-${id:0:12}
 		docker network rm kind >/dev/null 2>&1 || true
 		docker volume prune -f >/dev/null 2>&1 || true
 	fi
 	"$KIND_HERE/engine.sh" stop
 	rm -rf "$STATE"
-	# What must be gone: the daemon and its containerd, the network's bridge.
+	# What must be gone: our daemon, its containerd and shims (all started with our exec root in
+	# their arguments), and the kind network's bridge. A system Docker is none of our business.
 	local stray
-	stray=$(pgrep -af "dockerd|containerd-shim|$ENGINE_RUN" | grep -v pgrep || true)
+	stray=$(pgrep -af "$ENGINE_RUN" | grep -v pgrep || true)
 	[[ -z $stray ]] || die "still running after down: $stray"
-	if ip -o link show type bridge 2>/dev/null | grep -q 'br-'; then
-		die "a docker bridge is left: $(ip -o link show type bridge | grep br-)"
+	if [[ -n $bridge ]] && ip link show "$bridge" >/dev/null 2>&1; then
+		die "the kind network's bridge $bridge is left"
 	fi
 	log "kind: down; no daemon, container or network left"
 }

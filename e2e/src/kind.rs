@@ -14,7 +14,7 @@ use std::{
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node, core::v1::Pod};
 use kube::{
     Api, Client, Config,
-    api::ListParams,
+    api::{ListParams, LogParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 use serde_json::Value;
@@ -110,9 +110,28 @@ impl Kind {
         write_readable(&self.node_dir(node).join("nvml.json"), &text)
     }
 
-    /// An XID happens on GPU `gpu` of `node` (an event the fake NVML delivers to the probe's
-    /// event set, registered before it).
-    pub fn inject_xid(&self, node: &str, gpu: usize, xid: u32) -> Result<(), Error> {
+    /// An XID happens on GPU `gpu` of `node`, once its probe pod listens for XID events: like
+    /// real NVML, the fake one delivers an event only to event sets registered before it.
+    pub async fn inject_xid(&self, node: &str, gpu: usize, xid: u32, timeout: Duration) -> Result<(), Error> {
+        let pod = self.probe_pod(node, timeout).await?;
+        let name = pod.metadata.name.unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), chart::NAMESPACE);
+        let params = LogParams {
+            container: Some("node-probe".into()),
+            ..LogParams::default()
+        };
+        wait::until(
+            &format!("probe {name} listening for XID events"),
+            timeout,
+            || async {
+                Ok(pods
+                    .logs(&name, &params)
+                    .await?
+                    .contains("listening for XID events")
+                    .then_some(()))
+            },
+        )
+        .await?;
         self.edit_fixture(node, |f| {
             f["devices"][gpu]["events"] = serde_json::json!([{"id": 1, "type": 8, "xid": xid}]);
         })

@@ -8,15 +8,31 @@
 //! The tests share one cluster and one release: run them one at a time (`--test-threads=1`, as
 //! test.sh does). Each leaves the nodes as it found them.
 
-use std::time::Duration;
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_e2e::{
-    chart,
+    audit, chart, crds,
     kind::{Kind, is_ready},
+    scratch::Scratch,
     wait,
 };
-use k8s_openapi::api::{apps::v1::DaemonSet, apps::v1::Deployment};
-use kube::Api;
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment},
+    coordination::v1::Lease,
+    core::v1::{Node, Pod, Secret, Service},
+    policy::v1::PodDisruptionBudget,
+};
+use kube::{
+    Api, Client, Config,
+    api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 
@@ -122,5 +138,802 @@ fn check_process(k: &Kind, node: &str, binary: &str) {
             options.split(',').any(|o| o == "ro"),
             "{binary} on {node} (pid {pid}): root filesystem mounted {options}, not read-only"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared steps
+
+const TAINT_KEY: &str = "gpunode.dev/drift";
+const STATE_LABEL: &str = "gpunode.dev/state";
+
+fn label(n: &Node, key: &str) -> Option<String> {
+    n.metadata.labels.as_ref().and_then(|l| l.get(key).cloned())
+}
+
+fn drift_taint(n: &Node) -> Option<String> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .and_then(|ts| ts.iter().find(|t| t.key == TAINT_KEY))
+        .map(|t| format!("{}={}:{}", t.key, t.value.clone().unwrap_or_default(), t.effect))
+}
+
+fn unschedulable(n: &Node) -> bool {
+    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+}
+
+async fn node_until<T>(k: &Kind, node: &str, what: &str, f: impl Fn(&Node) -> Option<T>) -> T {
+    let nodes: Api<Node> = Api::all(k.client.clone());
+    wait::until(&format!("{node}: {what}"), DEADLINE, || async {
+        Ok(f(&nodes.get(node).await?))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e))
+}
+
+/// A policy selecting `node` alone (replacing one of that name a failed run left behind); waits
+/// until the operator labelled it compliant.
+async fn policy_for(k: &Kind, name: &str, node: &str, spec: serde_json::Value) {
+    clear_policy(k, name, node).await;
+    crds::create_policy(&k.client, name, spec)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    node_until(k, node, "labelled compliant", |n| {
+        (label(n, STATE_LABEL).as_deref() == Some("compliant")).then_some(())
+    })
+    .await;
+}
+
+/// Removes a policy of that name a failed run left behind, with what it did to `node`.
+async fn clear_policy(k: &Kind, name: &str, node: &str) {
+    let policies: Api<GpuNodePolicy> = Api::all(k.client.clone());
+    if policies.get_opt(name).await.unwrap_or_else(|e| fail(e)).is_some() {
+        remove_policy(k, name, node).await;
+    }
+}
+
+/// Deletes the policy and waits until the operator undid everything on `node`.
+async fn remove_policy(k: &Kind, name: &str, node: &str) {
+    let policies: Api<GpuNodePolicy> = Api::all(k.client.clone());
+    policies
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    node_until(k, node, "released by the deleted policy", |n| {
+        let clean = label(n, STATE_LABEL).is_none() && drift_taint(n).is_none() && !unschedulable(n);
+        clean.then_some(())
+    })
+    .await;
+    wait::until(&format!("policy {name} gone"), DEADLINE, || async {
+        Ok(policies.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+}
+
+fn json_to<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap_or_else(|e| fail(e))
+}
+
+/// A pod of the test workload (e2e/kind/progs/workload), preloaded in the node image.
+fn workload_pod(name: &str, node: &str, args: &[&str], labels: serde_json::Value) -> Pod {
+    json_to(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "containers": [{"name": "main", "image": "gpunode.local/workload:1",
+                            "imagePullPolicy": "Never", "args": args}],
+        }
+    }))
+}
+
+async fn pod_until<T>(pods: &Api<Pod>, name: &str, what: &str, f: impl Fn(&Pod) -> Option<T>) -> T {
+    wait::until(&format!("pod {name}: {what}"), DEADLINE, || async {
+        Ok(pods.get_opt(name).await?.as_ref().and_then(&f))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e))
+}
+
+fn phase(p: &Pod) -> Option<String> {
+    p.status.as_ref().and_then(|s| s.phase.clone())
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn pods_reach_each_other_across_nodes_through_a_service_and_cluster_dns() {
+    let k = kind().await;
+    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&k.client, "kind-net")
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let pods: Api<Pod> = Api::namespaced(k.client.clone(), &ns.name);
+    let mut web = workload_pod("web", &workers[1], &["-serve", ":8080"], json!({"app": "web"}));
+    if let Some(spec) = web.spec.as_mut() {
+        spec.restart_policy = Some("Always".into());
+    }
+    pods.create(&PostParams::default(), &web)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let web = pod_until(&pods, "web", "Running", |p| {
+        (phase(p).as_deref() == Some("Running")).then(|| p.clone())
+    })
+    .await;
+    let ip = web
+        .status
+        .and_then(|s| s.pod_ip)
+        .unwrap_or_else(|| fail("web has no pod IP"));
+    let services: Api<Service> = Api::namespaced(k.client.clone(), &ns.name);
+    services
+        .create(
+            &PostParams::default(),
+            &json_to(json!({
+                "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| fail(e));
+
+    // From the other worker: the pod directly (cross-node routing), then by the Service's DNS name
+    // (CoreDNS, kube-proxy). Each client exits 0 only on a 200 and prints what it got.
+    let urls = [
+        ("direct", format!("http://{ip}:8080/")),
+        ("service", format!("http://web.{}.svc.cluster.local/", ns.name)),
+    ];
+    for (name, url) in &urls {
+        pods.create(
+            &PostParams::default(),
+            &workload_pod(name, &workers[0], &["-get", url], json!({"app": "client"})),
+        )
+        .await
+        .unwrap_or_else(|e| fail(e));
+    }
+    for (name, url) in &urls {
+        let done = pod_until(&pods, name, "finished", |p| {
+            matches!(phase(p).as_deref(), Some("Succeeded" | "Failed")).then(|| phase(p))
+        })
+        .await;
+        let log = pods
+            .logs(name, &LogParams::default())
+            .await
+            .unwrap_or_else(|e| fail(e));
+        assert_eq!(
+            done.as_deref(),
+            Some("Succeeded"),
+            "{name}: GET {url} from {} failed: {log}",
+            workers[0]
+        );
+        assert_eq!(log.trim(), "web", "{name}: GET {url} answered by the web pod");
+    }
+    ns.delete().await.unwrap_or_else(|e| fail(e));
+}
+
+#[tokio::test]
+async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_the_taint() {
+    let k = kind().await;
+    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
+    let node = workers[0].clone();
+    k.forget_xids(&node, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let (after, healthy_for) = (Duration::from_secs(3), Duration::from_secs(6));
+    policy_for(
+        &k,
+        "kind-throttle",
+        &node,
+        json!({
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+            "gpu": {},
+            "cooling": {"forbiddenThrottleReasons": ["HwThermalSlowdown"]},
+            "remediation": [{"classes": ["Throttle"], "action": "Taint", "effect": "NoSchedule",
+                             "after": format!("{}s", after.as_secs())}],
+            "recovery": {"healthyFor": format!("{}s", healthy_for.as_secs())},
+            "staleAfter": "1m",
+        }),
+    )
+    .await;
+
+    // GPU 2 starts throttling on heat (GpuIdle | HwThermalSlowdown), as the probe pod reads it.
+    let start = Instant::now();
+    k.edit_fixture(&node, |f| f["devices"][2]["throttle_reasons"] = json!(0x41))
+        .unwrap_or_else(|e| fail(e));
+    node_until(&k, &node, "labelled drifted", |n| {
+        (label(n, STATE_LABEL).as_deref() == Some("drifted")).then_some(())
+    })
+    .await;
+    let taint = node_until(&k, &node, "tainted", drift_taint).await;
+    let tainted_after = start.elapsed();
+    assert_eq!(taint, "gpunode.dev/drift=throttle:NoSchedule");
+    assert!(
+        tainted_after >= after,
+        "tainted {tainted_after:?} after the throttle began, before its `after` of {after:?}"
+    );
+
+    // What a user reads while it is tainted.
+    let describe = k
+        .kubectl(&["describe", "node", &node])
+        .unwrap_or_else(|e| fail(e));
+    for want in [
+        "gpunode.dev/drift=throttle:NoSchedule",
+        "GpuPolicyCompliant",
+        "HwThermalSlowdown",
+    ] {
+        assert!(
+            describe.contains(want),
+            "kubectl describe node {node} lacks {want:?}:\n{describe}"
+        );
+    }
+    let events = k
+        .kubectl(&[
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            &format!("involvedObject.name={node}"),
+        ])
+        .unwrap_or_else(|e| fail(e));
+    for want in ["Drifted", "Tainted"] {
+        assert!(events.contains(want), "no {want} event on {node}:\n{events}");
+    }
+    let leader = k
+        .leader()
+        .await
+        .unwrap_or_else(|e| fail(e))
+        .unwrap_or_else(|| fail("no leader"));
+    let logs = k
+        .kubectl(&["-n", chart::NAMESPACE, "logs", &leader])
+        .unwrap_or_else(|e| fail(e));
+    assert!(
+        logs.contains(&node),
+        "the leader's log never names {node}:\n{logs}"
+    );
+    // /metrics through the chart's Service (the API server's service proxy), as Prometheus
+    // would scrape it: one of the replicas answers, leader or follower.
+    let metrics = k
+        .kubectl(&[
+            "get",
+            "--raw",
+            &format!(
+                "/api/v1/namespaces/{}/services/gpunode-operator-metrics:metrics/proxy/metrics",
+                chart::NAMESPACE
+            ),
+        ])
+        .unwrap_or_else(|e| fail(e));
+    for want in ["# TYPE gpunode_leader gauge", "gpunode_nodes{"] {
+        assert!(
+            metrics.contains(want),
+            "/metrics through the Service lacks {want:?}"
+        );
+    }
+
+    // Recovery: the taint goes only once the GPU has been healthy for healthyFor.
+    let healed = Instant::now();
+    k.heal_fixture(&node).unwrap_or_else(|e| fail(e));
+    node_until(&k, &node, "taint removed", |n| {
+        drift_taint(n).is_none().then_some(())
+    })
+    .await;
+    let removed_after = healed.elapsed();
+    assert!(
+        removed_after >= healthy_for,
+        "taint removed {removed_after:?} after recovery, before healthyFor {healthy_for:?}"
+    );
+    node_until(&k, &node, "labelled compliant again", |n| {
+        (label(n, STATE_LABEL).as_deref() == Some("compliant")).then_some(())
+    })
+    .await;
+    remove_policy(&k, "kind-throttle", &node).await;
+}
+
+/// Pod deletions seen by polling: when each pod was first seen terminating and when it was gone,
+/// with the grace period it was deleted with; and the fewest Ready pods of the app seen at once.
+#[derive(Default, Clone)]
+struct Terminations {
+    started: BTreeMap<String, (Instant, Option<i64>, String)>,
+    gone: BTreeMap<String, Instant>,
+    min_ready: Option<usize>,
+}
+
+fn watch_terminations(
+    pods: Api<Pod>,
+    selector: &str,
+    stop: Arc<Mutex<bool>>,
+) -> (Arc<Mutex<Terminations>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Terminations::default()));
+    let sink = seen.clone();
+    let selector = selector.to_string();
+    let task = tokio::spawn(async move {
+        loop {
+            if stop.lock().map(|s| *s).unwrap_or(true) {
+                return;
+            }
+            if let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await {
+                let now = Instant::now();
+                let ready = list
+                    .items
+                    .iter()
+                    .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+                    .count();
+                if let Ok(mut t) = sink.lock() {
+                    t.min_ready = Some(t.min_ready.map_or(ready, |m| m.min(ready)));
+                    let names: Vec<String> = list
+                        .items
+                        .iter()
+                        .filter_map(|p| p.metadata.name.clone())
+                        .collect();
+                    for p in &list.items {
+                        let name = p.metadata.name.clone().unwrap_or_default();
+                        if p.metadata.deletion_timestamp.is_some() && !t.started.contains_key(&name) {
+                            let node = p
+                                .spec
+                                .as_ref()
+                                .and_then(|s| s.node_name.clone())
+                                .unwrap_or_default();
+                            t.started
+                                .insert(name, (now, p.metadata.deletion_grace_period_seconds, node));
+                        }
+                    }
+                    let gone: Vec<String> = t
+                        .started
+                        .keys()
+                        .filter(|n| !names.contains(n) && !t.gone.contains_key(*n))
+                        .cloned()
+                        .collect();
+                    for n in gone {
+                        t.gone.insert(n, now);
+                    }
+                }
+            }
+            // Poll interval of the observer (not a wait in the test's logic).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    (seen, task)
+}
+
+#[tokio::test]
+async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_leader_hands_over() {
+    let k = kind().await;
+    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
+    let (bad, spare) = (workers[0].clone(), workers[1].clone());
+    clear_policy(&k, "kind-drain", &bad).await;
+    k.forget_xids(&bad, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&k.client, "kind-drain")
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let pods: Api<Pod> = Api::namespaced(k.client.clone(), &ns.name);
+    let grace = 15;
+    // Four replicas, two per worker; a replacement is Ready only 20 s after it starts, which
+    // holds the second eviction behind the PodDisruptionBudget long enough to kill the leader.
+    let deployments: Api<Deployment> = Api::namespaced(k.client.clone(), &ns.name);
+    deployments
+        .create(
+            &PostParams::default(),
+            &json_to(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "train"},
+                "spec": {
+                    "replicas": 4,
+                    "selector": {"matchLabels": {"app": "train"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "train"}},
+                        "spec": {
+                            "terminationGracePeriodSeconds": grace,
+                            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                            "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"app": "train"}},
+                                // The cordoned node leaves the spread: replacements go to the spare.
+                                "nodeTaintsPolicy": "Honor"}],
+                            "containers": [{"name": "main", "image": "gpunode.local/workload:1",
+                                "imagePullPolicy": "Never", "args": ["-drain", "3s", "-serve", ":8080"],
+                                "readinessProbe": {"httpGet": {"path": "/", "port": 8080},
+                                                   "initialDelaySeconds": 20, "periodSeconds": 1}}],
+                        }
+                    }
+                }
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| fail(e));
+    Api::<PodDisruptionBudget>::namespaced(k.client.clone(), &ns.name)
+        .create(
+            &PostParams::default(),
+            &json_to(json!({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "train"},
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "train"}}}
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| fail(e));
+    wait::until("4 replicas available, 2 per worker", DEADLINE, || async {
+        let d = deployments.get("train").await?;
+        let list = pods.list(&ListParams::default().labels("app=train")).await?;
+        let on_bad = list
+            .items
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(bad.as_str()))
+            .count();
+        Ok((d.status.and_then(|s| s.available_replicas) == Some(4) && on_bad == 2).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let victims: Vec<String> = pods
+        .list(&ListParams::default().labels("app=train"))
+        .await
+        .unwrap_or_else(|e| fail(e))
+        .items
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(bad.as_str()))
+        .filter_map(|p| p.metadata.name)
+        .collect();
+
+    policy_for(
+        &k,
+        "kind-drain",
+        &bad,
+        json!({
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": bad}},
+            "gpu": {},
+            "remediation": [{"classes": ["Xid"], "action": "Drain"}],
+            "recovery": {"healthyFor": "5s"},
+            "staleAfter": "1m",
+        }),
+    )
+    .await;
+    let stop = Arc::new(Mutex::new(false));
+    let (seen, observer) = watch_terminations(pods.clone(), "app=train", stop.clone());
+    let log = k.audit();
+
+    // GPU 1 falls off the bus.
+    k.inject_xid(&bad, 1, 79, DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    node_until(&k, &bad, "cordoned", |n| unschedulable(n).then_some(())).await;
+
+    // The budget lets one pod go; the second eviction is refused (429) until a replacement is
+    // Ready on the spare worker. Then the leader's pod is force-deleted.
+    wait::until(
+        "one eviction admitted and one refused by the budget",
+        DEADLINE,
+        || async {
+            let events = log.events()?;
+            let ev: Vec<_> = events.iter().filter(|e| e.is_eviction_in(&ns.name)).collect();
+            let ok = ev.iter().filter(|e| e.succeeded()).count();
+            let refused = ev.iter().filter(|e| e.code == 429).count();
+            Ok((ok == 1 && refused >= 1).then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let old_leader = k
+        .leader()
+        .await
+        .unwrap_or_else(|e| fail(e))
+        .unwrap_or_else(|| fail("no leader"));
+    let operator_pods: Api<Pod> = Api::namespaced(k.client.clone(), chart::NAMESPACE);
+    operator_pods
+        .delete(
+            &old_leader,
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let killed_at = jiff::Timestamp::now();
+    let new_leader = wait::until("another replica leads", DEADLINE, || async {
+        Ok(k.leader().await?.filter(|l| *l != old_leader))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+
+    // The new leader finishes the drain: both pods gone from the bad node, four Ready on the spare.
+    wait::until(
+        "the drain finished: 4 replicas available on the spare worker",
+        Duration::from_secs(180),
+        || async {
+            let d = deployments.get("train").await?;
+            let list = pods.list(&ListParams::default().labels("app=train")).await?;
+            let left_on_bad = list
+                .items
+                .iter()
+                .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(bad.as_str()));
+            Ok((!left_on_bad && d.status.and_then(|s| s.available_replicas) == Some(4)).then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    if let Ok(mut s) = stop.lock() {
+        *s = true;
+    }
+    let _ = observer.await;
+    let replicas = pods
+        .list(&ListParams::default().labels("app=train"))
+        .await
+        .unwrap_or_else(|e| fail(e));
+    assert!(
+        replicas
+            .items
+            .iter()
+            .all(
+                |p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(spare.as_str())
+                    && is_ready(p)
+            ),
+        "the replacements run on {spare}"
+    );
+
+    // No pod evicted twice; exactly the two on the bad node; the second one after the hand-over.
+    let events = log.events().unwrap_or_else(|e| fail(e));
+    let per_pod = audit::evictions(&events, &ns.name);
+    let mut evicted: Vec<String> = per_pod.keys().cloned().collect();
+    evicted.sort();
+    let mut expected = victims.clone();
+    expected.sort();
+    assert_eq!(evicted, expected, "the pods evicted are the two on {bad}");
+    assert!(
+        per_pod.values().all(|n| *n == 1),
+        "a pod was evicted twice: {per_pod:?}"
+    );
+    let last = events
+        .iter()
+        .filter(|e| e.is_eviction_in(&ns.name) && e.succeeded())
+        .map(|e| e.at)
+        .max()
+        .unwrap_or_else(|| fail("no eviction"));
+    assert!(
+        last > killed_at,
+        "the second eviction came before the leader {old_leader} was killed"
+    );
+
+    // Each evicted pod was terminated by its kubelet with the pod's own grace period: the
+    // workload finished its 3 s of work after SIGTERM before it went away.
+    let t = seen
+        .lock()
+        .map(|g| g.clone())
+        .unwrap_or_else(|e| fail(e.to_string()));
+    for v in &victims {
+        let (started, grace_seen, node) = t
+            .started
+            .get(v)
+            .cloned()
+            .unwrap_or_else(|| fail(format!("{v} never seen terminating")));
+        assert_eq!(node, bad);
+        assert_eq!(
+            grace_seen,
+            Some(grace),
+            "{v} deleted with grace {grace_seen:?}, not its {grace} s"
+        );
+        let gone = t
+            .gone
+            .get(v)
+            .copied()
+            .unwrap_or_else(|| fail(format!("{v} never went away")));
+        let took = gone.duration_since(started);
+        assert!(
+            took >= Duration::from_millis(2500)
+                && took < Duration::from_secs(u64::try_from(grace).unwrap_or(15)),
+            "{v} took {took:?} to terminate: not the workload's 3 s within its {grace} s grace"
+        );
+    }
+    // The budget allows one unavailable of four: never fewer than three Ready.
+    assert!(
+        t.min_ready.is_some_and(|m| m >= 3),
+        "Ready replicas fell to {:?}",
+        t.min_ready
+    );
+    eprintln!("drain finished by {new_leader} after {old_leader} was force-deleted");
+
+    remove_policy(&k, "kind-drain", &bad).await;
+    k.forget_xids(&bad, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    ns.delete().await.unwrap_or_else(|e| fail(e));
+}
+
+#[tokio::test]
+async fn a_deleted_probe_pod_comes_back_and_its_node_stays_drifted() {
+    let k = kind().await;
+    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
+    let node = workers[1].clone();
+    k.forget_xids(&node, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    policy_for(
+        &k,
+        "kind-xid-state",
+        &node,
+        json!({
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+            "gpu": {},
+            "remediation": [{"classes": ["Xid"], "action": "Taint", "effect": "NoSchedule"}],
+            "recovery": {"healthyFor": "5s"},
+            "staleAfter": "1m",
+        }),
+    )
+    .await;
+    k.inject_xid(&node, 4, 79, DEADLINE)
+        .await
+        .unwrap_or_else(|e| fail(e));
+    node_until(&k, &node, "drifted and tainted", |n| {
+        (label(n, STATE_LABEL).as_deref() == Some("drifted") && drift_taint(n).is_some()).then_some(())
+    })
+    .await;
+
+    // The XID event is not in NVML any more after a restart (it reached only the event set of
+    // the probe that saw it happen): only the probe's XID state keeps the node drifted.
+    let old = k.probe_pod(&node, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let old_name = old.metadata.name.clone().unwrap_or_default();
+    let probe_pods: Api<Pod> = Api::namespaced(k.client.clone(), chart::NAMESPACE);
+    probe_pods
+        .delete(&old_name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    let nodes: Api<Node> = Api::all(k.client.clone());
+    let fresh = wait::until("the DaemonSet's new probe pod Ready", DEADLINE, || async {
+        let n = nodes.get(&node).await?;
+        // The node must never look healthy in the meantime.
+        if label(&n, STATE_LABEL).as_deref() != Some("drifted") {
+            return Err(gpunode_e2e::Error::Unexpected(format!(
+                "{node} left drifted: {:?}",
+                label(&n, STATE_LABEL)
+            )));
+        }
+        let p = k.probe_pod(&node, Duration::from_secs(1)).await.ok();
+        Ok(p.filter(|p| p.metadata.name.as_deref() != Some(old_name.as_str())))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let fresh_name = fresh.metadata.name.clone().unwrap_or_default();
+    let fresh_start = fresh
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .map(|t| t.0)
+        .unwrap_or_else(|| fail("the new probe pod has no start time"));
+    // Its first report, written after it started, still carries XID 79 on GPU 4.
+    let reports: Api<GpuNodeReport> = Api::all(k.client.clone());
+    wait::until(
+        "a report from the new probe pod with XID 79 on GPU 4",
+        DEADLINE,
+        || async {
+            let r = reports.get(&node).await?;
+            let v = serde_json::to_value(&r)?;
+            let observed: Option<jiff::Timestamp> = v
+                .pointer("/status/observedAt")
+                .and_then(|t| t.as_str())
+                .and_then(|t| t.parse().ok());
+            let fresh_enough = observed.is_some_and(|o| o.as_second() >= fresh_start.as_second());
+            let xid = v
+                .pointer("/status/gpus/4/xids")
+                .and_then(|x| x.as_array())
+                .is_some_and(|xs| xs.iter().any(|x| x["xid"] == 79));
+            let n = nodes.get(&node).await?;
+            if label(&n, STATE_LABEL).as_deref() != Some("drifted") {
+                return Err(gpunode_e2e::Error::Unexpected(format!("{node} left drifted")));
+            }
+            Ok((fresh_enough && xid).then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|e| fail(e));
+    let metrics = k
+        .kubectl(&[
+            "get",
+            "--raw",
+            &format!(
+                "/api/v1/namespaces/{}/pods/{fresh_name}:9400/proxy/metrics",
+                chart::NAMESPACE
+            ),
+        ])
+        .unwrap_or_else(|e| fail(e));
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("gpunode_probe_xid_state_restored") && !l.ends_with(" 0")),
+        "the new probe restored no XID:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("xid_state"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    remove_policy(&k, "kind-xid-state", &node).await;
+    k.forget_xids(&node, DEADLINE).await.unwrap_or_else(|e| fail(e));
+}
+
+/// A client for the kind cluster authenticating with `token`.
+async fn client_with_token(k: &Kind, token: &str) -> Client {
+    let kc = Kubeconfig::read_from(&k.kubeconfig).unwrap_or_else(|e| fail(e));
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.to_string().into()),
+        ..Default::default()
+    };
+    Client::try_from(config).unwrap_or_else(|e| fail(e))
+}
+
+fn denied_with(r: Result<impl std::fmt::Debug, kube::Error>, what: &str, message: &str) {
+    match r {
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(message) => {}
+        other => fail(format!("{what}: expected 403 naming {message:?}, got {other:?}")),
+    }
+}
+
+#[tokio::test]
+async fn a_probe_writes_only_its_own_nodes_report_and_lease_with_the_token_its_kubelet_minted() {
+    let k = kind().await;
+    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
+    let (own, other) = (workers[0].clone(), workers[1].clone());
+    let pod = k.probe_pod(&own, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let uid = pod
+        .metadata
+        .uid
+        .clone()
+        .unwrap_or_else(|| fail("probe pod without uid"));
+    // The projected token the kubelet wrote into the pod's volume, as the probe reads it.
+    let token = k
+        .exec(
+            &own,
+            &[
+                "sh",
+                "-c",
+                &format!("cat /var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~projected/*/token"),
+            ],
+        )
+        .unwrap_or_else(|e| fail(e));
+    let probe = client_with_token(&k, token.trim()).await;
+    let dry = PatchParams::apply("gpunode-e2e-kind").dry_run().force();
+
+    let reports: Api<GpuNodeReport> = Api::all(probe.clone());
+    let status = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
+        "status": {"observedAt": jiff::Timestamp::now().to_string(), "gpuCount": 8}});
+    reports
+        .patch_status(&own, &dry, &Patch::Apply(&status))
+        .await
+        .unwrap_or_else(|e| fail(format!("its own node's report: {e}")));
+    denied_with(
+        reports.patch_status(&other, &dry, &Patch::Apply(&status)).await,
+        "another node's report",
+        chart::OTHER_NODE_MESSAGE,
+    );
+
+    let leases: Api<Lease> = Api::namespaced(probe.clone(), chart::NAMESPACE);
+    let lease = |node: &str| {
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "spec": {"holderIdentity": node, "leaseDurationSeconds": 60}})
+    };
+    leases
+        .patch(&format!("gpunode-probe-{own}"), &dry, &Patch::Apply(&lease(&own)))
+        .await
+        .unwrap_or_else(|e| fail(format!("its own heartbeat Lease: {e}")));
+    denied_with(
+        leases
+            .patch(
+                &format!("gpunode-probe-{other}"),
+                &dry,
+                &Patch::Apply(&lease(&other)),
+            )
+            .await,
+        "another node's heartbeat Lease",
+        chart::LEASE_OTHER_NODE_MESSAGE,
+    );
+    // RBAC: nothing beyond what it needs.
+    let secrets: Api<Secret> = Api::namespaced(probe.clone(), chart::NAMESPACE);
+    match secrets.list(&ListParams::default()).await {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => fail(format!("the probe listed Secrets: {other:?}")),
+    }
+    let nodes: Api<Node> = Api::all(probe);
+    match nodes
+        .patch(
+            &other,
+            &dry,
+            &Patch::Apply(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => fail(format!("the probe labelled a node: {other:?}")),
     }
 }

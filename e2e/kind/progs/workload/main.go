@@ -47,8 +47,21 @@ func main() {
 	fmt.Printf("workload %s: finished cleanly after %v\n", host, time.Since(start).Round(time.Millisecond))
 }
 
+// fetch GETs url until it answers 200 or 30 s pass: a Service's rules reach each node's
+// kube-proxy a moment after its endpoints exist, and until then a connection is refused.
 func fetch(url string) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code := fetchOnce(url)
+		if code == 0 || time.Now().After(deadline) {
+			return code
+		}
+		time.Sleep(500 * time.Millisecond) // retry interval
+	}
+}
+
+func fetchOnce(url string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
