@@ -120,12 +120,6 @@ stop() {
 	fi
 	# Its containerd, shims and anything else started from our exec root.
 	pkill -f "$ENGINE_RUN/exec" 2>/dev/null || true
-	# Bridges of networks that were not removed (kind's is removed by down.sh; a killed daemon may
-	# leave them).
-	local br
-	for br in $(ip -o link show type bridge 2>/dev/null | awk -F': ' '$2 ~ /^br-[0-9a-f]{12}/ {print $2}'); do
-		ip link delete "${br%%@*}" 2>/dev/null || true
-	done
 	rm -f "$ENGINE_RUN/docker.sock" "$ENGINE_RUN/dockerd.pid"
 	log "engine: stopped"
 }
