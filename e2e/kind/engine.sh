@@ -24,11 +24,15 @@ install_packages() {
 	((EUID == 0)) || cannot "${need[*]} missing and not root to install them"
 	command -v apt-get >/dev/null || cannot "${need[*]} missing and no apt-get"
 	log "installing ${need[*]} from Debian's packages"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" \
-		>"$CACHE/logs/apt-kind.log" 2>&1 || {
-		tail -n 20 "$CACHE/logs/apt-kind.log" >&2
-		cannot "apt-get install ${need[*]} failed (log: $CACHE/logs/apt-kind.log)"
-	}
+	local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}")
+	# A machine whose package lists are missing or stale gets them refreshed once.
+	if ! "${apt[@]}" >"$CACHE/logs/apt-kind.log" 2>&1; then
+		apt-get update >>"$CACHE/logs/apt-kind.log" 2>&1 || true
+		"${apt[@]}" >>"$CACHE/logs/apt-kind.log" 2>&1 || {
+			tail -n 20 "$CACHE/logs/apt-kind.log" >&2
+			cannot "apt-get install ${need[*]} failed (log: $CACHE/logs/apt-kind.log)"
+		}
+	fi
 }
 
 # The programs of e2e/kind/progs (pause, runc-caps, workload), built once per source hash.
