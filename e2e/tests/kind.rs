@@ -81,6 +81,34 @@ async fn the_chart_runs_on_real_pods_as_its_security_context_says() {
     on.sort();
     assert_eq!(on, workers, "one probe on each GPU worker");
 
+    // The probes share their node's network namespace (RoCE settings live there), and the init
+    // container handed the XID state directory on the node to the probe's user.
+    let nodes: Api<Node> = Api::all(k.client.clone());
+    for p in &probes {
+        let node = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        let n = nodes.get(&node).await.unwrap_or_else(|e| fail(e));
+        let internal = n
+            .status
+            .and_then(|s| s.addresses)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|a| a.type_ == "InternalIP")
+            .map(|a| a.address);
+        assert_eq!(
+            p.status.as_ref().and_then(|s| s.pod_ip.clone()),
+            internal,
+            "probe on {node} is on the host network"
+        );
+        let owner = k
+            .exec(&node, &["stat", "-c", "%u:%g", "/var/lib/gpunode"])
+            .unwrap_or_else(|e| fail(e));
+        assert_eq!(owner.trim(), "65532:65532", "the XID state directory on {node}");
+    }
+
     // What the kubelet enforced, read from the processes themselves on the nodes: uid 65532 and a
     // read-only root filesystem for the operator and the probe.
     for (node, binary) in [(&workers[0], "gpunode-probe"), (&workers[1], "gpunode-probe")] {
@@ -172,10 +200,8 @@ async fn node_until<T>(k: &Kind, node: &str, what: &str, f: impl Fn(&Node) -> Op
     .unwrap_or_else(|e| fail(e))
 }
 
-/// A policy selecting `node` alone (replacing one of that name a failed run left behind); waits
-/// until the operator labelled it compliant.
+/// A policy selecting `node` alone; waits until the operator labelled it compliant.
 async fn policy_for(k: &Kind, name: &str, node: &str, spec: serde_json::Value) {
-    clear_policy(k, name, node).await;
     crds::create_policy(&k.client, name, spec)
         .await
         .unwrap_or_else(|e| fail(e));
@@ -185,11 +211,40 @@ async fn policy_for(k: &Kind, name: &str, node: &str, spec: serde_json::Value) {
     .await;
 }
 
-/// Removes a policy of that name a failed run left behind, with what it did to `node`.
-async fn clear_policy(k: &Kind, name: &str, node: &str) {
+/// What a test that failed half-way may have left: its policies (the operator then undoes their
+/// marks) and changed fixtures. Every test that acts on nodes starts from here.
+async fn reset(k: &Kind) {
     let policies: Api<GpuNodePolicy> = Api::all(k.client.clone());
-    if policies.get_opt(name).await.unwrap_or_else(|e| fail(e)).is_some() {
-        remove_policy(k, name, node).await;
+    let left = policies
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| fail(e));
+    for p in left.items {
+        let name = p.metadata.name.unwrap_or_default();
+        if name.starts_with("kind-") {
+            policies
+                .delete(&name, &DeleteParams::default())
+                .await
+                .unwrap_or_else(|e| fail(e));
+        }
+    }
+    wait::until("no kind- policy left", DEADLINE, || async {
+        let list = policies.list(&ListParams::default()).await?;
+        Ok((!list
+            .items
+            .iter()
+            .any(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with("kind-"))))
+        .then_some(()))
+    })
+    .await
+    .unwrap_or_else(|e| fail(e));
+    for node in k.workers().await.unwrap_or_else(|e| fail(e)) {
+        k.heal_fixture(&node).unwrap_or_else(|e| fail(e));
+        node_until(k, &node, "free of gpunode's marks", |n| {
+            let clean = label(n, STATE_LABEL).is_none() && drift_taint(n).is_none() && !unschedulable(n);
+            clean.then_some(())
+        })
+        .await;
     }
 }
 
@@ -308,7 +363,17 @@ async fn pods_reach_each_other_across_nodes_through_a_service_and_cluster_dns() 
             "{name}: GET {url} from {} failed: {log}",
             workers[0]
         );
-        assert_eq!(log.trim(), "web", "{name}: GET {url} answered by the web pod");
+        // The last line is the answer; retries while kube-proxy catches up are logged before it.
+        let answer = log
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or_default();
+        assert_eq!(
+            answer.trim(),
+            "web",
+            "{name}: GET {url} answered by the web pod:\n{log}"
+        );
     }
     ns.delete().await.unwrap_or_else(|e| fail(e));
 }
@@ -318,6 +383,7 @@ async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_th
     let k = kind().await;
     let workers = k.workers().await.unwrap_or_else(|e| fail(e));
     let node = workers[0].clone();
+    reset(&k).await;
     k.forget_xids(&node, DEADLINE).await.unwrap_or_else(|e| fail(e));
     let (after, healthy_for) = (Duration::from_secs(3), Duration::from_secs(6));
     policy_for(
@@ -390,23 +456,27 @@ async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_th
         logs.contains(&node),
         "the leader's log never names {node}:\n{logs}"
     );
-    // /metrics through the chart's Service (the API server's service proxy), as Prometheus
-    // would scrape it: one of the replicas answers, leader or follower.
-    let metrics = k
-        .kubectl(&[
-            "get",
-            "--raw",
-            &format!(
-                "/api/v1/namespaces/{}/services/gpunode-operator-metrics:metrics/proxy/metrics",
-                chart::NAMESPACE
-            ),
-        ])
-        .unwrap_or_else(|e| fail(e));
-    for want in ["# TYPE gpunode_leader gauge", "gpunode_nodes{"] {
-        assert!(
-            metrics.contains(want),
-            "/metrics through the Service lacks {want:?}"
-        );
+    // /metrics through the chart's Service (the API server's service proxy), as a user or a
+    // plain Prometheus job reaches it: either replica answers. The node gauges are the leader's:
+    // read through its pod.
+    let metrics_of = |path: String| k.kubectl(&["get", "--raw", &path]).unwrap_or_else(|e| fail(e));
+    let via_service = metrics_of(format!(
+        "/api/v1/namespaces/{}/services/gpunode-operator-metrics:metrics/proxy/metrics",
+        chart::NAMESPACE
+    ));
+    assert!(
+        via_service.contains("# TYPE gpunode_leader gauge"),
+        "/metrics through the Service:\n{via_service}"
+    );
+    let via_leader = metrics_of(format!(
+        "/api/v1/namespaces/{}/pods/{leader}:8080/proxy/metrics",
+        chart::NAMESPACE
+    ));
+    for want in [
+        "gpunode_leader 1",
+        "gpunode_nodes{policy=\"kind-throttle\",state=\"drifted\"} 1",
+    ] {
+        assert!(via_leader.contains(want), "the leader's /metrics lacks {want:?}");
     }
 
     // Recovery: the taint goes only once the GPU has been healthy for healthyFor.
@@ -499,7 +569,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
     let k = kind().await;
     let workers = k.workers().await.unwrap_or_else(|e| fail(e));
     let (bad, spare) = (workers[0].clone(), workers[1].clone());
-    clear_policy(&k, "kind-drain", &bad).await;
+    reset(&k).await;
     k.forget_xids(&bad, DEADLINE).await.unwrap_or_else(|e| fail(e));
     let ns = Scratch::new(&k.client, "kind-drain")
         .await
@@ -736,6 +806,7 @@ async fn a_deleted_probe_pod_comes_back_and_its_node_stays_drifted() {
     let k = kind().await;
     let workers = k.workers().await.unwrap_or_else(|e| fail(e));
     let node = workers[1].clone();
+    reset(&k).await;
     k.forget_xids(&node, DEADLINE).await.unwrap_or_else(|e| fail(e));
     policy_for(
         &k,
