@@ -26,7 +26,7 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::{Error, accounts, cluster, crds, fixtures::repo_root, wait};
+use crate::{Error, accounts, cluster, crds, fixtures::repo_root, tools, wait};
 
 /// Namespace the chart is meant for, and where the test accounts live.
 pub const NAMESPACE: &str = "gpunode-system";
@@ -110,8 +110,8 @@ pub fn run_helm(args: &[&str]) -> Result<String, Error> {
 /// Like [`run_helm`], with extra environment variables (e.g. `KUBECONFIG`).
 pub fn run_helm_env(args: &[&str], env: &[(&str, &Path)]) -> Result<String, Error> {
     let helm = helm()?;
-    let out = Command::new(&helm)
-        .args(args)
+    let mut cmd = Command::new(&helm);
+    cmd.args(args)
         .envs(env.iter().map(|(k, v)| (*k, *v)))
         // Keep helm's cache and config out of the user's home and away from other runs.
         .env(
@@ -125,18 +125,8 @@ pub fn run_helm_env(args: &[&str], env: &[(&str, &Path)]) -> Result<String, Erro
         .env(
             "HELM_DATA_HOME",
             std::env::temp_dir().join("gpunode-e2e-helm/data"),
-        )
-        .output()
-        .map_err(|e| Error::Unexpected(format!("running {}: {e}", helm.display())))?;
-    if !out.status.success() {
-        return Err(Error::Unexpected(format!(
-            "helm {} failed ({}):\n{}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        );
+    tools::stdout_of(&mut cmd, &format!("helm {}", args.join(" ")))
 }
 
 /// The API server's version (`v1.37.2`), for `helm template --kube-version`.

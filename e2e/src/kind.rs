@@ -147,21 +147,9 @@ impl Kind {
     /// `kubectl <args…>` as admin.
     pub fn kubectl(&self, args: &[&str]) -> Result<String, Error> {
         let kubectl = tools::built("GPUNODE_KUBECTL")?;
-        let out = Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .output()
-            .map_err(io(format!("running {}", kubectl.display())))?;
-        if !out.status.success() {
-            return Err(Error::Unexpected(format!(
-                "kubectl {} failed ({}): {}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            )));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let mut cmd = Command::new(&kubectl);
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        tools::stdout_of(&mut cmd, &format!("kubectl {}", args.join(" ")))
     }
 
     /// The API server's audit log (`e2e/cluster/audit-policy.yaml`).
@@ -233,19 +221,10 @@ pub fn is_ready(p: &Pod) -> bool {
 
 /// `docker <args…>` against the project's own engine (DOCKER_HOST from e2e/kind/lib.sh).
 pub fn docker(args: &[&str]) -> Result<String, Error> {
-    let out = Command::new("/usr/bin/docker")
-        .args(args)
-        .output()
-        .map_err(io("running docker"))?;
-    if !out.status.success() {
-        return Err(Error::Unexpected(format!(
-            "docker {} failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    tools::stdout_of(
+        Command::new("/usr/bin/docker").args(args),
+        &format!("docker {}", args.join(" ")),
+    )
 }
 
 /// Writes `text` to `path` by renaming a sibling into place, readable by the probe's uid 65532.

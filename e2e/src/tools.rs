@@ -51,3 +51,19 @@ fn print_env() -> &'static Result<BTreeMap<String, String>, String> {
             .collect())
     })
 }
+
+/// Runs `cmd` and returns its stdout; a failure to start it, or an exit other than 0, is an error
+/// naming `what` (e.g. `kubectl get nodes`) with its stderr.
+pub fn stdout_of(cmd: &mut Command, what: &str) -> Result<String, Error> {
+    let out = cmd
+        .output()
+        .map_err(|e| Error::Unexpected(format!("running {what}: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::Unexpected(format!(
+            "{what} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
