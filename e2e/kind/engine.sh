@@ -124,7 +124,13 @@ stop() {
 	fi
 	# Its containerd, shims and anything else started from our exec root.
 	pkill -f "$ENGINE_RUN/exec" 2>/dev/null || true
-	rm -f "$ENGINE_RUN/docker.sock" "$ENGINE_RUN/dockerd.pid"
+	# The daemon's runtime state (sockets, task directories) goes with it; nothing is mounted
+	# there once its processes are gone.
+	if ! grep -q " $ENGINE_RUN" /proc/mounts; then
+		rm -rf "$ENGINE_RUN"
+	else
+		rm -f "$ENGINE_RUN/docker.sock" "$ENGINE_RUN/dockerd.pid"
+	fi
 	log "engine: stopped"
 }
 

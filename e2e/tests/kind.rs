@@ -957,14 +957,19 @@ async fn a_probe_writes_only_its_own_nodes_report_and_lease_with_the_token_its_k
     let dry = PatchParams::apply("gpunode-e2e-kind").dry_run().force();
 
     let reports: Api<GpuNodeReport> = Api::all(probe.clone());
-    let status = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
-        "status": {"observedAt": jiff::Timestamp::now().to_string(), "gpuCount": 8}});
+    // Server-side apply bodies name their object, as the probe's own do.
+    let status = |node: &str| {
+        json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport", "metadata": {"name": node},
+               "status": {"observedAt": jiff::Timestamp::now().to_string(), "gpuCount": 8}})
+    };
     reports
-        .patch_status(&own, &dry, &Patch::Apply(&status))
+        .patch_status(&own, &dry, &Patch::Apply(&status(&own)))
         .await
         .unwrap_or_else(|e| fail(format!("its own node's report: {e}")));
     denied_with(
-        reports.patch_status(&other, &dry, &Patch::Apply(&status)).await,
+        reports
+            .patch_status(&other, &dry, &Patch::Apply(&status(&other)))
+            .await,
         "another node's report",
         chart::OTHER_NODE_MESSAGE,
     );
@@ -972,6 +977,7 @@ async fn a_probe_writes_only_its_own_nodes_report_and_lease_with_the_token_its_k
     let leases: Api<Lease> = Api::namespaced(probe.clone(), chart::NAMESPACE);
     let lease = |node: &str| {
         json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": format!("gpunode-probe-{node}"), "namespace": chart::NAMESPACE},
                "spec": {"holderIdentity": node, "leaseDurationSeconds": 60}})
     };
     leases
