@@ -116,11 +116,8 @@ stop() {
 			[[ -z $left ]] || docker rm -f $left >/dev/null || true
 		fi
 		kill "$pid"
-		local deadline=$((SECONDS + 60))
-		while kill -0 "$pid" 2>/dev/null; do
-			((SECONDS < deadline)) || { kill -9 "$pid" 2>/dev/null || true; break; }
-			sleep 0.5 # dockerd stops its containerd first
-		done
+		# Blocks until it exits (it stops its containerd first), at most 60 s, then kills it.
+		timeout 60 tail --pid="$pid" -f /dev/null || kill -9 "$pid" 2>/dev/null || true
 	fi
 	# Its containerd, shims and anything else started from our exec root.
 	pkill -f "$ENGINE_RUN/exec" 2>/dev/null || true

@@ -138,7 +138,9 @@ listed=$(docker exec gpunode-node-preload ctr -n k8s.io images ls -q)
 for i in "${IMAGES[@]}"; do
 	grep -qF "$i" <<<"$listed" || die "$i is not in the node's containerd after the import"
 done
-docker exec gpunode-node-preload sh -c 'pkill containerd; while pgrep containerd >/dev/null; do sleep 0.2; done; rm -f /var/log/preload-containerd.log'
+# Stop containerd and block until it has exited (reaped by the container's init), at most 30 s.
+docker exec gpunode-node-preload sh -c 'pid=$(pgrep -x containerd) && kill "$pid" && timeout 30 tail --pid="$pid" -f /dev/null; rm -f /var/log/preload-containerd.log' ||
+	die "containerd did not stop in the preload container"
 # The container keeps the raw image's STOPSIGNAL (SIGRTMIN+3: systemd's halt); the entrypoint and
 # command were replaced by `docker run` above.
 docker commit --change 'ENTRYPOINT ["/usr/local/bin/entrypoint"]' --change 'CMD ["/sbin/init"]' \
