@@ -821,9 +821,9 @@ async fn webhook_down(fc: &FaultCluster, client: &Client, op: &mut Operator, rec
     install_webhook(client, NAME, &wave, &url, "Fail", 2)
         .await
         .unwrap_or_else(|e| fail(e));
-    // Evictions would go through now, but for the webhook.
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
     let user = op.user();
+    // The API server loads webhook configurations asynchronously: the PDB is lifted only once
+    // the webhook has refused a write, or an eviction could get in before it is in effect.
     let in_effect = wait::until("the webhook to refuse the operator", DEADLINE, || async {
         Ok(refused_writes(&fc.audit()?, &user, &wave, since)
             .first()
@@ -831,6 +831,8 @@ async fn webhook_down(fc: &FaultCluster, client: &Client, op: &mut Operator, rec
     })
     .await
     .unwrap_or_else(|e| fail(e));
+    // Evictions would go through now, but for the webhook.
+    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
     faults::hold("admission down", outage() / 6)
         .await
         .unwrap_or_else(|e| fail(e));
