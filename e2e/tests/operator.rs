@@ -299,7 +299,7 @@ async fn watches_stream_their_initial_lists_where_the_api_server_can() {
     let client = admin_client().await.unwrap_or_else(|e| fail(e));
     // Asked as the operator asks, with the chart's ServiceAccount.
     let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
-    let listing = gpunode_operator::controller::list_strategy(&operator_client).await;
+    let listing = gpunode_operator::observe::list_strategy(&operator_client).await;
     assert_eq!(
         listing.initial_list_strategy,
         InitialListStrategy::StreamingList,

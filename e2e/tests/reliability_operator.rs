@@ -449,7 +449,7 @@ async fn a_replica_past_its_term_writes_nothing_even_mid_apply() {
     );
     let (view, _) = NodeView::observe(&node, verdict, vec![]);
     let now = jiff::Timestamp::now();
-    let p = plan(&spec, &[view], now);
+    let p = plan("rel", &spec, &[view], now);
     let np = &p.nodes[0];
     assert_eq!(np.cordon, Some(true), "the plan cordons and drains: {np:?}");
     let since = jiff::Timestamp::now();

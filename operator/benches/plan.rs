@@ -65,10 +65,11 @@ fn main() {
                 current_reason: None,
                 verdict,
                 conflicts: Vec::new(),
+                last_heard: None,
             })
             .collect();
         let t = Instant::now();
-        let p = plan(&policy.spec, &views, now);
+        let p = plan("bench", &policy.spec, &views, now);
         plan_times.push(t.elapsed());
         drifted = p.nodes.iter().filter(|n| !n.drifting.is_empty()).count();
     }

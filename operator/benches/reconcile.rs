@@ -18,8 +18,8 @@ use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_operator::{
     apply::Applier,
     cache::{GuardedReport, PolicyVerdicts, VerdictCache},
-    controller::{Inputs, decide},
-    heartbeats::Heartbeats,
+    observe::{Heartbeats, Inputs, SelectorIndex, views},
+    plan::plan,
 };
 use jiff::Timestamp;
 use k8s_openapi::{
@@ -30,7 +30,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{MicroTime, Time},
 };
 use kube::{
-    core::{DeserializeGuard, Selector},
+    core::DeserializeGuard,
     runtime::{reflector, watcher},
 };
 
@@ -105,10 +105,7 @@ fn main() {
     let healthy: GpuNodeReport = load("healthy-h100-report.yaml");
     let observed: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap_or_else(|e| panic!("{e}"));
     let now: Timestamp = "2026-11-29T12:00:30Z".parse().unwrap_or_else(|e| panic!("{e}"));
-    let selectors = vec![(
-        name.clone(),
-        Selector::try_from(policy.spec.node_selector.clone()).unwrap_or_else(|e| panic!("{e}")),
-    )];
+    let index = SelectorIndex::new(&[Arc::new(DeserializeGuard(Ok(policy.clone())))]);
 
     let (reports, mut report_writer) = reflector::store::<GuardedReport>();
     // Every probe's heartbeat Lease, renewed since its report: each view looks one up.
@@ -135,9 +132,14 @@ fn main() {
         let inputs = Inputs {
             reports: &reports,
             heartbeats: &heartbeats,
-            selectors: &selectors,
+            index: &index,
         };
-        let (_, plan) = decide(&policy, &nodes, &inputs, verdicts, now);
+        let plan = plan(
+            &name,
+            &policy.spec,
+            &views(&policy, &nodes, &inputs, verdicts, now),
+            now,
+        );
         let writes = plan
             .nodes
             .iter()
@@ -174,9 +176,9 @@ fn main() {
         let inputs = Inputs {
             reports: &reports,
             heartbeats: &heartbeats,
-            selectors: &selectors,
+            index: &index,
         };
-        let _ = decide(&policy, &nodes, &inputs, &mut pv, now);
+        let _ = views(&policy, &nodes, &inputs, &mut pv, now);
     }
     let mut events = Vec::new();
     for i in 0..1_000u64 {

@@ -179,6 +179,10 @@ pub struct Outcome {
     /// policy's other nodes and are not applied offline.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blocked: Option<String>,
+    /// When the plan next changes with time alone if nothing else changes, and why (a rule's
+    /// `after`, `healthyFor`, the report going stale, a drain's timeout).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes_at: Option<String>,
 }
 
 impl Outcome {
@@ -233,13 +237,25 @@ impl Outcome {
         if let Some(b) = &self.blocked {
             let _ = writeln!(s, "waiting:    {b}");
         }
+        if let Some(c) = &self.changes_at {
+            let _ = writeln!(s, "changes:    again at {c}");
+        }
         s
     }
 }
 
 fn view(inputs: &Inputs, verdict: Verdict) -> NodeView {
+    // Offline there is no heartbeat: the report is as fresh as its `observedAt`.
+    let observed_at = inputs
+        .report
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_at.as_ref())
+        .map(|t| t.0);
     match &inputs.node {
-        Some(node) => NodeView::observe(node, verdict, Vec::new()).0,
+        Some(node) => NodeView::observe(node, verdict, Vec::new())
+            .0
+            .heard_at(observed_at),
         None => NodeView {
             name: inputs.report.metadata.name.clone().unwrap_or_default(),
             skip: false,
@@ -250,6 +266,7 @@ fn view(inputs: &Inputs, verdict: Verdict) -> NodeView {
             current_reason: None,
             verdict,
             conflicts: Vec::new(),
+            last_heard: observed_at,
         },
     }
 }
@@ -269,7 +286,8 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
     let spec = &spec;
     let verdict = evaluate(spec, Some(&inputs.report), now);
     let mut node = view(inputs, verdict.clone());
-    let first = plan::plan(spec, std::slice::from_ref(&node), now);
+    let policy = inputs.policy.metadata.name.clone().unwrap_or_default();
+    let first = plan::plan(&policy, spec, std::slice::from_ref(&node), now);
     let p = first.nodes.into_iter().next()?;
     // Replay the plan as if applied, then look again once the longest `after` has passed.
     node.markers = p.markers.clone();
@@ -284,7 +302,7 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
         .max()
         .unwrap_or(SignedDuration::ZERO);
     let later = now.checked_add(longest).unwrap_or(now);
-    let lasting = plan::plan(spec, std::slice::from_ref(&node), later);
+    let lasting = plan::plan(&policy, spec, std::slice::from_ref(&node), later);
     let lasting_actions = lasting
         .nodes
         .first()
@@ -300,7 +318,6 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
         .into_iter()
         .filter(|a| !now_actions.contains(a))
         .collect();
-    let policy = inputs.policy.metadata.name.clone().unwrap_or_default();
     Some(Outcome {
         node: p.node.clone(),
         labels: crate::apply::desired_labels(&policy, &p),
@@ -313,6 +330,7 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
         actions_now: now_actions,
         actions_if_it_lasts: lasting_actions,
         blocked: p.blocked.as_ref().map(|b| b.describe()),
+        changes_at: p.next_change.map(|c| c.to_string()),
         verdict,
     })
 }

@@ -4,7 +4,7 @@
 //! nodes, and only while this replica leads.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     sync::{
         Arc, PoisonError,
         atomic::{AtomicBool, Ordering},
@@ -12,52 +12,39 @@ use std::{
     time::Duration,
 };
 
-use crate::{
-    leader::Leadership,
-    metrics::{ActionKind, ActionResult, ErrorKind, Metrics},
-    server::Readiness,
-};
-
 use futures::{FutureExt, StreamExt};
-use gpunode_crds::{
-    GpuNodePolicy, GpuNodePolicyStatus, GpuNodeReport,
-    selector::{self, InvalidSelector},
-};
-use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use gpunode_crds::{GpuNodePolicy, GpuNodePolicyStatus, GpuNodeReport, selector::InvalidSelector};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, ResourceExt,
-    api::{Patch, PatchParams, WatchParams},
-    core::DeserializeGuard,
-    core::{Selector, SelectorExt},
+    api::{Patch, PatchParams},
     runtime::{
-        Controller, WatchStreamExt,
+        Controller,
         controller::{self, Action},
         events::{Recorder, Reporter},
-        reflector::{self, ObjectRef, Store},
+        finalizer::{Event as FinalizerEvent, finalizer},
+        reflector::ObjectRef,
         watcher,
     },
 };
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use crate::{
+    apply::{Applied, Applier, FIELD_MANAGER, NodeResult},
+    cache::VerdictCache,
+    leader::Leadership,
+    metrics::{ActionKind, ActionResult, ErrorKind, Metrics},
+    observe::{self, Caches, Guarded, Watches, selector_of, triggers},
+    plan,
+    reasons::Reason,
+    server::Readiness,
+    status,
+};
+
 /// Finalizer that lets a deleted policy undo what it did before it goes.
 pub const FINALIZER: &str = "gpunode.dev/cleanup";
-
-/// How many nodes one reconcile writes at once.
-const APPLY_CONCURRENCY: usize = 128;
-
-use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-
-use crate::{
-    apply::{Applier, FIELD_MANAGER},
-    cache::{PolicyVerdicts, VerdictCache},
-    heartbeats::Heartbeats,
-    markers,
-    own_writes::OwnWrites,
-    plan::{self, NodeView, PolicyPlan},
-    status, triggers,
-};
 
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -127,14 +114,8 @@ pub struct Context {
     pub client: Client,
     /// The node writer.
     pub applier: Applier,
-    /// Nodes (managed fields stripped).
-    pub nodes: Store<Node>,
-    /// Reports.
-    pub reports: Store<Guarded<GpuNodeReport>>,
-    /// The probes' heartbeat Leases.
-    pub heartbeats: Heartbeats,
-    /// Policies.
-    pub policies: Store<Guarded<GpuNodePolicy>>,
+    /// What the watches observed, and gpunode's own writes.
+    pub caches: Caches,
     /// Events, published in the background (one recorder, so repeats aggregate).
     pub events: crate::events::Publisher,
     /// Whether this replica may write.
@@ -147,8 +128,6 @@ pub struct Context {
     pub verdicts: Arc<VerdictCache>,
     /// When each policy's status was last written (see [`STATUS_MIN_INTERVAL`]).
     pub status_written: std::sync::Mutex<HashMap<String, std::time::Instant>>,
-    /// Nodes as gpunode's own writes returned them, until the watch delivers those versions.
-    pub written: OwnWrites,
     /// Wakes the search for nodes no policy governs ([`crate::sweep`]).
     pub sweep: Arc<tokio::sync::Notify>,
 }
@@ -174,170 +153,6 @@ impl Context {
             }
         }
     }
-}
-
-/// The policy's node selector, parsed as strictly as the API server validates it. Also checks
-/// the drain's pod selector: a policy with any unusable selector selects no node at all.
-pub(crate) fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, InvalidSelector> {
-    if let Some(pods) = &policy.spec.disruption.drain.pod_selector {
-        selector::parse(POD_SELECTOR_FIELD, pods)?;
-    }
-    selector::parse("spec.nodeSelector", &policy.spec.node_selector)
-}
-
-/// Where the drain's pod selector is, in errors and conditions.
-pub const POD_SELECTOR_FIELD: &str = "spec.disruption.drain.podSelector";
-
-/// A watched object that may not have deserialized: one malformed policy or report is logged
-/// and skipped instead of stalling the watch.
-pub type Guarded<K> = DeserializeGuard<K>;
-
-impl Context {
-    /// The node's report as the cache holds it (readable or not).
-    fn report(&self, node: &str) -> Option<Arc<Guarded<GpuNodeReport>>> {
-        self.reports.get(&ObjectRef::new(node))
-    }
-
-    /// Name and parsed node selector of every readable policy not being deleted; parsed once
-    /// per reconcile instead of once per node and policy.
-    fn selectors(&self) -> Vec<(String, Selector)> {
-        self.policies
-            .state()
-            .iter()
-            .filter_map(|g| g.0.as_ref().ok())
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter_map(|p| selector_of(p).ok().map(|s| (p.name_any(), s)))
-            .collect()
-    }
-}
-
-fn selects(policy: &GpuNodePolicy, labels: &BTreeMap<String, String>) -> bool {
-    policy.metadata.deletion_timestamp.is_none() && selector_of(policy).is_ok_and(|s| s.matches(labels))
-}
-
-/// When the report was observed, if it is readable and says.
-fn observed_at(report: Option<&Guarded<GpuNodeReport>>) -> Option<Timestamp> {
-    report
-        .and_then(|g| g.0.as_ref().ok())
-        .and_then(|r| r.status.as_ref())
-        .and_then(|s| s.observed_at.as_ref())
-        .map(|t| t.0)
-}
-
-/// The policies that select a node with these labels.
-fn policies_for(
-    store: &Store<Guarded<GpuNodePolicy>>,
-    labels: &BTreeMap<String, String>,
-) -> Vec<ObjectRef<Guarded<GpuNodePolicy>>> {
-    store
-        .state()
-        .iter()
-        .filter(|g| g.0.as_ref().is_ok_and(|p| selects(p, labels)))
-        .map(|g| ObjectRef::from_obj(g.as_ref()))
-        .collect()
-}
-
-/// What a reconcile reads about each node besides the Node itself.
-pub struct Inputs<'a> {
-    /// Reports.
-    pub reports: &'a Store<Guarded<GpuNodeReport>>,
-    /// The probes' heartbeats.
-    pub heartbeats: &'a Heartbeats,
-    /// Name and selector of every policy, for conflicts.
-    pub selectors: &'a [(String, Selector)],
-}
-
-fn view(
-    policy: &GpuNodePolicy,
-    node: &Node,
-    inputs: &Inputs<'_>,
-    verdicts: &mut PolicyVerdicts,
-    now: Timestamp,
-) -> NodeView {
-    let name = node.metadata.name.as_deref().unwrap_or_default();
-    let report = inputs.reports.get(&ObjectRef::new(name));
-    let heard = inputs.heartbeats.heard(name);
-    let verdict = verdicts.verdict(policy, name, report.as_deref(), heard, now);
-    let selectors = inputs.selectors;
-    let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
-    let mut conflicts: Vec<String> = selectors
-        .iter()
-        .filter(|(other, s)| other != policy_name && s.matches(node.labels()))
-        .map(|(other, _)| other.clone())
-        .collect();
-    conflicts.sort();
-    let (view, errors) = NodeView::observe(node, verdict, conflicts);
-    for e in errors {
-        warn!(node = %name, error = %e, "ignoring unreadable gpunode annotation");
-    }
-    view
-}
-
-/// The pure middle of a reconcile: every node's view (its verdict reused from `verdicts` while
-/// its report, the policy and the time allow) and the policy's plan.
-pub fn decide(
-    policy: &GpuNodePolicy,
-    nodes: &[Arc<Node>],
-    inputs: &Inputs<'_>,
-    verdicts: &mut PolicyVerdicts,
-    now: Timestamp,
-) -> (Vec<NodeView>, PolicyPlan) {
-    verdicts.begin(policy);
-    let views: Vec<NodeView> = nodes
-        .iter()
-        .map(|n| view(policy, n, inputs, verdicts, now))
-        .collect();
-    verdicts.end();
-    let plan = plan::plan(&policy.spec, &views, now);
-    (views, plan)
-}
-
-/// When the plan next changes on its own (an `after`, a `healthyFor`, a report going stale, a
-/// drain timing out), so the reconcile can requeue exactly then.
-fn next_wakeup(policy: &GpuNodePolicy, plan: &PolicyPlan, ctx: &Context, now: Timestamp) -> Duration {
-    let spec = &policy.spec;
-    let d = |x: gpunode_crds::Duration| SignedDuration::try_from(x.get()).unwrap_or(SignedDuration::MAX);
-    let mut times: Vec<Timestamp> = Vec::new();
-    for n in &plan.nodes {
-        for track in n.markers.classes.values() {
-            times.extend(
-                spec.remediation
-                    .iter()
-                    .filter_map(|r| track.since.checked_add(d(r.after)).ok()),
-            );
-            if let Some(c) = track.cleared_at {
-                times.extend(c.checked_add(d(spec.recovery.healthy_for)).ok());
-            }
-        }
-        if let plan::DrainStep::Run {
-            started,
-            stuck: false,
-        } = n.drain
-        {
-            times.extend(started.checked_add(d(spec.disruption.drain.timeout)).ok());
-        }
-        let heard = ctx.heartbeats.heard(&n.node);
-        if let Some(t) =
-            observed_at(ctx.report(&n.node).as_deref()).map(|o| crate::evaluate::last_heard(o, heard))
-        {
-            times.extend(t.checked_add(d(spec.stale_after)).ok());
-        }
-    }
-    let next = times.into_iter().filter(|t| *t > now).min();
-    let wait = next.map_or(Duration::from_secs(300), |t| {
-        Duration::try_from(t.duration_since(now)).unwrap_or(Duration::from_secs(300))
-    });
-    // Draining nodes are revisited often: evictions refused by a PDB are retried.
-    let draining = plan
-        .nodes
-        .iter()
-        .any(|n| matches!(n.drain, plan::DrainStep::Run { .. }));
-    let cap = if draining {
-        Duration::from_secs(5)
-    } else {
-        Duration::from_secs(300)
-    };
-    (wait + Duration::from_millis(100)).min(cap)
 }
 
 /// Reconciles one policy over all of its nodes.
@@ -381,18 +196,6 @@ pub async fn reconcile(guarded: Arc<Guarded<GpuNodePolicy>>, ctx: Arc<Context>) 
 /// abandoned and retried.
 pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Nodes this policy labelled that no policy selects any more: everything gpunode did to them
-/// is undone. (A node another policy selects is left to that policy's plan.)
-fn orphans(policy: &GpuNodePolicy, ctx: &Context, selectors: &[(String, Selector)]) -> Vec<Arc<Node>> {
-    let name = policy.name_any();
-    ctx.nodes
-        .state()
-        .into_iter()
-        .filter(|n| n.labels().get(markers::POLICY_LABEL) == Some(&name))
-        .filter(|n| !selectors.iter().any(|(_, s)| s.matches(n.labels())))
-        .collect()
-}
-
 /// Releases each node in turn. Fails, rather than stopping quietly, when this replica stops
 /// leading part-way: a deleted policy must keep its finalizer until every node is released.
 async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context, why: &str) -> Result<(), Error> {
@@ -406,7 +209,7 @@ async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context, why: &str) -> Resul
                 ctx.metrics.action(ActionKind::Release, ActionResult::Ok);
                 let event = plan::PlannedEvent {
                     warning: false,
-                    reason: "Released",
+                    reason: Reason::Released,
                     note: format!(
                         "gpunode removed its labels, annotations, taints, cordon and condition: {why}"
                     ),
@@ -457,11 +260,11 @@ async fn sweeper(ctx: Arc<Context>, wake: Arc<tokio::sync::Notify>) {
         }
         if !ctx.leadership.is_leader()
             || !ctx.synced.load(Ordering::Acquire)
-            || ctx.policies.wait_until_ready().now_or_never().is_none()
+            || ctx.caches.policies.wait_until_ready().now_or_never().is_none()
         {
             continue;
         }
-        let Some(nodes) = crate::sweep::unowned(&ctx.nodes.state(), &ctx.policies.state()) else {
+        let Some(nodes) = crate::sweep::unowned(&ctx.caches.nodes.state(), &ctx.caches.index()) else {
             debug!("a GpuNodePolicy cannot be read: no node is released as unowned");
             continue;
         };
@@ -490,7 +293,7 @@ async fn sweeper(ctx: Arc<Context>, wake: Arc<tokio::sync::Notify>) {
 
 /// The policy is being deleted: undo what it did to every node no other policy selects.
 async fn release_policy(policy: &GpuNodePolicy, ctx: &Context) -> Result<Action, Error> {
-    let nodes = orphans(policy, ctx, &ctx.selectors());
+    let nodes = ctx.caches.orphans(&policy.name_any(), &ctx.caches.index());
     info!(policy = %policy.name_any(), nodes = nodes.len(), "policy deleted: releasing its nodes");
     release_nodes(
         nodes,
@@ -564,197 +367,132 @@ async fn write_status(ctx: &Context, name: &str, new_status: &GpuNodePolicyStatu
     Ok(())
 }
 
+/// One pass over a policy: observe → plan → apply → status → next look. Every decision is the
+/// planner's; this only moves data between the steps.
 async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = policy.name_any();
     let selector = match selector_of(&policy) {
         Ok(s) => s,
         Err(e) => return invalid_policy(&policy, &ctx, &e).await,
     };
-    let selectors = ctx.selectors();
-    release_nodes(
-        orphans(&policy, &ctx, &selectors),
-        &ctx,
-        &format!("it left the selector of GpuNodePolicy {name}"),
-    )
-    .await?;
+    // Observe: nodes the policy labelled that no policy selects any more are released first.
+    let index = ctx.caches.index();
+    let why = format!("it left the selector of GpuNodePolicy {name}");
+    release_nodes(ctx.caches.orphans(&name, &index), &ctx, &why).await?;
     let now = Timestamp::now();
-    let nodes: Vec<Arc<Node>> = ctx
-        .written
-        .overlay(ctx.nodes.state())
-        .into_iter()
-        .filter(|n| selector.matches(n.labels()))
-        .collect();
-    let (views, plan) = {
+    let snapshot = ctx.caches.snapshot(&selector, index);
+    // Plan (the views are dropped with this block: each write job keeps only its own node).
+    let plan = {
         let verdicts = ctx.verdicts.policy(&name);
         let mut verdicts = verdicts.lock().unwrap_or_else(PoisonError::into_inner);
-        let inputs = Inputs {
-            reports: &ctx.reports,
-            heartbeats: &ctx.heartbeats,
-            selectors: &selectors,
-        };
-        let decided = decide(&policy, &nodes, &inputs, &mut verdicts, now);
+        let inputs = ctx.caches.inputs(&snapshot.index);
+        let views = observe::views(&policy, &snapshot.nodes, &inputs, &mut verdicts, now);
         let (reused, evaluated) = verdicts.stats();
         ctx.metrics.verdicts(reused, evaluated);
-        decided
+        plan::plan(&name, &policy.spec, &views, now)
     };
-
-    let by_name: HashMap<&str, &Arc<Node>> = nodes
-        .iter()
-        .map(|n| (n.metadata.name.as_deref().unwrap_or_default(), n))
-        .collect();
-    let conflicts: HashMap<&str, &[String]> = views
-        .iter()
-        .map(|v| (v.name.as_str(), v.conflicts.as_slice()))
-        .collect();
-    // Only nodes with something to write, drain or announce become jobs: a reconcile that
-    // changes nothing clones nothing and sends nothing. Owned jobs, so the concurrent writes
-    // borrow nothing from this frame.
-    let jobs: Vec<(plan::NodePlan, Arc<Node>)> = plan
-        .nodes
-        .iter()
-        .filter_map(|np| {
-            let node = *by_name.get(np.node.as_str())?;
-            // With overlapping policies, only the first by name labels the node, so the two do
-            // not flip its labels back and forth.
-            let defer = conflicts
-                .get(np.node.as_str())
-                .is_some_and(|others| others.iter().any(|c| c < &name));
-            if defer || !Applier::needs_work(&name, np, node) {
-                return None;
-            }
-            Some((np.clone(), node.clone()))
+    // Apply.
+    let drain = &policy.spec.disruption.drain;
+    let applied = ctx
+        .applier
+        .apply_policy(&name, &plan, snapshot.nodes, drain, now, |np, node, result| {
+            node_done(&ctx, np, node, result);
         })
-        .collect();
-    // The pass's copies of the nodes are not needed any more: each job holds its own, released
-    // as it completes, while the cache moves on to the written versions (at 5,000 nodes, a
-    // second copy of every node for the length of convergence).
-    drop(by_name);
-    drop(conflicts);
-    drop(views);
-    drop(nodes);
-    let (mut first_error, mut failed) = (None, 0);
-    let results: Vec<Result<(u32, u32), crate::apply::ApplyError>> = futures::stream::iter(jobs)
-        .map(|(np, node)| {
-            let ctx = ctx.clone();
-            let policy = policy.clone();
-            async move {
-                // Only the leader writes; a replica that lost its lease mid-reconcile stops.
-                if !ctx.leadership.is_leader() {
-                    return Ok((0, 0));
-                }
-                let r = ctx
-                    .applier
-                    .apply(&policy.name_any(), &np, &node, &policy.spec.disruption.drain, now)
-                    .await;
-                let mut r = r;
-                if let Ok(o) = &mut r {
-                    if let Some(n) = o.written.take() {
-                        ctx.written.wrote(n, &ctx.nodes);
-                    }
-                    for (part, wrote) in [
-                        ("metadata", o.wrote_metadata),
-                        ("spec", o.wrote_spec),
-                        ("condition", o.wrote_condition),
-                    ] {
-                        if wrote {
-                            ctx.metrics.node_write(part);
-                        }
-                    }
-                }
-                // Events are writes too: none from a replica whose term passed during the apply.
-                if np.write && r.is_ok() && ctx.leadership.is_leader() {
-                    record_actions(&ctx, &np, &node);
-                    ctx.events.publish(&node, &np.events);
-                }
-                r.map(|o| (o.evicted, o.refused))
-            }
-        })
-        // Nodes written concurrently: 8 made convergence ~3 sequential requests per 8 nodes
-        // (the scale benchmark); a plain client reaches the API server's limit near 128.
-        .buffer_unordered(APPLY_CONCURRENCY)
-        .collect()
         .await;
-    for r in results {
-        match r {
-            Ok((evicted, refused)) => {
-                for _ in 0..evicted {
-                    ctx.metrics.action(ActionKind::Evict, ActionResult::Ok);
-                }
-                // Refused by a PodDisruptionBudget (429): retried on the next pass.
-                for _ in 0..refused {
-                    ctx.metrics.action(ActionKind::Evict, ActionResult::Blocked);
-                }
-            }
-            Err(e) => {
-                warn!(error = %e, "applying a node plan failed");
-                if !matches!(e, crate::apply::ApplyError::NotLeader(_)) {
-                    ctx.metrics.reconcile_error(e.kind());
-                }
-                failed += 1;
-                first_error.get_or_insert(e);
-            }
-        }
-    }
+    record_applied(&ctx, &applied);
     ctx.metrics
         .set_policy_nodes(&name, plan.nodes.iter().map(|n| n.state));
-
-    debug!(nodes = plan.nodes.len(), "node plans applied");
-    let new_status = status::status(
-        &plan,
-        policy.metadata.generation,
-        policy.spec.paused,
-        policy.status.as_ref(),
-        now,
+    debug!(
+        nodes = plan.nodes.len(),
+        written = applied.written(),
+        "node plans applied"
     );
+    // Status, from what was applied.
+    let (generation, paused) = (policy.metadata.generation, policy.spec.paused);
+    let new_status = status::status(&plan, &applied, generation, paused, policy.status.as_ref(), now);
     ctx.metrics.set_policy_conditions(&name, &new_status.conditions);
     // A replica paused mid-reconcile (SIGSTOP, a stall) may resume after another took over:
     // it writes no status from its stale plan.
     if !ctx.leadership.is_leader() {
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
-    let mut wake = next_wakeup(&policy, &plan, &ctx, now);
-    let status_changed = policy
-        .status
-        .as_ref()
-        .is_none_or(|old| !status::same_ignoring_time(old, &new_status));
-    if status_changed && let Some(later) = ctx.status_slot(&name) {
-        // Written by the pass that runs once the interval is over.
-        wake = wake.min(later);
-    } else if status_changed {
-        write_status(&ctx, &name, &new_status).await?;
-    }
-    if let Some(first) = first_error {
+    let status_later = pace_status(&ctx, &name, policy.status.as_ref(), &new_status).await?;
+    if let Some((failed, first)) = applied.into_failure() {
         return Err(Error::Nodes { failed, first });
     }
+    // Next look: when the plan changes with time alone, or when the status may be written.
+    let wake = plan::requeue_after(&plan, now).min(status_later.unwrap_or(Duration::MAX));
     debug!(requeue_after = ?wake, "reconciled");
     Ok(Action::requeue(wake))
 }
 
+/// Writes the policy status if it changed, at most once per [`STATUS_MIN_INTERVAL`]; returns
+/// how long until a held-back write may go (the pass that runs then writes it).
+async fn pace_status(
+    ctx: &Context,
+    name: &str,
+    old: Option<&GpuNodePolicyStatus>,
+    new: &GpuNodePolicyStatus,
+) -> Result<Option<Duration>, Error> {
+    if old.is_some_and(|old| status::same_ignoring_time(old, new)) {
+        return Ok(None);
+    }
+    if let Some(later) = ctx.status_slot(name) {
+        return Ok(Some(later));
+    }
+    write_status(ctx, name, new).await?;
+    Ok(None)
+}
+
+/// What follows one node's apply as soon as it completes: its written version is read back by
+/// the next pass, its writes are counted, and (only from the leader) its actions and Events.
+fn node_done(ctx: &Context, np: &plan::NodePlan, node: &Node, result: &mut NodeResult) {
+    let NodeResult::Applied(outcome) = result else {
+        return;
+    };
+    if let Some(n) = outcome.written.take() {
+        ctx.caches.written.wrote(n, &ctx.caches.nodes);
+    }
+    for part in outcome.parts_written() {
+        ctx.metrics.node_write(part);
+    }
+    // Events are writes too: none from a replica whose term passed during the apply.
+    if np.write && ctx.leadership.is_leader() {
+        record_actions(ctx, np, node);
+        ctx.events.publish(node, &np.events);
+    }
+}
+
+/// Counts a policy's evictions and failed node writes.
+fn record_applied(ctx: &Context, applied: &Applied) {
+    let (evicted, refused) = applied.evictions();
+    for _ in 0..evicted {
+        ctx.metrics.action(ActionKind::Evict, ActionResult::Ok);
+    }
+    // Refused by a PodDisruptionBudget (429): retried on the next pass.
+    for _ in 0..refused {
+        ctx.metrics.action(ActionKind::Evict, ActionResult::Blocked);
+    }
+    for e in applied.failures() {
+        warn!(error = %e, "applying a node plan failed");
+        if !matches!(e, crate::apply::ApplyError::NotLeader(_)) {
+            ctx.metrics.reconcile_error(e.kind());
+        }
+    }
+}
+
 /// Counts the actions a written plan took, and the report-to-action latency of state changes.
 fn record_actions(ctx: &Context, np: &plan::NodePlan, node: &Node) {
-    for e in &np.events {
-        let kind = match e.reason {
-            "Tainted" => Some(ActionKind::Taint),
-            "TaintRemoved" => Some(ActionKind::Untaint),
-            "Cordoned" => Some(ActionKind::Cordon),
-            "Uncordoned" => Some(ActionKind::Uncordon),
-            "DrainStarted" => Some(ActionKind::DrainStart),
-            "DrainStuck" => Some(ActionKind::DrainStuck),
-            "Drifted" | "Compliant" | "Unknown" => Some(ActionKind::Label),
-            _ => None,
-        };
-        if let Some(k) = kind {
-            ctx.metrics.action(k, ActionResult::Ok);
-        }
+    for kind in np.events.iter().filter_map(|e| e.reason.action()) {
+        ctx.metrics.action(kind, ActionResult::Ok);
     }
     for _ in &np.pending {
         ctx.metrics.action(ActionKind::Label, ActionResult::Blocked);
     }
-    let changed_state = np
-        .events
-        .iter()
-        .any(|e| matches!(e.reason, "Drifted" | "Compliant" | "Unknown"));
-    if changed_state && let Some(observed) = observed_at(ctx.report(&node.name_any()).as_deref()) {
+    let changed_state = np.events.iter().any(|e| e.reason.is_state_change());
+    if changed_state
+        && let Some(observed) = observe::observed_at(ctx.caches.report(&node.name_any()).as_deref())
+    {
         ctx.metrics.reaction_between(observed, Timestamp::now());
     }
 }
@@ -767,37 +505,6 @@ fn error_policy(policy: Arc<Guarded<GpuNodePolicy>>, error: &Error, ctx: Arc<Con
     // A policy with an unusable selector never gets here: it is reconciled to a Degraded
     // status and waits for a change (invalid_policy).
     Action::requeue(Duration::from_secs(2))
-}
-
-/// How the node and report watches list. Streamed from the API server's cache
-/// (`sendInitialEvents`) where the server supports it: a list from the cache comes in one
-/// response whatever the page size (9 MB of reports at 1,000 nodes, 45 MB at 5,000, buffered and
-/// decoded at once, a peak the allocator keeps), and a consistent paginated list has to wait for
-/// the cache to catch up with etcd, which an API server busy with 5,000 nodes' heartbeats did
-/// not within its 60 s timeout. Kubernetes 1.33 ships the WatchList feature off and refuses such
-/// watches (422), so the server is asked once, with a watch that selects nothing; anything but
-/// a yes falls back to a plain list from the cache.
-pub async fn list_strategy(client: &Client) -> watcher::Config {
-    let probe = WatchParams::streaming_lists().labels("gpunode.dev/watch-list-probe=none");
-    let asked = tokio::time::timeout(
-        Duration::from_secs(10),
-        Api::<Node>::all(client.clone()).watch(&probe, "0"),
-    )
-    .await;
-    match asked {
-        Ok(Ok(_stream)) => {
-            info!("watches list as streams (WatchList)");
-            watcher::Config::default().streaming_lists()
-        }
-        Ok(Err(e)) => {
-            info!(reason = %e, "the API server does not stream lists; watches list from its cache");
-            watcher::Config::default().any_semantic()
-        }
-        Err(_) => {
-            warn!("no answer on whether the API server streams lists; watches list from its cache");
-            watcher::Config::default().any_semantic()
-        }
-    }
 }
 
 /// How the controller runs.
@@ -820,58 +527,28 @@ pub async fn run(
     options: Options,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let listing = list_strategy(&client).await;
-    let node_stream = watcher(Api::<Node>::all(client.clone()), listing.clone())
-        .default_backoff()
-        .modify(crate::trim::node)
-        .reflect(node_writer);
-    let (reports, report_writer) = reflector::store::<Guarded<GpuNodeReport>>();
-    let report_stream = watcher(
-        Api::<Guarded<GpuNodeReport>>::all(client.clone()),
-        listing.clone(),
-    )
-    .default_backoff()
-    .modify(|r: &mut Guarded<GpuNodeReport>| match &mut r.0 {
-        Ok(report) => crate::trim::report(report),
-        Err(_) => r.managed_fields_mut().clear(),
-    })
-    .reflect(report_writer);
-    // Heartbeats change no decision by themselves (a probe that comes back after a gap writes
-    // its whole report), so this watch only feeds the cache.
-    let (leases, lease_writer) = reflector::store::<Lease>();
-    let lease_stream = watcher(
-        Api::<Lease>::namespaced(client.clone(), &options.heartbeat_namespace),
-        listing.labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
-    )
-    .default_backoff()
-    .modify(crate::heartbeats::trim)
-    .reflect(lease_writer);
-    let lease_task = tokio::spawn(lease_stream.for_each(|event| async move {
-        if let Err(e) = event {
-            warn!(error = %e, "heartbeat Lease watch");
-        }
-    }));
-    let heartbeats = Heartbeats::new(leases.clone(), &options.heartbeat_namespace);
-
     let controller = Controller::new(
         Api::<Guarded<GpuNodePolicy>>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
     .with_config(controller::Config::default().debounce(Duration::from_millis(20)));
-    let policies = controller.store();
+    let verdicts = Arc::new(VerdictCache::new());
+    let watches = Watches::start(
+        &client,
+        &options.heartbeat_namespace,
+        controller.store(),
+        verdicts.clone(),
+        options.metrics.clone(),
+    )
+    .await;
 
     let synced = Arc::new(AtomicBool::new(false));
     let sweep = Arc::new(tokio::sync::Notify::new());
     {
-        let (nodes, reports, synced, sweep) = (nodes.clone(), reports.clone(), synced.clone(), sweep.clone());
+        let (ready, synced, sweep) = (watches.synced(), synced.clone(), sweep.clone());
         let readiness = options.readiness.clone();
-        // Without the Leases every report not rewritten in `staleAfter` would look stale.
         tokio::spawn(async move {
-            if nodes.wait_until_ready().await.is_ok()
-                && reports.wait_until_ready().await.is_ok()
-                && leases.wait_until_ready().await.is_ok()
-            {
+            if ready.await {
                 synced.store(true, Ordering::Release);
                 readiness.set_ready();
                 info!("node, report and heartbeat caches synced");
@@ -881,14 +558,17 @@ pub async fn run(
         });
     }
 
-    let verdicts = Arc::new(VerdictCache::new());
+    let lease_task = watches.lease_task();
+    let Watches {
+        caches,
+        node_changes,
+        report_changes,
+        ..
+    } = watches;
     let ctx = Arc::new(Context {
         client: client.clone(),
         applier: Applier::new(client.clone()).with_gate(options.leadership.clone()),
-        nodes: nodes.clone(),
-        reports,
-        heartbeats: heartbeats.clone(),
-        policies: policies.clone(),
+        caches: caches.clone(),
         events: crate::events::Publisher::start(
             Recorder::new(
                 client.clone(),
@@ -903,35 +583,12 @@ pub async fn run(
         leadership: options.leadership.clone(),
         metrics: options.metrics.clone(),
         synced,
-        verdicts: verdicts.clone(),
+        verdicts,
         status_written: std::sync::Mutex::default(),
-        written: OwnWrites::default(),
         sweep: sweep.clone(),
     });
     let sweep_task = tokio::spawn(sweeper(ctx.clone(), sweep.clone()));
-    // Heartbeats of probes and kubelets change nothing gpunode decides: only material changes
-    // trigger a reconcile (see crate::triggers).
-    let node_stream = triggers::material_changes(
-        node_stream,
-        "node",
-        options.metrics.clone(),
-        triggers::NodeFingerprints::default(),
-        triggers::vanished_node,
-    );
-    let report_stream = triggers::material_changes(
-        report_stream,
-        "report",
-        options.metrics.clone(),
-        triggers::ReportVerdicts {
-            nodes: nodes.clone(),
-            policies: policies.clone(),
-            verdicts,
-            heartbeats,
-        },
-        triggers::vanished_report,
-    );
 
-    let (p1, p2) = (policies.clone(), policies.clone());
     // A new leader looks at every policy at once instead of waiting for the next event.
     let became_leader = futures::stream::unfold(options.leadership.subscribe(), |mut rx| async move {
         loop {
@@ -941,25 +598,28 @@ pub async fn run(
             }
         }
     });
+    let (by_node, by_report) = (caches.clone(), caches);
     controller
         .reconcile_all_on(became_leader)
-        .watches_stream(node_stream, move |node: Node| {
+        .watches_stream(node_changes, move |node: Node| {
             if triggers::is_stand_in(&node.metadata) {
                 // A node that vanished unseen: any policy may have selected it.
-                return p1
+                return by_node
+                    .policies
                     .state()
                     .iter()
                     .map(|g| ObjectRef::from_obj(g.as_ref()))
                     .collect();
             }
-            policies_for(&p1, node.labels())
+            by_node.policies_for(node.labels())
         })
-        .watches_stream(report_stream, move |report: Guarded<GpuNodeReport>| {
-            let labels = nodes
+        .watches_stream(report_changes, move |report: Guarded<GpuNodeReport>| {
+            let labels = by_report
+                .nodes
                 .get(&ObjectRef::new(&report.name_any()))
                 .map(|n| n.labels().clone())
                 .unwrap_or_default();
-            policies_for(&p2, &labels)
+            by_report.policies_for(&labels)
         })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())

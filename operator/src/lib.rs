@@ -1,6 +1,22 @@
 //! gpunode operator: reconciles GpuNodePolicies against GpuNodeReports and acts on nodes.
 //!
-//! The pipeline is observe → evaluate (pure) → plan (pure) → apply (the only writer) → status.
+//! One reconcile of one policy ([`controller`]) is a pipeline, each step in its own module:
+//!
+//! | step | module | what it holds |
+//! | --- | --- | --- |
+//! | observe | [`observe`] | watches, trimmed caches, triggers, own writes, heartbeats, the selector index; a policy's snapshot and its nodes' views |
+//! | evaluate | [`evaluate`], [`verdict`] (pure, shared with the probe) | a node's report against a policy: drifts and unknowns |
+//! | | [`cache`] | verdicts remembered while a node's inputs are unchanged |
+//! | plan | [`plan`] (pure) | every decision: ladder, hysteresis, budget, breaker, conflicts, pause, dry run, when the plan next changes |
+//! | apply | [`apply`] (the only writer of nodes) | a plan's writes, evictions and releases; what each node's writes did |
+//! | status | [`status`] (pure) | the policy status from what was applied |
+//!
+//! Around it: [`controller`] (the driver: the reconcile, releases, the sweep, the watches wired
+//! to the kube-runtime controller), [`markers`] (gpunode's labels, annotations, taint and
+//! condition on a node), [`reasons`] (Event and condition reasons, policy condition types),
+//! [`events`] (Events, published off the reconcile path), [`sweep`] (nodes no policy governs),
+//! [`leader`] (leader election and the write fence), [`metrics`] and [`server`] (`/metrics`,
+//! probes), [`check`] (`gpunode-operator check`: one node offline), [`crdgen`] (the CRDs).
 
 pub mod apply;
 pub mod cache;
@@ -8,17 +24,15 @@ pub mod check;
 pub mod controller;
 pub mod crdgen;
 pub mod events;
-pub mod heartbeats;
 pub mod leader;
 pub mod markers;
 pub mod metrics;
-pub mod own_writes;
+pub mod observe;
 pub mod plan;
+pub mod reasons;
 pub mod server;
 pub mod status;
 pub mod sweep;
-pub mod triggers;
-pub mod trim;
 
 // The pure evaluator lives in gpunode-checks, which the node-probe shares; these keep the
 // operator's paths (`crate::evaluate`, `crate::verdict`).

@@ -29,7 +29,7 @@ use tokio::{sync::watch, time::Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use crate::verdict::NodeState;
+use crate::{reasons::PolicyCondition, verdict::NodeState};
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -225,8 +225,30 @@ struct VerdictLabels {
     result: &'static str,
 }
 
-/// The parts of a Node gpunode writes (the `part` label of `gpunode_node_writes_total`).
-pub const NODE_PARTS: [&str; 3] = ["metadata", "spec", "condition"];
+/// A part of a Node gpunode writes (the `part` label of `gpunode_node_writes_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WritePart {
+    /// Labels and annotations.
+    Metadata,
+    /// Taints and the cordon.
+    Spec,
+    /// The `GpuPolicyCompliant` condition.
+    Condition,
+}
+
+impl WritePart {
+    /// Every part.
+    pub const ALL: [WritePart; 3] = [WritePart::Metadata, WritePart::Spec, WritePart::Condition];
+
+    /// The label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WritePart::Metadata => "metadata",
+            WritePart::Spec => "spec",
+            WritePart::Condition => "condition",
+        }
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NodeLabels {
@@ -239,16 +261,6 @@ struct ConditionLabels {
     policy: String,
     condition: String,
 }
-
-/// The policy status conditions exported as `gpunode_policy_condition`.
-pub const POLICY_CONDITIONS: [&str; 6] = [
-    "Ready",
-    "Degraded",
-    "BudgetExhausted",
-    "CircuitOpen",
-    "Conflict",
-    "Paused",
-];
 
 const NODE_STATES: [NodeState; 3] = [NodeState::Compliant, NodeState::Drifted, NodeState::Unknown];
 
@@ -290,8 +302,8 @@ impl Metrics {
         let watch_events = Family::<WatchLabels, Counter>::default();
         let verdicts = Family::<VerdictLabels, Counter>::default();
         let policy_conditions = Family::<ConditionLabels, Gauge>::default();
-        for part in NODE_PARTS {
-            let _ = node_writes.get_or_create(&PartLabels { part });
+        for part in WritePart::ALL {
+            let _ = node_writes.get_or_create(&PartLabels { part: part.as_str() });
         }
         for source in ["node", "report"] {
             for outcome in ["reconcile", "skipped"] {
@@ -431,7 +443,7 @@ impl Metrics {
 
     /// Exports the policy's status conditions: 1 for each type that is True.
     pub fn set_policy_conditions(&self, policy: &str, conditions: &[Condition]) {
-        for condition in POLICY_CONDITIONS {
+        for condition in PolicyCondition::ALL.map(PolicyCondition::as_str) {
             let on = conditions
                 .iter()
                 .any(|c| c.type_ == condition && c.status == "True");
@@ -446,7 +458,7 @@ impl Metrics {
 
     /// Drops `policy`'s series (the policy was deleted).
     pub fn forget_policy(&self, policy: &str) {
-        for condition in POLICY_CONDITIONS {
+        for condition in PolicyCondition::ALL.map(PolicyCondition::as_str) {
             self.policy_conditions.remove(&ConditionLabels {
                 policy: policy.to_string(),
                 condition: condition.to_string(),
@@ -473,15 +485,21 @@ impl Metrics {
     }
 
     /// Counts a write to one part of a Node (`metadata`, `spec` or `condition`).
-    pub fn node_write(&self, part: &'static str) {
-        self.node_writes.get_or_create(&PartLabels { part }).inc();
+    pub fn node_write(&self, part: WritePart) {
+        self.node_writes
+            .get_or_create(&PartLabels { part: part.as_str() })
+            .inc();
     }
 
     /// Writes to Nodes so far, all parts together.
     pub fn node_writes(&self) -> u64 {
-        NODE_PARTS
+        WritePart::ALL
             .iter()
-            .map(|part| self.node_writes.get_or_create(&PartLabels { part }).get())
+            .map(|part| {
+                self.node_writes
+                    .get_or_create(&PartLabels { part: part.as_str() })
+                    .get()
+            })
             .sum()
     }
 

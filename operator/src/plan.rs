@@ -12,9 +12,13 @@
 //!   policy's nodes are; the rest queue, oldest drift first. Undoing is never limited.
 //! - **Circuit breaker.** When more than `maxDriftedPercent` of the nodes (and more than one
 //!   node) began drifting within `window`, no disruption is added anywhere.
-//! - **Conflict, skip, dry run, pause.** A node selected by another policy gets no new disruption;
+//! - **Conflict, skip, dry run, pause.** A node selected by another policy gets no new disruption,
+//!   and only the first of the overlapping policies by name writes it (`NodePlan::defer_to`);
 //!   `gpunode.dev/skip=true` and a paused policy leave the node untouched; dry run writes only
 //!   the labels, the condition and the bookkeeping, and lists every action as pending.
+//! - **Time.** Each node plan says when it next changes with time alone and why
+//!   (`NodePlan::next_change`: an `after`, a `healthyFor`, a drain timeout, a report going
+//!   stale); [`requeue_after`] turns that into when the policy is looked at again.
 //! - **People win.** gpunode never uncordons a node it did not cordon; a person who uncordons a
 //!   node gpunode cordoned or is draining cancels that, and gpunode does not cordon it again until
 //!   the node has recovered.
@@ -31,6 +35,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::{
     markers::{self, ClassTrack, DriftTaint, Markers},
+    reasons::Reason,
     verdict::{NodeState, Verdict},
 };
 
@@ -49,12 +54,15 @@ pub struct NodeView {
     pub markers: Markers,
     /// The state label as observed, if any.
     pub current_state: Option<NodeState>,
-    /// The reason of the node's `GpuPolicyCompliant` condition as observed, if any.
-    pub current_reason: Option<String>,
+    /// The reason of the node's `GpuPolicyCompliant` condition as observed, if gpunode wrote it.
+    pub current_reason: Option<Reason>,
     /// What the policy says about the node now.
     pub verdict: Verdict,
     /// Other policies that also select this node.
     pub conflicts: Vec<String>,
+    /// When the node's probe was last heard from (its report's `observedAt` or a later
+    /// heartbeat): the report goes stale `staleAfter` later.
+    pub last_heard: Option<Timestamp>,
 }
 
 impl NodeView {
@@ -75,7 +83,8 @@ impl NodeView {
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.type_ == markers::CONDITION_TYPE))
-            .and_then(|c| c.reason.clone());
+            .and_then(|c| c.reason.as_deref())
+            .and_then(Reason::parse);
         let view = NodeView {
             name: node.metadata.name.clone().unwrap_or_default(),
             skip: labels.get(markers::SKIP_LABEL).is_some_and(|v| v == "true"),
@@ -91,8 +100,15 @@ impl NodeView {
             current_reason: reason,
             verdict,
             conflicts,
+            last_heard: None,
         };
         (view, errors)
+    }
+
+    /// The same view, with when its probe was last heard from.
+    pub fn heard_at(mut self, last_heard: Option<Timestamp>) -> NodeView {
+        self.last_heard = last_heard;
+        self
     }
 }
 
@@ -184,8 +200,12 @@ pub enum DrainStep {
 pub struct NodePlan {
     /// Node name.
     pub node: String,
-    /// False when nothing may be written to the node (skip label, paused policy).
+    /// False when nothing may be written to the node (skip label, paused policy, or another
+    /// policy writes it: see `defer_to`).
     pub write: bool,
+    /// The policy that writes this node instead: with overlapping policies only the first by
+    /// name writes a node, so the two do not flip its labels back and forth.
+    pub defer_to: Option<String>,
     /// The verdict's state.
     pub state: NodeState,
     /// Classes for the `gpunode.dev/drift.<class>` labels: those drifting now.
@@ -211,6 +231,85 @@ pub struct NodePlan {
     pub events: Vec<PlannedEvent>,
     /// When the oldest active drift began.
     pub since: Option<Timestamp>,
+    /// What gpunode had in effect on the node before this plan (what stays in effect when the
+    /// plan is not written).
+    pub before: InEffect,
+    /// When this node's plan next changes with time alone, and why (`None`: only a change of
+    /// the node, its report or the policy changes it).
+    pub next_change: Option<NextChange>,
+}
+
+impl NodePlan {
+    /// What gpunode has in effect on the node once this plan is written.
+    pub fn after(&self) -> InEffect {
+        InEffect {
+            actions: self.actions.clone(),
+            tainted: !self.taints.is_empty(),
+            cordoned: self.markers.cordoned_by_us,
+            drain: self.drain,
+        }
+    }
+}
+
+/// What gpunode has in effect on a node: its taints, cordon and drain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InEffect {
+    /// The actions in effect, in order.
+    pub actions: Vec<Action>,
+    /// A gpunode taint is on the node.
+    pub tainted: bool,
+    /// gpunode's cordon is on the node.
+    pub cordoned: bool,
+    /// The drain.
+    pub drain: DrainStep,
+}
+
+/// When a plan changes with time alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NextChange {
+    /// When.
+    pub at: Timestamp,
+    /// Why.
+    pub cause: ChangeCause,
+}
+
+/// What changes a plan when its time comes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeCause {
+    /// A remediation rule's `after` passes for a class.
+    RuleAfter {
+        /// The class.
+        class: DriftClass,
+        /// The rule's action.
+        action: RemediationAction,
+    },
+    /// A class has been clear for `recovery.healthyFor`: what it caused is undone.
+    HealthyFor(DriftClass),
+    /// The report goes stale (`staleAfter` since the probe was last heard from).
+    Stale,
+    /// The drain reaches its timeout.
+    DrainTimeout,
+}
+
+impl std::fmt::Display for NextChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cause {
+            ChangeCause::RuleAfter { class, action } => write!(
+                f,
+                "{}: the {action:?} rule's `after` passes for {}",
+                self.at,
+                class.as_str()
+            ),
+            ChangeCause::HealthyFor(class) => write!(
+                f,
+                "{}: {} has been clear for `recovery.healthyFor`",
+                self.at,
+                class.as_str()
+            ),
+            ChangeCause::Stale => write!(f, "{}: the report goes stale (`staleAfter`)", self.at),
+            ChangeCause::DrainTimeout => write!(f, "{}: the drain reaches its timeout", self.at),
+        }
+    }
 }
 
 /// The `GpuPolicyCompliant` condition.
@@ -218,8 +317,8 @@ pub struct NodePlan {
 pub struct NodeCondition {
     /// `True`, `False` or `Unknown`.
     pub status: &'static str,
-    /// CamelCase reason.
-    pub reason: &'static str,
+    /// Why.
+    pub reason: Reason,
     /// One line.
     pub message: String,
 }
@@ -229,8 +328,8 @@ pub struct NodeCondition {
 pub struct PlannedEvent {
     /// A Warning (drift, stuck drain) rather than Normal.
     pub warning: bool,
-    /// CamelCase reason.
-    pub reason: &'static str,
+    /// Why.
+    pub reason: Reason,
     /// One line.
     pub note: String,
 }
@@ -250,6 +349,39 @@ pub struct PolicyPlan {
     pub circuit_open: bool,
     /// Nodes that began drifting within the breaker window.
     pub recently_drifted: u32,
+}
+
+impl PolicyPlan {
+    /// The first time any node's plan changes with time alone.
+    pub fn next_change(&self) -> Option<NextChange> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.next_change)
+            .min_by_key(|c| c.at)
+    }
+}
+
+/// Longest a policy waits between two looks when nothing is due.
+pub const IDLE_REQUEUE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How often a policy with a running drain is looked at: evictions refused by a
+/// PodDisruptionBudget are retried.
+pub const DRAIN_REQUEUE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long after `now` the policy should be looked at again if nothing else changes: just after
+/// its plan's next change, at most [`DRAIN_REQUEUE`] while a drain runs and [`IDLE_REQUEUE`]
+/// otherwise.
+pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
+    let wait = plan.next_change().map_or(IDLE_REQUEUE, |c| {
+        std::time::Duration::try_from(c.at.duration_since(now)).unwrap_or(IDLE_REQUEUE)
+    });
+    let draining = plan
+        .nodes
+        .iter()
+        .any(|n| matches!(n.drain, DrainStep::Run { .. }));
+    let cap = if draining { DRAIN_REQUEUE } else { IDLE_REQUEUE };
+    // Just after: a change due exactly `now` has not happened yet.
+    (wait + std::time::Duration::from_millis(100)).min(cap)
 }
 
 fn elapsed(now: Timestamp, since: Timestamp) -> SignedDuration {
@@ -369,8 +501,8 @@ fn is_disrupted(actions: &BTreeSet<Action>) -> bool {
     actions.iter().any(Action::is_disruptive)
 }
 
-/// Plans every node of one policy.
-pub fn plan(policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> PolicyPlan {
+/// Plans every node of policy `name` (whose spec is `policy`).
+pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> PolicyPlan {
     let healthy_for = signed(policy.recovery.healthy_for);
     let matched = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
 
@@ -515,6 +647,7 @@ pub fn plan(policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> P
             }
         };
         plans.push(node_plan(
+            name,
             policy,
             node,
             w.tracks,
@@ -539,6 +672,7 @@ pub fn plan(policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> P
 
 #[allow(clippy::too_many_arguments)]
 fn node_plan(
+    name: &str,
     policy: &GpuNodePolicySpec,
     node: &NodeView,
     tracks: BTreeMap<DriftClass, ClassTrack>,
@@ -549,7 +683,8 @@ fn node_plan(
     blocked: Option<Block>,
     now: Timestamp,
 ) -> NodePlan {
-    let write = !matches!(blocked, Some(Block::Skip | Block::Paused));
+    let defer_to = node.conflicts.iter().filter(|c| c.as_str() < name).min().cloned();
+    let write = defer_to.is_none() && !matches!(blocked, Some(Block::Skip | Block::Paused));
     let taints: BTreeSet<DriftTaint> = effective
         .iter()
         .filter_map(|a| match a {
@@ -580,15 +715,29 @@ fn node_plan(
     } else {
         None
     };
+    let timeout = signed(policy.disruption.drain.timeout);
     let drain = match (drain_started, node.markers.drained) {
         (Some(started), Some(finished)) if node.markers.drain_started.is_some() => {
             DrainStep::Done { started, finished }
         }
         (Some(started), _) => DrainStep::Run {
             started,
-            stuck: elapsed(now, started) >= signed(policy.disruption.drain.timeout),
+            stuck: elapsed(now, started) >= timeout,
         },
         (None, _) => DrainStep::None,
+    };
+    let before = InEffect {
+        actions: current(node).into_iter().collect(),
+        tainted: !node.taints.is_empty(),
+        cordoned: node.markers.cordoned_by_us && node.unschedulable,
+        drain: match (node.markers.drain_started, node.markers.drained) {
+            (Some(started), Some(finished)) => DrainStep::Done { started, finished },
+            (Some(started), None) => DrainStep::Run {
+                started,
+                stuck: elapsed(now, started) >= timeout,
+            },
+            (None, _) => DrainStep::None,
+        },
     };
     let drained = match drain {
         DrainStep::Done { finished, .. } => Some(finished),
@@ -616,9 +765,11 @@ fn node_plan(
         &pending,
     );
     let drifting = node.verdict.classes();
+    let next_change = next_change(policy, &markers.classes, &drain, node.last_heard, now);
     NodePlan {
         node: node.name.clone(),
         write,
+        defer_to,
         state,
         drifting,
         markers,
@@ -631,7 +782,67 @@ fn node_plan(
         condition,
         events,
         since,
+        before,
+        next_change,
     }
+}
+
+/// When a node's plan next changes with time alone: a rule's `after` passing for one of its
+/// classes, a cleared class reaching `healthyFor`, the drain reaching its timeout, the report
+/// going stale. The earliest after `now`.
+fn next_change(
+    policy: &GpuNodePolicySpec,
+    tracks: &BTreeMap<DriftClass, ClassTrack>,
+    drain: &DrainStep,
+    last_heard: Option<Timestamp>,
+    now: Timestamp,
+) -> Option<NextChange> {
+    let at = |from: Timestamp, after: gpunode_crds::Duration, cause| {
+        from.checked_add(signed(after))
+            .ok()
+            .map(|at| NextChange { at, cause })
+    };
+    let mut changes: Vec<NextChange> = Vec::new();
+    for (class, track) in tracks {
+        changes.extend(
+            policy
+                .remediation
+                .iter()
+                .filter(|r| r.classes.contains(class))
+                .filter_map(|r| {
+                    at(
+                        track.since,
+                        r.after,
+                        ChangeCause::RuleAfter {
+                            class: *class,
+                            action: r.action,
+                        },
+                    )
+                }),
+        );
+        if let Some(cleared) = track.cleared_at {
+            changes.extend(at(
+                cleared,
+                policy.recovery.healthy_for,
+                ChangeCause::HealthyFor(*class),
+            ));
+        }
+    }
+    if let DrainStep::Run {
+        started,
+        stuck: false,
+    } = drain
+    {
+        changes.extend(at(
+            *started,
+            policy.disruption.drain.timeout,
+            ChangeCause::DrainTimeout,
+        ));
+    }
+    if let Some(heard) = last_heard {
+        changes.extend(at(heard, policy.stale_after, ChangeCause::Stale));
+    }
+    changes.into_iter().filter(|c| c.at > now).min_by_key(|c| c.at)
 }
 
 fn condition(
@@ -642,17 +853,17 @@ fn condition(
 ) -> NodeCondition {
     let summary = node.verdict.summary();
     let (status, reason) = match node.verdict.state {
-        NodeState::Compliant => ("True", "Compliant"),
-        NodeState::Drifted => ("False", "Drifted"),
-        NodeState::Unknown => ("Unknown", "Unknown"),
+        NodeState::Compliant => ("True", Reason::Compliant),
+        NodeState::Drifted => ("False", Reason::Drifted),
+        NodeState::Unknown => ("Unknown", Reason::Unknown),
     };
     let (reason, mut message) = match drain {
         DrainStep::Run { stuck: true, started } => (
-            "DrainStuck",
+            Reason::DrainStuck,
             format!("{summary}; drain running since {started} is stuck"),
         ),
-        DrainStep::Run { .. } => ("Draining", format!("{summary}; draining")),
-        DrainStep::Done { finished, .. } => ("Drained", format!("{summary}; drained at {finished}")),
+        DrainStep::Run { .. } => (Reason::Draining, format!("{summary}; draining")),
+        DrainStep::Done { finished, .. } => (Reason::Drained, format!("{summary}; drained at {finished}")),
         DrainStep::None => (reason, summary),
     };
     if let Some(b) = blocked
@@ -685,9 +896,9 @@ fn events(
     let first_and_fine = node.current_state.is_none() && state == NodeState::Compliant;
     if node.current_state != Some(state) && !first_and_fine {
         let (warning, reason) = match state {
-            NodeState::Compliant => (false, "Compliant"),
-            NodeState::Drifted => (true, "Drifted"),
-            NodeState::Unknown => (true, "Unknown"),
+            NodeState::Compliant => (false, Reason::Compliant),
+            NodeState::Drifted => (true, Reason::Drifted),
+            NodeState::Unknown => (true, Reason::Unknown),
         };
         out.push(PlannedEvent {
             warning,
@@ -700,7 +911,7 @@ fn events(
         if !pending.is_empty() && node.current_state != Some(state) {
             out.push(PlannedEvent {
                 warning: false,
-                reason: "RemediationWaiting",
+                reason: Reason::RemediationWaiting,
                 note: blocked.as_ref().map(Block::describe).unwrap_or_default(),
             });
         }
@@ -708,26 +919,26 @@ fn events(
     for t in taints.difference(&node.taints) {
         out.push(PlannedEvent {
             warning: true,
-            reason: "Tainted",
+            reason: Reason::Tainted,
             note: format!("added taint {}", t.display()),
         });
     }
     for t in node.taints.difference(taints) {
         out.push(PlannedEvent {
             warning: false,
-            reason: "TaintRemoved",
+            reason: Reason::TaintRemoved,
             note: format!("removed taint {}", t.display()),
         });
     }
     match cordon {
         Some(true) => out.push(PlannedEvent {
             warning: true,
-            reason: "Cordoned",
+            reason: Reason::Cordoned,
             note: "marked unschedulable by gpunode".to_string(),
         }),
         Some(false) => out.push(PlannedEvent {
             warning: false,
-            reason: "Uncordoned",
+            reason: Reason::Uncordoned,
             note: "gpunode's cordon lifted after recovery".to_string(),
         }),
         None => {}
@@ -735,22 +946,22 @@ fn events(
     match (node.markers.drain_started, drain) {
         (None, DrainStep::Run { .. }) => out.push(PlannedEvent {
             warning: true,
-            reason: "DrainStarted",
+            reason: Reason::DrainStarted,
             note: "evicting pods through the Eviction API".to_string(),
         }),
         (Some(_), DrainStep::Run { stuck: true, .. })
-            if node.current_reason.as_deref() != Some("DrainStuck") =>
+            if node.current_reason != Some(Reason::DrainStuck) =>
         {
             out.push(PlannedEvent {
                 warning: true,
-                reason: "DrainStuck",
+                reason: Reason::DrainStuck,
                 note: "drain has run past its timeout; still retrying, never forcing".to_string(),
             })
         }
-        (Some(_), DrainStep::Done { .. }) if node.current_reason.as_deref() != Some("Drained") => {
+        (Some(_), DrainStep::Done { .. }) if node.current_reason != Some(Reason::Drained) => {
             out.push(PlannedEvent {
                 warning: false,
-                reason: "Drained",
+                reason: Reason::Drained,
                 note: "every pod the drain may evict has been evicted; the node stays cordoned until it recovers"
                     .to_string(),
             })
@@ -758,14 +969,14 @@ fn events(
         (Some(_), DrainStep::None) if user_uncordoned.is_some() && node.markers.user_uncordoned.is_none() => {
             out.push(PlannedEvent {
                 warning: true,
-                reason: "DrainCancelled",
+                reason: Reason::DrainCancelled,
                 note: "node uncordoned by a user; gpunode will not cordon it again until it recovers"
                     .to_string(),
             })
         }
         (Some(_), DrainStep::None) => out.push(PlannedEvent {
             warning: false,
-            reason: "DrainEnded",
+            reason: Reason::DrainEnded,
             note: "drain no longer needed".to_string(),
         }),
         _ => {}

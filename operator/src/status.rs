@@ -1,5 +1,7 @@
-//! Policy status from a plan: counts, the capped list of drifted nodes and the conditions.
-//! Pure. Conditions keep their `lastTransitionTime` unless their status flips, and
+//! Policy status from what was applied: counts, the capped list of drifted nodes and the
+//! conditions. Pure. What a node counts as (tainted, cordoned, draining, its actions) is what is
+//! in effect on it ([`Applied::in_effect`]): a node whose write failed counts as it was, not as it
+//! was planned. Conditions keep their `lastTransitionTime` unless their status flips, and
 //! [`same_ignoring_time`] lets the controller skip a patch that would change only timestamps.
 
 use gpunode_crds::{GpuNodePolicyStatus, policy::DriftedNode, selector::InvalidSelector};
@@ -7,7 +9,9 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::{
-    plan::{Action, Block, DrainStep, PolicyPlan},
+    apply::Applied,
+    plan::{Action, Block, DrainStep, InEffect, NodePlan, PolicyPlan},
+    reasons::{PolicyCondition, PolicyReason},
     verdict::NodeState,
 };
 
@@ -15,9 +19,9 @@ use crate::{
 pub const MAX_DRIFTED_NODES: usize = 50;
 
 fn condition(
-    type_: &str,
+    type_: PolicyCondition,
     on: bool,
-    reason: &str,
+    reason: PolicyReason,
     message: String,
     generation: Option<i64>,
     old: &[Condition],
@@ -26,7 +30,7 @@ fn condition(
     let status = if on { "True" } else { "False" };
     let since = old
         .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
+        .find(|c| c.type_ == type_.as_str() && c.status == status)
         .map_or(Time(now), |c| c.last_transition_time.clone());
     Condition {
         type_: type_.to_string(),
@@ -38,26 +42,29 @@ fn condition(
     }
 }
 
-/// The status a plan implies, given the previous status (for transition times).
+/// The status of a policy whose plan was applied (`applied`), given the previous status (for
+/// transition times).
 pub fn status(
     plan: &PolicyPlan,
+    applied: &Applied,
     generation: Option<i64>,
     paused: bool,
     old: Option<&GpuNodePolicyStatus>,
     now: Timestamp,
 ) -> GpuNodePolicyStatus {
     let old_conditions = old.map(|s| s.conditions.as_slice()).unwrap_or_default();
-    let count = |f: &dyn Fn(&crate::plan::NodePlan) -> bool| {
-        u32::try_from(plan.nodes.iter().filter(|n| f(n)).count()).unwrap_or(u32::MAX)
+    let nodes: Vec<(&NodePlan, InEffect)> = applied.in_effect(plan).collect();
+    let count = |f: &dyn Fn(&NodePlan, &InEffect) -> bool| {
+        u32::try_from(nodes.iter().filter(|(n, e)| f(n, e)).count()).unwrap_or(u32::MAX)
     };
-    let matched = count(&|_| true);
-    let compliant = count(&|n| n.state == NodeState::Compliant);
-    let drifted = count(&|n| n.state == NodeState::Drifted);
-    let unknown = count(&|n| n.state == NodeState::Unknown);
-    let tainted = count(&|n| !n.taints.is_empty());
-    let cordoned = count(&|n| n.markers.cordoned_by_us);
-    let draining = count(&|n| matches!(n.drain, DrainStep::Run { .. }));
-    let stuck = count(&|n| matches!(n.drain, DrainStep::Run { stuck: true, .. }));
+    let matched = count(&|_, _| true);
+    let compliant = count(&|n, _| n.state == NodeState::Compliant);
+    let drifted = count(&|n, _| n.state == NodeState::Drifted);
+    let unknown = count(&|n, _| n.state == NodeState::Unknown);
+    let tainted = count(&|_, e| e.tainted);
+    let cordoned = count(&|_, e| e.cordoned);
+    let draining = count(&|_, e| matches!(e.drain, DrainStep::Run { .. }));
+    let stuck = count(&|_, e| matches!(e.drain, DrainStep::Run { stuck: true, .. }));
     let conflicts: Vec<&str> = plan
         .nodes
         .iter()
@@ -65,21 +72,22 @@ pub fn status(
         .map(|n| n.node.as_str())
         .collect();
 
-    let mut listed: Vec<&crate::plan::NodePlan> = plan
-        .nodes
+    let mut listed: Vec<&(&NodePlan, InEffect)> = nodes
         .iter()
-        .filter(|n| n.state != NodeState::Compliant)
+        .filter(|(n, _)| n.state != NodeState::Compliant)
         .collect();
-    listed.sort_by(|a, b| (a.since.is_none(), a.since, &a.node).cmp(&(b.since.is_none(), b.since, &b.node)));
+    listed.sort_by(|(a, _), (b, _)| {
+        (a.since.is_none(), a.since, &a.node).cmp(&(b.since.is_none(), b.since, &b.node))
+    });
     let truncated = listed.len() > MAX_DRIFTED_NODES;
     let drifted_nodes = listed
         .into_iter()
         .take(MAX_DRIFTED_NODES)
-        .map(|n| DriftedNode {
+        .map(|(n, effect)| DriftedNode {
             node: n.node.clone(),
             classes: n.drifting.iter().copied().collect(),
             since: n.since.map(Time),
-            actions: n.actions.iter().map(Action::describe).collect(),
+            actions: effect.actions.iter().map(Action::describe).collect(),
             pending_actions: n.pending.iter().map(Action::describe).collect(),
             message: n.condition.message.clone(),
         })
@@ -88,18 +96,22 @@ pub fn status(
     let g = generation;
     let conditions = vec![
         condition(
-            "Ready",
+            PolicyCondition::Ready,
             true,
-            "Reconciled",
+            PolicyReason::Reconciled,
             format!("{matched} nodes evaluated: {compliant} compliant, {drifted} drifted, {unknown} unknown"),
             g,
             old_conditions,
             now,
         ),
         condition(
-            "Degraded",
+            PolicyCondition::Degraded,
             stuck > 0,
-            if stuck > 0 { "DrainStuck" } else { "AsExpected" },
+            if stuck > 0 {
+                PolicyReason::DrainStuck
+            } else {
+                PolicyReason::AsExpected
+            },
             if stuck > 0 {
                 format!("{stuck} drains have run past their timeout")
             } else {
@@ -110,12 +122,12 @@ pub fn status(
             now,
         ),
         condition(
-            "BudgetExhausted",
+            PolicyCondition::BudgetExhausted,
             plan.budget_queued > 0,
             if plan.budget_queued > 0 {
-                "NodesQueued"
+                PolicyReason::NodesQueued
             } else {
-                "WithinBudget"
+                PolicyReason::WithinBudget
             },
             format!(
                 "{} of {} nodes disrupted; {} waiting",
@@ -126,12 +138,12 @@ pub fn status(
             now,
         ),
         condition(
-            "CircuitOpen",
+            PolicyCondition::CircuitOpen,
             plan.circuit_open,
             if plan.circuit_open {
-                "TooManyDrifting"
+                PolicyReason::TooManyDrifting
             } else {
-                "Closed"
+                PolicyReason::Closed
             },
             format!(
                 "{} of {matched} nodes began drifting within the breaker window",
@@ -142,12 +154,12 @@ pub fn status(
             now,
         ),
         condition(
-            "Conflict",
+            PolicyCondition::Conflict,
             !conflicts.is_empty(),
             if conflicts.is_empty() {
-                "NoOverlap"
+                PolicyReason::NoOverlap
             } else {
-                "OverlappingPolicies"
+                PolicyReason::OverlappingPolicies
             },
             if conflicts.is_empty() {
                 "no node is selected by another policy".to_string()
@@ -159,9 +171,13 @@ pub fn status(
             now,
         ),
         condition(
-            "Paused",
+            PolicyCondition::Paused,
             paused,
-            if paused { "Paused" } else { "Active" },
+            if paused {
+                PolicyReason::Paused
+            } else {
+                PolicyReason::Active
+            },
             if paused {
                 "spec.paused is true: no action is taken or undone".to_string()
             } else {
@@ -200,18 +216,18 @@ pub fn invalid(
     let message = format!("{error}; the policy selects no node and acts on nothing until it is fixed");
     let mut conditions = vec![
         condition(
-            "Ready",
+            PolicyCondition::Ready,
             false,
-            INVALID_SELECTOR,
+            PolicyReason::InvalidSelector,
             message.clone(),
             generation,
             old_conditions,
             now,
         ),
         condition(
-            "Degraded",
+            PolicyCondition::Degraded,
             true,
-            INVALID_SELECTOR,
+            PolicyReason::InvalidSelector,
             message,
             generation,
             old_conditions,
@@ -221,7 +237,9 @@ pub fn invalid(
     conditions.extend(
         old_conditions
             .iter()
-            .filter(|c| c.type_ != "Ready" && c.type_ != "Degraded")
+            .filter(|c| {
+                c.type_ != PolicyCondition::Ready.as_str() && c.type_ != PolicyCondition::Degraded.as_str()
+            })
             .cloned(),
     );
     GpuNodePolicyStatus {
@@ -230,9 +248,6 @@ pub fn invalid(
         ..GpuNodePolicyStatus::default()
     }
 }
-
-/// The reason of the Ready and Degraded conditions of a policy with an unusable selector.
-pub const INVALID_SELECTOR: &str = "InvalidSelector";
 
 /// Equal apart from condition transition times: no patch needed.
 pub fn same_ignoring_time(a: &GpuNodePolicyStatus, b: &GpuNodePolicyStatus) -> bool {
@@ -244,4 +259,79 @@ pub fn same_ignoring_time(a: &GpuNodePolicyStatus, b: &GpuNodePolicyStatus) -> b
         s
     };
     strip(a) == strip(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        apply::{ApplyError, NodeOutcome, NodeResult},
+        plan::{NodeView, plan},
+        verdict::{Drift, Verdict},
+    };
+    use gpunode_crds::{DriftClass, GpuNodePolicySpec};
+
+    fn xid(name: &str) -> NodeView {
+        let verdict = Verdict::new(
+            vec![Drift {
+                class: DriftClass::Xid,
+                check: "gpu.xid".into(),
+                expected: "none".into(),
+                actual: "79".into(),
+                gpu: Some(0),
+                device: None,
+            }],
+            Vec::new(),
+        );
+        let mut node = k8s_openapi::api::core::v1::Node::default();
+        node.metadata.name = Some(name.to_string());
+        NodeView::observe(&node, verdict, Vec::new()).0
+    }
+
+    #[test]
+    fn a_node_whose_write_failed_counts_as_it_was_not_as_planned() {
+        let spec: GpuNodePolicySpec = serde_json::from_value(serde_json::json!({
+            "remediation": [{"classes": ["Xid"], "action": "Drain"}],
+            "disruption": {"maxUnavailable": 2, "circuitBreaker": {"maxDriftedPercent": 100}},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let now = Timestamp::now();
+        let p = plan("p", &spec, &[xid("a"), xid("b")], now);
+        assert!(
+            p.nodes.iter().all(|n| n.cordon == Some(true)),
+            "both are cordoned and drained"
+        );
+        let applied = Applied {
+            results: vec![
+                NodeResult::Applied(Box::<NodeOutcome>::default()),
+                NodeResult::Failed(ApplyError::Conflict("b".into())),
+            ],
+        };
+        let s = status(&p, &applied, Some(1), false, None, now);
+        assert_eq!((s.matched, s.drifted), (2, 2), "the verdicts stand either way");
+        assert_eq!(
+            (s.cordoned, s.draining),
+            (1, 1),
+            "only the node written is cordoned and draining"
+        );
+        let listed = |n: &str| {
+            s.drifted_nodes
+                .iter()
+                .find(|d| d.node == n)
+                .map(|d| d.actions.clone())
+                .unwrap_or_else(|| panic!("{n} is listed"))
+        };
+        assert_eq!(listed("a"), ["Cordon", "Drain"]);
+        assert!(
+            listed("b").is_empty(),
+            "nothing is in effect on b: {:?}",
+            listed("b")
+        );
+        // Written in full: the plan is what is in effect.
+        let all = Applied {
+            results: vec![NodeResult::Unchanged, NodeResult::Applied(Box::default())],
+        };
+        let s = status(&p, &all, Some(1), false, None, now);
+        assert_eq!((s.cordoned, s.draining), (2, 2));
+    }
 }

@@ -4,13 +4,12 @@
 //! this finds whatever is left, at start-up and whenever a policy goes away, so nothing gpunode
 //! did outlives every policy that could undo it.
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::sync::Arc;
 
-use gpunode_crds::GpuNodePolicy;
 use k8s_openapi::api::core::v1::Node;
-use kube::{ResourceExt, core::SelectorExt};
+use kube::ResourceExt;
 
-use crate::{controller::Guarded, markers};
+use crate::{markers, observe::SelectorIndex};
 
 /// Whether gpunode left anything on the node.
 pub fn has_markers(node: &Node) -> bool {
@@ -41,18 +40,9 @@ pub fn has_markers(node: &Node) -> bool {
 /// The nodes with gpunode's markers that no policy governs: the policy their label names does
 /// not exist, and no policy that is not being deleted selects them. `None` when that cannot be
 /// told: a policy that cannot be read might select any node, so nothing is released.
-pub fn unowned(nodes: &[Arc<Node>], policies: &[Arc<Guarded<GpuNodePolicy>>]) -> Option<Vec<Arc<Node>>> {
-    let mut names = BTreeSet::new();
-    let mut selecting = Vec::new();
-    for g in policies {
-        names.insert(g.name_any());
-        let policy = g.0.as_ref().ok()?;
-        if policy.metadata.deletion_timestamp.is_none() {
-            // A policy whose selector cannot be used selects nothing.
-            if let Ok(s) = crate::controller::selector_of(policy) {
-                selecting.push(s);
-            }
-        }
+pub fn unowned(nodes: &[Arc<Node>], index: &SelectorIndex) -> Option<Vec<Arc<Node>>> {
+    if index.has_unreadable() {
+        return None;
     }
     Some(
         nodes
@@ -61,9 +51,9 @@ pub fn unowned(nodes: &[Arc<Node>], policies: &[Arc<Guarded<GpuNodePolicy>>]) ->
             .filter(|n| {
                 n.labels()
                     .get(markers::POLICY_LABEL)
-                    .is_none_or(|p| !names.contains(p))
+                    .is_none_or(|p| !index.exists(p))
             })
-            .filter(|n| !selecting.iter().any(|s| s.matches(n.labels())))
+            .filter(|n| !index.selects_any(n.labels()))
             .cloned()
             .collect(),
     )

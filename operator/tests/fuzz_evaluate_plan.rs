@@ -193,7 +193,7 @@ fn evaluate_survives_mutated_reports() {
         let now = observed + SignedDuration::from_secs(offset);
         // What the operator's cache keeps of the report decides the same.
         let mut trimmed = report.clone();
-        gpunode_operator::trim::report(&mut trimmed);
+        gpunode_operator::observe::trim::report(&mut trimmed);
         for p in &policies {
             let verdict = evaluate(&p.spec, Some(&report), now);
             prop_assert!(!verdict.summary().is_empty());
@@ -662,7 +662,7 @@ fn plan_never_exceeds_the_budget_on_hostile_nodes() {
                 NodeView::observe(&node, verdict, conflicts).0
             })
             .collect();
-        let p = plan(&policy.spec, &views, now);
+        let p = plan("p", &policy.spec, &views, now);
 
         // The oracle, from the specs and the documented rules only.
         let expects: Vec<Expect> = specs.iter().map(|s| expect(s, &k)).collect();

@@ -10,6 +10,7 @@ use gpunode_crds::{
 use gpunode_operator::{
     markers::{DriftTaint, Markers},
     plan::{Action, Block, DrainStep, NodeView, PolicyPlan, plan},
+    reasons::Reason,
     verdict::{Drift, NodeState, Unknown, Verdict},
 };
 use jiff::{SignedDuration, Timestamp};
@@ -82,6 +83,7 @@ fn node(name: &str) -> NodeView {
         current_reason: None,
         verdict: compliant(),
         conflicts: Vec::new(),
+        last_heard: None,
     }
 }
 
@@ -107,13 +109,13 @@ fn apply(nodes: &mut [NodeView], plan: &PolicyPlan) {
             n.unschedulable = c;
         }
         n.current_state = Some(p.state);
-        n.current_reason = Some(p.condition.reason.to_string());
+        n.current_reason = Some(p.condition.reason);
     }
 }
 
 /// Plans and applies once.
 fn step(policy: &GpuNodePolicySpec, nodes: &mut [NodeView], now: Timestamp) -> PolicyPlan {
-    let p = plan(policy, nodes, now);
+    let p = plan("first", policy, nodes, now);
     apply(nodes, &p);
     p
 }
@@ -138,7 +140,7 @@ fn a_taint_waits_for_after() {
     assert!(of(&p, "a").taints.is_empty());
     let p = step(&policy, &mut nodes, at(30));
     assert_eq!(of(&p, "a").taints, BTreeSet::from([no_schedule("throttle")]));
-    assert!(of(&p, "a").events.iter().any(|e| e.reason == "Tainted"));
+    assert!(of(&p, "a").events.iter().any(|e| e.reason == Reason::Tainted));
 }
 
 #[test]
@@ -158,7 +160,12 @@ fn recovery_waits_for_healthy_for_then_removes_only_gpunode_taints() {
     assert_eq!(nodes[0].taints.len(), 1);
     let p = step(&policy, &mut nodes, at(60 + 300));
     assert!(nodes[0].taints.is_empty());
-    assert!(of(&p, "a").events.iter().any(|e| e.reason == "TaintRemoved"));
+    assert!(
+        of(&p, "a")
+            .events
+            .iter()
+            .any(|e| e.reason == Reason::TaintRemoved)
+    );
     assert!(
         nodes[0].markers.classes.is_empty(),
         "bookkeeping cleared after recovery"
@@ -231,11 +238,11 @@ fn drain_cordons_then_evicts_and_recovery_uncordons() {
             stuck: true
         }
     );
-    assert_eq!(of(&p, "a").condition.reason, "DrainStuck");
-    assert!(of(&p, "a").events.iter().any(|e| e.reason == "DrainStuck"));
+    assert_eq!(of(&p, "a").condition.reason, Reason::DrainStuck);
+    assert!(of(&p, "a").events.iter().any(|e| e.reason == Reason::DrainStuck));
     let p = step(&policy, &mut nodes, at(610));
     assert!(
-        !of(&p, "a").events.iter().any(|e| e.reason == "DrainStuck"),
+        !of(&p, "a").events.iter().any(|e| e.reason == Reason::DrainStuck),
         "stuck reported once"
     );
 
@@ -265,16 +272,16 @@ fn a_finished_drain_is_reported_once_never_turns_stuck_and_ends_on_recovery() {
             finished: at(30)
         }
     );
-    assert_eq!(a.condition.reason, "Drained");
+    assert_eq!(a.condition.reason, Reason::Drained);
     assert_eq!(a.markers.drained, Some(at(30)), "kept while the drain rule holds");
     assert_eq!(a.cordon, None, "still cordoned: nothing to change");
     assert!(nodes[0].unschedulable);
-    assert!(a.events.iter().any(|e| e.reason == "Drained"));
+    assert!(a.events.iter().any(|e| e.reason == Reason::Drained));
 
     // Long past the drain timeout: done is not stuck, and the event is not repeated.
     let p = step(&policy, &mut nodes, at(3600));
     let a = of(&p, "a");
-    assert_eq!(a.condition.reason, "Drained");
+    assert_eq!(a.condition.reason, Reason::Drained);
     assert!(a.events.is_empty(), "{:?}", a.events);
 
     nodes[0].verdict = compliant();
@@ -294,10 +301,10 @@ fn a_first_compliant_verdict_is_not_an_event_but_a_return_to_compliance_is() {
     assert!(of(&p, "a").events.is_empty(), "{:?}", of(&p, "a").events);
     nodes[0].verdict = drifted(&[DriftClass::Driver]);
     let p = step(&policy, &mut nodes, at(10));
-    assert!(of(&p, "a").events.iter().any(|e| e.reason == "Drifted"));
+    assert!(of(&p, "a").events.iter().any(|e| e.reason == Reason::Drifted));
     nodes[0].verdict = compliant();
     let p = step(&policy, &mut nodes, at(20));
-    assert!(of(&p, "a").events.iter().any(|e| e.reason == "Compliant"));
+    assert!(of(&p, "a").events.iter().any(|e| e.reason == Reason::Compliant));
 }
 
 #[test]
@@ -328,7 +335,7 @@ fn a_human_uncordon_cancels_the_drain_until_the_node_recovers() {
     let a = of(&p, "a");
     assert_eq!(a.drain, DrainStep::None);
     assert_eq!(a.cordon, None);
-    assert!(a.events.iter().any(|e| e.reason == "DrainCancelled"));
+    assert!(a.events.iter().any(|e| e.reason == Reason::DrainCancelled));
     assert!(nodes[0].markers.user_uncordoned.is_some());
     // Still drifting: gpunode does not fight the human.
     let p = step(&policy, &mut nodes, at(60));
@@ -369,7 +376,7 @@ fn a_drain_a_person_cancelled_takes_no_budget_and_gives_none() {
         a.verdict = drifted(&[DriftClass::Xid]);
         a
     }];
-    let p = plan(&policy, &nodes, at(0));
+    let p = plan("p", &policy, &nodes, at(0));
     assert_eq!(p.budget_in_use, 1, "only a's new drain holds the slot");
     assert_eq!(of(&p, "a").cordon, Some(true));
     assert_eq!(of(&p, "b").cordon, None, "the person's uncordon is respected");
@@ -377,7 +384,7 @@ fn a_drain_a_person_cancelled_takes_no_budget_and_gives_none() {
     let mut policy0 = ladder();
     policy0.disruption.max_unavailable = gpunode_crds::MaxUnavailable::Count(0);
     let nodes = vec![cancelled("c", DriftClass::Throttle)];
-    let p = plan(&policy0, &nodes, at(60));
+    let p = plan("p", &policy0, &nodes, at(60));
     assert!(
         of(&p, "c").taints.is_empty(),
         "tainted with no budget: {:?}",
@@ -680,4 +687,124 @@ remediation:
         p.circuit_open,
         "two of three is more than 30% and more than one node"
     );
+}
+
+#[test]
+fn with_overlapping_policies_only_the_first_by_name_writes_a_node() {
+    let policy = ladder();
+    let mut a = node("a");
+    a.conflicts = vec!["z-policy".to_string(), "b-policy".to_string()];
+    a.verdict = drifted(&[DriftClass::Xid]);
+    let first = plan("a-policy", &policy, std::slice::from_ref(&a), at(0));
+    assert!(of(&first, "a").write);
+    assert_eq!(of(&first, "a").defer_to, None);
+    let later = plan("c-policy", &policy, std::slice::from_ref(&a), at(0));
+    let np = of(&later, "a");
+    assert!(!np.write, "a later policy writes nothing to the node");
+    assert_eq!(
+        np.defer_to.as_deref(),
+        Some("b-policy"),
+        "the first by name writes it"
+    );
+    // Both still hold back the disruption: the node is in conflict either way.
+    for p in [&first, &later] {
+        assert!(matches!(of(p, "a").blocked, Some(Block::Conflict(_))));
+        assert_eq!(of(p, "a").cordon, None);
+    }
+}
+
+#[test]
+fn each_node_plan_says_when_it_next_changes_and_why() {
+    use gpunode_operator::plan::{ChangeCause, DRAIN_REQUEUE, IDLE_REQUEUE, requeue_after};
+    let policy = ladder();
+    let secs = |d: gpunode_crds::Duration| i64::try_from(d.get().as_secs()).unwrap_or(i64::MAX);
+    let healthy_for = secs(policy.recovery.healthy_for);
+    let stale_after = secs(policy.stale_after);
+    let drain_timeout = secs(policy.disruption.drain.timeout);
+
+    // Throttling: the taint rule's `after` (30 s) is the next change.
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Throttle]);
+    let p = step(&policy, &mut nodes, at(0));
+    let next = of(&p, "a")
+        .next_change
+        .unwrap_or_else(|| panic!("a change is due"));
+    assert_eq!(next.at, at(30));
+    assert_eq!(
+        next.cause,
+        ChangeCause::RuleAfter {
+            class: DriftClass::Throttle,
+            action: RemediationAction::Taint
+        }
+    );
+    assert!(next.to_string().contains("after"), "{next}");
+    assert_eq!(requeue_after(&p, at(0)), std::time::Duration::from_millis(30_100));
+    // Tainted at 30 s, healthy again at 40 s: the undo comes `healthyFor` later.
+    let p = step(&policy, &mut nodes, at(30));
+    assert!(!of(&p, "a").taints.is_empty());
+    nodes[0].verdict = compliant();
+    let p = step(&policy, &mut nodes, at(40));
+    let next = of(&p, "a")
+        .next_change
+        .unwrap_or_else(|| panic!("the undo is due"));
+    assert_eq!(
+        (next.at, next.cause),
+        (
+            at(40 + healthy_for),
+            ChangeCause::HealthyFor(DriftClass::Throttle)
+        )
+    );
+    // A report heard from at 35 s goes stale first if `staleAfter` is shorter than that.
+    nodes[0].last_heard = Some(at(35));
+    let p = plan("first", &policy, &nodes, at(41));
+    let next = of(&p, "a")
+        .next_change
+        .unwrap_or_else(|| panic!("a change is due"));
+    let expected = if 35 + stale_after < 40 + healthy_for {
+        (at(35 + stale_after), ChangeCause::Stale)
+    } else {
+        (
+            at(40 + healthy_for),
+            ChangeCause::HealthyFor(DriftClass::Throttle),
+        )
+    };
+    assert_eq!((next.at, next.cause), expected);
+
+    // A drain: its timeout is due, and the policy is looked at every few seconds meanwhile.
+    let mut nodes = vec![node("b")];
+    nodes[0].verdict = drifted(&[DriftClass::Xid]);
+    let p = step(&policy, &mut nodes, at(0));
+    let next = of(&p, "b")
+        .next_change
+        .unwrap_or_else(|| panic!("the drain timeout is due"));
+    assert_eq!(
+        (next.at, next.cause),
+        (at(drain_timeout), ChangeCause::DrainTimeout)
+    );
+    assert_eq!(requeue_after(&p, at(0)), DRAIN_REQUEUE);
+
+    // Compliant and never heard from: nothing is due; looked at again after the idle interval.
+    let p = plan("first", &policy, &[node("c")], at(0));
+    assert_eq!(of(&p, "c").next_change, None);
+    assert_eq!(p.next_change(), None);
+    assert_eq!(requeue_after(&p, at(0)), IDLE_REQUEUE);
+}
+
+#[test]
+fn a_plan_keeps_what_was_in_effect_before_it() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = drifted(&[DriftClass::Xid]);
+    let p = step(&policy, &mut nodes, at(0));
+    let a = of(&p, "a");
+    assert!(a.before.actions.is_empty() && !a.before.cordoned && a.before.drain == DrainStep::None);
+    let after = a.after();
+    assert!(after.cordoned, "{after:?}");
+    assert!(matches!(after.drain, DrainStep::Run { .. }));
+    assert_eq!(after.actions, [Action::Cordon, Action::Drain]);
+    // Written: the next plan's `before` is the first one's `after`.
+    let p = step(&policy, &mut nodes, at(1));
+    let a = of(&p, "a");
+    assert!(a.before.cordoned && matches!(a.before.drain, DrainStep::Run { .. }));
+    assert_eq!(a.before.actions, [Action::Cordon, Action::Drain]);
 }

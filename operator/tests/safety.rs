@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use gpunode_crds::{GpuNodePolicy, GpuNodePolicyStatus, policy::DrainPolicy, selector};
 use gpunode_operator::{
     apply::{PodSelection, to_evict},
-    controller::Guarded,
+    observe::{Guarded, SelectorIndex},
     status, sweep,
 };
 use jiff::Timestamp;
@@ -128,7 +128,8 @@ fn policy(name: &str, selector: &str) -> Arc<Guarded<GpuNodePolicy>> {
 }
 
 fn unowned(nodes: &[Arc<Node>], policies: &[Arc<Guarded<GpuNodePolicy>>]) -> Option<Vec<String>> {
-    sweep::unowned(nodes, policies).map(|ns| ns.iter().filter_map(|n| n.metadata.name.clone()).collect())
+    sweep::unowned(nodes, &SelectorIndex::new(policies))
+        .map(|ns| ns.iter().filter_map(|n| n.metadata.name.clone()).collect())
 }
 
 #[test]

@@ -50,7 +50,7 @@ impl OwnWrites {
     /// Remembers a node as gpunode's write returned it; now and then forgets the written
     /// versions `cached` (the watch's store) has caught up with, and nodes it no longer has.
     pub fn wrote(&self, mut node: Node, cached: &Store<Node>) {
-        crate::trim::node(&mut node);
+        super::trim::node(&mut node);
         let name = node.metadata.name.clone().unwrap_or_default();
         let mut w = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         w.nodes.insert(name, Arc::new(node));

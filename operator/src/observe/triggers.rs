@@ -28,7 +28,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Resource, ResourceExt,
-    core::{DeserializeGuard, SelectorExt},
+    core::DeserializeGuard,
     runtime::{
         reflector::{ObjectRef, Store},
         watcher,
@@ -170,24 +170,6 @@ pub fn vanished_report(name: &str) -> GuardedReport {
     DeserializeGuard(Ok(gpunode_crds::GpuNodeReport::new(name, Default::default())))
 }
 
-/// The policies that select a node with these labels.
-pub fn policies_for(
-    store: &Store<DeserializeGuard<GpuNodePolicy>>,
-    labels: &std::collections::BTreeMap<String, String>,
-) -> Vec<Arc<DeserializeGuard<GpuNodePolicy>>> {
-    store
-        .state()
-        .into_iter()
-        .filter(|g| {
-            g.0.as_ref().is_ok_and(|p| {
-                p.metadata.deletion_timestamp.is_none()
-                    && kube::core::Selector::try_from(p.spec.node_selector.clone())
-                        .is_ok_and(|s| s.matches(labels))
-            })
-        })
-        .collect()
-}
-
 /// A report change matters when it changes the verdict of a policy selecting its node.
 pub struct ReportVerdicts {
     /// Nodes, for the labels the policies select on.
@@ -198,7 +180,7 @@ pub struct ReportVerdicts {
     pub verdicts: Arc<VerdictCache>,
     /// The probes' heartbeats: a report refreshed after its `observedAt` went past `staleAfter`
     /// is no change while the heartbeat kept it fresh.
-    pub heartbeats: crate::heartbeats::Heartbeats,
+    pub heartbeats: super::Heartbeats,
 }
 
 impl Materiality<GuardedReport> for ReportVerdicts {
@@ -210,8 +192,9 @@ impl Materiality<GuardedReport> for ReportVerdicts {
         };
         let now = Timestamp::now();
         let heard = self.heartbeats.heard(&name);
-        policies_for(&self.policies, node.labels())
-            .iter()
+        let index = super::SelectorIndex::new(&self.policies.state());
+        index
+            .selecting(node.labels())
             .filter_map(|g| g.0.as_ref().ok())
             .any(|p| {
                 self.verdicts

@@ -1,0 +1,154 @@
+//! Which policies select which nodes: every policy's selectors parsed once, answering "which
+//! policies select node N", "which others also select it" (conflicts) and "does any select it"
+//! (orphans, the sweep), so those answers cannot disagree.
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use gpunode_crds::{
+    GpuNodePolicy,
+    selector::{self, InvalidSelector},
+};
+use kube::{
+    ResourceExt,
+    core::{Selector, SelectorExt},
+};
+
+use super::Guarded;
+
+/// Where the drain's pod selector is, in errors and conditions.
+pub const POD_SELECTOR_FIELD: &str = "spec.disruption.drain.podSelector";
+
+/// The policy's node selector, parsed as strictly as the API server validates it. Also checks
+/// the drain's pod selector: a policy with any unusable selector selects no node at all.
+pub fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, InvalidSelector> {
+    if let Some(pods) = &policy.spec.disruption.drain.pod_selector {
+        selector::parse(POD_SELECTOR_FIELD, pods)?;
+    }
+    selector::parse("spec.nodeSelector", &policy.spec.node_selector)
+}
+
+/// The parsed selectors of a set of policies.
+#[derive(Clone, Default)]
+pub struct SelectorIndex {
+    /// Policies that select nodes (readable, not being deleted, usable selectors), by name.
+    selecting: Vec<(Arc<Guarded<GpuNodePolicy>>, Selector)>,
+    /// Some policy could not be read: it might select any node.
+    unreadable: bool,
+    /// The name of every policy, readable or not, deleted or not.
+    names: std::collections::BTreeSet<String>,
+}
+
+impl SelectorIndex {
+    /// The index of `policies` (a policy store's state).
+    pub fn new(policies: &[Arc<Guarded<GpuNodePolicy>>]) -> SelectorIndex {
+        let mut index = SelectorIndex::default();
+        for g in policies {
+            index.names.insert(g.name_any());
+            let Ok(policy) = g.0.as_ref() else {
+                index.unreadable = true;
+                continue;
+            };
+            if policy.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            // A policy whose selector cannot be used selects nothing.
+            if let Ok(s) = selector_of(policy) {
+                index.selecting.push((g.clone(), s));
+            }
+        }
+        index.selecting.sort_by_key(|(g, _)| g.name_any());
+        index
+    }
+
+    /// The policies that select a node with these labels, by name.
+    pub fn selecting<'a>(
+        &'a self,
+        labels: &'a BTreeMap<String, String>,
+    ) -> impl Iterator<Item = &'a Arc<Guarded<GpuNodePolicy>>> + 'a {
+        self.selecting
+            .iter()
+            .filter(move |(_, s)| s.matches(labels))
+            .map(|(g, _)| g)
+    }
+
+    /// Whether any policy selects a node with these labels.
+    pub fn selects_any(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.selecting(labels).next().is_some()
+    }
+
+    /// The policies other than `policy` that select a node with these labels, by name.
+    pub fn conflicts(&self, policy: &str, labels: &BTreeMap<String, String>) -> Vec<String> {
+        self.selecting(labels)
+            .map(|g| g.name_any())
+            .filter(|name| name != policy)
+            .collect()
+    }
+
+    /// Whether a policy of this name exists (readable or not, deleted or not).
+    pub fn exists(&self, policy: &str) -> bool {
+        self.names.contains(policy)
+    }
+
+    /// Some policy cannot be read: which nodes it selects cannot be told.
+    pub fn has_unreadable(&self) -> bool {
+        self.unreadable
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(name: &str, selector: serde_json::Value, deleting: bool) -> Arc<Guarded<GpuNodePolicy>> {
+        let mut v = serde_json::json!({
+            "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
+            "metadata": {"name": name},
+            "spec": {"nodeSelector": selector},
+        });
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+        }
+        Arc::new(serde_json::from_value(v).unwrap_or_else(|e| panic!("{name}: {e}")))
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn one_index_answers_selection_conflicts_and_orphans_alike() {
+        let h100 = serde_json::json!({"matchLabels": {"gpu": "h100"}});
+        let index = SelectorIndex::new(&[
+            policy("b", h100.clone(), false),
+            policy("a", h100.clone(), false),
+            policy("gone", h100, true),
+            policy(
+                "other",
+                serde_json::json!({"matchLabels": {"gpu": "a100"}}),
+                false,
+            ),
+            // Fails closed: a selector that cannot be used selects nothing.
+            policy(
+                "bad",
+                serde_json::json!({"matchExpressions": [{"key": "gpu", "operator": "Near"}]}),
+                false,
+            ),
+        ]);
+        let node = labels(&[("gpu", "h100")]);
+        let names: Vec<String> = index.selecting(&node).map(|g| g.name_any()).collect();
+        assert_eq!(
+            names,
+            ["a", "b"],
+            "by name; a policy being deleted selects nothing"
+        );
+        assert_eq!(index.conflicts("b", &node), ["a"]);
+        assert!(index.conflicts("other", &labels(&[("gpu", "a100")])).is_empty());
+        assert!(!index.selects_any(&labels(&[("gpu", "l4")])));
+        assert!(!index.selects_any(&BTreeMap::new()), "no labels, no policy");
+        assert!(index.exists("gone") && index.exists("bad") && !index.exists("x"));
+        assert!(!index.has_unreadable());
+    }
+}
