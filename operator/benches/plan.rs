@@ -65,7 +65,7 @@ fn main() {
                 current_reason: None,
                 verdict,
                 conflicts: Vec::new(),
-                last_heard: None,
+                verdict_until: None,
             })
             .collect();
         let t = Instant::now();

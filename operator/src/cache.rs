@@ -2,12 +2,12 @@
 //!
 //! - a reconcile re-evaluates only the nodes whose report changed (by resourceVersion), whose
 //!   policy changed (by uid and generation), or whose verdict may have changed with time
-//!   ([`unchanged_until`]: a report going stale, a fatal XID leaving its window);
+//!   ([`unchanged_until`](crate::evaluate::unchanged_until): a report going stale, a fatal XID leaving its window);
 //! - a report event whose verdict is the one the last reconcile acted on (a heartbeat: only
 //!   `observedAt`, temperatures or counters moved) triggers no reconcile at all
 //!   ([`VerdictCache::report_is_material`]).
 //!
-//! Pure bookkeeping: evaluation stays [`evaluate`], nothing here reads the cluster.
+//! Pure bookkeeping: evaluation stays [`evaluate`](crate::evaluate::evaluate), nothing here reads the cluster.
 
 use std::{
     collections::HashMap,
@@ -144,6 +144,13 @@ impl PolicyVerdicts {
         };
         self.nodes.insert(node.to_string(), entry);
         verdict
+    }
+
+    /// Through when the verdict last given for `node` holds: the report going stale, a fatal
+    /// XID leaving its window (no later than the time it was given, when it may change at any
+    /// moment).
+    pub fn holds_until(&self, node: &str) -> Option<Timestamp> {
+        self.nodes.get(node).map(|e| e.until)
     }
 
     /// Ends a pass: nodes the pass did not visit left the policy.

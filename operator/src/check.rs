@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
 
 use crate::{
-    evaluate::evaluate,
+    evaluate::{evaluate, unchanged_until},
     markers::Markers,
     plan::{self, Action, NodeView},
     verdict::{NodeState, Verdict},
@@ -244,18 +244,11 @@ impl Outcome {
     }
 }
 
-fn view(inputs: &Inputs, verdict: Verdict) -> NodeView {
-    // Offline there is no heartbeat: the report is as fresh as its `observedAt`.
-    let observed_at = inputs
-        .report
-        .status
-        .as_ref()
-        .and_then(|s| s.observed_at.as_ref())
-        .map(|t| t.0);
+fn view(inputs: &Inputs, verdict: Verdict, until: Option<Timestamp>) -> NodeView {
     match &inputs.node {
         Some(node) => NodeView::observe(node, verdict, Vec::new())
             .0
-            .heard_at(observed_at),
+            .holding_until(until),
         None => NodeView {
             name: inputs.report.metadata.name.clone().unwrap_or_default(),
             skip: false,
@@ -266,7 +259,7 @@ fn view(inputs: &Inputs, verdict: Verdict) -> NodeView {
             current_reason: None,
             verdict,
             conflicts: Vec::new(),
-            last_heard: observed_at,
+            verdict_until: until,
         },
     }
 }
@@ -285,7 +278,9 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
     spec.disruption.circuit_breaker.max_drifted_percent = 100;
     let spec = &spec;
     let verdict = evaluate(spec, Some(&inputs.report), now);
-    let mut node = view(inputs, verdict.clone());
+    // Offline there is no heartbeat: the report is as fresh as its `observedAt`.
+    let until = unchanged_until(spec, Some(&inputs.report), now);
+    let mut node = view(inputs, verdict.clone(), until);
     let policy = inputs.policy.metadata.name.clone().unwrap_or_default();
     let first = plan::plan(&policy, spec, std::slice::from_ref(&node), now);
     let p = first.nodes.into_iter().next()?;

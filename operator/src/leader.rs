@@ -18,6 +18,13 @@
 //! On graceful shutdown the leader steps down first, then releases the Lease (clears
 //! `holderIdentity`) if the record still names it, so a follower takes over at its next retry
 //! instead of waiting for the Lease to expire.
+//!
+//! Why not a crate (kube-lease-manager, kubert's lease): they report leadership through a value
+//! their renewing task updates, which stays "leader" for as long as that task is stalled (a
+//! paused process resumes believing it leads), and they judge a Lease's expiry from its
+//! `renewTime` by the wall clock, tolerating a configured skew. The write fence
+//! ([`crate::apply::Applier::with_gate`]) needs a flag that expires on its own once the renew
+//! deadline passes by this process's monotonic clock, which is what this module is.
 
 use std::{
     future::Future,

@@ -140,8 +140,8 @@ pub struct Inputs<'a> {
 }
 
 /// Every node's view under `policy`: what gpunode has in effect on it, its verdict (reused from
-/// `verdicts` while its report, the policy and the time allow), the other policies selecting it
-/// and when its probe was last heard from.
+/// `verdicts` while its report, the policy and the time allow) and through when that holds, and
+/// the other policies selecting it.
 pub fn views(
     policy: &GpuNodePolicy,
     nodes: &[Arc<Node>],
@@ -159,12 +159,11 @@ pub fn views(
             let heard = inputs.heartbeats.heard(name);
             let verdict = verdicts.verdict(policy, name, report.as_deref(), heard, now);
             let conflicts = inputs.index.conflicts(&policy_name, node.labels());
-            let last_heard = observed_at(report.as_deref()).map(|o| crate::evaluate::last_heard(o, heard));
             let (view, errors) = NodeView::observe(node, verdict, conflicts);
             for e in errors {
                 warn!(node = %name, error = %e, "ignoring unreadable gpunode annotation");
             }
-            view.heard_at(last_heard)
+            view.holding_until(verdicts.holds_until(name))
         })
         .collect();
     verdicts.end();

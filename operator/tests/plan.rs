@@ -83,7 +83,7 @@ fn node(name: &str) -> NodeView {
         current_reason: None,
         verdict: compliant(),
         conflicts: Vec::new(),
-        last_heard: None,
+        verdict_until: None,
     }
 }
 
@@ -719,7 +719,6 @@ fn each_node_plan_says_when_it_next_changes_and_why() {
     let policy = ladder();
     let secs = |d: gpunode_crds::Duration| i64::try_from(d.get().as_secs()).unwrap_or(i64::MAX);
     let healthy_for = secs(policy.recovery.healthy_for);
-    let stale_after = secs(policy.stale_after);
     let drain_timeout = secs(policy.disruption.drain.timeout);
 
     // Throttling: the taint rule's `after` (30 s) is the next change.
@@ -754,21 +753,20 @@ fn each_node_plan_says_when_it_next_changes_and_why() {
             ChangeCause::HealthyFor(DriftClass::Throttle)
         )
     );
-    // A report heard from at 35 s goes stale first if `staleAfter` is shorter than that.
-    nodes[0].last_heard = Some(at(35));
+    // A verdict that changes with time before that (a report going stale) comes first.
+    nodes[0].verdict_until = Some(at(100));
     let p = plan("first", &policy, &nodes, at(41));
     let next = of(&p, "a")
         .next_change
         .unwrap_or_else(|| panic!("a change is due"));
-    let expected = if 35 + stale_after < 40 + healthy_for {
-        (at(35 + stale_after), ChangeCause::Stale)
-    } else {
-        (
-            at(40 + healthy_for),
-            ChangeCause::HealthyFor(DriftClass::Throttle),
-        )
-    };
-    assert_eq!((next.at, next.cause), expected);
+    assert_eq!((next.at, next.cause), (at(100), ChangeCause::Verdict));
+    // Not one that has passed.
+    nodes[0].verdict_until = Some(at(41));
+    let p = plan("first", &policy, &nodes, at(41));
+    assert_eq!(
+        of(&p, "a").next_change.map(|c| c.cause),
+        Some(ChangeCause::HealthyFor(DriftClass::Throttle))
+    );
 
     // A drain: its timeout is due, and the policy is looked at every few seconds meanwhile.
     let mut nodes = vec![node("b")];
