@@ -873,3 +873,6 @@ pub fn evictable(pod: &Pod, policy: &DrainPolicy, selection: &PodSelection) -> b
         .is_some_and(|vs| vs.iter().any(|v| v.empty_dir.is_some()));
     !has_empty_dir || policy.delete_empty_dir_data
 }
+
+#[cfg(test)]
+mod tests;
