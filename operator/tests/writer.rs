@@ -7,7 +7,7 @@
 //! No sleeps: the scripted server is driven by the requests; every test is bounded by a timeout
 //! so a hang fails fast.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{collections::BTreeSet, future::Future, time::Duration};
 

@@ -175,9 +175,7 @@ fn an_unusable_pod_selector_evicts_nothing() {
     let pods = [pod(running("default", "web"))];
     let policy =
         selector(json!({"matchExpressions": [{"key": "app", "operator": "Bogus", "values": ["x"]}]}));
-    let err = to_evict(&pods, &policy)
-        .err()
-        .expect("an unusable selector is an error");
+    let err = to_evict(&pods, &policy).expect_err("an unusable selector is an error");
     assert!(err.to_string().contains("Bogus"), "{err}");
     // Never "no selector, so everything".
     assert_eq!(PodSelection::of(&policy).ok(), None);
