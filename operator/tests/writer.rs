@@ -19,7 +19,8 @@ use gpunode_operator::{
     apply::{Applier, ApplyError, NodeOutcome},
     leader::Leadership,
     markers::{ClassTrack, DriftTaint, Markers},
-    plan::{DrainStep, NodeCondition, NodePlan},
+    plan::{DrainStep, InEffect, NodeCondition, NodePlan},
+    reasons::Reason,
     verdict::NodeState,
 };
 use http::{Method, Request, Response};
@@ -244,6 +245,7 @@ fn tainted_plan() -> NodePlan {
     NodePlan {
         node: "gpu-1".to_string(),
         write: true,
+        defer_to: None,
         state: NodeState::Drifted,
         drifting: BTreeSet::from([DriftClass::Thermal]),
         markers: Markers {
@@ -265,11 +267,18 @@ fn tainted_plan() -> NodePlan {
         blocked: None,
         condition: NodeCondition {
             status: "False",
-            reason: "Tainted",
+            reason: Reason::Drifted,
             message: "thermal drift".to_string(),
         },
         events: Vec::new(),
         since: Some(ts(EARLIER)),
+        before: InEffect {
+            actions: Vec::new(),
+            tainted: false,
+            cordoned: false,
+            drain: DrainStep::None,
+        },
+        next_change: None,
     }
 }
 
@@ -285,7 +294,7 @@ fn draining_plan() -> NodePlan {
     };
     plan.condition = NodeCondition {
         status: "False",
-        reason: "Draining",
+        reason: Reason::Draining,
         message: "thermal drift".to_string(),
     };
     plan
@@ -347,7 +356,7 @@ fn untainted_node(rv: &str, taints: Value) -> Value {
         json!({"gpunode.dev/classes": CLASSES}),
         taints,
         false,
-        json!([ready(), condition("False", "Tainted")]),
+        json!([ready(), condition("False", "Drifted")]),
     )
 }
 
@@ -481,7 +490,7 @@ async fn labels_annotations_and_the_condition_are_one_apply_to_the_status() {
             "status": {"conditions": [{
                 "type": "GpuPolicyCompliant",
                 "status": "False",
-                "reason": "Tainted",
+                "reason": "Drifted",
                 "message": "thermal drift",
                 "lastTransitionTime": EARLIER,
                 "lastHeartbeatTime": NOW,
@@ -521,7 +530,7 @@ async fn a_flipped_condition_moves_its_transition_time_and_the_cordon_marker_is_
             "kind": "Node",
             "metadata": {"name": "gpu-1", "labels": our_labels(), "annotations": {"gpunode.dev/classes": CLASSES}},
             "status": {"conditions": [{
-                "type": "GpuPolicyCompliant", "status": "False", "reason": "Tainted", "message": "thermal drift",
+                "type": "GpuPolicyCompliant", "status": "False", "reason": "Drifted", "message": "thermal drift",
                 "lastTransitionTime": NOW, "lastHeartbeatTime": NOW,
             }]},
         }))
@@ -560,7 +569,7 @@ async fn an_older_gpunodes_apply_to_the_main_resource_is_released() {
             "kind": "Node",
             "metadata": {"name": "gpu-1", "labels": our_labels(), "annotations": {"gpunode.dev/classes": CLASSES}},
             "status": {"conditions": [{
-                "type": "GpuPolicyCompliant", "status": "False", "reason": "Tainted", "message": "thermal drift",
+                "type": "GpuPolicyCompliant", "status": "False", "reason": "Drifted", "message": "thermal drift",
                 "lastTransitionTime": NOW, "lastHeartbeatTime": NOW,
             }]},
         }))

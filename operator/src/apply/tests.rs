@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use super::*;
 use crate::{
     markers::{ClassTrack, Markers},
-    plan::{NodeCondition, NodePlan},
+    plan::{InEffect, NodeCondition, NodePlan},
+    reasons::Reason,
     verdict::NodeState,
 };
 
@@ -340,6 +341,7 @@ fn drifted_plan() -> NodePlan {
     NodePlan {
         node: "gpu-1".to_string(),
         write: true,
+        defer_to: None,
         state: NodeState::Drifted,
         drifting: BTreeSet::from([gpunode_crds::DriftClass::Thermal]),
         markers: Markers {
@@ -361,11 +363,18 @@ fn drifted_plan() -> NodePlan {
         blocked: None,
         condition: NodeCondition {
             status: "False",
-            reason: "Cordoned",
+            reason: Reason::Drifted,
             message: "thermal drift".to_string(),
         },
         events: Vec::new(),
         since: Some(ts(EARLIER)),
+        before: InEffect {
+            actions: Vec::new(),
+            tainted: true,
+            cordoned: true,
+            drain: DrainStep::None,
+        },
+        next_change: None,
     }
 }
 
@@ -396,7 +405,7 @@ fn drifted_node() -> Value {
         },
         "status": {"conditions": [
             {"type": "Ready", "status": "True"},
-            {"type": "GpuPolicyCompliant", "status": "False", "reason": "Cordoned", "message": "thermal drift",
+            {"type": "GpuPolicyCompliant", "status": "False", "reason": "Drifted", "message": "thermal drift",
              "lastTransitionTime": EARLIER},
         ]},
     })
@@ -454,7 +463,7 @@ fn any_difference_needs_work() {
     let mut event = drifted_plan();
     event.events.push(crate::plan::PlannedEvent {
         warning: false,
-        reason: "Cordoned",
+        reason: Reason::Cordoned,
         note: "cordoned".to_string(),
     });
     assert!(
