@@ -35,7 +35,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client,
-    api::{EvictParams, ListParams, Patch, PatchParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
     core::{Selector, SelectorExt},
 };
 use serde_json::json;
@@ -799,16 +799,15 @@ impl Applier {
         for pod in pods {
             let ns = pod.metadata.namespace.clone().unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
-            let params = EvictParams {
-                delete_options: policy.grace_period_seconds.map(|g| kube::api::DeleteParams {
-                    grace_period_seconds: u32::try_from(g).ok(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
+            let eviction = eviction(&ns, &name, policy.grace_period_seconds);
             self.may_write(node)?;
             match Api::<Pod>::namespaced(self.client.clone(), &ns)
-                .evict(&name, &params)
+                .create_subresource::<_, serde_json::Value>(
+                    "eviction",
+                    &name,
+                    &PostParams::default(),
+                    &eviction,
+                )
                 .await
             {
                 Ok(_) => {
@@ -829,6 +828,21 @@ impl Applier {
         }
         Ok((evicted, remaining, refused))
     }
+}
+
+/// The body of a pod's Eviction, with the policy's grace period as its `deleteOptions`. Written
+/// here rather than through kube's `EvictParams`, which (kube 5.0) sends the delete options as
+/// `delete_options`, a field the API server drops: the grace period never arrived.
+fn eviction(namespace: &str, pod: &str, grace_period_seconds: Option<i64>) -> serde_json::Value {
+    let mut body = json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": namespace},
+    });
+    if let Some(g) = grace_period_seconds {
+        body["deleteOptions"] = json!({"gracePeriodSeconds": g});
+    }
+    body
 }
 
 /// Whether a drain evicts this pod: not already terminating or finished, not a DaemonSet or

@@ -784,12 +784,10 @@ async fn a_pod_list_that_fails_is_an_error() {
     );
 }
 
-/// The policy's grace period should reach the API server as the Eviction's
-/// `deleteOptions.gracePeriodSeconds`. kube 5.0.0's `EvictParams` serializes the field as
-/// `delete_options`, which the API server does not know (it drops unknown fields by default),
-/// so `drain.gracePeriodSeconds` has no effect today.
+/// The policy's grace period reaches the API server as the Eviction's
+/// `deleteOptions.gracePeriodSeconds` (kube 5.0.0's `EvictParams` sends `delete_options`, which
+/// the API server drops, so the writer sends its own body).
 #[tokio::test]
-#[ignore = "kube 5.0.0 sends the Eviction's delete options as `delete_options`, not `deleteOptions`"]
 async fn the_grace_period_reaches_the_eviction() {
     let drain = DrainPolicy {
         grace_period_seconds: Some(30),
