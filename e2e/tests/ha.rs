@@ -12,6 +12,10 @@
 //! Needs the binaries built (`make test` builds them first): `gpunode-operator` next to this
 //! test's target directory.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpListener, TcpStream},
@@ -35,19 +39,15 @@ const SLACK: Duration = Duration::from_secs(3);
 /// The ladder's second rung: a cordon this long after the drift began.
 const CORDON_AFTER: &str = "25s";
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 fn operator_bin() -> PathBuf {
-    gpunode_e2e::faults::operator_bin().unwrap_or_else(|e| fail(e))
+    gpunode_e2e::faults::operator_bin().unwrap()
 }
 
 /// A free port on 127.0.0.1 (bound and released; the replica binds it right after).
 fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
-        .unwrap_or_else(|e| fail(e))
+        .unwrap()
 }
 
 /// One operator process; killed if the test fails before stopping it.
@@ -62,8 +62,8 @@ impl Replica {
     fn start(id: &str, namespace: &str, kubeconfig: &Path, logs: &Path) -> Replica {
         let addr = free_addr();
         let log = logs.join(format!("{id}.log"));
-        let out = std::fs::File::create(&log).unwrap_or_else(|e| fail(e));
-        let err = out.try_clone().unwrap_or_else(|e| fail(e));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
         let child = Command::new(operator_bin())
             .args(["run", "--leader-elect", "true", "--lease-namespace", namespace])
             .args(["--instance", id, "--metrics-addr", &addr.to_string()])
@@ -72,7 +72,7 @@ impl Replica {
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err))
             .spawn()
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
         Replica {
             id: id.to_string(),
             addr,
@@ -85,7 +85,7 @@ impl Replica {
         self.child
             .as_ref()
             .map(|c| c.id().to_string())
-            .unwrap_or_else(|| fail(format!("{} is not running", self.id)))
+            .unwrap_or_else(|| panic!("{} is not running", self.id))
     }
 
     /// One series of its `/metrics` (the sum over all label sets when `series` names a family
@@ -113,12 +113,9 @@ impl Replica {
     /// SIGTERM, then wait for the exit.
     async fn terminate(&mut self) -> ExitStatus {
         let pid = self.pid();
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap_or_else(|e| fail(e));
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(sent.success(), "kill -TERM {pid}");
-        let mut child = self.child.take().unwrap_or_else(|| fail("not running"));
+        let mut child = self.child.take().expect("not running");
         let what = format!("{} to exit after SIGTERM (log: {})", self.id, self.log.display());
         wait::until(&what, Duration::from_secs(30), || {
             let r = child
@@ -127,7 +124,7 @@ impl Replica {
             async move { r }
         })
         .await
-        .unwrap_or_else(|e| fail(e))
+        .unwrap()
     }
 }
 
@@ -170,7 +167,7 @@ async fn wait_holder(leases: &Api<Lease>, want: &str, timeout: Duration) -> Dura
         Ok((holder(leases).await.as_deref() == Some(want)).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     start.elapsed()
 }
 
@@ -196,27 +193,23 @@ async fn publish(client: &Client, node: &str, throttle: &[&str]) {
         "gpuCount": 1,
         "gpus": [{"index": 0, "temperatureCelsius": 60, "slowdownCelsius": 87, "throttleReasons": throttle}],
     });
-    reports::publish(client, node, status)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    reports::publish(client, node, status).await.unwrap();
 }
 
 #[tokio::test]
 async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease_duration() {
-    let client = admin_client().await.unwrap_or_else(|e| fail(e));
+    let client = admin_client().await.unwrap();
     // The replicas run as the chart's operator ServiceAccount, with its RBAC: the Lease lives
     // where the chart lets the operator hold it.
-    chart::install_accounts(&client).await.unwrap_or_else(|e| fail(e));
+    chart::install_accounts(&client).await.unwrap();
     let node = format!("ha-{:06x}", rand_suffix());
     let logs = std::env::temp_dir().join(format!("gpunode-{node}"));
-    std::fs::create_dir_all(&logs).unwrap_or_else(|e| fail(e));
+    std::fs::create_dir_all(&logs).unwrap();
     let token = accounts::token(&client, chart::NAMESPACE, chart::OPERATOR_SA, None)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let kubeconfig = logs.join("operator.kubeconfig");
-    chart::write_kubeconfig(&token, &kubeconfig)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    chart::write_kubeconfig(&token, &kubeconfig).await.unwrap();
     let namespace = chart::NAMESPACE;
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     // A Lease left by an earlier run would delay the first replica by a lease duration.
@@ -230,7 +223,7 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         &nodes::GpuNodeShape::default(),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     publish(&client, &node, &[]).await;
     let policies: Api<GpuNodePolicy> = Api::all(client.clone());
     crds::create_policy(
@@ -247,7 +240,7 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         }),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // Start one, let it take the Lease, then the second: a known leader and follower.
     let mut a = Replica::start("replica-a", namespace, &kubeconfig, &logs);
@@ -257,14 +250,14 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         Ok(status_line(b.addr, "/readyz").filter(|s| *s == 200).map(|_| ()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let node_api: Api<Node> = Api::all(client.clone());
     wait::until("node labelled compliant", DEADLINE, || async {
         let n = node_api.get(&node).await?;
         Ok((n.labels().get("gpunode.dev/state").map(String::as_str) == Some("compliant")).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // Drift: the leader taints at once.
     publish(&client, &node, &["HwThermalSlowdown"]).await;
@@ -272,7 +265,7 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         Ok(gpunode_taint(&node_api.get(&node).await?).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert_eq!(holder(&leases).await.as_deref(), Some(a.id.as_str()));
     let leader_writes = a.metric("gpunode_node_writes_total").unwrap_or(0.0);
     assert!(leader_writes > 0.0, "the leader's /metrics shows no Node write");
@@ -283,7 +276,7 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
     );
     assert_eq!(b.metric("gpunode_leader"), Some(0.0));
     assert_eq!(a.metric("gpunode_leader"), Some(1.0));
-    let n = node_api.get(&node).await.unwrap_or_else(|e| fail(e));
+    let n = node_api.get(&node).await.unwrap();
     assert!(!cordoned_by_gpunode(&n), "cordoned before {CORDON_AFTER}");
 
     // SIGKILL the leader: no release, the follower waits out the lease.
@@ -303,7 +296,7 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         Ok((b.metric("gpunode_leader") == Some(1.0)).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // The new leader finishes the ladder from the old one's bookkeeping: the cordon, due
     // CORDON_AFTER after the drift began.
@@ -311,7 +304,7 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         Ok(cordoned_by_gpunode(&node_api.get(&node).await?).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(
         b.metric("gpunode_node_writes_total").unwrap_or(0.0) > 0.0,
         "replica-b leads but its /metrics shows no Node write"
@@ -324,7 +317,7 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         Ok(status_line(c.addr, "/readyz").filter(|s| *s == 200).map(|_| ()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert_eq!(c.metric("gpunode_node_writes_total"), Some(0.0));
     let stopped = Instant::now();
     let status = b.terminate().await;
@@ -345,17 +338,14 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
     );
 
     // The policy goes while a replica still runs its cleanup finalizer.
-    policies
-        .delete(&node, &Default::default())
-        .await
-        .unwrap_or_else(|e| fail(e));
+    policies.delete(&node, &Default::default()).await.unwrap();
     wait::until(
         "policy gone (finalizer removed by replica-c)",
         DEADLINE,
         || async { Ok(policies.get_opt(&node).await?.is_none().then_some(())) },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let status = c.terminate().await;
     assert!(
         status.success(),

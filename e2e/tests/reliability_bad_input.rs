@@ -31,14 +31,10 @@ use serde_json::{Value, json};
 const CLASS: &str = "bad input";
 const DEADLINE: Duration = Duration::from_secs(120);
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 fn yaml(path: &str) -> Value {
     let p = repo_root().join(path);
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| fail(format!("{}: {e}", p.display())));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| fail(format!("{}: {e}", p.display())))
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 /// Hostile values: (name, value); `None` deletes the field.
@@ -378,18 +374,16 @@ const CASE_DEADLINE: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_operator() {
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "bad-input");
-    let mut op = Operator::start(&fc, &client, "rel-bad", "rel-bad")
-        .await
-        .unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let mut op = Operator::start(&fc, &client, "rel-bad", "rel-bad").await.unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
     let strict = yaml("operator/tests/fixtures/evaluate/strict-policy.yaml");
     let mut spec = WaveSpec::drain("bad", NODES, 0);
     spec.policy_spec = strict["spec"].clone();
     spec.bystander = false;
-    let wave = Wave::setup(&client, &spec).await.unwrap_or_else(|e| fail(e));
-    let policy: GpuNodePolicy = serde_json::from_value(strict.clone()).unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(&client, &spec).await.unwrap();
+    let policy: GpuNodePolicy = serde_json::from_value(strict.clone()).unwrap();
     let healthy = yaml("operator/tests/fixtures/evaluate/healthy-h100-report.yaml")["status"].clone();
     let (store, writer) = reflector::store::<Node>();
     let watch = tokio::spawn(
@@ -401,7 +395,7 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
         .reflect(writer)
         .for_each(|_| async {}),
     );
-    store.wait_until_ready().await.unwrap_or_else(|e| fail(e));
+    store.wait_until_ready().await.unwrap();
     let started = std::time::Instant::now();
 
     // Reports: four in five of the budget, spread over the nodes and judged concurrently.
@@ -434,7 +428,7 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
     let healthy_report: GpuNodeReport = serde_json::from_value(json!({
         "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
         "metadata": {"name": "n"}, "spec": {"nodeName": "n"}, "status": healthy}))
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let dry = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -518,20 +512,12 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
     failed["observedAt"] = json!(jiff::Timestamp::now().to_string());
     failed["collectors"][0]["ok"] = json!(false);
     failed["collectors"][0]["error"] = json!("NVML: driver not loaded");
-    reports::publish(&client, &node, failed)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    judge
-        .says(&node, NodeState::Unknown)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    reports::publish(&client, &node, failed).await.unwrap();
+    judge.says(&node, NodeState::Unknown).await.unwrap();
     reports::publish(&client, &node, sentinel(&healthy, NodeState::Compliant))
         .await
-        .unwrap_or_else(|e| fail(e));
-    judge
-        .says(&node, NodeState::Compliant)
-        .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
+    judge.says(&node, NodeState::Compliant).await.unwrap();
     let alive = op.alive();
     let panicked = op.log_text().contains("panicked");
     watch.abort();
@@ -586,7 +572,7 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
         checks,
         recovery_ms: None,
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     rec.assert_clean();
     wave.cleanup().await;
 }
