@@ -40,7 +40,7 @@ const SLACK: Duration = Duration::from_secs(3);
 const CORDON_AFTER: &str = "25s";
 
 fn operator_bin() -> PathBuf {
-    gpunode_e2e::faults::operator_bin().unwrap()
+    gpunode_e2e::faults::replica::operator_bin().unwrap()
 }
 
 /// A free port on 127.0.0.1 (bound and released; the replica binds it right after).

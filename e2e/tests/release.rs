@@ -23,7 +23,12 @@ use std::time::{Duration, Instant};
 
 use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
-    faults::{self, FaultCluster, Operator, Restore, Wave, WaveSpec},
+    faults::{
+        cluster::{FaultCluster, Restore},
+        marks,
+        replica::Operator,
+        wave::{Wave, WaveSpec},
+    },
     wait,
 };
 use k8s_openapi::api::{
@@ -58,7 +63,7 @@ fn leftovers(node: &Node) -> Vec<String> {
             .map(|(k, _)| format!("annotation {k}")),
     );
     out.extend(
-        faults::gpunode_taints(node)
+        marks::gpunode_taints(node)
             .into_iter()
             .map(|t| format!("taint {t}")),
     );
@@ -114,7 +119,7 @@ async fn wait_all_disrupted(wave: &Wave) {
         Ok((nodes.len() == wave.nodes.len()
             && nodes.iter().all(|n| {
                 n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
-                    && !faults::gpunode_taints(n).is_empty()
+                    && !marks::gpunode_taints(n).is_empty()
             }))
         .then_some(()))
     })

@@ -15,7 +15,14 @@ use std::{collections::BTreeMap, time::Duration};
 use futures::{StreamExt, future::join_all};
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_e2e::{
-    faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
+    faults::{
+        checks::Check,
+        cluster::FaultCluster,
+        marks,
+        record::{Recorder, Run},
+        replica::Operator,
+        wave::{self, Wave, WaveSpec},
+    },
     fixtures::repo_root,
     reports, wait,
 };
@@ -194,12 +201,12 @@ fn cases(base: &Value, fields: &[&str], n: usize, salt: u64) -> Vec<(String, Val
     }
     let mut i = 0u64;
     while out.len() < n {
-        let seed = faults::mix(salt + i);
+        let seed = wave::mix(salt + i);
         i += 1;
         let mut doc = base.clone();
         let mut names = Vec::new();
         for j in 0..=(seed % 3) {
-            let r = faults::mix(seed ^ (j + 1));
+            let r = wave::mix(seed ^ (j + 1));
             let field = fields[usize::try_from(r % fields.len() as u64).unwrap_or(0)];
             let (name, value) = &values[usize::try_from((r >> 32) % values.len() as u64).unwrap_or(0)];
             if set(&mut doc, field, value.clone()) {
@@ -264,7 +271,7 @@ impl Judge<'_> {
     fn label(&self, node: &str) -> Option<String> {
         self.nodes
             .get(&reflector::ObjectRef::new(node))
-            .and_then(|n| n.metadata.labels.as_ref()?.get(faults::STATE_LABEL).cloned())
+            .and_then(|n| n.metadata.labels.as_ref()?.get(marks::STATE_LABEL).cloned())
     }
 
     async fn says(&self, node: &str, state: NodeState) -> Result<(), gpunode_e2e::Error> {

@@ -14,7 +14,14 @@ use std::{
 };
 
 use gpunode_e2e::{
-    faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
+    faults::{
+        checks::Check,
+        cluster::{self, FaultCluster},
+        marks,
+        record::{self, Recorder, Run},
+        replica::Operator,
+        wave::{self, Wave, WaveSpec},
+    },
     reports, wait,
 };
 use k8s_openapi::api::core::v1::{Node, Taint};
@@ -132,7 +139,7 @@ fn observed_mine(n: &Node) -> Mine {
             .and_then(|s| s.taints.as_ref())
             .and_then(|ts| ts.iter().find(|t| t.key == ACTOR_TAINT))
             .and_then(|t| t.value.clone()),
-        label: faults::label(n, ACTOR_LABEL),
+        label: marks::label(n, ACTOR_LABEL),
     }
 }
 
@@ -168,11 +175,11 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
     while start.elapsed() < run_for {
         let r = mix(1000 + flips);
         let node = &wave.nodes[(r % wave.nodes.len() as u64) as usize];
-        reports::publish(&client, node, faults::report_status(r & 0x10 == 0, "boot-1"))
+        reports::publish(&client, node, wave::report_status(r & 0x10 == 0, "boot-1"))
             .await
             .unwrap();
         flips += 1;
-        faults::hold("flip rate", Duration::from_millis(150))
+        cluster::hold("flip rate", Duration::from_millis(150))
             .await
             .unwrap();
     }
@@ -185,7 +192,7 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
         .map(|(i, n)| (n.clone(), i % 2 == 0))
         .collect();
     for (n, d) in &expect_drift {
-        reports::publish(&client, n, faults::report_status(*d, "boot-1"))
+        reports::publish(&client, n, wave::report_status(*d, "boot-1"))
             .await
             .unwrap();
     }
@@ -198,8 +205,8 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
             let ok = nodes.iter().all(|n| {
                 let name = n.metadata.name.clone().unwrap_or_default();
                 let drift = expect_drift.get(&name).copied().unwrap_or(false);
-                let state = faults::label(n, faults::STATE_LABEL);
-                let taints = faults::gpunode_taints(n);
+                let state = marks::label(n, marks::STATE_LABEL);
+                let taints = marks::gpunode_taints(n);
                 let drift_labels = n.metadata.labels.as_ref().map_or(0, |l| {
                     l.keys().filter(|k| k.starts_with("gpunode.dev/drift.")).count()
                 });
@@ -213,7 +220,7 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
         },
     )
     .await;
-    let recovery = faults::elapsed_ms(settled_from);
+    let recovery = record::elapsed_ms(settled_from);
     let converged_ok = converged.is_ok();
     let nodes = match converged {
         Ok(n) => n,
@@ -238,7 +245,7 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
             format!(
                 "{}: {:?}",
                 n.metadata.name.clone().unwrap_or_default(),
-                faults::gpunode_taints(n)
+                marks::gpunode_taints(n)
             )
         })
         .collect();

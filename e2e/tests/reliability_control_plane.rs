@@ -8,7 +8,14 @@
 
 use std::time::{Duration, Instant};
 
-use gpunode_e2e::faults::{self, Check, FaultCluster, Operator, Recorder, Restore, Run, Wave, WaveSpec};
+use gpunode_e2e::faults::{
+    checks::{self, Check},
+    cluster::{self, FaultCluster, Restore},
+    marks,
+    record::{self, Recorder, Run},
+    replica::Operator,
+    wave::{self, Wave, WaveSpec},
+};
 
 const CLASS: &str = "control plane";
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -53,7 +60,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     let before = jiff::Timestamp::now();
     let guard = Restore::new(&fc, "kube-apiserver", "start");
     fc.ctl("stop", "kube-apiserver").await.unwrap();
-    faults::hold("API server outage", outage()).await.unwrap();
+    cluster::hold("API server outage", outage()).await.unwrap();
     fc.ctl("start", "kube-apiserver").await.unwrap();
     guard.done();
     let back = Instant::now();
@@ -70,7 +77,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     })
     .await
     .unwrap();
-    let recovered_ms = faults::elapsed_ms(back);
+    let recovered_ms = record::elapsed_ms(back);
     let audit = fc.audit().unwrap();
     let mut checks = vec![Check::new(
         "operator process survived without restart",
@@ -78,7 +85,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
         "same process",
     )];
     checks.extend(monitor.checks(1, &audit, &wave.namespace));
-    checks.extend(faults::eviction_checks(&audit, &wave.namespace, &[]));
+    checks.extend(checks::eviction_checks(&audit, &wave.namespace, &[]));
     let still = wave.alive_pods().await.unwrap();
     checks.push(Check::new(
         "PDB honoured through the outage",
@@ -117,13 +124,13 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
         // Drive the wave by hand until a node other than the first drains.
         let alive = wave.alive_pods().await?;
         if alive.get(&first).copied() == Some(0) {
-            gpunode_e2e::reports::publish(&client, &first, faults::report_status(false, "boot-1")).await?;
+            gpunode_e2e::reports::publish(&client, &first, wave::report_status(false, "boot-1")).await?;
         }
         let ns = wave.nodes_now().await?;
         Ok(ns
             .iter()
             .filter(|n| n.metadata.name.as_deref() != Some(first.as_str()))
-            .find(|n| faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some())
+            .find(|n| marks::annotation(n, marks::DRAIN_STARTED_ANNOTATION).is_some())
             .and_then(|n| n.metadata.name.clone()))
     })
     .await
@@ -154,12 +161,12 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     // Fault 3: etcd hangs (SIGSTOP) while the wave is in flight.
     let guard = Restore::new(&fc, "etcd", "resume");
     fc.ctl("pause", "etcd").await.unwrap();
-    faults::hold("etcd paused", outage() / 3).await.unwrap();
+    cluster::hold("etcd paused", outage() / 3).await.unwrap();
     fc.ctl("resume", "etcd").await.unwrap();
     guard.done();
     let resumed = Instant::now();
     wave.drive(DEADLINE * 2).await.unwrap();
-    let wave_ms = faults::elapsed_ms(resumed);
+    let wave_ms = record::elapsed_ms(resumed);
     let mut checks = vec![Check::new(
         "operator process survived without restart",
         op.alive(),

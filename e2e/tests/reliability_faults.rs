@@ -31,10 +31,17 @@ use std::time::{Duration, Instant};
 
 use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
+    audit::{self, AuditEvent},
     crds,
     faults::{
-        self, AuditEvent, Check, FaultCluster, Operator, Recorder, Restore, Run, Wave, WaveMonitor, WaveSpec,
+        checks::{self, Check},
+        cluster::{self, FaultCluster, Restore},
+        marks,
+        record::{self, Recorder, Run},
+        replica::Operator,
+        wave::{self, Wave, WaveSpec},
     },
+    monitor::WaveMonitor,
     reports, wait,
 };
 use k8s_openapi::api::{
@@ -198,14 +205,14 @@ async fn unreleased(client: &Client, wave: &Wave) -> Result<Vec<String>, gpunode
         let name = n.metadata.name.clone().unwrap_or_default();
         let person = wave.bystander.as_ref() == Some(&name);
         let mut marks = gpunode_marks(n, person);
-        if faults::label(n, faults::FOREIGN_LABEL.0).as_deref() != Some(faults::FOREIGN_LABEL.1) {
+        if marks::label(n, wave::FOREIGN_LABEL.0).as_deref() != Some(wave::FOREIGN_LABEL.1) {
             marks.push("foreign label lost".into());
         }
         let foreign_taint = n
             .spec
             .as_ref()
             .and_then(|s| s.taints.as_ref())
-            .is_some_and(|ts| ts.iter().any(|t| t.key == faults::FOREIGN_TAINT.0));
+            .is_some_and(|ts| ts.iter().any(|t| t.key == wave::FOREIGN_TAINT.0));
         if !foreign_taint {
             marks.push("foreign taint lost".into());
         }
@@ -255,7 +262,7 @@ async fn wait_released(client: &Client, wave: &Wave, timeout: Duration) -> bool 
 /// (for waves whose drains the fault stopped, so `Wave::drive` would wait for them for ever).
 async fn heal(client: &Client, wave: &Wave) {
     for n in &wave.nodes {
-        reports::publish(client, n, faults::report_status(false, "boot-1"))
+        reports::publish(client, n, wave::report_status(false, "boot-1"))
             .await
             .unwrap();
     }
@@ -263,8 +270,8 @@ async fn heal(client: &Client, wave: &Wave) {
         let nodes = wave.nodes_now().await?;
         Ok((nodes.len() == wave.nodes.len()
             && nodes.iter().all(|n| {
-                faults::label(n, faults::STATE_LABEL).as_deref() == Some("compliant")
-                    && faults::gpunode_taints(n).is_empty()
+                marks::label(n, marks::STATE_LABEL).as_deref() == Some("compliant")
+                    && marks::gpunode_taints(n).is_empty()
                     && !n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
             }))
         .then_some(()))
@@ -290,7 +297,7 @@ async fn node_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Ope
     let deleted = Instant::now();
     // Its budget slot is free: the next node starts draining while the PDB still holds.
     let second = drain_started(&wave, &[first.as_str()]).await;
-    let recovery = faults::elapsed_ms(deleted);
+    let recovery = record::elapsed_ms(deleted);
     let forgot_by = jiff::Timestamp::now();
     // The deleted node leaves the wave: the others must end as the policy implies.
     let gone_pods = wave.pods.remove(&first).unwrap_or_default();
@@ -365,7 +372,7 @@ async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Op
         let tainted: Vec<String> = ns
             .iter()
             .filter(|n| {
-                faults::gpunode_taints(n)
+                marks::gpunode_taints(n)
                     .iter()
                     .any(|t| t.ends_with(":NoSchedule"))
             })
@@ -375,11 +382,11 @@ async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Op
     })
     .await
     .unwrap();
-    let recovery = faults::elapsed_ms(edited);
+    let recovery = record::elapsed_ms(edited);
     let took_effect = jiff::Timestamp::now();
     // Evictions would go through from now on: a drain that went on would show.
     wave.release_pdb().await.unwrap();
-    faults::hold("a drain retry cycle without the PDB", RETRY_WINDOW)
+    cluster::hold("a drain retry cycle without the PDB", RETRY_WINDOW)
         .await
         .unwrap();
     let pods_now = wave.alive_pods().await.unwrap();
@@ -387,10 +394,10 @@ async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Op
     let audit = fc.audit().unwrap();
     let mut checks = vec![alive(op)];
     checks.extend(monitor.checks(1, &audit, &wave.namespace));
-    checks.extend(faults::eviction_checks(&audit, &wave.namespace, &[]));
+    checks.extend(checks::eviction_checks(&audit, &wave.namespace, &[]));
     checks.extend(wave.final_checks().await.unwrap());
     let late = evictions_after(&audit, &op.user(), &wave.namespace, took_effect);
-    let evicted = faults::evictions(&audit, &wave.namespace);
+    let evicted = audit::evictions(&audit, &wave.namespace);
     checks.push(Check::new(
         "the drain stopped when the policy stopped asking for it: no eviction after the edit",
         late.is_empty() && evicted.is_empty() && pods_now.values().all(|n| *n == 2),
@@ -421,17 +428,17 @@ async fn policy_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut O
         .unwrap();
     let deleted = Instant::now();
     let released = wait_released(client, &wave, DEADLINE).await;
-    let recovery = released.then(|| faults::elapsed_ms(deleted));
+    let recovery = released.then(|| record::elapsed_ms(deleted));
     let gone = jiff::Timestamp::now();
     wave.release_pdb().await.unwrap();
-    faults::hold("a drain retry cycle without the PDB", RETRY_WINDOW)
+    cluster::hold("a drain retry cycle without the PDB", RETRY_WINDOW)
         .await
         .unwrap();
     let pods_now = wave.alive_pods().await.unwrap();
     let audit = fc.audit().unwrap();
     let mut checks = vec![alive(op)];
     checks.extend(monitor.checks(1, &audit, &wave.namespace));
-    checks.extend(faults::eviction_checks(&audit, &wave.namespace, &[]));
+    checks.extend(checks::eviction_checks(&audit, &wave.namespace, &[]));
     checks.push(released_check(client, &wave).await);
     let late = evictions_after(&audit, &op.user(), &wave.namespace, gone);
     checks.push(Check::new(
@@ -473,7 +480,7 @@ async fn crds_removed_and_reinstalled(
     // cleanup and removed its finalizer.
     crds::uninstall(client, DEADLINE).await.unwrap();
     let mut checks = vec![released_check(client, &wave).await];
-    let cleanup_ms = faults::elapsed_ms(removed);
+    let cleanup_ms = record::elapsed_ms(removed);
     crds::install(client).await.unwrap();
     crds::create_policy(client, &wave.policy, serde_json::to_value(&policy_spec).unwrap())
         .await
@@ -482,12 +489,12 @@ async fn crds_removed_and_reinstalled(
     // The probes write their reports again: still the fatal XID, and the bystander healthy.
     wave.drift_all().await.unwrap();
     if let Some(n) = &wave.bystander {
-        reports::publish(client, n, faults::report_status(false, "boot-1"))
+        reports::publish(client, n, wave::report_status(false, "boot-1"))
             .await
             .unwrap();
     }
     let resumed = drain_started(&wave, &[]).await;
-    let recovery = faults::elapsed_ms(back);
+    let recovery = record::elapsed_ms(back);
     wave.release_pdb().await.unwrap();
     wave.drive(DEADLINE * 2).await.unwrap();
     checks[0].detail = format!(
@@ -524,7 +531,7 @@ async fn etcd_restarted(fc: &FaultCluster, client: &Client, op: &mut Operator, r
     let guard = Restore::new(fc, "etcd", "start");
     fc.ctl("stop", "etcd").await.unwrap();
     let down = fc.ctl("pid", "etcd").await.is_err();
-    faults::hold("etcd down", outage() / 3).await.unwrap();
+    cluster::hold("etcd down", outage() / 3).await.unwrap();
     fc.ctl("start", "etcd").await.unwrap();
     guard.done();
     let started = Instant::now();
@@ -536,7 +543,7 @@ async fn etcd_restarted(fc: &FaultCluster, client: &Client, op: &mut Operator, r
     let pid_after = etcd_pid(fc);
     wave.release_pdb().await.unwrap();
     wave.drive(DEADLINE * 2).await.unwrap();
-    let recovery = faults::elapsed_ms(started);
+    let recovery = record::elapsed_ms(started);
     let mut checks = vec![
         Check::new(
             "etcd was down and restarted (a new process)",
@@ -667,7 +674,7 @@ async fn throttled(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &
     })
     .await
     .unwrap();
-    faults::hold("the operator throttled", outage() / 6)
+    cluster::hold("the operator throttled", outage() / 6)
         .await
         .unwrap();
     let during = wave.alive_pods().await.unwrap();
@@ -675,7 +682,7 @@ async fn throttled(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &
     guard.0 = None;
     let lifted = Instant::now();
     wave.drive(DEADLINE * 2).await.unwrap();
-    let recovery = faults::elapsed_ms(lifted);
+    let recovery = record::elapsed_ms(lifted);
     let refused = rejected(fc, &user, since);
     let mut by_kind: std::collections::BTreeMap<String, usize> = Default::default();
     for e in &refused {
@@ -731,7 +738,7 @@ async fn install_webhook(
             "timeoutSeconds": timeout_s,
         });
         if scope == "Cluster" {
-            h["objectSelector"] = json!({"matchLabels": {faults::RUN_LABEL: wave.id}});
+            h["objectSelector"] = json!({"matchLabels": {wave::RUN_LABEL: wave.id}});
         } else {
             h["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": wave.namespace}});
         }
@@ -802,13 +809,13 @@ async fn webhook_down(fc: &FaultCluster, client: &Client, op: &mut Operator, rec
     .unwrap();
     // Evictions would go through now, but for the webhook.
     wave.release_pdb().await.unwrap();
-    faults::hold("admission down", outage() / 6).await.unwrap();
+    cluster::hold("admission down", outage() / 6).await.unwrap();
     let until = jiff::Timestamp::now();
     let during = wave.alive_pods().await.unwrap();
     remove_webhook(client, NAME).await;
     let removed = Instant::now();
     wave.drive(DEADLINE * 2).await.unwrap();
-    let recovery = faults::elapsed_ms(removed);
+    let recovery = record::elapsed_ms(removed);
     let audit = fc.audit().unwrap();
     let refused = refused_writes(&audit, &user, &wave, since);
     let through: Vec<String> = audit
@@ -925,7 +932,7 @@ async fn webhook_hangs(fc: &FaultCluster, client: &Client, op: &mut Operator, re
     wave.drift_all().await.unwrap();
     let start = Instant::now();
     let driven = wave.drive(DEADLINE * 2).await;
-    let wave_ms = faults::elapsed_ms(start);
+    let wave_ms = record::elapsed_ms(start);
     remove_webhook(client, NAME).await;
     drop(black_hole);
     driven.unwrap();

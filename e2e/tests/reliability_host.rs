@@ -20,7 +20,14 @@
 use std::time::{Duration, Instant};
 
 use gpunode_e2e::{
-    faults::{self, Check, FaultCluster, Launch, Operator, Recorder, Run, Wave, WaveSpec},
+    audit,
+    faults::{
+        checks::Check,
+        cluster::{self, FaultCluster},
+        record::{self, Recorder, Run},
+        replica::{self, Launch, Operator},
+        wave::{self, Wave, WaveSpec},
+    },
     netns::Netns,
     wait,
 };
@@ -60,7 +67,7 @@ async fn drain_started(wave: &Wave) {
 /// Writes by `user` received at or after `since`: all of them, and those the API server committed.
 fn writes_since(fc: &FaultCluster, user: &str, since: jiff::Timestamp) -> (Vec<String>, usize) {
     let audit = fc.audit().unwrap();
-    let late: Vec<&faults::AuditEvent> = audit
+    let late: Vec<&audit::AuditEvent> = audit
         .iter()
         .filter(|e| e.user == user && e.is_write() && e.at >= since)
         .collect();
@@ -80,7 +87,7 @@ fn writes_since(fc: &FaultCluster, user: &str, since: jiff::Timestamp) -> (Vec<S
 
 async fn network_partition(fc: &FaultCluster, client: &Client, rec: &mut Recorder, seed: u64) {
     let ns = format!("rel-net{seed}");
-    let target = faults::apiserver_addr(fc).unwrap();
+    let target = cluster::apiserver_addr(fc).unwrap();
     let subnet = u8::try_from(10 + seed % 200).unwrap_or(10);
     let net = Netns::create(&format!("gpnrel{seed}"), subnet, target)
         .await
@@ -106,24 +113,24 @@ async fn network_partition(fc: &FaultCluster, client: &Client, rec: &mut Recorde
     wave.drift_all().await.unwrap();
     drain_started(&wave).await;
     // A seeded point of the held drain's retry cycle, possibly mid-request.
-    let point = faults::mix(2000 + seed) % 5000;
-    faults::hold("partition point", Duration::from_millis(point))
+    let point = wave::mix(2000 + seed) % 5000;
+    cluster::hold("partition point", Duration::from_millis(point))
         .await
         .unwrap();
     net.partition().unwrap();
     let cut = Instant::now();
     let acquired = b.wait_holding(client, DEADLINE).await.unwrap();
-    let failover = faults::elapsed_ms(cut);
+    let failover = record::elapsed_ms(cut);
     // The old leader stays cut off a little longer, then its link comes back: whatever it had
     // queued in its sockets now reaches the API server.
-    faults::hold("partition after the failover", Duration::from_secs(3))
+    cluster::hold("partition after the failover", Duration::from_secs(3))
         .await
         .unwrap();
     net.heal().unwrap();
-    faults::hold("old leader reconnected", Duration::from_secs(8))
+    cluster::hold("old leader reconnected", Duration::from_secs(8))
         .await
         .unwrap();
-    let holder_after = faults::lease(client, &ns).await.map(|(h, _)| h);
+    let holder_after = replica::lease(client, &ns).await.map(|(h, _)| h);
     wave.release_pdb().await.unwrap();
     wave.drive(DEADLINE).await.unwrap();
     let mut checks = wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap();
@@ -191,7 +198,7 @@ async fn clock_skew(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew
     wave.drive(DEADLINE).await.unwrap();
     let watched = jiff::Timestamp::now().duration_since(since);
     if watched.as_secs() < 20 {
-        faults::hold(
+        cluster::hold(
             "the follower watching the Lease",
             Duration::from_secs(u64::try_from(20 - watched.as_secs()).unwrap_or(0)),
         )
@@ -199,13 +206,13 @@ async fn clock_skew(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew
         .unwrap();
     }
     let (early, _) = writes_since(fc, &b.user(), since);
-    let holder = faults::lease(client, &ns).await.map(|(h, _)| h);
+    let holder = replica::lease(client, &ns).await.map(|(h, _)| h);
     // The leader dies; the skewed follower must take over.
     let mut a = a;
     a.kill();
     let killed = Instant::now();
     b.wait_holding(client, DEADLINE).await.unwrap();
-    let takeover = faults::elapsed_ms(killed);
+    let takeover = record::elapsed_ms(killed);
     b.wait_leading(DEADLINE).await.unwrap();
     // Work for the new leader: a wave of its own, carried through with its clock.
     later.drift_all().await.unwrap();
@@ -348,7 +355,7 @@ async fn oom_kill(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
         for name in &filler_names {
             let node = serde_json::from_value(json!({
                 "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {faults::FILLER_LABEL: "true"},
+                "metadata": {"name": name, "labels": {wave::FILLER_LABEL: "true"},
                              "annotations": {"rel.gpunode.test/pad": pad}},
             }))
             .unwrap();
@@ -383,7 +390,7 @@ async fn oom_kill(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     op.spawn().unwrap();
     let restarted = Instant::now();
     op.wait_leading(DEADLINE).await.unwrap();
-    let recovery = faults::elapsed_ms(restarted);
+    let recovery = record::elapsed_ms(restarted);
     wave.release_pdb().await.unwrap();
     wave.drive(DEADLINE).await.unwrap();
     let mut checks = vec![Check::new(

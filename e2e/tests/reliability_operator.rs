@@ -22,7 +22,15 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use gpunode_e2e::{
-    faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveMonitor, WaveSpec},
+    faults::{
+        checks::Check,
+        cluster::{self, FaultCluster},
+        marks,
+        record::{self, Recorder, Run},
+        replica::{self, Operator},
+        wave::{self, Wave, WaveSpec},
+    },
+    monitor::WaveMonitor,
     wait,
 };
 use kube::Client;
@@ -107,8 +115,7 @@ async fn phase_of(wave: &Wave) -> Result<(Phase, String), gpunode_e2e::Error> {
         let name = n.metadata.name.clone().unwrap_or_default();
         let total = wave.pods.get(&name).map_or(0, Vec::len);
         let left = alive.get(&name).copied().unwrap_or(0);
-        let started =
-            faults::disrupted(n) || faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some();
+        let started = marks::disrupted(n) || marks::annotation(n, marks::DRAIN_STARTED_ANNOTATION).is_some();
         detail.push(format!(
             "{left}/{total}{}",
             if started { " cordoned" } else { "" }
@@ -194,15 +201,15 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
         }
         // A seeded point in the held drains' retry cycle, then a seeded point of the early
         // wave's reaction.
-        let r = faults::mix(round);
-        faults::hold("kill point in the held drains", Duration::from_millis(r % 1500))
+        let r = wave::mix(round);
+        cluster::hold("kill point in the held drains", Duration::from_millis(r % 1500))
             .await
             .unwrap();
         // The early wave's drifts are being written when the kill comes, a seeded 0–20 ms after
         // the first: the operator reacts within tens of milliseconds.
         let early_ms = (r >> 16) % 20;
         let kill = async {
-            faults::hold("kill point after the drift", Duration::from_millis(early_ms))
+            cluster::hold("kill point after the drift", Duration::from_millis(early_ms))
                 .await
                 .unwrap();
             op.kill();
@@ -218,7 +225,7 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
         op.spawn().unwrap();
         let restarted = Instant::now();
         op.wait_leading(DEADLINE).await.unwrap();
-        let recovery = faults::elapsed_ms(restarted);
+        let recovery = record::elapsed_ms(restarted);
         for w in &waves {
             w.release_pdb().await.unwrap();
         }
@@ -292,7 +299,7 @@ async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Reco
     let restarted = Instant::now();
     wave.release_pdb().await.unwrap();
     wave.drive(DEADLINE).await.unwrap();
-    let recovery = faults::elapsed_ms(restarted);
+    let recovery = record::elapsed_ms(restarted);
     let mut checks = wave_checks(fc, &wave, &monitor).await;
     let audit = fc.audit().unwrap();
     let writers: std::collections::BTreeSet<String> = audit
@@ -337,23 +344,23 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
     wave.drain_started(&[], DEADLINE).await.unwrap();
     // The leader retries the held evictions every few seconds; stop it at a seeded point of
     // that cycle, possibly mid-apply.
-    faults::hold(
+    cluster::hold(
         "pause point",
-        Duration::from_millis(faults::mix(1000 + seed) % 5000),
+        Duration::from_millis(wave::mix(1000 + seed) % 5000),
     )
     .await
     .unwrap();
     a.pause().unwrap();
     let paused = Instant::now();
     let (holder, acquired) = wait::until("the follower to take the Lease over", DEADLINE, || async {
-        Ok(faults::lease(client, ns).await.filter(|(h, _)| *h == b.identity))
+        Ok(replica::lease(client, ns).await.filter(|(h, _)| *h == b.identity))
     })
     .await
     .unwrap();
-    let failover = faults::elapsed_ms(paused);
+    let failover = record::elapsed_ms(paused);
     // The old leader runs again, its term long over by its own clock: it must write nothing.
     a.resume().unwrap();
-    faults::hold("old leader running after the partition", Duration::from_secs(6))
+    cluster::hold("old leader running after the partition", Duration::from_secs(6))
         .await
         .unwrap();
     wave.release_pdb().await.unwrap();

@@ -19,7 +19,14 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gpunode_e2e::{
-    faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
+    faults::{
+        checks::Check,
+        cluster::FaultCluster,
+        marks,
+        record::{self, Recorder, Run},
+        replica::Operator,
+        wave::{self, Wave, WaveSpec},
+    },
     probe::Host,
     reports, wait,
 };
@@ -89,7 +96,7 @@ async fn dead_flooding_and_restarted_probes_cause_no_harm() {
 
 /// A report last observed `age` ago.
 fn aged(age: Duration) -> serde_json::Value {
-    let mut s = faults::report_status(false, "boot-1");
+    let mut s = wave::report_status(false, "boot-1");
     let at = jiff::Timestamp::now() - jiff::SignedDuration::try_from(age).unwrap_or_default();
     s["observedAt"] = json!(at.to_string());
     s
@@ -125,8 +132,8 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
         || async {
             let n = loud.nodes_now().await?;
             Ok(n.first()
-                .filter(|n| faults::disrupted(n))
-                .map(faults::gpunode_taints))
+                .filter(|n| marks::disrupted(n))
+                .map(marks::gpunode_taints))
         },
     )
     .await
@@ -135,11 +142,11 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     let alive = quiet.alive_pods().await.unwrap();
     let untouched = q
         .iter()
-        .all(|n| !faults::disrupted(n) && faults::gpunode_taints(n).is_empty())
+        .all(|n| !marks::disrupted(n) && marks::gpunode_taints(n).is_empty())
         && alive.values().sum::<usize>() == 2;
     // The probe comes back.
     for w in [&quiet, &loud] {
-        reports::publish(client, &w.nodes[0], faults::report_status(false, "boot-1"))
+        reports::publish(client, &w.nodes[0], wave::report_status(false, "boot-1"))
             .await
             .unwrap();
     }
@@ -148,12 +155,12 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     wait::until("the Stale taint removed once fresh again", DEADLINE, || async {
         let n = loud.nodes_now().await?;
         Ok(n.first()
-            .is_some_and(|n| faults::gpunode_taints(n).is_empty() && !faults::disrupted(n))
+            .is_some_and(|n| marks::gpunode_taints(n).is_empty() && !marks::disrupted(n))
             .then_some(()))
     })
     .await
     .unwrap();
-    let recovery = faults::elapsed_ms(back);
+    let recovery = record::elapsed_ms(back);
     let mut checks = vec![
         Check::new(
             "stale report makes the node Unknown by the timer",
@@ -206,7 +213,7 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
         .map(|i| {
             let node = wave.nodes[(i % 2) as usize].clone();
             async move {
-                let mut s = faults::report_status(false, "boot-1");
+                let mut s = wave::report_status(false, "boot-1");
                 // Noise a probe would not even publish: temperature and power jitter.
                 s["gpus"][0]["temperatureCelsius"] = json!(40 + (i % 7));
                 s["gpus"][0]["powerWatts"] = json!(100 + (i % 13));
@@ -220,13 +227,13 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
     let flood_s = start.elapsed().as_secs_f64();
     let ended = Instant::now();
     let r1 = settled(op).await;
-    let settle_ms = faults::elapsed_ms(ended);
+    let settle_ms = record::elapsed_ms(ended);
     let reconciles = r1 - r0;
     let writes = node_writes(fc, &op.user(), &wave.nodes, since);
     // A restarted probe: new boot id, same healthy node.
     let since_boot = jiff::Timestamp::now();
     for n in &wave.nodes {
-        reports::publish(client, n, faults::report_status(false, "boot-2"))
+        reports::publish(client, n, wave::report_status(false, "boot-2"))
             .await
             .unwrap();
     }
@@ -293,7 +300,7 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
     host.inject_xid(3, 79).unwrap();
     wait::until("the drain to start", DEADLINE, || async {
         let n = nodes.get(&node).await?;
-        Ok(faults::annotation(&n, faults::DRAIN_STARTED_ANNOTATION).map(|_| ()))
+        Ok(marks::annotation(&n, marks::DRAIN_STARTED_ANNOTATION).map(|_| ()))
     })
     .await
     .unwrap();
@@ -311,7 +318,7 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
     .await
     .unwrap();
     let n = nodes.get(&node).await.unwrap();
-    let held = cordoned(&n) && faults::label(&n, faults::STATE_LABEL).as_deref() == Some("drifted");
+    let held = cordoned(&n) && marks::label(&n, marks::STATE_LABEL).as_deref() == Some("drifted");
     let _ = second.kill();
     // The repair: a reboot. The XIDs of boot A are forgotten; the node returns after healthyFor.
     let third = host.start_probe("boot-b").unwrap();
@@ -320,13 +327,13 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
     wait::until("the node back in service", DEADLINE, || async {
         let n = nodes.get(&node).await?;
         Ok(
-            (!cordoned(&n) && faults::label(&n, faults::STATE_LABEL).as_deref() == Some("compliant"))
+            (!cordoned(&n) && marks::label(&n, marks::STATE_LABEL).as_deref() == Some("compliant"))
                 .then_some(()),
         )
     })
     .await
     .unwrap();
-    let recovery = faults::elapsed_ms(rebooted);
+    let recovery = record::elapsed_ms(rebooted);
     let mut checks = vec![
         Check::new(
             "the probe was running when SIGKILLed mid-drain",
@@ -344,7 +351,7 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
             format!(
                 "cordoned {}, state {:?}",
                 cordoned(&n),
-                faults::label(&n, faults::STATE_LABEL)
+                marks::label(&n, marks::STATE_LABEL)
             ),
         ),
     ];
