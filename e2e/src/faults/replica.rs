@@ -1,15 +1,10 @@
 //! The operator as the reliability suite runs it: [`Operator`], one replica of
-//! `gpunode-operator run --leader-elect` as a real process (so SIGKILL and SIGSTOP are real),
-//! each replica with its own ServiceAccount, so the audit log says who wrote what; [`Launch`]
-//! for a replica in a network namespace, with a skewed clock or through a proxy; [`lease`], who
-//! holds the Lease.
+//! `gpunode-operator run --leader-elect` as a real process ([`crate::operator::Process`], so
+//! SIGKILL and SIGSTOP are real), each replica with its own ServiceAccount, so the audit log says
+//! who wrote what; [`Launch`] for a replica in a network namespace, with a skewed clock or through
+//! a proxy; [`lease`], who holds the Lease.
 
-use std::{
-    io::{Read, Write},
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::time::Duration;
 
 use k8s_openapi::api::{
     coordination::v1::Lease,
@@ -23,45 +18,20 @@ use kube::{
 use serde_json::json;
 
 use super::{cluster::FaultCluster, io};
-use crate::{Error, accounts, wait};
+use crate::{
+    Error, accounts,
+    operator::{self, Process, Spec},
+    wait,
+};
 
-/// The operator binary (built by `cargo build --workspace`, as `make test` does first).
-pub fn operator_bin() -> Result<PathBuf, Error> {
-    let exe = std::env::current_exe().map_err(io("current_exe"))?;
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("gpunode-operator"))
-        .ok_or_else(|| Error::Unexpected("test binary has no target directory".into()))?;
-    if bin.exists() {
-        Ok(bin)
-    } else {
-        Err(Error::Unexpected(format!(
-            "{} is missing: build the workspace first (`cargo build --workspace`, as `make test` does)",
-            bin.display()
-        )))
-    }
-}
-
-fn free_port() -> Result<u16, Error> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("binding a port"))?;
-    Ok(l.local_addr().map_err(io("local_addr"))?.port())
-}
-
-/// One replica of `gpunode-operator run --leader-elect`, as a process.
+/// One replica of `gpunode-operator run --leader-elect`, as a process ([`Process`], which it
+/// derefs to: kill, pause, resume, terminate, restart, /metrics) with its own ServiceAccount.
 pub struct Operator {
     /// Holder identity and ServiceAccount name.
     pub identity: String,
     /// Namespace of the Lease and the ServiceAccount.
     pub namespace: String,
-    /// stdout+stderr of every incarnation.
-    pub log: PathBuf,
-    /// /metrics port.
-    pub metrics_port: u16,
-    kubeconfig: PathBuf,
-    bin: PathBuf,
-    launch: Launch,
-    child: Option<Child>,
+    process: Process,
 }
 
 /// How a replica's process is started, beyond the defaults.
@@ -150,157 +120,32 @@ impl Operator {
         });
         let kubeconfig = fc.dir.join(format!("op-{namespace}-{identity}.kubeconfig"));
         std::fs::write(&kubeconfig, serde_yaml::to_string(&kc)?).map_err(io(kubeconfig.display()))?;
-        let mut op = Operator {
+        let ip = launch.metrics_ip.as_deref().unwrap_or("127.0.0.1");
+        let metrics_addr = format!("{ip}:{}", crate::http::free_addr()?.port())
+            .parse()
+            .map_err(|e| Error::Unexpected(format!("metrics address {ip}: {e}")))?;
+        let spec = Spec {
+            bin: operator::binary()?,
+            instance: identity.to_string(),
+            kubeconfig,
+            lease_namespace: Some(namespace.to_string()),
+            metrics_addr,
+            // The watcher's debug lines name a 410 Gone when a resumed watch expired.
+            rust_log: Some("info,kube=warn,kube_runtime::watcher=debug".into()),
+            prefix: launch.prefix,
+            env: launch.env,
+        };
+        let log = fc.dir.join(format!("logs/op-{namespace}-{identity}.log"));
+        Ok(Operator {
             identity: identity.to_string(),
             namespace: namespace.to_string(),
-            log: fc.dir.join(format!("logs/op-{namespace}-{identity}.log")),
-            metrics_port: free_port()?,
-            kubeconfig,
-            bin: operator_bin()?,
-            launch,
-            child: None,
-        };
-        op.spawn()?;
-        Ok(op)
+            process: Process::start(spec, log)?,
+        })
     }
 
     /// The audit log's name for this replica.
     pub fn user(&self) -> String {
         format!("system:serviceaccount:{}:{}", self.namespace, self.identity)
-    }
-
-    /// Starts the process (again, with the same identity: a container restarted in its pod).
-    pub fn spawn(&mut self) -> Result<(), Error> {
-        self.kill();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .map_err(io(self.log.display()))?;
-        let err = log.try_clone().map_err(io("log file"))?;
-        let mut cmd = match self.launch.prefix.split_first() {
-            Some((first, rest)) => {
-                let mut c = Command::new(first);
-                c.args(rest).arg(&self.bin);
-                c
-            }
-            None => Command::new(&self.bin),
-        };
-        let child = cmd
-            .envs(self.launch.env.iter().map(|(k, v)| (k, v)))
-            .args([
-                "run",
-                "--instance",
-                &self.identity,
-                "--leader-elect",
-                "true",
-                "--lease-namespace",
-                &self.namespace,
-                "--metrics-addr",
-                &format!("{}:{}", self.metrics_ip(), self.metrics_port),
-            ])
-            .env("KUBECONFIG", &self.kubeconfig)
-            // The watcher's debug lines name a 410 Gone when a resumed watch expired.
-            .env("RUST_LOG", "info,kube=warn,kube_runtime::watcher=debug")
-            .env_remove("POD_NAME")
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .map_err(io(self.bin.display()))?;
-        self.child = Some(child);
-        Ok(())
-    }
-
-    fn metrics_ip(&self) -> String {
-        self.launch
-            .metrics_ip
-            .clone()
-            .unwrap_or_else(|| "127.0.0.1".into())
-    }
-
-    /// The running process's id.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
-    }
-
-    /// SIGKILL (no graceful shutdown, the Lease is not released) and reap.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn signal(&self, sig: &str) -> Result<(), Error> {
-        let pid = self
-            .child
-            .as_ref()
-            .map(Child::id)
-            .ok_or_else(|| Error::Unexpected(format!("operator {} is not running", self.identity)))?;
-        let ok = Command::new("kill")
-            .args([sig, &pid.to_string()])
-            .status()
-            .map_err(io("kill"))?
-            .success();
-        if ok {
-            Ok(())
-        } else {
-            Err(Error::Unexpected(format!("kill {sig} {pid} failed")))
-        }
-    }
-
-    /// SIGSTOP: the process keeps its connections but does nothing (a partition from its view).
-    pub fn pause(&self) -> Result<(), Error> {
-        self.signal("-STOP")
-    }
-
-    /// SIGCONT.
-    pub fn resume(&self) -> Result<(), Error> {
-        self.signal("-CONT")
-    }
-
-    /// SIGTERM: a graceful shutdown (the Lease is released).
-    pub fn terminate(&self) -> Result<(), Error> {
-        self.signal("-TERM")
-    }
-
-    /// The exit status once the process has exited, without waiting.
-    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
-    }
-
-    /// The process has not exited.
-    pub fn alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
-    }
-
-    /// Everything the replica logged.
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// A counter or gauge from /metrics (summed over its label sets).
-    pub async fn metric(&self, name: &str) -> Result<f64, Error> {
-        let (ip, port) = (self.metrics_ip(), self.metrics_port);
-        let body = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
-            let mut s = std::net::TcpStream::connect((ip.as_str(), port))?;
-            s.set_read_timeout(Some(Duration::from_secs(5)))?;
-            s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-            let mut out = String::new();
-            s.read_to_string(&mut out)?;
-            Ok(out)
-        })
-        .await
-        .map_err(|e| Error::Unexpected(format!("metrics: {e}")))?
-        .map_err(io("GET /metrics"))?;
-        Ok(body
-            .lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
     }
 
     /// Waits until the Lease of its namespace names this replica (needs no access to its /metrics).
@@ -317,24 +162,19 @@ impl Operator {
         )
         .await
     }
+}
 
-    /// Waits until /metrics says this replica leads.
-    pub async fn wait_leading(&self, timeout: Duration) -> Result<(), Error> {
-        wait::until(&format!("{} to lead", self.identity), timeout, || async {
-            Ok((self.metric("gpunode_leader").await.unwrap_or(0.0) >= 1.0).then_some(()))
-        })
-        .await
+impl std::ops::Deref for Operator {
+    type Target = Process;
+
+    fn deref(&self) -> &Process {
+        &self.process
     }
 }
 
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if let Some(c) = self.child.as_ref() {
-            // A paused process cannot die of SIGKILL until continued on some kernels' accounting;
-            // continue it first.
-            let _ = Command::new("kill").args(["-CONT", &c.id().to_string()]).status();
-        }
-        self.kill();
+impl std::ops::DerefMut for Operator {
+    fn deref_mut(&mut self) -> &mut Process {
+        &mut self.process
     }
 }
 
