@@ -73,20 +73,7 @@ impl InProcess {
 /// The operator binary (built by `cargo build --workspace`, as `make test` does first), next to
 /// the running test binary's target directory.
 pub fn binary() -> Result<PathBuf, Error> {
-    let exe = std::env::current_exe().map_err(|e| Error::Unexpected(format!("current_exe: {e}")))?;
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("gpunode-operator"))
-        .ok_or_else(|| Error::Unexpected("test binary has no target directory".into()))?;
-    if bin.exists() {
-        Ok(bin)
-    } else {
-        Err(Error::Unexpected(format!(
-            "{} is missing: build the workspace first (`cargo build --workspace`, as `make test` does)",
-            bin.display()
-        )))
-    }
+    crate::probe::built("gpunode-operator")
 }
 
 /// How `gpunode-operator run` is started.
