@@ -20,13 +20,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tracing::info;
 
-use crate::{
-    error::Error,
-    procs::{self, Measured},
-    results::Nfd,
-    run::token_kubeconfig,
-    tracker::Tracker,
-};
+use crate::{error::Error, procs::Measured, results::Nfd, run::token_kubeconfig, tracker::Tracker};
 
 /// nfd-master's namespace.
 pub const NAMESPACE: &str = "node-feature-discovery";
@@ -221,7 +215,7 @@ pub async fn run(
     let token = gpunode_e2e::accounts::token(client, NAMESPACE, SA, None).await?;
     let nfd_kc = out.join(format!("nfd-{n}.kubeconfig"));
     token_kubeconfig(kc, &token, &nfd_kc)?;
-    let port = procs::free_port()?;
+    let port = gpunode_e2e::http::free_addr()?.port();
     let tracker = Tracker::start(client.clone());
     tracker
         .wait(

@@ -1,5 +1,6 @@
 //! Processes measured from outside: peak and current RSS from /proc/<pid>/status, CPU seconds
-//! from /proc/<pid>/stat, a plain HTTP GET for /readyz and /metrics, and free ports.
+//! from /proc/<pid>/stat. Their HTTP endpoints (/readyz, /metrics) and free ports come from
+//! `gpunode_e2e::http`, the same as the e2e tests use.
 
 use std::{
     path::{Path, PathBuf},
@@ -9,10 +10,7 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    process::{Child, Command},
-};
+use tokio::process::{Child, Command};
 
 use crate::error::Error;
 
@@ -76,7 +74,7 @@ pub struct Measured {
 }
 
 impl Measured {
-    /// Starts `program` with `args` and `env`, output appended to `log`.
+    /// Starts `program` with `args` and `env`, output written to `log`.
     pub fn spawn(
         name: &str,
         program: &Path,
@@ -84,19 +82,26 @@ impl Measured {
         env: &[(&str, String)],
         log: &Path,
     ) -> Result<Measured, Error> {
+        let mut cmd = std::process::Command::new(program);
+        cmd.args(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Measured::spawn_command(name, cmd, log)
+    }
+
+    /// Starts `cmd` (its program, arguments and environment as given), output written to `log`.
+    pub fn spawn_command(name: &str, cmd: std::process::Command, log: &Path) -> Result<Measured, Error> {
         let out = std::fs::File::create(log).map_err(Error::io(format!("creating {}", log.display())))?;
         let err = out
             .try_clone()
             .map_err(Error::io(format!("opening {}", log.display())))?;
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .stdin(Stdio::null())
+        let program = cmd.get_program().to_owned();
+        let mut cmd = Command::from(cmd);
+        cmd.stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .kill_on_drop(true);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
         let child = cmd
             .spawn()
             .map_err(Error::io(format!("starting {}", program.display())))?;
@@ -163,44 +168,6 @@ impl Measured {
         self.sampler.abort();
         last
     }
-}
-
-/// A free TCP port on 127.0.0.1 (bound, read, released).
-pub fn free_port() -> Result<u16, Error> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(Error::io("binding a free port"))?;
-    Ok(l.local_addr().map_err(Error::io("reading a bound port"))?.port())
-}
-
-/// A plain HTTP/1.0 GET of `http://127.0.0.1:<port><path>`: (status, body).
-pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), Error> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(Error::io(format!("connecting to 127.0.0.1:{port}")))?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .await
-        .map_err(Error::io("sending a request"))?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf)
-        .await
-        .map_err(Error::io("reading a response"))?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
-/// The value of a Prometheus series (exact name with labels) in a text exposition.
-pub fn prom_value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// The machine the benchmark runs on.

@@ -3,12 +3,14 @@
 
 use std::{
     collections::BTreeMap,
+    net::SocketAddr,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use futures::StreamExt;
 use gpunode_crds::GpuNodeReport;
+use gpunode_e2e::{http, operator};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
@@ -24,7 +26,7 @@ use crate::{
     error::Error,
     loadgen::LoadGen,
     nfd,
-    procs::{self, Measured, http_get, prom_value},
+    procs::{self, Measured},
     results::{Latency, Limit, Requests, RunResult},
     tracker::{NODE_SELECTOR, Tracker},
 };
@@ -139,12 +141,12 @@ fn requests(all: &[audit::Request], user: &str, from: Timestamp, to: Timestamp) 
     }
 }
 
-/// Waits for `GET /readyz` on `port` to answer 200.
-async fn wait_ready(proc: &mut Measured, port: u16, timeout: Duration) -> Result<(), Error> {
+/// Waits for `GET /readyz` on `addr` to answer 200.
+async fn wait_ready(proc: &mut Measured, addr: SocketAddr, timeout: Duration) -> Result<(), Error> {
     let deadline = Instant::now() + timeout;
     loop {
         proc.now()?;
-        if let Ok((200, _)) = http_get(port, "/readyz").await {
+        if let Ok(http::Response { status: 200, .. }) = http::get(addr, "/readyz").await {
             return Ok(());
         }
         if Instant::now() > deadline {
@@ -348,22 +350,24 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     let token = gpunode_e2e::accounts::token(&client, OPERATOR_NAMESPACE, OPERATOR_SA, None).await?;
     let op_kc = args.out.join(format!("operator-{n}.kubeconfig"));
     token_kubeconfig(&kc, &token, &op_kc)?;
-    let port = procs::free_port()?;
+    let spec = operator::Spec {
+        bin: args.operator.clone(),
+        instance: "bench".into(),
+        kubeconfig: op_kc.clone(),
+        lease_namespace: None,
+        metrics_addr: http::free_addr()?,
+        rust_log: None,
+        prefix: Vec::new(),
+        env: Vec::new(),
+    };
     let t_start = Timestamp::now();
     result.load_avg.insert("before_gpunode".into(), procs::load_avg());
-    let mut op = Measured::spawn(
+    let mut op = Measured::spawn_command(
         "gpunode-operator",
-        &args.operator,
-        &[
-            "run".into(),
-            "--leader-elect=false".into(),
-            "--instance=bench".into(),
-            format!("--metrics-addr=127.0.0.1:{port}"),
-        ],
-        &[("KUBECONFIG", op_kc.display().to_string())],
+        spec.command(),
         &args.out.join(format!("operator-{n}.log")),
     )?;
-    wait_ready(&mut op, port, Duration::from_secs(300)).await?;
+    wait_ready(&mut op, spec.metrics_addr, Duration::from_secs(300)).await?;
     let s_synced = op.now()?;
     result.gpunode.rss_synced_mib = s_synced.rss_mib;
     info!(rss_mib = s_synced.rss_mib, "operator caches synced");
@@ -473,13 +477,13 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
         info!(path = %path.display(), "perf profile written");
     }
 
-    if let Ok((_, metrics)) = http_get(port, "/metrics").await {
+    if let Ok(http::Response { body: metrics, .. }) = http::get(spec.metrics_addr, "/metrics").await {
         let g = &mut result.gpunode;
-        g.reconciles = prom_value(&metrics, "gpunode_reconciles_total").unwrap_or(0.0);
-        let sum = prom_value(&metrics, "gpunode_reconcile_duration_seconds_sum").unwrap_or(0.0);
-        let count = prom_value(&metrics, "gpunode_reconcile_duration_seconds_count").unwrap_or(0.0);
+        g.reconciles = http::series(&metrics, "gpunode_reconciles_total").unwrap_or(0.0);
+        let sum = http::series(&metrics, "gpunode_reconcile_duration_seconds_sum").unwrap_or(0.0);
+        let count = http::series(&metrics, "gpunode_reconcile_duration_seconds_count").unwrap_or(0.0);
         g.reconcile_mean_ms = if count > 0.0 { sum / count * 1000.0 } else { 0.0 };
-        g.operator_reaction_count = prom_value(&metrics, "gpunode_reaction_seconds_count").unwrap_or(0.0);
+        g.operator_reaction_count = http::series(&metrics, "gpunode_reaction_seconds_count").unwrap_or(0.0);
         std::fs::write(args.out.join(format!("operator-metrics-{n}.txt")), metrics)
             .map_err(Error::io("writing the operator's metrics"))?;
     }

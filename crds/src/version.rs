@@ -358,13 +358,13 @@ mod tests {
         // 127 characters whose display form (", " between clauses) is longer than the limit.
         let text = format!("{}1", ">1,".repeat(42));
         assert!(text.len() <= MAX_RANGE_LEN);
-        let range: VersionRange = text.parse().unwrap_or_else(|e| panic!("{e}"));
+        let range: VersionRange = text.parse().unwrap();
         assert!(range.to_string().len() > MAX_RANGE_LEN);
-        let json = serde_json::to_string(&range).unwrap_or_else(|e| panic!("{e}"));
+        let json = serde_json::to_string(&range).unwrap();
         let back: VersionRange = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{json}: {e}"));
         assert_eq!(back.to_string(), range.to_string());
         // Ordinary ranges serialize as they display.
-        let usual: VersionRange = ">=550.54.15,<560".parse().unwrap_or_else(|e| panic!("{e}"));
+        let usual: VersionRange = ">=550.54.15,<560".parse().unwrap();
         assert_eq!(
             serde_json::to_string(&usual).unwrap_or_default(),
             "\">=550.54.15, <560\""
@@ -453,8 +453,7 @@ mod tests {
 
     #[test]
     fn serde_uses_the_string_form() {
-        let range: VersionRange =
-            serde_json::from_str("\">= 550.54.15 ,<560\"").unwrap_or_else(|e| panic!("{e}"));
+        let range: VersionRange = serde_json::from_str("\">= 550.54.15 ,<560\"").unwrap();
         assert_eq!(
             serde_json::to_string(&range).ok(),
             Some("\">=550.54.15, <560\"".to_string())

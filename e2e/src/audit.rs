@@ -226,8 +226,8 @@ mod tests {
                 .create(true)
                 .append(true)
                 .open(p)
-                .unwrap_or_else(|e| panic!("{e}"));
-            f.write_all(s.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
+            f.write_all(s.as_bytes()).unwrap();
         };
         append(&active, &line("a", 201));
         // A torn last line is left for the next read.

@@ -79,7 +79,7 @@ fn start() -> Result<Cluster, Error> {
 }
 
 /// The admin kubeconfig of this process's cluster when it is not the shared one (the reliability
-/// suite's own control plane, set by `faults::FaultCluster::up`).
+/// suite's own control plane, set by `faults::cluster::FaultCluster::up`).
 static ADMIN_KUBECONFIG: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
 
 /// Makes every helper of this process that builds its own clients (ServiceAccount clients, the

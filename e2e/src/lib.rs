@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod crds;
 pub mod faults;
 pub mod fixtures;
+pub mod http;
 pub mod kind;
 pub mod monitor;
 pub mod netns;

@@ -21,7 +21,11 @@ use kube::{
 
 use crate::{
     audit::AuditEvent,
-    faults::{BYSTANDER_LABEL, Check, FOREIGN_LABEL, FOREIGN_TAINT, disrupted},
+    faults::{
+        checks::Check,
+        marks::disrupted,
+        wave::{BYSTANDER_LABEL, FOREIGN_LABEL, FOREIGN_TAINT},
+    },
 };
 
 #[derive(Debug, Default)]

@@ -10,6 +10,10 @@
 //! (a loosened threshold, a dropped leader join, a wider label matcher...), each of which one
 //! near miss exists to catch. A mutant that passes the cases is a near miss nobody tests.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::Read,
@@ -20,10 +24,6 @@ use std::{
 
 use gpunode_e2e::{chart, tools};
 use serde_yaml::Value;
-
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
 
 /// The rule file the cases name in `rule_files`.
 const RULES_FILE: &str = "gpunode-alerts.rules.yaml";
@@ -143,17 +143,15 @@ fn render_groups() -> Value {
         "--show-only",
         "templates/prometheusrule.yaml",
     ])
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let rule: Value =
-        serde_yaml::from_str(&yaml).unwrap_or_else(|e| fail(format!("rendered PrometheusRule: {e}\n{yaml}")));
+        serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("rendered PrometheusRule: {e}\n{yaml}"));
     if rule["kind"].as_str() != Some("PrometheusRule") {
-        fail(format!(
-            "templates/prometheusrule.yaml rendered no PrometheusRule:\n{yaml}"
-        ));
+        panic!("templates/prometheusrule.yaml rendered no PrometheusRule:\n{yaml}");
     }
     let groups = rule["spec"]["groups"].clone();
     if groups.as_sequence().is_none_or(|g| g.is_empty()) {
-        fail(format!("the PrometheusRule has no spec.groups:\n{yaml}"));
+        panic!("the PrometheusRule has no spec.groups:\n{yaml}");
     }
     groups
 }
@@ -168,16 +166,16 @@ fn alerts(groups: &Value) -> BTreeMap<String, Alert> {
             };
             let expr = rule["expr"]
                 .as_str()
-                .unwrap_or_else(|| fail(format!("alert {name} has no expr")))
+                .unwrap_or_else(|| panic!("alert {name} has no expr"))
                 .to_string();
             let for_ = rule["for"].as_str().map(str::to_string);
             if out.insert(name.to_string(), Alert { expr, for_ }).is_some() {
-                fail(format!("alert {name} is defined twice"));
+                panic!("alert {name} is defined twice");
             }
         }
     }
     if out.is_empty() {
-        fail("the rendered rule groups hold no alert");
+        panic!("the rendered rule groups hold no alert");
     }
     out
 }
@@ -205,13 +203,13 @@ fn mutate(groups: &Value, name: &str, expr: &str, for_: Option<&str>) -> Value {
 fn case_files() -> Vec<PathBuf> {
     let dir = chart::chart_dir().join("tests/alerts");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| fail(format!("{}: {e}", dir.display())))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .collect();
     files.sort();
     if files.is_empty() {
-        fail(format!("no *.yaml cases in {}", dir.display()));
+        panic!("no *.yaml cases in {}", dir.display());
     }
     files
 }
@@ -233,9 +231,8 @@ type Coverage = BTreeMap<String, Cases>;
 fn coverage(files: &[PathBuf]) -> Coverage {
     let mut cov = Coverage::new();
     for f in files {
-        let text = std::fs::read_to_string(f).unwrap_or_else(|e| fail(format!("{}: {e}", f.display())));
-        let doc: Value =
-            serde_yaml::from_str(&text).unwrap_or_else(|e| fail(format!("{}: {e}", f.display())));
+        let text = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let doc: Value = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
         let file = f
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
@@ -246,16 +243,14 @@ fn coverage(files: &[PathBuf]) -> Coverage {
             .filter_map(Value::as_str)
             .collect();
         if rule_files != [RULES_FILE] {
-            fail(format!(
-                "{file}: rule_files must be [{RULES_FILE}] (the rendered chart), not {rule_files:?}"
-            ));
+            panic!("{file}: rule_files must be [{RULES_FILE}] (the rendered chart), not {rule_files:?}");
         }
         for test in doc["tests"].as_sequence().into_iter().flatten() {
             let name = test["name"].as_str().unwrap_or("(unnamed)");
             for case in test["alert_rule_test"].as_sequence().into_iter().flatten() {
                 let alert = case["alertname"]
                     .as_str()
-                    .unwrap_or_else(|| fail(format!("{file}: a case of '{name}' has no alertname")));
+                    .unwrap_or_else(|| panic!("{file}: a case of '{name}' has no alertname"));
                 let at = case["eval_time"].as_str().unwrap_or("?");
                 let entry = cov.entry(alert.to_string()).or_default();
                 let fires = case["exp_alerts"].as_sequence().is_some_and(|a| !a.is_empty());
@@ -274,18 +269,18 @@ fn coverage(files: &[PathBuf]) -> Coverage {
 
 /// Writes `groups` as the rule file and copies of the cases into `dir`; returns the case files' names.
 fn stage(dir: &Path, groups: &Value, files: &[PathBuf]) -> Vec<String> {
-    std::fs::create_dir_all(dir).unwrap_or_else(|e| fail(format!("{}: {e}", dir.display())));
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let mut doc = serde_yaml::Mapping::new();
     doc.insert("groups".into(), groups.clone());
-    let rules = serde_yaml::to_string(&doc).unwrap_or_else(|e| fail(e));
-    std::fs::write(dir.join(RULES_FILE), rules).unwrap_or_else(|e| fail(e));
+    let rules = serde_yaml::to_string(&doc).unwrap();
+    std::fs::write(dir.join(RULES_FILE), rules).unwrap();
     files
         .iter()
         .map(|f| {
             let name = f
                 .file_name()
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-            std::fs::copy(f, dir.join(&name)).unwrap_or_else(|e| fail(format!("{}: {e}", f.display())));
+            std::fs::copy(f, dir.join(&name)).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             name
         })
         .collect()
@@ -294,7 +289,7 @@ fn stage(dir: &Path, groups: &Value, files: &[PathBuf]) -> Vec<String> {
 /// Runs promtool in `dir`; returns whether it succeeded and what it printed. stdout and stderr
 /// share one pipe, so a test file's FAILED (stderr) stays under its name (stdout).
 fn promtool(dir: &Path, args: &[&str]) -> (bool, String) {
-    let bin = tools::promtool().unwrap_or_else(|e| fail(e));
+    let bin = tools::promtool().unwrap();
     let run = || -> std::io::Result<(bool, String)> {
         let (mut reader, writer) = std::io::pipe()?;
         let mut cmd = Command::new(&bin);
@@ -309,7 +304,7 @@ fn promtool(dir: &Path, args: &[&str]) -> (bool, String) {
         reader.read_to_string(&mut text)?;
         Ok((child.wait()?.success(), text))
     };
-    run().unwrap_or_else(|e| fail(format!("running {} {}: {e}", bin.display(), args.join(" "))))
+    run().unwrap_or_else(|e| panic!("running {} {}: {e}", bin.display(), args.join(" ")))
 }
 
 fn work_dir() -> PathBuf {
@@ -331,10 +326,10 @@ fn every_alert_fires_on_its_series_and_stays_silent_on_near_misses() {
     let names = stage(&real, &groups, &files);
     let (ok, out) = promtool(&real, &["check", "rules", "--lint-fatal", RULES_FILE]);
     if !ok {
-        fail(format!(
+        panic!(
             "promtool check rules failed on the chart's alerts ({}):\n{out}",
             real.display()
-        ));
+        );
     }
 
     // Every alert has a firing and a silent case, and every case names an alert of the chart.
@@ -359,10 +354,7 @@ fn every_alert_fires_on_its_series_and_stays_silent_on_near_misses() {
         }
     }
     if !problems.is_empty() {
-        fail(format!(
-            "charts/gpunode/tests/alerts:\n  {}",
-            problems.join("\n  ")
-        ));
+        panic!("charts/gpunode/tests/alerts:\n  {}", problems.join("\n  "));
     }
 
     // The cases pass on the chart's alerts.
@@ -370,7 +362,7 @@ fn every_alert_fires_on_its_series_and_stays_silent_on_near_misses() {
     args.extend(names.iter().map(String::as_str));
     let (ok, out) = promtool(&real, &args);
     if !ok {
-        fail(format!("promtool test rules failed ({}):\n{out}", real.display()));
+        panic!("promtool test rules failed ({}):\n{out}", real.display());
     }
 
     // ... and fail on every mutant.
@@ -395,16 +387,14 @@ fn every_alert_fires_on_its_series_and_stays_silent_on_near_misses() {
         }
     }
     for (name, what, from, to) in MUTANTS {
-        let alert = alerts.get(*name).unwrap_or_else(|| {
-            fail(format!(
-                "MUTANTS names alert {name}, which the chart does not define"
-            ))
-        });
+        let alert = alerts
+            .get(*name)
+            .unwrap_or_else(|| panic!("MUTANTS names alert {name}, which the chart does not define"));
         if !alert.expr.contains(from) {
-            fail(format!(
+            panic!(
                 "mutant '{what}' of {name}: '{from}' is not in its expression '{}'",
                 alert.expr
-            ));
+            );
         }
         let expr = alert.expr.replacen(from, to, 1);
         mutants.push((
@@ -450,14 +440,14 @@ fn every_alert_fires_on_its_series_and_stays_silent_on_near_misses() {
             .collect();
         handles
             .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|_| fail("a mutant thread panicked")))
+            .flat_map(|h| h.join().expect("a mutant thread panicked"))
             .collect()
     });
     if !survivors.is_empty() {
-        fail(format!(
+        panic!(
             "the cases in charts/gpunode/tests/alerts pass on these broken alerts (a near miss is missing):\n  {}",
             survivors.join("\n  ")
-        ));
+        );
     }
     let _ = std::fs::remove_dir_all(&work);
     let cases: usize = cov.values().map(|c| c.fires.len() + c.silent.len()).sum();

@@ -7,6 +7,10 @@
 //! Releases here get their own names and namespaces, so they never collide with the accounts
 //! `gpunode_e2e::chart::install_accounts` puts into `gpunode-system` for the other tests.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 
 use gpunode_e2e::{
@@ -31,10 +35,6 @@ use kube::{
 use serde_json::Value;
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
 
 /// Every optional object switched on.
 const ALL_ON: [&str; 6] = [
@@ -64,7 +64,7 @@ async fn helm_env(args: Vec<String>, kubeconfig: Option<PathBuf>) -> Result<Stri
         }
     })
     .await
-    .unwrap_or_else(|e| fail(e))
+    .unwrap()
 }
 
 fn strings(args: &[&str]) -> Vec<String> {
@@ -78,9 +78,7 @@ async fn render(admin: &Client, sets: &[&str]) -> Vec<DynamicObject> {
         extra.push("--set");
         extra.push(*s);
     }
-    chart::template(admin, "r", "ns", &extra)
-        .await
-        .unwrap_or_else(|e| fail(e))
+    chart::template(admin, "r", "ns", &extra).await.unwrap()
 }
 
 fn kind_of(o: &DynamicObject) -> &str {
@@ -103,10 +101,10 @@ fn one<'a>(objects: &'a [DynamicObject], kind: &str, suffix: &str) -> &'a Dynami
         .collect();
     match found.as_slice() {
         [o] => o,
-        _ => fail(format!(
+        _ => panic!(
             "expected exactly one {kind} named *{suffix}, found {}",
             found.len()
-        )),
+        ),
     }
 }
 
@@ -142,7 +140,7 @@ async fn helm_lint_is_clean_and_the_values_schema_is_strict() {
     for extra in [&[][..], &ALL_ON[..]] {
         let mut a = strings(&["lint", "--strict", &chart_path()]);
         a.extend(strings(extra));
-        let out = helm(a).await.unwrap_or_else(|e| fail(e));
+        let out = helm(a).await.unwrap();
         assert!(out.contains("0 chart(s) failed"), "{out}");
     }
     // Misspelt or mistyped values are refused, naming the key.
@@ -158,7 +156,7 @@ async fn helm_lint_is_clean_and_the_values_schema_is_strict() {
         let err = helm(strings(&["template", "r", &chart_path(), "--set", set]))
             .await
             .err()
-            .unwrap_or_else(|| fail(format!("--set {set} was accepted")));
+            .unwrap_or_else(|| panic!("--set {set} was accepted"));
         let msg = err.to_string();
         assert!(
             msg.contains("values don't meet the specifications of the schema") && msg.contains(key),
@@ -169,7 +167,7 @@ async fn helm_lint_is_clean_and_the_values_schema_is_strict() {
 
 #[tokio::test]
 async fn helm_template_defaults_and_each_toggle() {
-    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
+    let admin = admin_client().await.unwrap();
     let d = render(&admin, &[]).await;
     let expected: BTreeSet<String> = [
         "ServiceAccount",
@@ -548,7 +546,7 @@ async fn helm_template_defaults_and_each_toggle() {
     let dash = one(&monitoring, "ConfigMap", "-dashboard");
     assert_eq!(dash.metadata.namespace.as_deref(), Some("grafana"));
     let json: Value = serde_json::from_str(dash.data["data"]["gpunode.json"].as_str().unwrap_or_default())
-        .unwrap_or_else(|e| fail(format!("the dashboard is not JSON: {e}")));
+        .expect("the dashboard is not JSON");
     assert!(json["panels"].as_array().is_some_and(|p| !p.is_empty()));
 
     // A ServiceMonitor without the Service it selects is refused with the reason.
@@ -564,8 +562,7 @@ async fn helm_template_defaults_and_each_toggle() {
         ],
     )
     .await
-    .err()
-    .unwrap_or_else(|| fail("a ServiceMonitor without its Service was rendered"));
+    .expect_err("a ServiceMonitor without its Service was rendered");
     assert!(err.to_string().contains("needs metrics.service.enabled"), "{err}");
 
     // Kubernetes older than the chart supports: refused up front.
@@ -577,20 +574,15 @@ async fn helm_template_defaults_and_each_toggle() {
         "1.29.0",
     ]))
     .await
-    .err()
-    .unwrap_or_else(|| fail("rendered for Kubernetes 1.29"));
+    .expect_err("rendered for Kubernetes 1.29");
     assert!(old.to_string().contains("kubeVersion"), "{old}");
 }
 
 #[tokio::test]
 async fn every_rendered_manifest_is_accepted_by_the_api_server() {
-    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
-    chart::install_monitoring_stand_ins(&admin)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    let ns = Scratch::new(&admin, "chart-dry-run")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let admin = admin_client().await.unwrap();
+    chart::install_monitoring_stand_ins(&admin).await.unwrap();
+    let ns = Scratch::new(&admin, "chart-dry-run").await.unwrap();
     for sets in [
         &[][..],
         &[
@@ -610,15 +602,13 @@ async fn every_rendered_manifest_is_accepted_by_the_api_server() {
             "nodeProbe.runtimeClassName=",
         ][..],
     ] {
-        let objects = chart::template(&admin, "dry", &ns.name, sets)
-            .await
-            .unwrap_or_else(|e| fail(e));
+        let objects = chart::template(&admin, "dry", &ns.name, sets).await.unwrap();
         assert!(!objects.is_empty());
         chart::apply(&admin, &objects, &ns.name, true)
             .await
-            .unwrap_or_else(|e| fail(format!("with {sets:?}: {e}")));
+            .unwrap_or_else(|e| panic!("with {sets:?}: {e}"));
     }
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+    ns.delete().await.unwrap();
 }
 
 /// Kinds the chart can create, to look for a release's objects by its instance label.
@@ -666,15 +656,13 @@ async fn release_objects(admin: &Client, release: &str) -> Result<BTreeSet<Strin
 
 #[tokio::test]
 async fn helm_install_upgrade_and_uninstall_leave_only_the_crds() {
-    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
-    crds::install(&admin).await.unwrap_or_else(|e| fail(e));
-    chart::install_monitoring_stand_ins(&admin)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let admin = admin_client().await.unwrap();
+    crds::install(&admin).await.unwrap();
+    chart::install_monitoring_stand_ins(&admin).await.unwrap();
     let kubeconfig = tokio::task::spawn_blocking(cluster::cluster)
         .await
-        .unwrap_or_else(|e| fail(e))
-        .unwrap_or_else(|e| fail(e))
+        .unwrap()
+        .unwrap()
         .kubeconfig;
     let release = format!("chart-e2e-{:06x}", rand_suffix());
     let ns = format!("{release}-ns");
@@ -687,16 +675,12 @@ async fn helm_install_upgrade_and_uninstall_leave_only_the_crds() {
         "--create-namespace",
     ]);
     install.extend(strings(&ALL_ON));
-    let out = helm_env(install, Some(kubeconfig.clone()))
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let out = helm_env(install, Some(kubeconfig.clone())).await.unwrap();
     assert!(out.contains("STATUS: deployed"), "{out}");
     // NOTES.txt tells the user what to do next.
     assert!(out.contains("kubectl get gpunodepolicies"), "{out}");
 
-    let installed = release_objects(&admin, &release)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let installed = release_objects(&admin, &release).await.unwrap();
     for want in [
         format!("Deployment {ns}/{release}-gpunode-operator"),
         format!("DaemonSet {ns}/{release}-gpunode-node-probe"),
@@ -732,20 +716,18 @@ async fn helm_install_upgrade_and_uninstall_leave_only_the_crds() {
         "--set",
         "metrics.grafanaDashboard.enabled=false",
     ]);
-    let out = helm_env(upgrade, Some(kubeconfig.clone()))
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let out = helm_env(upgrade, Some(kubeconfig.clone())).await.unwrap();
     assert!(out.contains("REVISION: 2"), "{out}");
     let d = Api::<Deployment>::namespaced(admin.clone(), &ns)
         .get(&format!("{release}-gpunode-operator"))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     assert_eq!(d.spec.and_then(|s| s.replicas), Some(3));
     let ds_api: Api<DaemonSet> = Api::namespaced(admin.clone(), &ns);
     let ds = ds_api
         .get(&format!("{release}-gpunode-node-probe"))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let ds_args = ds
         .spec
         .and_then(|s| s.template.spec)
@@ -753,9 +735,7 @@ async fn helm_install_upgrade_and_uninstall_leave_only_the_crds() {
         .and_then(|c| c.args)
         .unwrap_or_default();
     assert!(ds_args.iter().any(|a| a == "--interval=30s"), "{ds_args:?}");
-    let upgraded = release_objects(&admin, &release)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let upgraded = release_objects(&admin, &release).await.unwrap();
     assert!(
         !upgraded.contains(&format!("ConfigMap {ns}/{release}-gpunode-dashboard")),
         "the dashboard switched off by the upgrade is still there"
@@ -776,7 +756,7 @@ async fn helm_install_upgrade_and_uninstall_leave_only_the_crds() {
         Some(kubeconfig.clone()),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(out.contains("uninstalled"), "{out}");
     let left = wait::until("the release's objects to be gone", DEADLINE, || async {
         let left = release_objects(&admin, &release).await?;
@@ -787,12 +767,12 @@ async fn helm_install_upgrade_and_uninstall_leave_only_the_crds() {
         }
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(left.is_empty());
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     for name in ["gpunodepolicies.gpunode.dev", "gpunodereports.gpunode.dev"] {
         assert!(
-            crds.get_opt(name).await.unwrap_or_else(|e| fail(e)).is_some(),
+            crds.get_opt(name).await.unwrap().is_some(),
             "CRD {name} was removed by helm uninstall"
         );
     }

@@ -3,6 +3,10 @@
 //! killed mid-drain is replaced by a fresh one that finishes the same drain without starting
 //! over. (A separate test binary: one operator per process.)
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{collections::BTreeSet, time::Duration};
 
 use gpunode_crds::GpuNodePolicy;
@@ -23,10 +27,6 @@ use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 async fn publish_report(client: &Client, node: &str, xids: serde_json::Value) {
     let status = json!({
         "observedAt": jiff::Timestamp::now().to_string(),
@@ -35,19 +35,15 @@ async fn publish_report(client: &Client, node: &str, xids: serde_json::Value) {
         "gpus": [{"index": 0, "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false},
                   "xids": xids}],
     });
-    reports::publish(client, node, status)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    reports::publish(client, node, status).await.unwrap();
 }
 
 fn pod(name: &str, node: &str) -> Pod {
-    pods::on_node(name, node, json!({"app": "train"})).unwrap_or_else(|e| fail(e))
+    pods::on_node(name, node, json!({"app": "train"})).unwrap()
 }
 
 async fn ready(api: &Api<Pod>, name: &str) {
-    pods::running(api, name, DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    pods::running(api, name, DEADLINE).await.unwrap();
 }
 
 /// Pods still on the node and not terminating.
@@ -72,10 +68,10 @@ fn annotation(node: &Node, key: &str) -> Option<String> {
 
 #[tokio::test]
 async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes_the_same_drain() {
-    let client = admin_client().await.unwrap_or_else(|e| fail(e));
-    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let client = admin_client().await.unwrap();
+    crds::install(&client).await.unwrap();
     // Fixtures are made as admin; only the operator runs as the chart's ServiceAccount.
-    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    let operator_client = chart::operator_client(&client).await.unwrap();
     let id = format!("{:06x}", rand_suffix());
     let (bad, spare) = (format!("drain-{id}"), format!("spare-{id}"));
     nodes::create(
@@ -84,21 +80,19 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         &nodes::GpuNodeShape::default(),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
-    let ns = Scratch::new(&client, "drain").await.unwrap_or_else(|e| fail(e));
+    .unwrap();
+    let ns = Scratch::new(&client, "drain").await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({
         "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "train"},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train"}}}}))
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns.name)
         .create(&PostParams::default(), &pdb)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     for p in ["a", "b"] {
-        pods.create(&PostParams::default(), &pod(p, &bad))
-            .await
-            .unwrap_or_else(|e| fail(e));
+        pods.create(&PostParams::default(), &pod(p, &bad)).await.unwrap();
         ready(&pods, p).await;
     }
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns.name);
@@ -107,7 +101,7 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         Ok((s.current_healthy == 2 && s.disruptions_allowed == 1).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     publish_report(&client, &bad, json!([])).await;
     let policies: Api<GpuNodePolicy> = Api::all(client.clone());
@@ -121,7 +115,7 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         }),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     let node_api: Api<Node> = Api::all(client.clone());
     let first = InProcess::start(&operator_client, "e2e-drain");
@@ -137,7 +131,7 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         .then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     publish_report(
         &client,
@@ -151,7 +145,7 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         Ok((unschedulable && annotation(&n, "gpunode.dev/drain-started").is_some()).then_some(n))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert_eq!(
         annotation(&cordoned, "gpunode.dev/cordoned").as_deref(),
         Some("true")
@@ -164,8 +158,8 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         Ok((left.len() == 1).then_some(left))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let held = held.into_iter().next().unwrap_or_else(|| fail("no pod left"));
+    .unwrap();
+    let held = held.into_iter().next().expect("no pod left");
 
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     let drain_events = || async {
@@ -182,7 +176,7 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         Ok((drain_events().await? >= 1).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // Kill the operator mid-drain (no graceful shutdown), then start a fresh one.
     first.kill().await;
@@ -191,29 +185,26 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
     // A new healthy replica elsewhere frees the budget: the held pod is evicted now.
     pods.create(&PostParams::default(), &pod("c", &spare))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     ready(&pods, "c").await;
     wait::until(&format!("held-back pod {held} evicted"), DEADLINE, || async {
         Ok(alive(&pods, &[held.as_str()]).await.is_empty().then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(
         !alive(&pods, &["c"]).await.is_empty(),
         "the pod on the healthy node stays"
     );
 
     // The same drain was resumed, not started over.
-    let n = node_api.get(&bad).await.unwrap_or_else(|e| fail(e));
+    let n = node_api.get(&bad).await.unwrap();
     assert_eq!(annotation(&n, "gpunode.dev/drain-started"), started);
-    let drain_started = drain_events().await.unwrap_or_else(|e| fail(e));
+    let drain_started = drain_events().await.unwrap();
     assert_eq!(drain_started, 1, "one DrainStarted event across both operators");
 
     // Deleting the policy undoes what it did: cordon, labels, annotations, condition.
-    policies
-        .delete(&bad, &Default::default())
-        .await
-        .unwrap_or_else(|e| fail(e));
+    policies.delete(&bad, &Default::default()).await.unwrap();
     let released = wait::until("node released by the deleted policy", DEADLINE, || async {
         let n = node_api.get(&bad).await?;
         let labels = n.metadata.labels.clone().unwrap_or_default();
@@ -230,7 +221,7 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         Ok(clean.then_some(n))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(
         released
             .metadata
@@ -242,8 +233,8 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
         Ok(policies.get_opt(&bad).await?.is_none().then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
-    second.stop().await.unwrap_or_else(|e| fail(e));
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+    second.stop().await.unwrap();
+    ns.delete().await.unwrap();
 }

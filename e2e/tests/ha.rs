@@ -12,16 +12,26 @@
 //! Needs the binaries built (`make test` builds them first): `gpunode-operator` next to this
 //! test's target directory.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
-    io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
-    path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    path::Path,
+    process::ExitStatus,
     time::{Duration, Instant},
 };
 
 use gpunode_crds::GpuNodePolicy;
-use gpunode_e2e::{accounts, chart, cluster::admin_client, crds, nodes, reports, scratch::rand_suffix, wait};
+use gpunode_e2e::{
+    accounts, chart,
+    cluster::admin_client,
+    crds, http, nodes,
+    operator::{self, Process, Spec},
+    reports,
+    scratch::rand_suffix,
+    wait,
+};
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{Api, Client, api::ResourceExt};
 use serde_json::json;
@@ -35,122 +45,30 @@ const SLACK: Duration = Duration::from_secs(3);
 /// The ladder's second rung: a cordon this long after the drift began.
 const CORDON_AFTER: &str = "25s";
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
+/// One operator replica as a process (killed if the test fails before stopping it), with the
+/// chart's operator ServiceAccount and its Lease in `namespace`.
+fn start(id: &str, namespace: &str, kubeconfig: &Path, logs: &Path) -> Process {
+    let spec = Spec::leader_elect(operator::binary().unwrap(), id, kubeconfig, namespace).unwrap();
+    Process::start(spec, logs.join(format!("{id}.log"))).unwrap()
 }
 
-fn operator_bin() -> PathBuf {
-    gpunode_e2e::faults::operator_bin().unwrap_or_else(|e| fail(e))
+/// One series of its `/metrics` (the sum over all label sets), or None while the server is not
+/// up or has no such series.
+async fn metric(replica: &Process, family: &str) -> Option<f64> {
+    http::sum(&replica.scrape().await.ok()?, family)
 }
 
-/// A free port on 127.0.0.1 (bound and released; the replica binds it right after).
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap_or_else(|e| fail(e))
+/// SIGTERM, then wait for the exit.
+async fn terminate(replica: &mut Process) -> ExitStatus {
+    replica.terminate().unwrap();
+    replica.wait_exit(Duration::from_secs(30)).await.unwrap()
 }
 
-/// One operator process; killed if the test fails before stopping it.
-struct Replica {
-    id: String,
-    addr: SocketAddr,
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-impl Replica {
-    fn start(id: &str, namespace: &str, kubeconfig: &Path, logs: &Path) -> Replica {
-        let addr = free_addr();
-        let log = logs.join(format!("{id}.log"));
-        let out = std::fs::File::create(&log).unwrap_or_else(|e| fail(e));
-        let err = out.try_clone().unwrap_or_else(|e| fail(e));
-        let child = Command::new(operator_bin())
-            .args(["run", "--leader-elect", "true", "--lease-namespace", namespace])
-            .args(["--instance", id, "--metrics-addr", &addr.to_string()])
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .unwrap_or_else(|e| fail(e));
-        Replica {
-            id: id.to_string(),
-            addr,
-            child: Some(child),
-            log,
-        }
-    }
-
-    fn pid(&self) -> String {
-        self.child
-            .as_ref()
-            .map(|c| c.id().to_string())
-            .unwrap_or_else(|| fail(format!("{} is not running", self.id)))
-    }
-
-    /// One series of its `/metrics` (the sum over all label sets when `series` names a family
-    /// without labels), or None while the server is not up.
-    fn metric(&self, family: &str) -> Option<f64> {
-        let (_, text) = http_get(self.addr, "/metrics")?;
-        let mut found = None;
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let (name, value) = line.rsplit_once(' ')?;
-            let bare = name.split('{').next().unwrap_or(name);
-            if bare == family {
-                *found.get_or_insert(0.0) += value.parse::<f64>().ok()?;
-            }
-        }
-        found
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// SIGTERM, then wait for the exit.
-    async fn terminate(&mut self) -> ExitStatus {
-        let pid = self.pid();
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap_or_else(|e| fail(e));
-        assert!(sent.success(), "kill -TERM {pid}");
-        let mut child = self.child.take().unwrap_or_else(|| fail("not running"));
-        let what = format!("{} to exit after SIGTERM (log: {})", self.id, self.log.display());
-        wait::until(&what, Duration::from_secs(30), || {
-            let r = child
-                .try_wait()
-                .map_err(|e| gpunode_e2e::Error::Unexpected(e.to_string()));
-            async move { r }
-        })
+async fn status_line(replica: &Process, path: &str) -> Option<u16> {
+    http::get(replica.spec.metrics_addr, path)
         .await
-        .unwrap_or_else(|e| fail(e))
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A plain HTTP/1.0 GET on loopback: the status and the body; None when nothing answers yet.
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut response = String::new();
-    s.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
-}
-
-fn status_line(addr: SocketAddr, path: &str) -> Option<u16> {
-    http_get(addr, path).map(|(status, _)| status)
+        .ok()
+        .map(|r| r.status)
 }
 
 async fn holder(leases: &Api<Lease>) -> Option<String> {
@@ -170,7 +88,7 @@ async fn wait_holder(leases: &Api<Lease>, want: &str, timeout: Duration) -> Dura
         Ok((holder(leases).await.as_deref() == Some(want)).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     start.elapsed()
 }
 
@@ -196,27 +114,23 @@ async fn publish(client: &Client, node: &str, throttle: &[&str]) {
         "gpuCount": 1,
         "gpus": [{"index": 0, "temperatureCelsius": 60, "slowdownCelsius": 87, "throttleReasons": throttle}],
     });
-    reports::publish(client, node, status)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    reports::publish(client, node, status).await.unwrap();
 }
 
 #[tokio::test]
 async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease_duration() {
-    let client = admin_client().await.unwrap_or_else(|e| fail(e));
+    let client = admin_client().await.unwrap();
     // The replicas run as the chart's operator ServiceAccount, with its RBAC: the Lease lives
     // where the chart lets the operator hold it.
-    chart::install_accounts(&client).await.unwrap_or_else(|e| fail(e));
+    chart::install_accounts(&client).await.unwrap();
     let node = format!("ha-{:06x}", rand_suffix());
     let logs = std::env::temp_dir().join(format!("gpunode-{node}"));
-    std::fs::create_dir_all(&logs).unwrap_or_else(|e| fail(e));
+    std::fs::create_dir_all(&logs).unwrap();
     let token = accounts::token(&client, chart::NAMESPACE, chart::OPERATOR_SA, None)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let kubeconfig = logs.join("operator.kubeconfig");
-    chart::write_kubeconfig(&token, &kubeconfig)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    chart::write_kubeconfig(&token, &kubeconfig).await.unwrap();
     let namespace = chart::NAMESPACE;
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
     // A Lease left by an earlier run would delay the first replica by a lease duration.
@@ -230,7 +144,7 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         &nodes::GpuNodeShape::default(),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     publish(&client, &node, &[]).await;
     let policies: Api<GpuNodePolicy> = Api::all(client.clone());
     crds::create_policy(
@@ -247,24 +161,24 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         }),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // Start one, let it take the Lease, then the second: a known leader and follower.
-    let mut a = Replica::start("replica-a", namespace, &kubeconfig, &logs);
-    wait_holder(&leases, &a.id, DEADLINE).await;
-    let mut b = Replica::start("replica-b", namespace, &kubeconfig, &logs);
+    let mut a = start("replica-a", namespace, &kubeconfig, &logs);
+    wait_holder(&leases, &a.spec.instance, DEADLINE).await;
+    let mut b = start("replica-b", namespace, &kubeconfig, &logs);
     wait::until("replica-b serving /readyz", DEADLINE, || async {
-        Ok(status_line(b.addr, "/readyz").filter(|s| *s == 200).map(|_| ()))
+        Ok(status_line(&b, "/readyz").await.filter(|s| *s == 200).map(|_| ()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let node_api: Api<Node> = Api::all(client.clone());
     wait::until("node labelled compliant", DEADLINE, || async {
         let n = node_api.get(&node).await?;
         Ok((n.labels().get("gpunode.dev/state").map(String::as_str) == Some("compliant")).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // Drift: the leader taints at once.
     publish(&client, &node, &["HwThermalSlowdown"]).await;
@@ -272,23 +186,28 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         Ok(gpunode_taint(&node_api.get(&node).await?).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    assert_eq!(holder(&leases).await.as_deref(), Some(a.id.as_str()));
-    let leader_writes = a.metric("gpunode_node_writes_total").unwrap_or(0.0);
+    .unwrap();
+    assert_eq!(holder(&leases).await.as_deref(), Some(a.spec.instance.as_str()));
+    let leader_writes = metric(&a, "gpunode_node_writes_total").await.unwrap_or(0.0);
     assert!(leader_writes > 0.0, "the leader's /metrics shows no Node write");
     assert_eq!(
-        b.metric("gpunode_node_writes_total"),
+        metric(&b, "gpunode_node_writes_total").await,
         Some(0.0),
         "the follower wrote to a Node"
     );
-    assert_eq!(b.metric("gpunode_leader"), Some(0.0));
-    assert_eq!(a.metric("gpunode_leader"), Some(1.0));
-    let n = node_api.get(&node).await.unwrap_or_else(|e| fail(e));
+    assert_eq!(metric(&b, "gpunode_leader").await, Some(0.0));
+    assert_eq!(metric(&a, "gpunode_leader").await, Some(1.0));
+    let n = node_api.get(&node).await.unwrap();
     assert!(!cordoned_by_gpunode(&n), "cordoned before {CORDON_AFTER}");
 
     // SIGKILL the leader: no release, the follower waits out the lease.
     a.kill();
-    let handover = wait_holder(&leases, &b.id, LEASE + RETRY + SLACK + Duration::from_secs(10)).await;
+    let handover = wait_holder(
+        &leases,
+        &b.spec.instance,
+        LEASE + RETRY + SLACK + Duration::from_secs(10),
+    )
+    .await;
     println!(
         "handover after SIGKILL of the leader: {:.1} s (lease {} s, retry {} s)",
         handover.as_secs_f64(),
@@ -300,10 +219,10 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         "handover took {handover:?}, more than the lease duration {LEASE:?} + retry {RETRY:?} + {SLACK:?}"
     );
     wait::until("gpunode_leader 1 on replica-b", DEADLINE, || async {
-        Ok((b.metric("gpunode_leader") == Some(1.0)).then_some(()))
+        Ok((metric(&b, "gpunode_leader").await == Some(1.0)).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // The new leader finishes the ladder from the old one's bookkeeping: the cordon, due
     // CORDON_AFTER after the drift began.
@@ -311,29 +230,29 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
         Ok(cordoned_by_gpunode(&node_api.get(&node).await?).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(
-        b.metric("gpunode_node_writes_total").unwrap_or(0.0) > 0.0,
+        metric(&b, "gpunode_node_writes_total").await.unwrap_or(0.0) > 0.0,
         "replica-b leads but its /metrics shows no Node write"
     );
 
     // A fresh follower, then a graceful stop of the leader: it releases the Lease, so the
     // follower takes over within a retry period instead of a lease duration.
-    let mut c = Replica::start("replica-c", namespace, &kubeconfig, &logs);
+    let mut c = start("replica-c", namespace, &kubeconfig, &logs);
     wait::until("replica-c serving /readyz", DEADLINE, || async {
-        Ok(status_line(c.addr, "/readyz").filter(|s| *s == 200).map(|_| ()))
+        Ok(status_line(&c, "/readyz").await.filter(|s| *s == 200).map(|_| ()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    assert_eq!(c.metric("gpunode_node_writes_total"), Some(0.0));
+    .unwrap();
+    assert_eq!(metric(&c, "gpunode_node_writes_total").await, Some(0.0));
     let stopped = Instant::now();
-    let status = b.terminate().await;
+    let status = terminate(&mut b).await;
     assert!(
         status.success(),
         "replica-b exited with {status} (log: {})",
         b.log.display()
     );
-    wait_holder(&leases, &c.id, LEASE).await;
+    wait_holder(&leases, &c.spec.instance, LEASE).await;
     let graceful = stopped.elapsed();
     println!(
         "handover after SIGTERM of the leader (its shutdown included): {:.1} s",
@@ -345,18 +264,15 @@ async fn only_the_leader_writes_and_a_killed_leader_is_replaced_within_the_lease
     );
 
     // The policy goes while a replica still runs its cleanup finalizer.
-    policies
-        .delete(&node, &Default::default())
-        .await
-        .unwrap_or_else(|e| fail(e));
+    policies.delete(&node, &Default::default()).await.unwrap();
     wait::until(
         "policy gone (finalizer removed by replica-c)",
         DEADLINE,
         || async { Ok(policies.get_opt(&node).await?.is_none().then_some(())) },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
-    let status = c.terminate().await;
+    .unwrap();
+    let status = terminate(&mut c).await;
     assert!(
         status.success(),
         "replica-c exited with {status} (log: {})",

@@ -12,6 +12,10 @@
 //! One test function with one operator: the controller reconciles every policy in the cluster,
 //! so a second in-process operator would fight over the same nodes.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use gpunode_crds::GpuNodePolicy;
@@ -31,10 +35,6 @@ const DRAIN_STARTED: &str = "gpunode.dev/drain-started";
 const USER_UNCORDONED: &str = "gpunode.dev/uncordoned-by-user";
 const CLASSES: &str = "gpunode.dev/classes";
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 /// A report with these fatal XIDs (empty: healthy) and this GPU temperature.
 async fn publish(client: &Client, node: &str, xids: &[u32], celsius: u32) {
     let at = jiff::Timestamp::now().to_string();
@@ -47,9 +47,7 @@ async fn publish(client: &Client, node: &str, xids: &[u32], celsius: u32) {
                   "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false},
                   "xids": xids}],
     });
-    reports::publish(client, node, status)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    reports::publish(client, node, status).await.unwrap();
 }
 
 fn annotation(node: &Node, key: &str) -> Option<String> {
@@ -92,7 +90,7 @@ async fn set_unschedulable(api: &Api<Node>, node: &str, on: bool) {
         &Patch::Merge(&json!({"spec": {"unschedulable": on}})),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 }
 
 async fn until_node(api: &Api<Node>, node: &str, what: &str, ok: impl Fn(&Node) -> bool) -> Node {
@@ -101,7 +99,7 @@ async fn until_node(api: &Api<Node>, node: &str, what: &str, ok: impl Fn(&Node) 
         Ok(ok(&n).then_some(n))
     })
     .await
-    .unwrap_or_else(|e| fail(e))
+    .unwrap()
 }
 
 /// Compliant again and every bookkeeping annotation gone: `healthyFor` has passed and the
@@ -120,9 +118,9 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let client = admin_client().await.unwrap_or_else(|e| fail(e));
+    let client = admin_client().await.unwrap();
     // The operator acts as the chart's ServiceAccount; the test plays the people with admin.
-    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    let operator_client = chart::operator_client(&client).await.unwrap();
     let id = format!("{:06x}", rand_suffix());
     let (early, late) = (format!("human-early-{id}"), format!("human-late-{id}"));
     nodes::create(
@@ -131,7 +129,7 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
         &nodes::GpuNodeShape::default(),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let api: Api<Node> = Api::all(client.clone());
 
     // A person cordoned `early` and tainted it before gpunode ever saw it drift.
@@ -139,7 +137,7 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
     let taint = json!({"spec": {"taints": [{"key": "example.com/repair", "value": "ticket-42", "effect": "NoSchedule"}]}});
     api.patch(&early, &PatchParams::default(), &Patch::Merge(&taint))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     for n in [&early, &late] {
         publish(&client, n, &[], 40).await;
     }
@@ -161,7 +159,7 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
         }),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     let operator = InProcess::start(&operator_client, "e2e-human");
     let metrics = operator.metrics.clone();
@@ -181,7 +179,7 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
             Ok((metrics.watch_events("report", false) >= want).then_some(()))
         })
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     }
     assert_eq!(metrics.node_writes(), writes, "heartbeats wrote to a node");
 
@@ -247,7 +245,7 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
         let n = until_node(&api, node, "recovered (healthyFor passed)", recovered).await;
         assert!(unschedulable(&n), "{node}: gpunode lifted a person's cordon");
     }
-    let n = api.get(&early).await.unwrap_or_else(|e| fail(e));
+    let n = api.get(&early).await.unwrap();
     assert!(
         taint_keys(&n).contains(&"example.com/repair".to_string()),
         "a person's taint went missing: {:?}",
@@ -257,7 +255,7 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
     policies
         .delete(&format!("human-{id}"), &Default::default())
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     wait::until("policy gone (finalizer removed)", DEADLINE, || async {
         Ok(policies
             .get_opt(&format!("human-{id}"))
@@ -266,15 +264,15 @@ async fn gpunode_never_lifts_a_cordon_it_did_not_set_and_a_human_uncordon_cancel
             .then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     for node in [&early, &late] {
-        let n = api.get(node).await.unwrap_or_else(|e| fail(e));
+        let n = api.get(node).await.unwrap();
         assert!(
             unschedulable(&n),
             "{node}: releasing the policy lifted a person's cordon"
         );
     }
-    operator.stop().await.unwrap_or_else(|e| fail(e));
+    operator.stop().await.unwrap();
     for node in [&early, &late] {
         let _ = api.delete(node, &Default::default()).await;
     }

@@ -8,6 +8,10 @@
 //! The tests share one cluster and one release: run them one at a time (`--test-threads=1`, as
 //! test.sh does). Each leaves the nodes as it found them.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
@@ -36,18 +40,14 @@ use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 async fn kind() -> Kind {
-    Kind::connect().await.unwrap_or_else(|e| fail(e))
+    Kind::connect().await.unwrap()
 }
 
 #[tokio::test]
 async fn the_chart_runs_on_real_pods_as_its_security_context_says() {
     let k = kind().await;
-    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
+    let workers = k.workers().await.unwrap();
 
     // Both operator replicas Ready (the follower too: it must be able to take over).
     let deployments: Api<Deployment> = Api::namespaced(k.client.clone(), chart::NAMESPACE);
@@ -57,7 +57,7 @@ async fn the_chart_runs_on_real_pods_as_its_security_context_says() {
         Ok((s.available_replicas == Some(2) && s.ready_replicas == Some(2)).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // One Ready probe per GPU worker, and none elsewhere.
     let daemonsets: Api<DaemonSet> = Api::namespaced(k.client.clone(), chart::NAMESPACE);
@@ -71,8 +71,8 @@ async fn the_chart_runs_on_real_pods_as_its_security_context_says() {
         Ok((s.desired_number_scheduled == n && s.number_ready == n).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let probes = k.chart_pods("node-probe").await.unwrap_or_else(|e| fail(e));
+    .unwrap();
+    let probes = k.chart_pods("node-probe").await.unwrap();
     let mut on: Vec<String> = probes
         .iter()
         .filter(|p| is_ready(p))
@@ -90,7 +90,7 @@ async fn the_chart_runs_on_real_pods_as_its_security_context_says() {
             .as_ref()
             .and_then(|s| s.node_name.clone())
             .unwrap_or_default();
-        let n = nodes.get(&node).await.unwrap_or_else(|e| fail(e));
+        let n = nodes.get(&node).await.unwrap();
         let internal = n
             .status
             .and_then(|s| s.addresses)
@@ -105,7 +105,7 @@ async fn the_chart_runs_on_real_pods_as_its_security_context_says() {
         );
         let owner = k
             .exec(&node, &["stat", "-c", "%u:%g", "/var/lib/gpunode"])
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
         assert_eq!(owner.trim(), "65532:65532", "the XID state directory on {node}");
     }
 
@@ -114,7 +114,7 @@ async fn the_chart_runs_on_real_pods_as_its_security_context_says() {
     for (node, binary) in [(&workers[0], "gpunode-probe"), (&workers[1], "gpunode-probe")] {
         check_process(&k, node, binary);
     }
-    let operators = k.chart_pods("operator").await.unwrap_or_else(|e| fail(e));
+    let operators = k.chart_pods("operator").await.unwrap();
     for p in &operators {
         let node = p
             .spec
@@ -129,11 +129,9 @@ async fn the_chart_runs_on_real_pods_as_its_security_context_says() {
 fn check_process(k: &Kind, node: &str, binary: &str) {
     let pids = k
         .exec(node, &["pgrep", "-f", &format!("^/usr/local/bin/{binary}")])
-        .unwrap_or_else(|e| fail(format!("{binary} is not running on {node}: {e}")));
+        .unwrap_or_else(|e| panic!("{binary} is not running on {node}: {e}"));
     for pid in pids.split_whitespace() {
-        let status = k
-            .exec(node, &["cat", &format!("/proc/{pid}/status")])
-            .unwrap_or_else(|e| fail(e));
+        let status = k.exec(node, &["cat", &format!("/proc/{pid}/status")]).unwrap();
         let ids = |key: &str| {
             status
                 .lines()
@@ -153,14 +151,12 @@ fn check_process(k: &Kind, node: &str, binary: &str) {
                 .any(|l| l.starts_with("CapEff:") && l.ends_with("0000000000000000")),
             "{binary} on {node} (pid {pid}) holds capabilities: {status}"
         );
-        let mounts = k
-            .exec(node, &["cat", &format!("/proc/{pid}/mounts")])
-            .unwrap_or_else(|e| fail(e));
+        let mounts = k.exec(node, &["cat", &format!("/proc/{pid}/mounts")]).unwrap();
         let root = mounts
             .lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
             .find(|f| f.get(1) == Some(&"/"))
-            .unwrap_or_else(|| fail(format!("{binary} on {node}: no root mount in {mounts}")));
+            .unwrap_or_else(|| panic!("{binary} on {node}: no root mount in {mounts}"));
         let options = root.get(3).copied().unwrap_or_default();
         assert!(
             options.split(',').any(|o| o == "ro"),
@@ -197,14 +193,12 @@ async fn node_until<T>(k: &Kind, node: &str, what: &str, f: impl Fn(&Node) -> Op
         Ok(f(&nodes.get(node).await?))
     })
     .await
-    .unwrap_or_else(|e| fail(e))
+    .unwrap()
 }
 
 /// A policy selecting `node` alone; waits until the operator labelled it compliant.
 async fn policy_for(k: &Kind, name: &str, node: &str, spec: serde_json::Value) {
-    crds::create_policy(&k.client, name, spec)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    crds::create_policy(&k.client, name, spec).await.unwrap();
     node_until(k, node, "labelled compliant", |n| {
         (label(n, STATE_LABEL).as_deref() == Some("compliant")).then_some(())
     })
@@ -215,17 +209,11 @@ async fn policy_for(k: &Kind, name: &str, node: &str, spec: serde_json::Value) {
 /// marks) and changed fixtures. Every test that acts on nodes starts from here.
 async fn reset(k: &Kind) {
     let policies: Api<GpuNodePolicy> = Api::all(k.client.clone());
-    let left = policies
-        .list(&ListParams::default())
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let left = policies.list(&ListParams::default()).await.unwrap();
     for p in left.items {
         let name = p.metadata.name.unwrap_or_default();
         if name.starts_with("kind-") {
-            policies
-                .delete(&name, &DeleteParams::default())
-                .await
-                .unwrap_or_else(|e| fail(e));
+            policies.delete(&name, &DeleteParams::default()).await.unwrap();
         }
     }
     wait::until("no kind- policy left", DEADLINE, || async {
@@ -237,9 +225,9 @@ async fn reset(k: &Kind) {
         .then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    for node in k.workers().await.unwrap_or_else(|e| fail(e)) {
-        k.heal_fixture(&node).unwrap_or_else(|e| fail(e));
+    .unwrap();
+    for node in k.workers().await.unwrap() {
+        k.heal_fixture(&node).unwrap();
         node_until(k, &node, "free of gpunode's marks", |n| {
             let clean = label(n, STATE_LABEL).is_none() && drift_taint(n).is_none() && !unschedulable(n);
             clean.then_some(())
@@ -251,10 +239,7 @@ async fn reset(k: &Kind) {
 /// Deletes the policy and waits until the operator undid everything on `node`.
 async fn remove_policy(k: &Kind, name: &str, node: &str) {
     let policies: Api<GpuNodePolicy> = Api::all(k.client.clone());
-    policies
-        .delete(name, &DeleteParams::default())
-        .await
-        .unwrap_or_else(|e| fail(e));
+    policies.delete(name, &DeleteParams::default()).await.unwrap();
     node_until(k, node, "released by the deleted policy", |n| {
         let clean = label(n, STATE_LABEL).is_none() && drift_taint(n).is_none() && !unschedulable(n);
         clean.then_some(())
@@ -264,11 +249,11 @@ async fn remove_policy(k: &Kind, name: &str, node: &str) {
         Ok(policies.get_opt(name).await?.is_none().then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 }
 
 fn json_to<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
-    serde_json::from_value(v).unwrap_or_else(|e| fail(e))
+    serde_json::from_value(v).unwrap()
 }
 
 /// A pod of the test workload (e2e/kind/progs/workload), preloaded in the node image.
@@ -290,7 +275,7 @@ async fn pod_until<T>(pods: &Api<Pod>, name: &str, what: &str, f: impl Fn(&Pod) 
         Ok(pods.get_opt(name).await?.as_ref().and_then(&f))
     })
     .await
-    .unwrap_or_else(|e| fail(e))
+    .unwrap()
 }
 
 fn phase(p: &Pod) -> Option<String> {
@@ -302,26 +287,19 @@ fn phase(p: &Pod) -> Option<String> {
 #[tokio::test]
 async fn pods_reach_each_other_across_nodes_through_a_service_and_cluster_dns() {
     let k = kind().await;
-    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
-    let ns = Scratch::new(&k.client, "kind-net")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let workers = k.workers().await.unwrap();
+    let ns = Scratch::new(&k.client, "kind-net").await.unwrap();
     let pods: Api<Pod> = Api::namespaced(k.client.clone(), &ns.name);
     let mut web = workload_pod("web", &workers[1], &["-serve", ":8080"], json!({"app": "web"}));
     if let Some(spec) = web.spec.as_mut() {
         spec.restart_policy = Some("Always".into());
     }
-    pods.create(&PostParams::default(), &web)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    pods.create(&PostParams::default(), &web).await.unwrap();
     let web = pod_until(&pods, "web", "Running", |p| {
         (phase(p).as_deref() == Some("Running")).then(|| p.clone())
     })
     .await;
-    let ip = web
-        .status
-        .and_then(|s| s.pod_ip)
-        .unwrap_or_else(|| fail("web has no pod IP"));
+    let ip = web.status.and_then(|s| s.pod_ip).expect("web has no pod IP");
     let services: Api<Service> = Api::namespaced(k.client.clone(), &ns.name);
     services
         .create(
@@ -332,7 +310,7 @@ async fn pods_reach_each_other_across_nodes_through_a_service_and_cluster_dns() 
             })),
         )
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
 
     // From the other worker: the pod directly (cross-node routing), then by the Service's DNS name
     // (CoreDNS, kube-proxy). Each client exits 0 only on a 200 and prints what it got.
@@ -346,17 +324,14 @@ async fn pods_reach_each_other_across_nodes_through_a_service_and_cluster_dns() 
             &workload_pod(name, &workers[0], &["-get", url], json!({"app": "client"})),
         )
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     }
     for (name, url) in &urls {
         let done = pod_until(&pods, name, "finished", |p| {
             matches!(phase(p).as_deref(), Some("Succeeded" | "Failed")).then(|| phase(p))
         })
         .await;
-        let log = pods
-            .logs(name, &LogParams::default())
-            .await
-            .unwrap_or_else(|e| fail(e));
+        let log = pods.logs(name, &LogParams::default()).await.unwrap();
         assert_eq!(
             done.as_deref(),
             Some("Succeeded"),
@@ -375,16 +350,16 @@ async fn pods_reach_each_other_across_nodes_through_a_service_and_cluster_dns() 
             "{name}: GET {url} answered by the web pod:\n{log}"
         );
     }
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+    ns.delete().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_the_taint() {
     let k = kind().await;
-    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
+    let workers = k.workers().await.unwrap();
     let node = workers[0].clone();
     reset(&k).await;
-    k.forget_xids(&node, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    k.forget_xids(&node, DEADLINE).await.unwrap();
     let (after, healthy_for) = (Duration::from_secs(3), Duration::from_secs(6));
     policy_for(
         &k,
@@ -405,7 +380,7 @@ async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_th
     // GPU 2 starts throttling on heat (GpuIdle | HwThermalSlowdown), as the probe pod reads it.
     let start = Instant::now();
     k.edit_fixture(&node, |f| f["devices"][2]["throttle_reasons"] = json!(0x41))
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     node_until(&k, &node, "labelled drifted", |n| {
         (label(n, STATE_LABEL).as_deref() == Some("drifted")).then_some(())
     })
@@ -419,9 +394,7 @@ async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_th
     );
 
     // What a user reads while it is tainted.
-    let describe = k
-        .kubectl(&["describe", "node", &node])
-        .unwrap_or_else(|e| fail(e));
+    let describe = k.kubectl(&["describe", "node", &node]).unwrap();
     for want in [
         "gpunode.dev/drift=throttle:NoSchedule",
         "GpuPolicyCompliant",
@@ -440,18 +413,12 @@ async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_th
             "--field-selector",
             &format!("involvedObject.name={node}"),
         ])
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     for want in ["Drifted", "Tainted"] {
         assert!(events.contains(want), "no {want} event on {node}:\n{events}");
     }
-    let leader = k
-        .leader()
-        .await
-        .unwrap_or_else(|e| fail(e))
-        .unwrap_or_else(|| fail("no leader"));
-    let logs = k
-        .kubectl(&["-n", chart::NAMESPACE, "logs", &leader])
-        .unwrap_or_else(|e| fail(e));
+    let leader = k.leader().await.unwrap().expect("no leader");
+    let logs = k.kubectl(&["-n", chart::NAMESPACE, "logs", &leader]).unwrap();
     assert!(
         logs.contains(&node),
         "the leader's log never names {node}:\n{logs}"
@@ -459,7 +426,7 @@ async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_th
     // /metrics through the chart's Service (the API server's service proxy), as a user or a
     // plain Prometheus job reaches it: either replica answers. The node gauges are the leader's:
     // read through its pod.
-    let metrics_of = |path: String| k.kubectl(&["get", "--raw", &path]).unwrap_or_else(|e| fail(e));
+    let metrics_of = |path: String| k.kubectl(&["get", "--raw", &path]).unwrap();
     let via_service = metrics_of(format!(
         "/api/v1/namespaces/{}/services/gpunode-operator-metrics:metrics/proxy/metrics",
         chart::NAMESPACE
@@ -481,7 +448,7 @@ async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_th
 
     // Recovery: the taint goes only once the GPU has been healthy for healthyFor.
     let healed = Instant::now();
-    k.heal_fixture(&node).unwrap_or_else(|e| fail(e));
+    k.heal_fixture(&node).unwrap();
     node_until(&k, &node, "taint removed", |n| {
         drift_taint(n).is_none().then_some(())
     })
@@ -567,13 +534,11 @@ fn watch_terminations(
 #[tokio::test]
 async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_leader_hands_over() {
     let k = kind().await;
-    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
+    let workers = k.workers().await.unwrap();
     let (bad, spare) = (workers[0].clone(), workers[1].clone());
     reset(&k).await;
-    k.forget_xids(&bad, DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let ns = Scratch::new(&k.client, "kind-drain")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    k.forget_xids(&bad, DEADLINE).await.unwrap();
+    let ns = Scratch::new(&k.client, "kind-drain").await.unwrap();
     let pods: Api<Pod> = Api::namespaced(k.client.clone(), &ns.name);
     let grace = 15;
     // Four replicas, two per worker; a replacement is Ready only 20 s after it starts, which
@@ -606,7 +571,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
             })),
         )
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     Api::<PodDisruptionBudget>::namespaced(k.client.clone(), &ns.name)
         .create(
             &PostParams::default(),
@@ -616,7 +581,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
             })),
         )
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     wait::until("4 replicas available, 2 per worker", DEADLINE, || async {
         let d = deployments.get("train").await?;
         let list = pods.list(&ListParams::default().labels("app=train")).await?;
@@ -628,11 +593,11 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
         Ok((d.status.and_then(|s| s.available_replicas) == Some(4) && on_bad == 2).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let victims: Vec<String> = pods
         .list(&ListParams::default().labels("app=train"))
         .await
-        .unwrap_or_else(|e| fail(e))
+        .unwrap()
         .items
         .into_iter()
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(bad.as_str()))
@@ -657,9 +622,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
     let log = k.audit();
 
     // GPU 1 falls off the bus.
-    k.inject_xid(&bad, 1, 79, DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    k.inject_xid(&bad, 1, 79, DEADLINE).await.unwrap();
     node_until(&k, &bad, "cordoned", |n| unschedulable(n).then_some(())).await;
 
     // The budget lets one pod go; the second eviction is refused (429) until a replacement is
@@ -676,12 +639,8 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
         },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
-    let old_leader = k
-        .leader()
-        .await
-        .unwrap_or_else(|e| fail(e))
-        .unwrap_or_else(|| fail("no leader"));
+    .unwrap();
+    let old_leader = k.leader().await.unwrap().expect("no leader");
     let operator_pods: Api<Pod> = Api::namespaced(k.client.clone(), chart::NAMESPACE);
     operator_pods
         .delete(
@@ -692,13 +651,13 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
             },
         )
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let killed_at = jiff::Timestamp::now();
     let new_leader = wait::until("another replica leads", DEADLINE, || async {
         Ok(k.leader().await?.filter(|l| *l != old_leader))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // The new leader finishes the drain: both pods gone from the bad node, four Ready on the spare.
     wait::until(
@@ -715,7 +674,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
         },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     if let Ok(mut s) = stop.lock() {
         *s = true;
     }
@@ -723,7 +682,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
     let replicas = pods
         .list(&ListParams::default().labels("app=train"))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     assert!(
         replicas
             .items
@@ -736,7 +695,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
     );
 
     // No pod evicted twice; exactly the two on the bad node; the second one after the hand-over.
-    let events = log.events().unwrap_or_else(|e| fail(e));
+    let events = log.events().unwrap();
     let per_pod = audit::evictions(&events, &ns.name);
     let mut evicted: Vec<String> = per_pod.keys().cloned().collect();
     evicted.sort();
@@ -752,7 +711,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
         .filter(|e| e.is_eviction_in(&ns.name) && e.succeeded())
         .map(|e| e.at)
         .max()
-        .unwrap_or_else(|| fail("no eviction"));
+        .expect("no eviction");
     assert!(
         last > killed_at,
         "the second eviction came before the leader {old_leader} was killed"
@@ -760,16 +719,13 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
 
     // Each evicted pod was terminated by its kubelet with the pod's own grace period: the
     // workload finished its 3 s of work after SIGTERM before it went away.
-    let t = seen
-        .lock()
-        .map(|g| g.clone())
-        .unwrap_or_else(|e| fail(e.to_string()));
+    let t = seen.lock().map(|g| g.clone()).unwrap();
     for v in &victims {
         let (started, grace_seen, node) = t
             .started
             .get(v)
             .cloned()
-            .unwrap_or_else(|| fail(format!("{v} never seen terminating")));
+            .unwrap_or_else(|| panic!("{v} never seen terminating"));
         assert_eq!(node, bad);
         assert_eq!(
             grace_seen,
@@ -780,7 +736,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
             .gone
             .get(v)
             .copied()
-            .unwrap_or_else(|| fail(format!("{v} never went away")));
+            .unwrap_or_else(|| panic!("{v} never went away"));
         let took = gone.duration_since(started);
         assert!(
             took >= Duration::from_millis(2500)
@@ -797,17 +753,17 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
     eprintln!("drain finished by {new_leader} after {old_leader} was force-deleted");
 
     remove_policy(&k, "kind-drain", &bad).await;
-    k.forget_xids(&bad, DEADLINE).await.unwrap_or_else(|e| fail(e));
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+    k.forget_xids(&bad, DEADLINE).await.unwrap();
+    ns.delete().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_deleted_probe_pod_comes_back_and_its_node_stays_drifted() {
     let k = kind().await;
-    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
+    let workers = k.workers().await.unwrap();
     let node = workers[1].clone();
     reset(&k).await;
-    k.forget_xids(&node, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    k.forget_xids(&node, DEADLINE).await.unwrap();
     policy_for(
         &k,
         "kind-xid-state",
@@ -821,9 +777,7 @@ async fn a_deleted_probe_pod_comes_back_and_its_node_stays_drifted() {
         }),
     )
     .await;
-    k.inject_xid(&node, 4, 79, DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    k.inject_xid(&node, 4, 79, DEADLINE).await.unwrap();
     node_until(&k, &node, "drifted and tainted", |n| {
         (label(n, STATE_LABEL).as_deref() == Some("drifted") && drift_taint(n).is_some()).then_some(())
     })
@@ -831,13 +785,13 @@ async fn a_deleted_probe_pod_comes_back_and_its_node_stays_drifted() {
 
     // The XID event is not in NVML any more after a restart (it reached only the event set of
     // the probe that saw it happen): only the probe's XID state keeps the node drifted.
-    let old = k.probe_pod(&node, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let old = k.probe_pod(&node, DEADLINE).await.unwrap();
     let old_name = old.metadata.name.clone().unwrap_or_default();
     let probe_pods: Api<Pod> = Api::namespaced(k.client.clone(), chart::NAMESPACE);
     probe_pods
         .delete(&old_name, &DeleteParams::default())
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let nodes: Api<Node> = Api::all(k.client.clone());
     let fresh = wait::until("the DaemonSet's new probe pod Ready", DEADLINE, || async {
         let n = nodes.get(&node).await?;
@@ -852,14 +806,14 @@ async fn a_deleted_probe_pod_comes_back_and_its_node_stays_drifted() {
         Ok(p.filter(|p| p.metadata.name.as_deref() != Some(old_name.as_str())))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let fresh_name = fresh.metadata.name.clone().unwrap_or_default();
     let fresh_start = fresh
         .status
         .as_ref()
         .and_then(|s| s.start_time.as_ref())
         .map(|t| t.0)
-        .unwrap_or_else(|| fail("the new probe pod has no start time"));
+        .expect("the new probe pod has no start time");
     // Its first report, written after it started, still carries XID 79 on GPU 4.
     let reports: Api<GpuNodeReport> = Api::all(k.client.clone());
     wait::until(
@@ -885,7 +839,7 @@ async fn a_deleted_probe_pod_comes_back_and_its_node_stays_drifted() {
         },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let metrics = k
         .kubectl(&[
             "get",
@@ -895,7 +849,7 @@ async fn a_deleted_probe_pod_comes_back_and_its_node_stays_drifted() {
                 chart::NAMESPACE
             ),
         ])
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     assert!(
         metrics
             .lines()
@@ -908,40 +862,36 @@ async fn a_deleted_probe_pod_comes_back_and_its_node_stays_drifted() {
             .join("\n")
     );
     remove_policy(&k, "kind-xid-state", &node).await;
-    k.forget_xids(&node, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    k.forget_xids(&node, DEADLINE).await.unwrap();
 }
 
 /// A client for the kind cluster authenticating with `token`.
 async fn client_with_token(k: &Kind, token: &str) -> Client {
-    let kc = Kubeconfig::read_from(&k.kubeconfig).unwrap_or_else(|e| fail(e));
+    let kc = Kubeconfig::read_from(&k.kubeconfig).unwrap();
     let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     config.auth_info = kube::config::AuthInfo {
         token: Some(token.to_string().into()),
         ..Default::default()
     };
-    Client::try_from(config).unwrap_or_else(|e| fail(e))
+    Client::try_from(config).unwrap()
 }
 
 fn denied_with(r: Result<impl std::fmt::Debug, kube::Error>, what: &str, message: &str) {
     match r {
         Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(message) => {}
-        other => fail(format!("{what}: expected 403 naming {message:?}, got {other:?}")),
+        other => panic!("{what}: expected 403 naming {message:?}, got {other:?}"),
     }
 }
 
 #[tokio::test]
 async fn a_probe_writes_only_its_own_nodes_report_and_lease_with_the_token_its_kubelet_minted() {
     let k = kind().await;
-    let workers = k.workers().await.unwrap_or_else(|e| fail(e));
+    let workers = k.workers().await.unwrap();
     let (own, other) = (workers[0].clone(), workers[1].clone());
-    let pod = k.probe_pod(&own, DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let uid = pod
-        .metadata
-        .uid
-        .clone()
-        .unwrap_or_else(|| fail("probe pod without uid"));
+    let pod = k.probe_pod(&own, DEADLINE).await.unwrap();
+    let uid = pod.metadata.uid.clone().expect("probe pod without uid");
     // The projected token the kubelet wrote into the pod's volume, as the probe reads it.
     let token = k
         .exec(
@@ -952,7 +902,7 @@ async fn a_probe_writes_only_its_own_nodes_report_and_lease_with_the_token_its_k
                 &format!("cat /var/lib/kubelet/pods/{uid}/volumes/kubernetes.io~projected/*/token"),
             ],
         )
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let probe = client_with_token(&k, token.trim()).await;
     let dry = PatchParams::apply("gpunode-e2e-kind").dry_run().force();
 
@@ -965,7 +915,7 @@ async fn a_probe_writes_only_its_own_nodes_report_and_lease_with_the_token_its_k
     reports
         .patch_status(&own, &dry, &Patch::Apply(&status(&own)))
         .await
-        .unwrap_or_else(|e| fail(format!("its own node's report: {e}")));
+        .expect("its own node's report");
     denied_with(
         reports
             .patch_status(&other, &dry, &Patch::Apply(&status(&other)))
@@ -983,7 +933,7 @@ async fn a_probe_writes_only_its_own_nodes_report_and_lease_with_the_token_its_k
     leases
         .patch(&format!("gpunode-probe-{own}"), &dry, &Patch::Apply(&lease(&own)))
         .await
-        .unwrap_or_else(|e| fail(format!("its own heartbeat Lease: {e}")));
+        .expect("its own heartbeat Lease");
     denied_with(
         leases
             .patch(
@@ -999,7 +949,7 @@ async fn a_probe_writes_only_its_own_nodes_report_and_lease_with_the_token_its_k
     let secrets: Api<Secret> = Api::namespaced(probe.clone(), chart::NAMESPACE);
     match secrets.list(&ListParams::default()).await {
         Err(kube::Error::Api(s)) if s.code == 403 => {}
-        other => fail(format!("the probe listed Secrets: {other:?}")),
+        other => panic!("the probe listed Secrets: {other:?}"),
     }
     let nodes: Api<Node> = Api::all(probe);
     match nodes
@@ -1011,6 +961,6 @@ async fn a_probe_writes_only_its_own_nodes_report_and_lease_with_the_token_its_k
         .await
     {
         Err(kube::Error::Api(s)) if s.code == 403 => {}
-        other => fail(format!("the probe labelled a node: {other:?}")),
+        other => panic!("the probe labelled a node: {other:?}"),
     }
 }

@@ -2,6 +2,10 @@
 //! passed, recovery removes it after `healthyFor`, and a taint someone else added survives.
 //! The operator runs in-process against the local control plane.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use gpunode_crds::GpuNodePolicy;
@@ -21,10 +25,6 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// act on each test's node: the tests of this file take turns.
 static ONE_OPERATOR: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 fn report_status(throttle: &[&str]) -> serde_json::Value {
     json!({
         "observedAt": jiff::Timestamp::now().to_string(),
@@ -39,7 +39,7 @@ fn report_status(throttle: &[&str]) -> serde_json::Value {
 async fn publish_report(client: &Client, node: &str, throttle: &[&str]) {
     reports::publish(client, node, report_status(throttle))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
 }
 
 fn taints(node: &Node) -> Vec<(String, Option<String>, String)> {
@@ -75,7 +75,7 @@ async fn host_policy(client: &Client, node: &str, stale_after: &str) {
         }),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 }
 
 /// Waits until `node` carries `gpunode.dev/state=<state>`; returns it.
@@ -85,13 +85,13 @@ async fn wait_state(node_api: &Api<Node>, node: &str, state: &str, what: &str) -
         Ok((label(&n, "gpunode.dev/state").as_deref() == Some(state)).then_some(n))
     })
     .await
-    .unwrap_or_else(|e| fail(e))
+    .unwrap()
 }
 
 /// Installs the CRDs and creates one fake GPU node named `<prefix>-<random>`.
 async fn one_node(prefix: &str) -> (Client, String, Api<Node>) {
-    let client = admin_client().await.unwrap_or_else(|e| fail(e));
-    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let client = admin_client().await.unwrap();
+    crds::install(&client).await.unwrap();
     let name = format!("{prefix}-{:06x}", rand_suffix());
     nodes::create(
         &client,
@@ -99,7 +99,7 @@ async fn one_node(prefix: &str) -> (Client, String, Api<Node>) {
         &nodes::GpuNodeShape::default(),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let node_api: Api<Node> = Api::all(client.clone());
     (client, name, node_api)
 }
@@ -118,7 +118,7 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
     node_api
         .patch(&name, &PatchParams::default(), &Patch::Merge(&human))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     publish_report(&client, &name, &[]).await;
 
     let policies: Api<GpuNodePolicy> = Api::all(client.clone());
@@ -130,10 +130,10 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
             "staleAfter": "5m",
         }))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
 
     // The operator runs with the chart's ServiceAccount: its RBAC is what this test exercises.
-    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    let operator_client = chart::operator_client(&client).await.unwrap();
     let operator = InProcess::start(&operator_client, "e2e");
 
     wait_state(&node_api, &name, "compliant", "node labelled compliant").await;
@@ -145,7 +145,7 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         Ok((label(&n, "gpunode.dev/drift.throttle").as_deref() == Some("true")).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let tainted = wait::until("gpunode taint", DEADLINE, || async {
         let n = node_api.get(&name).await?;
         Ok(taints(&n)
@@ -154,7 +154,7 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
             .then_some(n))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(
         throttled_at.elapsed() >= Duration::from_secs(2),
         "tainted before `after`"
@@ -165,7 +165,7 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         Ok(condition(&n).filter(|c| c.status == "False").map(|_| ()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     let recovered_at = Instant::now();
     publish_report(&client, &name, &[]).await;
@@ -174,7 +174,7 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         Ok((!taints(&n).iter().any(|t| t.0 == "gpunode.dev/drift")).then_some(n))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(
         recovered_at.elapsed() >= Duration::from_secs(3),
         "untainted before healthyFor"
@@ -211,7 +211,7 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         Ok(p.status.filter(|s| s.matched == 1 && s.compliant == 1))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert_eq!(status.drifted, 0);
 
     // A deleted policy's metric series go with it (an alert on them would fire for ever).
@@ -220,16 +220,13 @@ async fn a_throttled_node_is_tainted_after_after_and_untainted_after_healthy_for
         operator.metrics.encode().contains(&series),
         "no series for the live policy"
     );
-    policies
-        .delete(&name, &Default::default())
-        .await
-        .unwrap_or_else(|e| fail(e));
+    policies.delete(&name, &Default::default()).await.unwrap();
     wait::until("the deleted policy's metric series to go", DEADLINE, || async {
         Ok::<_, gpunode_e2e::Error>((!operator.metrics.encode().contains(&series)).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    operator.stop().await.unwrap_or_else(|e| fail(e));
+    .unwrap();
+    operator.stop().await.unwrap();
 }
 
 #[tokio::test]
@@ -248,11 +245,11 @@ async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale()
             &Patch::Apply(&old),
         )
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     publish_report(&client, &name, &[]).await;
     let policies: Api<GpuNodePolicy> = Api::all(client.clone());
     host_policy(&client, &name, "5m").await;
-    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    let operator_client = chart::operator_client(&client).await.unwrap();
     let operator = InProcess::start(&operator_client, "e2e");
 
     let n = wait::until(
@@ -266,7 +263,7 @@ async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale()
         },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(
         !gpunode_operator::apply::has_legacy_metadata_owner(&n),
         "the main-resource ownership was released"
@@ -274,10 +271,7 @@ async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale()
     assert_eq!(condition(&n).map(|c| c.status).as_deref(), Some("True"));
 
     // Deleting the policy releases the node: gpunode's labels and condition are gone.
-    policies
-        .delete(&name, &Default::default())
-        .await
-        .unwrap_or_else(|e| fail(e));
+    policies.delete(&name, &Default::default()).await.unwrap();
     wait::until("node released", DEADLINE, || async {
         let n = node_api.get(&name).await?;
         let ours = n
@@ -289,16 +283,16 @@ async fn labels_an_older_gpunode_applied_are_taken_over_and_removed_when_stale()
         Ok((!ours && condition(&n).is_none()).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    operator.stop().await.unwrap_or_else(|e| fail(e));
+    .unwrap();
+    operator.stop().await.unwrap();
 }
 
 #[tokio::test]
 async fn watches_stream_their_initial_lists_where_the_api_server_can() {
     use kube::runtime::watcher::InitialListStrategy;
-    let client = admin_client().await.unwrap_or_else(|e| fail(e));
+    let client = admin_client().await.unwrap();
     // Asked as the operator asks, with the chart's ServiceAccount.
-    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    let operator_client = chart::operator_client(&client).await.unwrap();
     let listing = gpunode_operator::observe::list_strategy(&operator_client).await;
     assert_eq!(
         listing.initial_list_strategy,
@@ -316,11 +310,9 @@ async fn a_report_older_than_stale_after_stays_fresh_while_its_probe_heartbeats(
     // staleAfter, 60 s, it lapses 15 s from now).
     let mut status = report_status(&[]);
     status["observedAt"] = json!((jiff::Timestamp::now() - jiff::SignedDuration::from_mins(10)).to_string());
-    reports::publish(&client, &name, status)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
-    let lease_name = gpunode_crds::heartbeat::lease_name(&name).unwrap_or_else(|| fail("lease name"));
+    reports::publish(&client, &name, status).await.unwrap();
+    let operator_client = chart::operator_client(&client).await.unwrap();
+    let lease_name = gpunode_crds::heartbeat::lease_name(&name).expect("lease name");
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), chart::NAMESPACE);
     let lease = gpunode_crds::heartbeat::lease(
@@ -339,7 +331,7 @@ async fn a_report_older_than_stale_after_stays_fresh_while_its_probe_heartbeats(
             &Patch::Apply(&lease),
         )
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     host_policy(&client, &name, "60s").await;
     let operator = InProcess::start(&operator_client, "e2e");
 
@@ -364,9 +356,9 @@ async fn a_report_older_than_stale_after_stays_fresh_while_its_probe_heartbeats(
         message.contains("the probe's last heartbeat is"),
         "the condition says why: {message}"
     );
-    operator.stop().await.unwrap_or_else(|e| fail(e));
+    operator.stop().await.unwrap();
     Api::<GpuNodePolicy>::all(client.clone())
         .delete(&name, &Default::default())
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
 }

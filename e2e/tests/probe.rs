@@ -7,6 +7,10 @@
 //! Needs the binaries built (`make test` builds them first): `gpunode-probe` and
 //! `libfake_nvml.so` next to this test's target directory.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
@@ -22,12 +26,8 @@ use kube::{Api, Client};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 fn built(name: &str) -> PathBuf {
-    gpunode_e2e::probe::built(name).unwrap_or_else(|e| fail(e))
+    gpunode_e2e::probe::built(name).unwrap()
 }
 
 /// Kills the probe if the test fails before stopping it.
@@ -65,21 +65,17 @@ fn probe_args(node: &str, fixture: &Path) -> (Vec<String>, Vec<(&'static str, St
 /// A kubeconfig in `dir` for the chart's probe ServiceAccount, with a token bound to a pod of
 /// that account on `token_node` (the DaemonSet pod's projected token, in effect).
 async fn probe_kubeconfig(admin: &Client, token_node: &str, dir: &Path) -> PathBuf {
-    chart::install_accounts(admin).await.unwrap_or_else(|e| fail(e));
-    let pod = chart::probe_pod(admin, token_node)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    chart::install_accounts(admin).await.unwrap();
+    let pod = chart::probe_pod(admin, token_node).await.unwrap();
     let path = dir.join("probe.kubeconfig");
-    chart::write_probe_kubeconfig(admin, &pod, &path)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    chart::write_probe_kubeconfig(admin, &pod, &path).await.unwrap();
     path
 }
 
 #[tokio::test]
 async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
-    let client = cluster::admin_client().await.unwrap_or_else(|e| fail(e));
-    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let client = cluster::admin_client().await.unwrap();
+    crds::install(&client).await.unwrap();
     let node = format!("probe-{:06x}", rand_suffix());
     nodes::create(
         &client,
@@ -87,14 +83,14 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
         &nodes::GpuNodeShape::default(),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     let dir = std::env::temp_dir().join(format!("gpunode-e2e-{node}"));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(e));
+    std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = probe_kubeconfig(&client, &node, &dir).await;
     let fixture = dir.join("nvml.json");
     let nvml_fixtures = repo_root().join("node-probe/fake-nvml/fixtures");
-    std::fs::copy(nvml_fixtures.join("healthy-8xh100.json"), &fixture).unwrap_or_else(|e| fail(e));
+    std::fs::copy(nvml_fixtures.join("healthy-8xh100.json"), &fixture).unwrap();
 
     let (args, env) = probe_args(&node, &fixture);
     let probe = built("gpunode-probe");
@@ -105,14 +101,14 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
-    let running = Probe(cmd.spawn().unwrap_or_else(|e| fail(e)));
+    let running = Probe(cmd.spawn().unwrap());
 
     let reports: Api<GpuNodeReport> = Api::all(client.clone());
     let stored = wait::until("the probe's first report", DEADLINE, || async {
         Ok(reports.get_opt(&node).await?.filter(|r| r.status.is_some()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert_eq!(stored.spec.node_name, node);
     let owner = stored.metadata.owner_references.clone().unwrap_or_default();
     assert!(
@@ -130,9 +126,9 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
         .args(["--once", "-o", "json"])
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .output()
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     assert!(once.status.success(), "{}", String::from_utf8_lossy(&once.stderr));
-    let offline: GpuNodeReport = serde_json::from_slice(&once.stdout).unwrap_or_else(|e| fail(e));
+    let offline: GpuNodeReport = serde_json::from_slice(&once.stdout).unwrap();
     let normalize = |mut s: gpunode_crds::GpuNodeReportStatus| {
         s.observed_at = None;
         for c in &mut s.collectors {
@@ -152,7 +148,7 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
     // Heartbeats renew the node's Lease (through the chart's RBAC and admission policy) and
     // leave the report alone while nothing material changes.
     let leases: Api<Lease> = Api::namespaced(client.clone(), chart::NAMESPACE);
-    let lease_name = gpunode_crds::heartbeat::lease_name(&node).unwrap_or_else(|| fail("lease name"));
+    let lease_name = gpunode_crds::heartbeat::lease_name(&node).expect("lease name");
     let renewed = |lease: Option<Lease>| {
         lease
             .and_then(|l| l.spec)
@@ -163,38 +159,28 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
         Ok(renewed(leases.get_opt(&lease_name).await?))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let version = reports
-        .get(&node)
-        .await
-        .unwrap_or_else(|e| fail(e))
-        .metadata
-        .resource_version;
+    .unwrap();
+    let version = reports.get(&node).await.unwrap().metadata.resource_version;
     wait::until("a second renewal", DEADLINE, || async {
         Ok(renewed(leases.get_opt(&lease_name).await?).filter(|t| t.0 > first.0))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert_eq!(
-        reports
-            .get(&node)
-            .await
-            .unwrap_or_else(|e| fail(e))
-            .metadata
-            .resource_version,
+        reports.get(&node).await.unwrap().metadata.resource_version,
         version,
         "a heartbeat rewrote the report"
     );
 
     // Flip the fake GPU to throttled; the probe publishes the change without waiting for a heartbeat.
-    std::fs::copy(nvml_fixtures.join("throttled.json"), &fixture).unwrap_or_else(|e| fail(e));
+    std::fs::copy(nvml_fixtures.join("throttled.json"), &fixture).unwrap();
     let flipped = Instant::now();
     wait::until("the throttled GPU in the stored report", DEADLINE, || async {
         let r = reports.get(&node).await?;
         Ok(r.status.filter(|s| s.throttled_gpus == Some(1)).map(|_| ()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     eprintln!(
         "throttle visible in the stored report {:?} after the fixture flipped",
         flipped.elapsed()
@@ -202,22 +188,17 @@ async fn the_probe_publishes_its_report_and_a_throttled_gpu_shows_up() {
 
     // SIGTERM: a clean exit.
     let pid = running.0.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap_or_else(|e| fail(e));
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(killed.success());
     let exit = tokio::task::spawn_blocking(move || {
         let mut running = running;
         running.0.wait()
     })
     .await
-    .unwrap_or_else(|e| fail(e))
-    .unwrap_or_else(|e| fail(e));
+    .unwrap()
+    .unwrap();
     assert!(exit.success(), "probe exited with {exit}");
-    chart::delete_probe_pod(&client, &node)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    chart::delete_probe_pod(&client, &node).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -240,8 +221,8 @@ fn capture_stderr(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
 
 #[tokio::test]
 async fn a_probe_whose_token_is_bound_to_another_node_cannot_publish() {
-    let client = cluster::admin_client().await.unwrap_or_else(|e| fail(e));
-    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let client = cluster::admin_client().await.unwrap();
+    crds::install(&client).await.unwrap();
     let id = rand_suffix();
     let (home, other) = (format!("probe-home-{id:06x}"), format!("probe-other-{id:06x}"));
     nodes::create(
@@ -250,15 +231,15 @@ async fn a_probe_whose_token_is_bound_to_another_node_cannot_publish() {
         &nodes::GpuNodeShape::default(),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let dir = std::env::temp_dir().join(format!("gpunode-e2e-{other}"));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(e));
+    std::fs::create_dir_all(&dir).unwrap();
     let fixture = dir.join("nvml.json");
     std::fs::copy(
         repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"),
         &fixture,
     )
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     // The token says "home"; the probe claims to be "other".
     let kubeconfig = probe_kubeconfig(&client, &home, &dir).await;
     let (args, env) = probe_args(&other, &fixture);
@@ -270,7 +251,7 @@ async fn a_probe_whose_token_is_bound_to_another_node_cannot_publish() {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let lines = capture_stderr(&mut child);
     let _running = Probe(child);
 
@@ -285,23 +266,17 @@ async fn a_probe_whose_token_is_bound_to_another_node_cannot_publish() {
         },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(
         refusal.contains(&home) && refusal.contains(&other),
         "the refusal names both nodes: {refusal}"
     );
     let reports: Api<GpuNodeReport> = Api::all(client.clone());
     assert!(
-        reports
-            .get_opt(&other)
-            .await
-            .unwrap_or_else(|e| fail(e))
-            .is_none(),
+        reports.get_opt(&other).await.unwrap().is_none(),
         "a report for {other} was written with {home}'s token"
     );
-    chart::delete_probe_pod(&client, &home)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    chart::delete_probe_pod(&client, &home).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -309,12 +284,8 @@ async fn a_probe_whose_token_is_bound_to_another_node_cannot_publish() {
 /// never reads half of it.
 fn write_fixture(path: &Path, fixture: &serde_json::Value) {
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(
-        &tmp,
-        serde_json::to_vec_pretty(fixture).unwrap_or_else(|e| fail(e)),
-    )
-    .unwrap_or_else(|e| fail(e));
-    std::fs::rename(&tmp, path).unwrap_or_else(|e| fail(e));
+    std::fs::write(&tmp, serde_json::to_vec_pretty(fixture).unwrap()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }
 
 #[tokio::test]
@@ -322,8 +293,8 @@ async fn a_policy_threshold_crossing_reaches_the_report_at_once() {
     // The example: slowdown 97 C, one GPU from 84 to 86 C under maxGpuCelsius 85. The
     // margin (13 -> 11 C) crosses no temperature band, so without the policy watch the probe
     // would write it only at its report refresh (10m, past this test's deadline).
-    let client = cluster::admin_client().await.unwrap_or_else(|e| fail(e));
-    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let client = cluster::admin_client().await.unwrap();
+    crds::install(&client).await.unwrap();
     let id = rand_suffix();
     let node = format!("probe-hot-{id:06x}");
     nodes::create(
@@ -332,7 +303,7 @@ async fn a_policy_threshold_crossing_reaches_the_report_at_once() {
         &nodes::GpuNodeShape::default(),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     // Selects no node (no operator runs here): the probe decides by every policy it can see.
     let policy = format!("probe-hot-{id:06x}");
     crds::create_policy(
@@ -344,18 +315,16 @@ async fn a_policy_threshold_crossing_reaches_the_report_at_once() {
         }),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     let dir = std::env::temp_dir().join(format!("gpunode-e2e-{node}"));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| fail(e));
+    std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = probe_kubeconfig(&client, &node, &dir).await;
     let fixture = dir.join("nvml.json");
     let text = std::fs::read_to_string(repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"))
-        .unwrap_or_else(|e| fail(e));
-    let mut nvml: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| fail(e));
-    let devices = nvml["devices"]
-        .as_array_mut()
-        .unwrap_or_else(|| fail("fixture has no devices"));
+        .unwrap();
+    let mut nvml: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let devices = nvml["devices"].as_array_mut().expect("fixture has no devices");
     for d in devices.iter_mut() {
         d["thresholds"]["slowdown"] = 97.into();
     }
@@ -371,7 +340,7 @@ async fn a_policy_threshold_crossing_reaches_the_report_at_once() {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let lines = capture_stderr(&mut child);
     let _running = Probe(child);
 
@@ -388,13 +357,13 @@ async fn a_policy_threshold_crossing_reaches_the_report_at_once() {
         Ok(gpu3(reports.get_opt(&node).await?).filter(|t| *t == 84))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wait::until("the probe's policy watch to sync", DEADLINE, || async {
         let lines = lines.lock().map(|v| v.clone()).unwrap_or_default();
         Ok(lines.into_iter().find(|l| l.contains("policy watch synced")))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     nvml["devices"][3]["temperature"] = 86.into();
     write_fixture(&fixture, &nvml);
@@ -403,7 +372,7 @@ async fn a_policy_threshold_crossing_reaches_the_report_at_once() {
         Ok(gpu3(reports.get_opt(&node).await?).filter(|t| *t == 86))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     // Timing for the closing note; the probe observes every 500 ms here.
     eprintln!(
         "thermal: 86 C visible in the stored report {:?} after the fixture changed",
@@ -413,9 +382,7 @@ async fn a_policy_threshold_crossing_reaches_the_report_at_once() {
     Api::<gpunode_crds::GpuNodePolicy>::all(client.clone())
         .delete(&policy, &Default::default())
         .await
-        .unwrap_or_else(|e| fail(e));
-    chart::delete_probe_pod(&client, &node)
-        .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
+    chart::delete_probe_pod(&client, &node).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,6 +11,10 @@
 //! (84 -> 86 C under `maxGpuCelsius: 85`, slowdown 97 C) is a fixed regression test.
 //! `PROPTEST_CASES` raises the case count.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeSet;
 
 use gpunode_crds::{
@@ -26,14 +30,10 @@ use proptest::test_runner::TestCaseError;
 
 const SEED: [u8; 32] = *b"gpunode-publish-contract-seed-01";
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 fn yaml<T: serde::de::DeserializeOwned>(path: &str) -> T {
     let path = format!("{}/../{path}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| fail(format!("{path}: {e}")));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| fail(format!("{path}: {e}")))
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
 fn healthy() -> GpuNodeReport {
@@ -117,8 +117,7 @@ fn cooling_policy() -> impl Strategy<Value = GpuNodePolicySpec> {
             if throttle {
                 cooling["forbiddenThrottleReasons"] = serde_json::json!(["HwSlowdown", "SwThermalSlowdown"]);
             }
-            serde_json::from_value(serde_json::json!({ "cooling": cooling }))
-                .unwrap_or_else(|e| fail(format!("generated policy: {e}")))
+            serde_json::from_value(serde_json::json!({ "cooling": cooling })).expect("generated policy")
         })
 }
 
@@ -209,7 +208,7 @@ fn case() -> impl Strategy<Value = Case> {
 
 /// (last published, next observed) from the healthy fixture.
 fn pair(c: &Case, now: Timestamp) -> (GpuNodeReportStatus, GpuNodeReportStatus) {
-    let base = healthy().status.unwrap_or_else(|| fail("fixture has no status"));
+    let base = healthy().status.expect("fixture has no status");
     let mut prev = base.clone();
     prev.observed_at = Some(Time(now - SignedDuration::from_mins(7)));
     for (g, x) in prev.gpus.iter_mut().zip(&c.gpus) {
@@ -319,7 +318,7 @@ fn what_the_probe_does_not_publish_the_operator_decides_the_same_on() {
             }
             holds(&c, Some(&known), now)
         })
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let (published, total) = (published.get(), total.get());
     // Both sides of the property were exercised: pairs published and pairs held back.
     assert!(
@@ -351,7 +350,7 @@ fn the_band_fallback_alone_breaks_the_contract() {
 fn a_gpu_from_84_to_86_c_under_max_85_is_published_at_once() {
     // The example: slowdown 97 C, margin 13 -> 11 C crosses no band edge (15, 10).
     let now = Timestamp::now();
-    let mut prev = healthy().status.unwrap_or_else(|| fail("fixture has no status"));
+    let mut prev = healthy().status.expect("fixture has no status");
     prev.observed_at = Some(Time(now));
     for g in &mut prev.gpus {
         g.slowdown_celsius = Some(97);
@@ -360,8 +359,7 @@ fn a_gpu_from_84_to_86_c_under_max_85_is_published_at_once() {
     let mut next = prev.clone();
     next.gpus[3].temperature_celsius = Some(86);
     let policy: GpuNodePolicySpec =
-        serde_json::from_value(serde_json::json!({ "cooling": { "maxGpuCelsius": 85 } }))
-            .unwrap_or_else(|e| fail(e));
+        serde_json::from_value(serde_json::json!({ "cooling": { "maxGpuCelsius": 85 } })).unwrap();
     assert_ne!(
         operator_view(&policy, &prev, now),
         operator_view(&policy, &next, now),

@@ -15,11 +15,20 @@
 //!
 //! The tests share one cluster and stop its API server, so they take turns.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
-    faults::{self, FaultCluster, Operator, Restore, Wave, WaveSpec},
+    faults::{
+        cluster::{FaultCluster, Restore},
+        marks,
+        replica::Operator,
+        wave::{Wave, WaveSpec},
+    },
     wait,
 };
 use k8s_openapi::api::{
@@ -34,10 +43,6 @@ use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
 
 /// Everything gpunode may have left on a node, as a list of what is there.
 fn leftovers(node: &Node) -> Vec<String> {
@@ -58,7 +63,7 @@ fn leftovers(node: &Node) -> Vec<String> {
             .map(|(k, _)| format!("annotation {k}")),
     );
     out.extend(
-        faults::gpunode_taints(node)
+        marks::gpunode_taints(node)
             .into_iter()
             .map(|t| format!("taint {t}")),
     );
@@ -101,13 +106,9 @@ fn cordon_and_taint(tag: &str, nodes: usize) -> WaveSpec {
 
 /// A policy's `nodes` fake nodes, each cordoned and tainted by gpunode for a fatal XID.
 async fn disrupted_wave(client: &Client, tag: &str, nodes: usize) -> Wave {
-    let wave = Wave::setup(client, &cordon_and_taint(tag, nodes))
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(client, &cordon_and_taint(tag, nodes)).await.unwrap();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
     wait_all_disrupted(&wave).await;
     wave
 }
@@ -118,12 +119,12 @@ async fn wait_all_disrupted(wave: &Wave) {
         Ok((nodes.len() == wave.nodes.len()
             && nodes.iter().all(|n| {
                 n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
-                    && !faults::gpunode_taints(n).is_empty()
+                    && !marks::gpunode_taints(n).is_empty()
             }))
         .then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 }
 
 async fn wait_all_clean(wave: &Wave, what: &str) {
@@ -162,47 +163,43 @@ async fn wait_lease_expired(client: &Client, namespace: &str) {
         Ok(expired.then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 }
 
 #[tokio::test]
 async fn a_deleted_policy_is_released_completely_when_its_leader_loses_the_lease_mid_release() {
     let _turn = TURN.lock().await;
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let ns = "rel-release";
-    let mut a = Operator::start(&fc, &client, "rel-release-a", ns)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    a.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let b = Operator::start(&fc, &client, "rel-release-b", ns)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let mut a = Operator::start(&fc, &client, "rel-release-a", ns).await.unwrap();
+    a.wait_leading(DEADLINE).await.unwrap();
+    let b = Operator::start(&fc, &client, "rel-release-b", ns).await.unwrap();
 
     let wave = disrupted_wave(&client, "rls", 40).await;
 
     // B cannot take over while A is paused: what A does on resuming decides.
-    b.pause().unwrap_or_else(|e| fail(e));
+    b.pause().unwrap();
     let policies: Api<GpuNodePolicy> = Api::all(client.clone());
     policies
         .delete(&wave.policy, &DeleteParams::default())
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     // Pause A as soon as its release has begun but not ended (tight polling: a release of 40
     // nodes takes about a second).
     let nodes_api: Api<Node> = Api::all(client.clone());
     let lp = ListParams::default().labels(&wave.selector());
     let started = Instant::now();
     let (done, total) = loop {
-        let nodes = nodes_api.list(&lp).await.unwrap_or_else(|e| fail(e)).items;
+        let nodes = nodes_api.list(&lp).await.unwrap().items;
         let done = nodes.iter().filter(|n| released(n)).count();
         if done > 0 {
-            a.pause().unwrap_or_else(|e| fail(e));
+            a.pause().unwrap();
             break (done, nodes.len());
         }
         assert!(started.elapsed() < DEADLINE, "the release never started");
         tokio::time::sleep(Duration::from_millis(5)).await; // poll interval of the tight wait
     };
-    let after_pause = nodes_api.list(&lp).await.unwrap_or_else(|e| fail(e)).items;
+    let after_pause = nodes_api.list(&lp).await.unwrap().items;
     let done_paused = after_pause.iter().filter(|n| released(n)).count();
     eprintln!("release paused after {done} (then {done_paused}) of {total} nodes");
     assert!(
@@ -212,36 +209,32 @@ async fn a_deleted_policy_is_released_completely_when_its_leader_loses_the_lease
 
     // A's term passes while it is paused; it resumes as a replica that no longer leads.
     wait_lease_expired(&client, ns).await;
-    a.resume().unwrap_or_else(|e| fail(e));
+    a.resume().unwrap();
     // Whatever A does next, it does within a few seconds; then it dies.
     wait::until("the resumed replica to run again", DEADLINE, || async {
         Ok((a.metric("gpunode_reconciles_total").await.is_ok()).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let stranded = policies
-        .get_opt(&wave.policy)
-        .await
-        .unwrap_or_else(|e| fail(e))
-        .is_none()
+    .unwrap();
+    let stranded = policies.get_opt(&wave.policy).await.unwrap().is_none()
         && nodes_api
             .list(&lp)
             .await
-            .unwrap_or_else(|e| fail(e))
+            .unwrap()
             .items
             .iter()
             .any(|n| !leftovers(n).is_empty());
     eprintln!("after the resumed replica: policy gone with nodes still marked = {stranded}");
     a.kill();
 
-    b.resume().unwrap_or_else(|e| fail(e));
-    b.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    b.resume().unwrap();
+    b.wait_leading(DEADLINE).await.unwrap();
     wait_all_clean(&wave, "every node released by the new leader").await;
     wait::until("the policy to be gone", DEADLINE, || async {
         Ok(policies.get_opt(&wave.policy).await?.is_none().then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let released_by_b = b
         .metric("gpunode_actions_total{action=\"release\",result=\"ok\"}")
         .await;
@@ -251,12 +244,10 @@ async fn a_deleted_policy_is_released_completely_when_its_leader_loses_the_lease
 #[tokio::test]
 async fn markers_no_policy_governs_are_released_with_an_event() {
     let _turn = TURN.lock().await;
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let ns = "rel-unowned";
-    let mut op = Operator::start(&fc, &client, "rel-unowned", ns)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let mut op = Operator::start(&fc, &client, "rel-unowned", ns).await.unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
     let wave = disrupted_wave(&client, "unowned", 3).await;
 
     // Someone removes the finalizer by hand while the operator is down, then deletes the policy.
@@ -269,20 +260,20 @@ async fn markers_no_policy_governs_are_released_with_an_event() {
             &Patch::Merge(json!({"metadata": {"finalizers": null}})),
         )
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     policies
         .delete(&wave.policy, &DeleteParams::default())
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     wait::until("the policy to be gone", DEADLINE, || async {
         Ok(policies.get_opt(&wave.policy).await?.is_none().then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // At start-up the operator finds what no policy governs and releases it.
-    op.spawn().unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    op.spawn().unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
     wait_all_clean(&wave, "every unowned node released at start-up").await;
     // Counted once each release returns, just after its last write.
     wait::until("the release metric to count every node", DEADLINE, || async {
@@ -292,7 +283,7 @@ async fn markers_no_policy_governs_are_released_with_an_event() {
         Ok((released >= 3.0).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let events: Api<Event> = Api::all(client.clone());
     wait::until("a Released event for each node", DEADLINE, || async {
         let list = events
@@ -306,24 +297,22 @@ async fn markers_no_policy_governs_are_released_with_an_event() {
         Ok(wave.nodes.iter().all(|n| on.contains(n)).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     op.kill();
 }
 
 #[tokio::test]
 async fn sigterm_exits_within_the_limit_while_the_api_server_does_not_answer() {
     let _turn = TURN.lock().await;
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let mut op = Operator::start(&fc, &client, "rel-shutdown", "rel-shutdown")
         .await
-        .unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+        .unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
     let guard = Restore::new(&fc, "kube-apiserver", "resume");
-    fc.ctl("pause", "kube-apiserver")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    fc.ctl("pause", "kube-apiserver").await.unwrap();
     let sent = Instant::now();
-    op.terminate().unwrap_or_else(|e| fail(e));
+    op.terminate().unwrap();
     // The operator's limit is 20 s; a loaded machine gets 10 s more.
     let limit = Duration::from_secs(30);
     let status = loop {
@@ -331,9 +320,7 @@ async fn sigterm_exits_within_the_limit_while_the_api_server_does_not_answer() {
             break status;
         }
         if sent.elapsed() > limit {
-            fc.ctl("resume", "kube-apiserver")
-                .await
-                .unwrap_or_else(|e| fail(e));
+            fc.ctl("resume", "kube-apiserver").await.unwrap();
             guard.done();
             panic!("the operator was still running {limit:?} after SIGTERM");
         }
@@ -343,9 +330,7 @@ async fn sigterm_exits_within_the_limit_while_the_api_server_does_not_answer() {
         "exited {status} after {:?} with the API server paused",
         sent.elapsed()
     );
-    fc.ctl("resume", "kube-apiserver")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    fc.ctl("resume", "kube-apiserver").await.unwrap();
     guard.done();
-    fc.wait_api(&client, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    fc.wait_api(&client, DEADLINE).await.unwrap();
 }

@@ -15,7 +15,14 @@ use std::{collections::BTreeMap, time::Duration};
 use futures::{StreamExt, future::join_all};
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_e2e::{
-    faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
+    faults::{
+        checks::Check,
+        cluster::FaultCluster,
+        marks,
+        record::{Recorder, Run},
+        replica::Operator,
+        wave::{self, Wave, WaveSpec},
+    },
     fixtures::repo_root,
     reports, wait,
 };
@@ -31,14 +38,10 @@ use serde_json::{Value, json};
 const CLASS: &str = "bad input";
 const DEADLINE: Duration = Duration::from_secs(120);
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 fn yaml(path: &str) -> Value {
     let p = repo_root().join(path);
-    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| fail(format!("{}: {e}", p.display())));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| fail(format!("{}: {e}", p.display())))
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 /// Hostile values: (name, value); `None` deletes the field.
@@ -198,12 +201,12 @@ fn cases(base: &Value, fields: &[&str], n: usize, salt: u64) -> Vec<(String, Val
     }
     let mut i = 0u64;
     while out.len() < n {
-        let seed = faults::mix(salt + i);
+        let seed = wave::mix(salt + i);
         i += 1;
         let mut doc = base.clone();
         let mut names = Vec::new();
         for j in 0..=(seed % 3) {
-            let r = faults::mix(seed ^ (j + 1));
+            let r = wave::mix(seed ^ (j + 1));
             let field = fields[usize::try_from(r % fields.len() as u64).unwrap_or(0)];
             let (name, value) = &values[usize::try_from((r >> 32) % values.len() as u64).unwrap_or(0)];
             if set(&mut doc, field, value.clone()) {
@@ -268,7 +271,7 @@ impl Judge<'_> {
     fn label(&self, node: &str) -> Option<String> {
         self.nodes
             .get(&reflector::ObjectRef::new(node))
-            .and_then(|n| n.metadata.labels.as_ref()?.get(faults::STATE_LABEL).cloned())
+            .and_then(|n| n.metadata.labels.as_ref()?.get(marks::STATE_LABEL).cloned())
     }
 
     async fn says(&self, node: &str, state: NodeState) -> Result<(), gpunode_e2e::Error> {
@@ -378,18 +381,16 @@ const CASE_DEADLINE: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_operator() {
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "bad-input");
-    let mut op = Operator::start(&fc, &client, "rel-bad", "rel-bad")
-        .await
-        .unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let mut op = Operator::start(&fc, &client, "rel-bad", "rel-bad").await.unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
     let strict = yaml("operator/tests/fixtures/evaluate/strict-policy.yaml");
     let mut spec = WaveSpec::drain("bad", NODES, 0);
     spec.policy_spec = strict["spec"].clone();
     spec.bystander = false;
-    let wave = Wave::setup(&client, &spec).await.unwrap_or_else(|e| fail(e));
-    let policy: GpuNodePolicy = serde_json::from_value(strict.clone()).unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(&client, &spec).await.unwrap();
+    let policy: GpuNodePolicy = serde_json::from_value(strict.clone()).unwrap();
     let healthy = yaml("operator/tests/fixtures/evaluate/healthy-h100-report.yaml")["status"].clone();
     let (store, writer) = reflector::store::<Node>();
     let watch = tokio::spawn(
@@ -401,7 +402,7 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
         .reflect(writer)
         .for_each(|_| async {}),
     );
-    store.wait_until_ready().await.unwrap_or_else(|e| fail(e));
+    store.wait_until_ready().await.unwrap();
     let started = std::time::Instant::now();
 
     // Reports: four in five of the budget, spread over the nodes and judged concurrently.
@@ -434,7 +435,7 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
     let healthy_report: GpuNodeReport = serde_json::from_value(json!({
         "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodeReport",
         "metadata": {"name": "n"}, "spec": {"nodeName": "n"}, "status": healthy}))
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let dry = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -518,20 +519,12 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
     failed["observedAt"] = json!(jiff::Timestamp::now().to_string());
     failed["collectors"][0]["ok"] = json!(false);
     failed["collectors"][0]["error"] = json!("NVML: driver not loaded");
-    reports::publish(&client, &node, failed)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    judge
-        .says(&node, NodeState::Unknown)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    reports::publish(&client, &node, failed).await.unwrap();
+    judge.says(&node, NodeState::Unknown).await.unwrap();
     reports::publish(&client, &node, sentinel(&healthy, NodeState::Compliant))
         .await
-        .unwrap_or_else(|e| fail(e));
-    judge
-        .says(&node, NodeState::Compliant)
-        .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
+    judge.says(&node, NodeState::Compliant).await.unwrap();
     let alive = op.alive();
     let panicked = op.log_text().contains("panicked");
     watch.abort();
@@ -586,7 +579,7 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
         checks,
         recovery_ms: None,
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     rec.assert_clean();
     wave.cleanup().await;
 }

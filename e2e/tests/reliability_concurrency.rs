@@ -4,13 +4,24 @@
 //! and untaints those nodes as their reports flip. Afterwards the other actor's taint and label
 //! are exactly what it last wrote, and gpunode's are exactly what its policy implies.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{
     collections::BTreeMap,
     time::{Duration, Instant},
 };
 
 use gpunode_e2e::{
-    faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
+    faults::{
+        checks::Check,
+        cluster::{self, FaultCluster},
+        marks,
+        record::{self, Recorder, Run},
+        replica::Operator,
+        wave::{self, Wave, WaveSpec},
+    },
     reports, wait,
 };
 use k8s_openapi::api::core::v1::{Node, Taint};
@@ -24,10 +35,6 @@ const CLASS: &str = "concurrency";
 const DEADLINE: Duration = Duration::from_secs(120);
 const ACTOR_TAINT: &str = "actor.example.com/maintenance";
 const ACTOR_LABEL: &str = "actor.example.com/slot";
-
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
 
 fn mix(seed: u64) -> u64 {
     let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -108,16 +115,14 @@ async fn actor(
         let value = format!("v{i}");
         if r & 0x100 == 0 {
             let v = (r & 0x200 == 0).then_some(value.as_str());
-            set_taint(&api, node, v, &mut stats)
-                .await
-                .unwrap_or_else(|e| fail(format!("actor taint: {e}")));
+            set_taint(&api, node, v, &mut stats).await.expect("actor taint");
             mine.taint = v.map(str::to_string);
         } else {
             let v = (r & 0x200 == 0).then_some(value.clone());
             let patch = json!({"metadata": {"labels": {ACTOR_LABEL: v}}});
             api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .unwrap_or_else(|e| fail(format!("actor label: {e}")));
+                .expect("actor label");
             stats.writes += 1;
             mine.label = v;
         }
@@ -134,29 +139,27 @@ fn observed_mine(n: &Node) -> Mine {
             .and_then(|s| s.taints.as_ref())
             .and_then(|ts| ts.iter().find(|t| t.key == ACTOR_TAINT))
             .and_then(|t| t.value.clone()),
-        label: faults::label(n, ACTOR_LABEL),
+        label: marks::label(n, ACTOR_LABEL),
     }
 }
 
 #[tokio::test]
 async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_policy() {
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "concurrency");
     let mut op = Operator::start(&fc, &client, "rel-conc", "rel-conc")
         .await
-        .unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+        .unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
     let mut spec = WaveSpec::drain("conc", 4, 0);
     spec.policy_spec["remediation"] =
         json!([{"classes": ["Xid"], "action": "Taint", "effect": "NoSchedule"}]);
     spec.policy_spec["disruption"]["maxUnavailable"] = json!(4);
-    let wave = Wave::setup(&client, &spec).await.unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(&client, &spec).await.unwrap();
     // Besides the actor's own markers, checked against its last write at the end: a third
     // controller's label and taint and a person's cordon, watched at every instant.
     let monitor = wave.monitor();
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
 
     let run_for = Duration::from_secs(
         std::env::var("GPUNODE_REL_ACTOR_SECS")
@@ -172,15 +175,15 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
     while start.elapsed() < run_for {
         let r = mix(1000 + flips);
         let node = &wave.nodes[(r % wave.nodes.len() as u64) as usize];
-        reports::publish(&client, node, faults::report_status(r & 0x10 == 0, "boot-1"))
+        reports::publish(&client, node, wave::report_status(r & 0x10 == 0, "boot-1"))
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
         flips += 1;
-        faults::hold("flip rate", Duration::from_millis(150))
+        cluster::hold("flip rate", Duration::from_millis(150))
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
     }
-    let (last, stats) = actor_task.await.unwrap_or_else(|e| fail(e));
+    let (last, stats) = actor_task.await.unwrap();
     // Final reports: even nodes drifted, odd ones healthy.
     let expect_drift: BTreeMap<String, bool> = wave
         .nodes
@@ -189,9 +192,9 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
         .map(|(i, n)| (n.clone(), i % 2 == 0))
         .collect();
     for (n, d) in &expect_drift {
-        reports::publish(&client, n, faults::report_status(*d, "boot-1"))
+        reports::publish(&client, n, wave::report_status(*d, "boot-1"))
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
     }
     let settled_from = Instant::now();
     let converged = wait::until(
@@ -202,8 +205,8 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
             let ok = nodes.iter().all(|n| {
                 let name = n.metadata.name.clone().unwrap_or_default();
                 let drift = expect_drift.get(&name).copied().unwrap_or(false);
-                let state = faults::label(n, faults::STATE_LABEL);
-                let taints = faults::gpunode_taints(n);
+                let state = marks::label(n, marks::STATE_LABEL);
+                let taints = marks::gpunode_taints(n);
                 let drift_labels = n.metadata.labels.as_ref().map_or(0, |l| {
                     l.keys().filter(|k| k.starts_with("gpunode.dev/drift.")).count()
                 });
@@ -217,13 +220,13 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
         },
     )
     .await;
-    let recovery = faults::elapsed_ms(settled_from);
+    let recovery = record::elapsed_ms(settled_from);
     let converged_ok = converged.is_ok();
     let nodes = match converged {
         Ok(n) => n,
         Err(e) => {
             eprintln!("not converged: {e}");
-            wave.nodes_now().await.unwrap_or_else(|e| fail(e))
+            wave.nodes_now().await.unwrap()
         }
     };
     let gpunode_ok = converged_ok && nodes.len() == wave.nodes.len();
@@ -242,7 +245,7 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
             format!(
                 "{}: {:?}",
                 n.metadata.name.clone().unwrap_or_default(),
-                faults::gpunode_taints(n)
+                marks::gpunode_taints(n)
             )
         })
         .collect();
@@ -267,11 +270,11 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
             Check::new("operator survived", op.alive(), "same process"),
         ]
         .into_iter()
-        .chain(monitor.checks(4, &fc.audit().unwrap_or_else(|e| fail(e)), &wave.namespace))
+        .chain(monitor.checks(4, &fc.audit().unwrap(), &wave.namespace))
         .collect(),
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
     rec.assert_clean();
 }

@@ -8,14 +8,17 @@
 
 use std::time::{Duration, Instant};
 
-use gpunode_e2e::faults::{self, Check, FaultCluster, Operator, Recorder, Restore, Run, Wave, WaveSpec};
+use gpunode_e2e::faults::{
+    checks::{self, Check},
+    cluster::{self, FaultCluster, Restore},
+    marks,
+    record::{self, Recorder, Run},
+    replica::Operator,
+    wave::{self, Wave, WaveSpec},
+};
 
 const CLASS: &str = "control plane";
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
 
 fn outage() -> Duration {
     Duration::from_secs(
@@ -38,41 +41,30 @@ fn relists(fc: &FaultCluster, user: &str, resource: &str, since: jiff::Timestamp
 
 #[tokio::test]
 async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches() {
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "control-plane");
-    let mut op = Operator::start(&fc, &client, "rel-cp", "rel-cp")
-        .await
-        .unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let mut op = Operator::start(&fc, &client, "rel-cp", "rel-cp").await.unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
 
     let mut spec = WaveSpec::drain("cp", 3, 2);
     spec.pdb = true;
-    let wave = Wave::setup(&client, &spec).await.unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(&client, &spec).await.unwrap();
     let monitor = wave.monitor();
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
 
     // A wave: every node drifts; the budget admits one, whose drain the PDB holds.
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
-    let first = wave
-        .drain_started(&[], DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    wave.drift_all().await.unwrap();
+    let first = wave.drain_started(&[], DEADLINE).await.unwrap();
 
     // Fault 1: the API server stops for the outage, mid-drain, with two nodes queued.
     let before = jiff::Timestamp::now();
     let guard = Restore::new(&fc, "kube-apiserver", "start");
-    fc.ctl("stop", "kube-apiserver").await.unwrap_or_else(|e| fail(e));
-    faults::hold("API server outage", outage())
-        .await
-        .unwrap_or_else(|e| fail(e));
-    fc.ctl("start", "kube-apiserver")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    fc.ctl("stop", "kube-apiserver").await.unwrap();
+    cluster::hold("API server outage", outage()).await.unwrap();
+    fc.ctl("start", "kube-apiserver").await.unwrap();
     guard.done();
     let back = Instant::now();
-    fc.wait_api(&client, DEADLINE).await.unwrap_or_else(|e| fail(e));
+    fc.wait_api(&client, DEADLINE).await.unwrap();
     // Recovery: the operator is back at work on the held drain (a new eviction attempt).
     let user = op.user();
     gpunode_e2e::wait::until("the operator to retry the held drain", DEADLINE, || async {
@@ -84,17 +76,17 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
         Ok((n > 0).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let recovered_ms = faults::elapsed_ms(back);
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+    .unwrap();
+    let recovered_ms = record::elapsed_ms(back);
+    let audit = fc.audit().unwrap();
     let mut checks = vec![Check::new(
         "operator process survived without restart",
         op.alive(),
         "same process",
     )];
     checks.extend(monitor.checks(1, &audit, &wave.namespace));
-    checks.extend(faults::eviction_checks(&audit, &wave.namespace, &[]));
-    let still = wave.alive_pods().await.unwrap_or_else(|e| fail(e));
+    checks.extend(checks::eviction_checks(&audit, &wave.namespace, &[]));
+    let still = wave.alive_pods().await.unwrap();
     checks.push(Check::new(
         "PDB honoured through the outage",
         still.get(&first).copied() == Some(2),
@@ -110,7 +102,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
         checks,
         recovery_ms: Some(recovered_ms),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // Fault 2: the watches' resourceVersions predate the restarted API server's cache: a 410
     // Gone, seen in the operator's watcher log, and a relist in the audit log.
@@ -121,28 +113,28 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
         Ok((saw_410 || relists(&fc, &user, "nodes", before) > 0).then_some(saw_410))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let expired = op.log_text().matches("code: 410").count();
     let node_relists = relists(&fc, &user, "nodes", before);
     let report_relists = relists(&fc, &user, "gpunodereports", before);
 
     // The drain goes through once the PDB is lifted; then the wave runs to its end.
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
+    wave.release_pdb().await.unwrap();
     let second = gpunode_e2e::wait::until("a second node to drain", DEADLINE, || async {
         // Drive the wave by hand until a node other than the first drains.
         let alive = wave.alive_pods().await?;
         if alive.get(&first).copied() == Some(0) {
-            gpunode_e2e::reports::publish(&client, &first, faults::report_status(false, "boot-1")).await?;
+            gpunode_e2e::reports::publish(&client, &first, wave::report_status(false, "boot-1")).await?;
         }
         let ns = wave.nodes_now().await?;
         Ok(ns
             .iter()
             .filter(|n| n.metadata.name.as_deref() != Some(first.as_str()))
-            .find(|n| faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some())
+            .find(|n| marks::annotation(n, marks::DRAIN_STARTED_ANNOTATION).is_some())
             .and_then(|n| n.metadata.name.clone()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     rec.push(Run {
         class: CLASS.into(),
         fault: "watches expired (410 Gone) across the API server restart".into(),
@@ -164,29 +156,23 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
         ],
         recovery_ms: None,
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     // Fault 3: etcd hangs (SIGSTOP) while the wave is in flight.
     let guard = Restore::new(&fc, "etcd", "resume");
-    fc.ctl("pause", "etcd").await.unwrap_or_else(|e| fail(e));
-    faults::hold("etcd paused", outage() / 3)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    fc.ctl("resume", "etcd").await.unwrap_or_else(|e| fail(e));
+    fc.ctl("pause", "etcd").await.unwrap();
+    cluster::hold("etcd paused", outage() / 3).await.unwrap();
+    fc.ctl("resume", "etcd").await.unwrap();
     guard.done();
     let resumed = Instant::now();
-    wave.drive(DEADLINE * 2).await.unwrap_or_else(|e| fail(e));
-    let wave_ms = faults::elapsed_ms(resumed);
+    wave.drive(DEADLINE * 2).await.unwrap();
+    let wave_ms = record::elapsed_ms(resumed);
     let mut checks = vec![Check::new(
         "operator process survived without restart",
         op.alive(),
         "same process",
     )];
-    checks.extend(
-        wave.run_checks(&fc, &monitor, 1, &wave.all_pods())
-            .await
-            .unwrap_or_else(|e| fail(e)),
-    );
+    checks.extend(wave.run_checks(&fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     rec.push(Run {
         class: CLASS.into(),
         fault: format!("etcd paused (SIGSTOP) {} s mid-wave", (outage() / 3).as_secs()),
@@ -194,7 +180,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
         checks,
         recovery_ms: Some(wave_ms),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 
     wave.cleanup().await;
     drop(monitor);

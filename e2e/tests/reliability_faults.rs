@@ -23,14 +23,25 @@
 //! at once would both act on every policy. `GPUNODE_REL_OUTAGE_SECS` sets the fault lengths
 //! (default 30: etcd down a third of it, throttling and the webhook a sixth).
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
+    audit::{self, AuditEvent},
     crds,
     faults::{
-        self, AuditEvent, Check, FaultCluster, Operator, Recorder, Restore, Run, Wave, WaveMonitor, WaveSpec,
+        checks::{self, Check},
+        cluster::{self, FaultCluster, Restore},
+        marks,
+        record::{self, Recorder, Run},
+        replica::Operator,
+        wave::{self, Wave, WaveSpec},
     },
+    monitor::WaveMonitor,
     reports, wait,
 };
 use k8s_openapi::api::{
@@ -49,10 +60,6 @@ const DEADLINE: Duration = Duration::from_secs(120);
 /// how long the tests watch for evictions that must not come.
 const RETRY_WINDOW: Duration = Duration::from_secs(7);
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 fn outage() -> Duration {
     Duration::from_secs(
         std::env::var("GPUNODE_REL_OUTAGE_SECS")
@@ -64,12 +71,12 @@ fn outage() -> Duration {
 
 #[tokio::test]
 async fn nodes_policies_crds_etcd_throttling_and_admission_faults_lose_and_repeat_nothing() {
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "faults");
     let mut op = Operator::start(&fc, &client, "rel-faults", "rel-faults")
         .await
-        .unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+        .unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
     let only = std::env::var("GPUNODE_REL_FAULTS_ONLY").unwrap_or_default();
     let run = |name: &str| only.is_empty() || only.split(',').any(|o| o == name);
     if run("node") {
@@ -103,18 +110,14 @@ async fn nodes_policies_crds_etcd_throttling_and_admission_faults_lose_and_repea
 async fn wave(client: &Client, tag: &str, pdb: bool) -> (Wave, WaveMonitor) {
     let mut spec = WaveSpec::drain(tag, 3, 2);
     spec.pdb = pdb;
-    let wave = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
     (wave, monitor)
 }
 
 async fn drain_started(wave: &Wave, except: &[&str]) -> String {
-    wave.drain_started(except, DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e))
+    wave.drain_started(except, DEADLINE).await.unwrap()
 }
 
 fn alive(op: &mut Operator) -> Check {
@@ -202,14 +205,14 @@ async fn unreleased(client: &Client, wave: &Wave) -> Result<Vec<String>, gpunode
         let name = n.metadata.name.clone().unwrap_or_default();
         let person = wave.bystander.as_ref() == Some(&name);
         let mut marks = gpunode_marks(n, person);
-        if faults::label(n, faults::FOREIGN_LABEL.0).as_deref() != Some(faults::FOREIGN_LABEL.1) {
+        if marks::label(n, wave::FOREIGN_LABEL.0).as_deref() != Some(wave::FOREIGN_LABEL.1) {
             marks.push("foreign label lost".into());
         }
         let foreign_taint = n
             .spec
             .as_ref()
             .and_then(|s| s.taints.as_ref())
-            .is_some_and(|ts| ts.iter().any(|t| t.key == faults::FOREIGN_TAINT.0));
+            .is_some_and(|ts| ts.iter().any(|t| t.key == wave::FOREIGN_TAINT.0));
         if !foreign_taint {
             marks.push("foreign taint lost".into());
         }
@@ -227,7 +230,7 @@ async fn unreleased(client: &Client, wave: &Wave) -> Result<Vec<String>, gpunode
 /// The expected end state after the policy went: nothing of gpunode's left on any of its nodes,
 /// everything else (other controllers' markers, the person's cordon) kept.
 async fn released_check(client: &Client, wave: &Wave) -> Check {
-    let wrong = unreleased(client, wave).await.unwrap_or_else(|e| fail(e));
+    let wrong = unreleased(client, wave).await.unwrap();
     Check::new(
         "every gpunode marker released, nothing else touched",
         wrong.is_empty(),
@@ -259,51 +262,48 @@ async fn wait_released(client: &Client, wave: &Wave, timeout: Duration) -> bool 
 /// (for waves whose drains the fault stopped, so `Wave::drive` would wait for them for ever).
 async fn heal(client: &Client, wave: &Wave) {
     for n in &wave.nodes {
-        reports::publish(client, n, faults::report_status(false, "boot-1"))
+        reports::publish(client, n, wave::report_status(false, "boot-1"))
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
     }
     wait::until(&format!("{} healed", wave.id), DEADLINE, || async {
         let nodes = wave.nodes_now().await?;
         Ok((nodes.len() == wave.nodes.len()
             && nodes.iter().all(|n| {
-                faults::label(n, faults::STATE_LABEL).as_deref() == Some("compliant")
-                    && faults::gpunode_taints(n).is_empty()
+                marks::label(n, marks::STATE_LABEL).as_deref() == Some("compliant")
+                    && marks::gpunode_taints(n).is_empty()
                     && !n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
             }))
         .then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 }
 
 /// A node deleted (its Node object) while its drain is held by a PDB, with two nodes queued
 /// behind it for the budget.
 async fn node_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &mut Recorder) {
     let (mut wave, monitor) = wave(client, "fdel", true).await;
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    wave.drift_all().await.unwrap();
     let first = drain_started(&wave, &[]).await;
-    let before = wave.alive_pods().await.unwrap_or_else(|e| fail(e));
+    let before = wave.alive_pods().await.unwrap();
     let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .delete(&first, &DeleteParams::default())
-        .await
-        .unwrap_or_else(|e| fail(e));
+    nodes.delete(&first, &DeleteParams::default()).await.unwrap();
     wait::until("the Node object to be gone", DEADLINE, || async {
         Ok(nodes.get_opt(&first).await?.is_none().then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let deleted = Instant::now();
     // Its budget slot is free: the next node starts draining while the PDB still holds.
     let second = drain_started(&wave, &[first.as_str()]).await;
-    let recovery = faults::elapsed_ms(deleted);
+    let recovery = record::elapsed_ms(deleted);
     let forgot_by = jiff::Timestamp::now();
     // The deleted node leaves the wave: the others must end as the policy implies.
     let gone_pods = wave.pods.remove(&first).unwrap_or_default();
     wave.nodes.retain(|n| *n != first);
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
-    wave.drive(DEADLINE * 2).await.unwrap_or_else(|e| fail(e));
+    wave.release_pdb().await.unwrap();
+    wave.drive(DEADLINE * 2).await.unwrap();
     let mut checks = vec![
         alive(op),
         Check::new(
@@ -316,12 +316,8 @@ async fn node_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Ope
             ),
         ),
     ];
-    checks.extend(
-        wave.run_checks(fc, &monitor, 1, &wave.all_pods())
-            .await
-            .unwrap_or_else(|e| fail(e)),
-    );
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
+    let audit = fc.audit().unwrap();
     let user = op.user();
     let late: Vec<String> = audit
         .iter()
@@ -349,14 +345,14 @@ async fn node_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Ope
         checks,
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }
 
 /// The policy's remediation changed from Drain to Taint NoSchedule while a drain is held.
 async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &mut Recorder) {
     let (wave, monitor) = wave(client, "fedit", true).await;
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    wave.drift_all().await.unwrap();
     let first = drain_started(&wave, &[]).await;
     let policies = Api::<GpuNodePolicy>::all(client.clone());
     let edit =
@@ -364,7 +360,7 @@ async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Op
     policies
         .patch(&wave.policy, &PatchParams::default(), &Patch::Merge(&edit))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let edited = Instant::now();
     // The edit took effect: gpunode's cordon is gone, one node carries the NoSchedule taint.
     let tainted = wait::until("the taint to replace the drain", DEADLINE, || async {
@@ -376,7 +372,7 @@ async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Op
         let tainted: Vec<String> = ns
             .iter()
             .filter(|n| {
-                faults::gpunode_taints(n)
+                marks::gpunode_taints(n)
                     .iter()
                     .any(|t| t.ends_with(":NoSchedule"))
             })
@@ -385,23 +381,23 @@ async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Op
         Ok((cordoned == 0 && !tainted.is_empty()).then_some(tainted))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let recovery = faults::elapsed_ms(edited);
+    .unwrap();
+    let recovery = record::elapsed_ms(edited);
     let took_effect = jiff::Timestamp::now();
     // Evictions would go through from now on: a drain that went on would show.
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
-    faults::hold("a drain retry cycle without the PDB", RETRY_WINDOW)
+    wave.release_pdb().await.unwrap();
+    cluster::hold("a drain retry cycle without the PDB", RETRY_WINDOW)
         .await
-        .unwrap_or_else(|e| fail(e));
-    let pods_now = wave.alive_pods().await.unwrap_or_else(|e| fail(e));
+        .unwrap();
+    let pods_now = wave.alive_pods().await.unwrap();
     heal(client, &wave).await;
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+    let audit = fc.audit().unwrap();
     let mut checks = vec![alive(op)];
     checks.extend(monitor.checks(1, &audit, &wave.namespace));
-    checks.extend(faults::eviction_checks(&audit, &wave.namespace, &[]));
-    checks.extend(wave.final_checks().await.unwrap_or_else(|e| fail(e)));
+    checks.extend(checks::eviction_checks(&audit, &wave.namespace, &[]));
+    checks.extend(wave.final_checks().await.unwrap());
     let late = evictions_after(&audit, &op.user(), &wave.namespace, took_effect);
-    let evicted = faults::evictions(&audit, &wave.namespace);
+    let evicted = audit::evictions(&audit, &wave.namespace);
     checks.push(Check::new(
         "the drain stopped when the policy stopped asking for it: no eviction after the edit",
         late.is_empty() && evicted.is_empty() && pods_now.values().all(|n| *n == 2),
@@ -417,32 +413,32 @@ async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Op
         checks,
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }
 
 /// The policy deleted while a drain is held and two nodes are queued.
 async fn policy_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &mut Recorder) {
     let (wave, monitor) = wave(client, "fpdel", true).await;
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    wave.drift_all().await.unwrap();
     let first = drain_started(&wave, &[]).await;
     Api::<GpuNodePolicy>::all(client.clone())
         .delete(&wave.policy, &DeleteParams::default())
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let deleted = Instant::now();
     let released = wait_released(client, &wave, DEADLINE).await;
-    let recovery = released.then(|| faults::elapsed_ms(deleted));
+    let recovery = released.then(|| record::elapsed_ms(deleted));
     let gone = jiff::Timestamp::now();
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
-    faults::hold("a drain retry cycle without the PDB", RETRY_WINDOW)
+    wave.release_pdb().await.unwrap();
+    cluster::hold("a drain retry cycle without the PDB", RETRY_WINDOW)
         .await
-        .unwrap_or_else(|e| fail(e));
-    let pods_now = wave.alive_pods().await.unwrap_or_else(|e| fail(e));
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+        .unwrap();
+    let pods_now = wave.alive_pods().await.unwrap();
+    let audit = fc.audit().unwrap();
     let mut checks = vec![alive(op)];
     checks.extend(monitor.checks(1, &audit, &wave.namespace));
-    checks.extend(faults::eviction_checks(&audit, &wave.namespace, &[]));
+    checks.extend(checks::eviction_checks(&audit, &wave.namespace, &[]));
     checks.push(released_check(client, &wave).await);
     let late = evictions_after(&audit, &op.user(), &wave.namespace, gone);
     checks.push(Check::new(
@@ -459,7 +455,7 @@ async fn policy_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut O
         checks,
         recovery_ms: recovery,
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }
 
@@ -472,52 +468,42 @@ async fn crds_removed_and_reinstalled(
     rec: &mut Recorder,
 ) {
     let (wave, monitor) = wave(client, "fcrd", true).await;
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    wave.drift_all().await.unwrap();
     let first = drain_started(&wave, &[]).await;
     let policy_spec = Api::<GpuNodePolicy>::all(client.clone())
         .get(&wave.policy)
         .await
-        .unwrap_or_else(|e| fail(e))
+        .unwrap()
         .spec;
     let removed = Instant::now();
     // The CRDs go only once every policy is gone, i.e. once the operator has run each policy's
     // cleanup and removed its finalizer.
-    crds::uninstall(client, DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    crds::uninstall(client, DEADLINE).await.unwrap();
     let mut checks = vec![released_check(client, &wave).await];
-    let cleanup_ms = faults::elapsed_ms(removed);
-    crds::install(client).await.unwrap_or_else(|e| fail(e));
-    crds::create_policy(
-        client,
-        &wave.policy,
-        serde_json::to_value(&policy_spec).unwrap_or_else(|e| fail(e)),
-    )
-    .await
-    .unwrap_or_else(|e| fail(e));
+    let cleanup_ms = record::elapsed_ms(removed);
+    crds::install(client).await.unwrap();
+    crds::create_policy(client, &wave.policy, serde_json::to_value(&policy_spec).unwrap())
+        .await
+        .unwrap();
     let back = Instant::now();
     // The probes write their reports again: still the fatal XID, and the bystander healthy.
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    wave.drift_all().await.unwrap();
     if let Some(n) = &wave.bystander {
-        reports::publish(client, n, faults::report_status(false, "boot-1"))
+        reports::publish(client, n, wave::report_status(false, "boot-1"))
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
     }
     let resumed = drain_started(&wave, &[]).await;
-    let recovery = faults::elapsed_ms(back);
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
-    wave.drive(DEADLINE * 2).await.unwrap_or_else(|e| fail(e));
+    let recovery = record::elapsed_ms(back);
+    wave.release_pdb().await.unwrap();
+    wave.drive(DEADLINE * 2).await.unwrap();
     checks[0].detail = format!(
         "{first} was draining; released {cleanup_ms} ms after the deletion; {resumed} drained first after \
          the reinstall; {}",
         checks[0].detail
     );
     checks.push(alive(op));
-    checks.extend(
-        wave.run_checks(fc, &monitor, 1, &wave.all_pods())
-            .await
-            .unwrap_or_else(|e| fail(e)),
-    );
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     rec.push(Run {
         class: "control plane".into(),
         fault: "gpunode's CRDs deleted mid-drain (policies and reports with them), then reinstalled".into(),
@@ -525,7 +511,7 @@ async fn crds_removed_and_reinstalled(
         checks,
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }
 
@@ -539,27 +525,25 @@ fn etcd_pid(fc: &FaultCluster) -> Option<String> {
 /// etcd stopped (TERM, then started again from the same data) while a drain is held.
 async fn etcd_restarted(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &mut Recorder) {
     let (wave, monitor) = wave(client, "fetcd", true).await;
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    wave.drift_all().await.unwrap();
     drain_started(&wave, &[]).await;
     let pid_before = etcd_pid(fc);
     let guard = Restore::new(fc, "etcd", "start");
-    fc.ctl("stop", "etcd").await.unwrap_or_else(|e| fail(e));
+    fc.ctl("stop", "etcd").await.unwrap();
     let down = fc.ctl("pid", "etcd").await.is_err();
-    faults::hold("etcd down", outage() / 3)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    fc.ctl("start", "etcd").await.unwrap_or_else(|e| fail(e));
+    cluster::hold("etcd down", outage() / 3).await.unwrap();
+    fc.ctl("start", "etcd").await.unwrap();
     guard.done();
     let started = Instant::now();
     wait::until("the API server to read from etcd again", DEADLINE, || async {
         Ok(wave.nodes_now().await.ok().map(|_| ()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let pid_after = etcd_pid(fc);
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
-    wave.drive(DEADLINE * 2).await.unwrap_or_else(|e| fail(e));
-    let recovery = faults::elapsed_ms(started);
+    wave.release_pdb().await.unwrap();
+    wave.drive(DEADLINE * 2).await.unwrap();
+    let recovery = record::elapsed_ms(started);
     let mut checks = vec![
         Check::new(
             "etcd was down and restarted (a new process)",
@@ -568,11 +552,7 @@ async fn etcd_restarted(fc: &FaultCluster, client: &Client, op: &mut Operator, r
         ),
         alive(op),
     ];
-    checks.extend(
-        wave.run_checks(fc, &monitor, 1, &wave.all_pods())
-            .await
-            .unwrap_or_else(|e| fail(e)),
-    );
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     rec.push(Run {
         class: "control plane".into(),
         fault: format!(
@@ -583,7 +563,7 @@ async fn etcd_restarted(fc: &FaultCluster, client: &Client, op: &mut Operator, r
         checks,
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }
 
@@ -686,23 +666,23 @@ async fn throttled(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &
     let (wave, monitor) = wave(client, "fapf", false).await;
     let since = jiff::Timestamp::now();
     let mut guard = Unthrottle(Some(fc.clone()));
-    throttle(client, op).await.unwrap_or_else(|e| fail(e));
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    throttle(client, op).await.unwrap();
+    wave.drift_all().await.unwrap();
     let user = op.user();
     wait::until("the API server to answer the operator 429", DEADLINE, || async {
         Ok((!rejected(fc, &user, since).is_empty()).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    faults::hold("the operator throttled", outage() / 6)
+    .unwrap();
+    cluster::hold("the operator throttled", outage() / 6)
         .await
-        .unwrap_or_else(|e| fail(e));
-    let during = wave.alive_pods().await.unwrap_or_else(|e| fail(e));
+        .unwrap();
+    let during = wave.alive_pods().await.unwrap();
     unthrottle(client).await;
     guard.0 = None;
     let lifted = Instant::now();
-    wave.drive(DEADLINE * 2).await.unwrap_or_else(|e| fail(e));
-    let recovery = faults::elapsed_ms(lifted);
+    wave.drive(DEADLINE * 2).await.unwrap();
+    let recovery = record::elapsed_ms(lifted);
     let refused = rejected(fc, &user, since);
     let mut by_kind: std::collections::BTreeMap<String, usize> = Default::default();
     for e in &refused {
@@ -721,11 +701,7 @@ async fn throttled(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &
         ),
         alive(op),
     ];
-    checks.extend(
-        wave.run_checks(fc, &monitor, 1, &wave.all_pods())
-            .await
-            .unwrap_or_else(|e| fail(e)),
-    );
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     rec.push(Run {
         class: "control plane".into(),
         fault: format!(
@@ -736,7 +712,7 @@ async fn throttled(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &
         checks,
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }
 
@@ -762,7 +738,7 @@ async fn install_webhook(
             "timeoutSeconds": timeout_s,
         });
         if scope == "Cluster" {
-            h["objectSelector"] = json!({"matchLabels": {faults::RUN_LABEL: wave.id}});
+            h["objectSelector"] = json!({"matchLabels": {wave::RUN_LABEL: wave.id}});
         } else {
             h["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": wave.namespace}});
         }
@@ -792,8 +768,8 @@ async fn remove_webhook(client: &Client, name: &str) {
 
 /// A loopback port nothing listens on.
 fn closed_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| fail(e));
-    l.local_addr().unwrap_or_else(|e| fail(e)).port()
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
 }
 
 /// The operator's requests on the wave refused by the API server (not 429, which is a PDB)
@@ -814,13 +790,13 @@ fn refused_writes(events: &[AuditEvent], user: &str, wave: &Wave, since: jiff::T
 async fn webhook_down(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &mut Recorder) {
     const NAME: &str = "rel-faults-down";
     let (wave, monitor) = wave(client, "fhook", true).await;
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    wave.drift_all().await.unwrap();
     let first = drain_started(&wave, &[]).await;
     let since = jiff::Timestamp::now();
     let url = format!("https://127.0.0.1:{}/", closed_port());
     install_webhook(client, NAME, &wave, &url, "Fail", 2)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let user = op.user();
     // The API server loads webhook configurations asynchronously: the PDB is lifted only once
     // the webhook has refused a write, or an eviction could get in before it is in effect.
@@ -830,19 +806,17 @@ async fn webhook_down(fc: &FaultCluster, client: &Client, op: &mut Operator, rec
             .map(|e| e.at))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     // Evictions would go through now, but for the webhook.
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
-    faults::hold("admission down", outage() / 6)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    wave.release_pdb().await.unwrap();
+    cluster::hold("admission down", outage() / 6).await.unwrap();
     let until = jiff::Timestamp::now();
-    let during = wave.alive_pods().await.unwrap_or_else(|e| fail(e));
+    let during = wave.alive_pods().await.unwrap();
     remove_webhook(client, NAME).await;
     let removed = Instant::now();
-    wave.drive(DEADLINE * 2).await.unwrap_or_else(|e| fail(e));
-    let recovery = faults::elapsed_ms(removed);
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+    wave.drive(DEADLINE * 2).await.unwrap();
+    let recovery = record::elapsed_ms(removed);
+    let audit = fc.audit().unwrap();
     let refused = refused_writes(&audit, &user, &wave, since);
     let through: Vec<String> = audit
         .iter()
@@ -865,11 +839,7 @@ async fn webhook_down(fc: &FaultCluster, client: &Client, op: &mut Operator, rec
         ),
         alive(op),
     ];
-    checks.extend(
-        wave.run_checks(fc, &monitor, 1, &wave.all_pods())
-            .await
-            .unwrap_or_else(|e| fail(e)),
-    );
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     rec.push(Run {
         class: "admission".into(),
         fault: format!(
@@ -880,7 +850,7 @@ async fn webhook_down(fc: &FaultCluster, client: &Client, op: &mut Operator, rec
         checks,
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }
 
@@ -945,8 +915,8 @@ fn failed_open(fc: &FaultCluster, user: &str) -> Vec<(String, f64)> {
 async fn webhook_hangs(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &mut Recorder) {
     const NAME: &str = "rel-faults-slow";
     // Connections queue in the backlog and the TLS handshake is never answered.
-    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| fail(e));
-    let port = black_hole.local_addr().unwrap_or_else(|e| fail(e)).port();
+    let black_hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = black_hole.local_addr().unwrap().port();
     let (wave, monitor) = wave(client, "fslow", false).await;
     let before = failed_open(fc, &op.user()).len();
     install_webhook(
@@ -958,14 +928,14 @@ async fn webhook_hangs(fc: &FaultCluster, client: &Client, op: &mut Operator, re
         1,
     )
     .await
-    .unwrap_or_else(|e| fail(e));
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    .unwrap();
+    wave.drift_all().await.unwrap();
     let start = Instant::now();
     let driven = wave.drive(DEADLINE * 2).await;
-    let wave_ms = faults::elapsed_ms(start);
+    let wave_ms = record::elapsed_ms(start);
     remove_webhook(client, NAME).await;
     drop(black_hole);
-    driven.unwrap_or_else(|e| fail(e));
+    driven.unwrap();
     let slow = failed_open(fc, &op.user());
     let slow = &slow[before.min(slow.len())..];
     let mut kinds: std::collections::BTreeMap<&str, usize> = Default::default();
@@ -984,11 +954,7 @@ async fn webhook_hangs(fc: &FaultCluster, client: &Client, op: &mut Operator, re
         ),
         alive(op),
     ];
-    checks.extend(
-        wave.run_checks(fc, &monitor, 1, &wave.all_pods())
-            .await
-            .unwrap_or_else(|e| fail(e)),
-    );
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     rec.push(Run {
         class: "admission".into(),
         fault: "validating webhook hanging (failurePolicy Ignore, timeoutSeconds 1) through a wave".into(),
@@ -996,6 +962,6 @@ async fn webhook_hangs(fc: &FaultCluster, client: &Client, op: &mut Operator, re
         checks,
         recovery_ms: Some(wave_ms),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }

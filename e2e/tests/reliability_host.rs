@@ -13,10 +13,21 @@
 //! After each, the wave's invariants (budget at every instant, no eviction repeated or after its
 //! commit, a person's cordon, other controllers' markers, final markers) and who wrote when.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use gpunode_e2e::{
-    faults::{self, Check, FaultCluster, Launch, Operator, Recorder, Run, Wave, WaveSpec},
+    audit,
+    faults::{
+        checks::Check,
+        cluster::{self, FaultCluster},
+        record::{self, Recorder, Run},
+        replica::{self, Launch, Operator},
+        wave::{self, Wave, WaveSpec},
+    },
     netns::Netns,
     wait,
 };
@@ -29,10 +40,6 @@ const DEADLINE: Duration = Duration::from_secs(120);
 const SKEW_SECS: i64 = 20;
 const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 fn partitions() -> u64 {
     std::env::var("GPUNODE_REL_PARTITIONS")
         .ok()
@@ -42,7 +49,7 @@ fn partitions() -> u64 {
 
 #[tokio::test]
 async fn partitions_skewed_clocks_and_oom_kills_lose_and_repeat_nothing() {
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "host");
     for seed in 0..partitions() {
         network_partition(&fc, &client, &mut rec, seed).await;
@@ -54,15 +61,13 @@ async fn partitions_skewed_clocks_and_oom_kills_lose_and_repeat_nothing() {
 }
 
 async fn drain_started(wave: &Wave) {
-    wave.drain_started(&[], DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    wave.drain_started(&[], DEADLINE).await.unwrap();
 }
 
 /// Writes by `user` received at or after `since`: all of them, and those the API server committed.
 fn writes_since(fc: &FaultCluster, user: &str, since: jiff::Timestamp) -> (Vec<String>, usize) {
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
-    let late: Vec<&faults::AuditEvent> = audit
+    let audit = fc.audit().unwrap();
+    let late: Vec<&audit::AuditEvent> = audit
         .iter()
         .filter(|e| e.user == user && e.is_write() && e.at >= since)
         .collect();
@@ -82,11 +87,11 @@ fn writes_since(fc: &FaultCluster, user: &str, since: jiff::Timestamp) -> (Vec<S
 
 async fn network_partition(fc: &FaultCluster, client: &Client, rec: &mut Recorder, seed: u64) {
     let ns = format!("rel-net{seed}");
-    let target = faults::apiserver_addr(fc).unwrap_or_else(|e| fail(e));
+    let target = cluster::apiserver_addr(fc).unwrap();
     let subnet = u8::try_from(10 + seed % 200).unwrap_or(10);
     let net = Netns::create(&format!("gpnrel{seed}"), subnet, target)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let launch = Launch {
         prefix: net.prefix(),
         server: Some((format!("https://{}", net.addr), "localhost".into())),
@@ -95,45 +100,40 @@ async fn network_partition(fc: &FaultCluster, client: &Client, rec: &mut Recorde
     };
     let a = Operator::start_with(fc, client, &format!("rel-net{seed}-a"), &ns, launch)
         .await
-        .unwrap_or_else(|e| fail(e));
-    a.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+        .unwrap();
+    a.wait_leading(DEADLINE).await.unwrap();
     let b = Operator::start(fc, client, &format!("rel-net{seed}-b"), &ns)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let mut spec = WaveSpec::drain(&format!("net{seed}"), 3, 2);
     spec.pdb = true;
-    let wave = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
     drain_started(&wave).await;
     // A seeded point of the held drain's retry cycle, possibly mid-request.
-    let point = faults::mix(2000 + seed) % 5000;
-    faults::hold("partition point", Duration::from_millis(point))
+    let point = wave::mix(2000 + seed) % 5000;
+    cluster::hold("partition point", Duration::from_millis(point))
         .await
-        .unwrap_or_else(|e| fail(e));
-    net.partition().unwrap_or_else(|e| fail(e));
+        .unwrap();
+    net.partition().unwrap();
     let cut = Instant::now();
-    let acquired = b.wait_holding(client, DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let failover = faults::elapsed_ms(cut);
+    let acquired = b.wait_holding(client, DEADLINE).await.unwrap();
+    let failover = record::elapsed_ms(cut);
     // The old leader stays cut off a little longer, then its link comes back: whatever it had
     // queued in its sockets now reaches the API server.
-    faults::hold("partition after the failover", Duration::from_secs(3))
+    cluster::hold("partition after the failover", Duration::from_secs(3))
         .await
-        .unwrap_or_else(|e| fail(e));
-    net.heal().unwrap_or_else(|e| fail(e));
-    faults::hold("old leader reconnected", Duration::from_secs(8))
+        .unwrap();
+    net.heal().unwrap();
+    cluster::hold("old leader reconnected", Duration::from_secs(8))
         .await
-        .unwrap_or_else(|e| fail(e));
-    let holder_after = faults::lease(client, &ns).await.map(|(h, _)| h);
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
-    wave.drive(DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let mut checks = wave
-        .run_checks(fc, &monitor, 1, &wave.all_pods())
-        .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
+    let holder_after = replica::lease(client, &ns).await.map(|(h, _)| h);
+    wave.release_pdb().await.unwrap();
+    wave.drive(DEADLINE).await.unwrap();
+    let mut checks = wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap();
     let (late, committed) = writes_since(fc, &a.user(), acquired);
     checks.push(Check::new(
         "old leader committed nothing after the new one acquired the Lease",
@@ -152,24 +152,22 @@ async fn network_partition(fc: &FaultCluster, client: &Client, rec: &mut Recorde
         checks,
         recovery_ms: Some(failover),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
     drop((a, b, net));
 }
 
 async fn clock_skew(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew: i64) {
     if !std::path::Path::new(FAKETIME_LIB).exists() {
-        fail(format!(
-            "{FAKETIME_LIB} is missing: run e2e/cluster/host-tools.sh (make cluster-build does)"
-        ));
+        panic!("{FAKETIME_LIB} is missing: run e2e/cluster/host-tools.sh (make cluster-build does)");
     }
     let tag = if skew > 0 { "ahead of" } else { "behind" };
     let short = if skew > 0 { "ahead" } else { "behind" };
     let ns = format!("rel-skew-{short}");
     let a = Operator::start(fc, client, &format!("rel-skew-{short}-a"), &ns)
         .await
-        .unwrap_or_else(|e| fail(e));
-    a.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+        .unwrap();
+    a.wait_leading(DEADLINE).await.unwrap();
     let since = jiff::Timestamp::now();
     let launch = Launch {
         env: vec![
@@ -182,54 +180,49 @@ async fn clock_skew(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew
     };
     let mut b = Operator::start_with(fc, client, &format!("rel-skew-{short}-b"), &ns, launch)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     // One wave for the leader, one for the skewed follower once it has taken over.
     let wave = Wave::setup(client, &WaveSpec::drain(&format!("skew{short}"), 3, 2))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let later = Wave::setup(client, &WaveSpec::drain(&format!("skew{short}b"), 3, 2))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let (monitor, later_monitor) = (wave.monitor(), later.monitor());
     for w in [&wave, &later] {
-        w.wait_all("compliant", DEADLINE)
-            .await
-            .unwrap_or_else(|e| fail(e));
+        w.wait_all("compliant", DEADLINE).await.unwrap();
     }
     // A whole wave under the leader while the skewed follower watches the Lease for longer than
     // its duration.
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
-    wave.drive(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    wave.drift_all().await.unwrap();
+    wave.drive(DEADLINE).await.unwrap();
     let watched = jiff::Timestamp::now().duration_since(since);
     if watched.as_secs() < 20 {
-        faults::hold(
+        cluster::hold(
             "the follower watching the Lease",
             Duration::from_secs(u64::try_from(20 - watched.as_secs()).unwrap_or(0)),
         )
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     }
     let (early, _) = writes_since(fc, &b.user(), since);
-    let holder = faults::lease(client, &ns).await.map(|(h, _)| h);
+    let holder = replica::lease(client, &ns).await.map(|(h, _)| h);
     // The leader dies; the skewed follower must take over.
     let mut a = a;
     a.kill();
     let killed = Instant::now();
-    b.wait_holding(client, DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let takeover = faults::elapsed_ms(killed);
-    b.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    b.wait_holding(client, DEADLINE).await.unwrap();
+    let takeover = record::elapsed_ms(killed);
+    b.wait_leading(DEADLINE).await.unwrap();
     // Work for the new leader: a wave of its own, carried through with its clock.
-    later.drift_all().await.unwrap_or_else(|e| fail(e));
-    later.drive(DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let mut checks = wave
-        .run_checks(fc, &monitor, 1, &wave.all_pods())
-        .await
-        .unwrap_or_else(|e| fail(e));
+    later.drift_all().await.unwrap();
+    later.drive(DEADLINE).await.unwrap();
+    let mut checks = wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap();
     checks.extend(
         later
             .run_checks(fc, &later_monitor, 1, &later.all_pods())
             .await
-            .unwrap_or_else(|e| fail(e)),
+            .unwrap(),
     );
     checks.push(Check::new(
         "a skewed follower wrote nothing while the leader renewed",
@@ -257,7 +250,7 @@ async fn clock_skew(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew
         checks,
         recovery_ms: Some(takeover),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
     later.cleanup().await;
 }
@@ -340,26 +333,21 @@ impl Drop for MemoryCgroup {
 
 async fn oom_kill(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     let ns = "rel-oom";
-    let mut op = Operator::start(fc, client, "rel-oom", ns)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let mut op = Operator::start(fc, client, "rel-oom", ns).await.unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
     let mut spec = WaveSpec::drain("oom", 3, 2);
     spec.pdb = true;
-    let wave = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
     drain_started(&wave).await;
-    let cg =
-        MemoryCgroup::create(&format!("gpunode-rel-oom-{}", std::process::id())).unwrap_or_else(|e| fail(e));
-    cg.add(op.pid().unwrap_or(0)).unwrap_or_else(|e| fail(e));
+    let cg = MemoryCgroup::create(&format!("gpunode-rel-oom-{}", std::process::id())).unwrap();
+    cg.add(op.pid().unwrap_or(0)).unwrap();
     // The limit sits just above what it uses now; the cluster then grows by nodes it caches
     // (each with 8 KiB of annotations), so its memory must grow past the limit.
     let usage = cg.usage();
-    cg.limit(usage + (1 << 20)).unwrap_or_else(|e| fail(e));
+    cg.limit(usage + (1 << 20)).unwrap();
     let filler_names: Vec<String> = (0..300).map(|i| format!("{}-fill{i}", wave.id)).collect();
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     let pad = "x".repeat(8192);
@@ -367,10 +355,10 @@ async fn oom_kill(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
         for name in &filler_names {
             let node = serde_json::from_value(json!({
                 "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "labels": {faults::FILLER_LABEL: "true"},
+                "metadata": {"name": name, "labels": {wave::FILLER_LABEL: "true"},
                              "annotations": {"rel.gpunode.test/pad": pad}},
             }))
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
             let _ = nodes.create(&PostParams::default(), &node).await;
         }
     };
@@ -399,22 +387,18 @@ async fn oom_kill(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     );
     drop(cg);
     // The kubelet restarts the container (same pod name, its own Lease back at once).
-    op.spawn().unwrap_or_else(|e| fail(e));
+    op.spawn().unwrap();
     let restarted = Instant::now();
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let recovery = faults::elapsed_ms(restarted);
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
-    wave.drive(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    op.wait_leading(DEADLINE).await.unwrap();
+    let recovery = record::elapsed_ms(restarted);
+    wave.release_pdb().await.unwrap();
+    wave.drive(DEADLINE).await.unwrap();
     let mut checks = vec![Check::new(
         "the kernel OOM-killed the operator mid-drain",
         killed_ok,
         detail,
     )];
-    checks.extend(
-        wave.run_checks(fc, &monitor, 1, &wave.all_pods())
-            .await
-            .unwrap_or_else(|e| fail(e)),
-    );
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     rec.push(Run {
         class: CLASS.into(),
         fault: "leader OOM-killed under its memory limit mid-drain, restarted".into(),
@@ -422,7 +406,7 @@ async fn oom_kill(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
         checks,
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     for name in &filler_names {
         let _ = nodes.delete(name, &Default::default()).await;
     }

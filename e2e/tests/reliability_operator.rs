@@ -14,21 +14,29 @@
 //! The steps share one binary and run in sequence: two operator deployments at once would both
 //! act on every policy.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use gpunode_e2e::{
-    faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveMonitor, WaveSpec},
+    faults::{
+        checks::Check,
+        cluster::{self, FaultCluster},
+        marks,
+        record::{self, Recorder, Run},
+        replica::{self, Operator},
+        wave::{self, Wave, WaveSpec},
+    },
+    monitor::WaveMonitor,
     wait,
 };
 use kube::Client;
 
 const CLASS: &str = "operator";
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
 
 fn seeds() -> u64 {
     std::env::var("GPUNODE_REL_SEEDS")
@@ -39,14 +47,12 @@ fn seeds() -> u64 {
 
 /// Checks common to every run of a wave under `maxUnavailable: 1`.
 async fn wave_checks(fc: &FaultCluster, wave: &Wave, monitor: &WaveMonitor) -> Vec<Check> {
-    wave.run_checks(fc, monitor, 1, &wave.all_pods())
-        .await
-        .unwrap_or_else(|e| fail(e))
+    wave.run_checks(fc, monitor, 1, &wave.all_pods()).await.unwrap()
 }
 
 #[tokio::test]
 async fn leader_kills_restarts_and_partitions_lose_and_repeat_nothing() {
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "operator");
     sigkill_in_every_phase(&fc, &client, &mut rec).await;
     both_replicas_killed(&fc, &client, &mut rec).await;
@@ -109,8 +115,7 @@ async fn phase_of(wave: &Wave) -> Result<(Phase, String), gpunode_e2e::Error> {
         let name = n.metadata.name.clone().unwrap_or_default();
         let total = wave.pods.get(&name).map_or(0, Vec::len);
         let left = alive.get(&name).copied().unwrap_or(0);
-        let started =
-            faults::disrupted(n) || faults::annotation(n, faults::DRAIN_STARTED_ANNOTATION).is_some();
+        let started = marks::disrupted(n) || marks::annotation(n, marks::DRAIN_STARTED_ANNOTATION).is_some();
         detail.push(format!(
             "{left}/{total}{}",
             if started { " cordoned" } else { "" }
@@ -136,7 +141,7 @@ async fn reach(wave: &Wave, phase: Phase) {
         || async { Ok((phase_of(wave).await?.0 == phase).then_some(())) },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 }
 
 /// Each round runs four waves (times `GPUNODE_REL_WAVES_PER_PHASE`) of three nodes under
@@ -149,10 +154,8 @@ async fn reach(wave: &Wave, phase: Phase) {
 /// over all rounds must cover the four.
 async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     let rounds = seeds();
-    let mut op = Operator::start(fc, client, "rel-kill", "rel-kill")
-        .await
-        .unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+    let mut op = Operator::start(fc, client, "rel-kill", "rel-kill").await.unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
     let mut observed: std::collections::BTreeMap<Phase, usize> = Default::default();
     for round in 0..rounds {
         let per_phase = waves_per_phase();
@@ -173,13 +176,11 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
         let waves: Vec<Wave> = join_all(specs.iter().map(|s| Wave::setup(client, s)))
             .await
             .into_iter()
-            .map(|w| w.unwrap_or_else(|e| fail(e)))
+            .map(|w| w.unwrap())
             .collect();
         let monitors: Vec<WaveMonitor> = waves.iter().map(Wave::monitor).collect();
         for w in &waves {
-            w.wait_all("compliant", DEADLINE)
-                .await
-                .unwrap_or_else(|e| fail(e));
+            w.wait_all("compliant", DEADLINE).await.unwrap();
         }
         let aimed = |phase: Phase| {
             waves
@@ -190,7 +191,7 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
         };
         for (w, aim) in waves.iter().zip(&aims) {
             if *aim != Phase::BeforeCordon {
-                w.drift_all().await.unwrap_or_else(|e| fail(e));
+                w.drift_all().await.unwrap();
             }
         }
         for (w, aim) in waves.iter().zip(&aims) {
@@ -200,36 +201,36 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
         }
         // A seeded point in the held drains' retry cycle, then a seeded point of the early
         // wave's reaction.
-        let r = faults::mix(round);
-        faults::hold("kill point in the held drains", Duration::from_millis(r % 1500))
+        let r = wave::mix(round);
+        cluster::hold("kill point in the held drains", Duration::from_millis(r % 1500))
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
         // The early wave's drifts are being written when the kill comes, a seeded 0–20 ms after
         // the first: the operator reacts within tens of milliseconds.
         let early_ms = (r >> 16) % 20;
         let kill = async {
-            faults::hold("kill point after the drift", Duration::from_millis(early_ms))
+            cluster::hold("kill point after the drift", Duration::from_millis(early_ms))
                 .await
-                .unwrap_or_else(|e| fail(e));
+                .unwrap();
             op.kill();
         };
         let (drifted, ()) = tokio::join!(join_all(aimed(Phase::BeforeCordon).map(Wave::drift_all)), kill);
         for d in drifted {
-            d.unwrap_or_else(|e| fail(e));
+            d.unwrap();
         }
         let mut at_kill = Vec::new();
         for w in &waves {
-            at_kill.push(phase_of(w).await.unwrap_or_else(|e| fail(e)));
+            at_kill.push(phase_of(w).await.unwrap());
         }
-        op.spawn().unwrap_or_else(|e| fail(e));
+        op.spawn().unwrap();
         let restarted = Instant::now();
-        op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
-        let recovery = faults::elapsed_ms(restarted);
+        op.wait_leading(DEADLINE).await.unwrap();
+        let recovery = record::elapsed_ms(restarted);
         for w in &waves {
-            w.release_pdb().await.unwrap_or_else(|e| fail(e));
+            w.release_pdb().await.unwrap();
         }
         for r in join_all(waves.iter().map(|w| w.drive(DEADLINE * 2))).await {
-            r.unwrap_or_else(|e| fail(e));
+            r.unwrap();
         }
         for ((w, m), (phase, detail)) in waves.iter().zip(&monitors).zip(at_kill) {
             *observed.entry(phase).or_default() += 1;
@@ -251,7 +252,7 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
                 checks,
                 recovery_ms: Some(recovery),
             })
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
         }
         for w in &waves {
             w.cleanup().await;
@@ -275,40 +276,32 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
         checks,
         recovery_ms: None,
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 }
 
 async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     let ns = "rel-ha";
-    let mut a = Operator::start(fc, client, "rel-ha-a", ns)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    a.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let mut b = Operator::start(fc, client, "rel-ha-b", ns)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let mut a = Operator::start(fc, client, "rel-ha-a", ns).await.unwrap();
+    a.wait_leading(DEADLINE).await.unwrap();
+    let mut b = Operator::start(fc, client, "rel-ha-b", ns).await.unwrap();
     let mut spec = WaveSpec::drain("both", 3, 2);
     spec.pdb = true;
-    let wave = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
-    wave.drain_started(&[], DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
+    wave.drain_started(&[], DEADLINE).await.unwrap();
     a.kill();
     b.kill();
     let killed = jiff::Timestamp::now();
-    b.spawn().unwrap_or_else(|e| fail(e));
-    a.spawn().unwrap_or_else(|e| fail(e));
+    b.spawn().unwrap();
+    a.spawn().unwrap();
     let restarted = Instant::now();
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
-    wave.drive(DEADLINE).await.unwrap_or_else(|e| fail(e));
-    let recovery = faults::elapsed_ms(restarted);
+    wave.release_pdb().await.unwrap();
+    wave.drive(DEADLINE).await.unwrap();
+    let recovery = record::elapsed_ms(restarted);
     let mut checks = wave_checks(fc, &wave, &monitor).await;
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+    let audit = fc.audit().unwrap();
     let writers: std::collections::BTreeSet<String> = audit
         .iter()
         .filter(|e| e.at > killed && e.is_write() && (e.user == a.user() || e.user == b.user()))
@@ -327,7 +320,7 @@ async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Reco
         checks,
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }
 
@@ -337,47 +330,43 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
     let started = jiff::Timestamp::now();
     let a = Operator::start(fc, client, &format!("rel-part{seed}-a"), ns)
         .await
-        .unwrap_or_else(|e| fail(e));
-    a.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+        .unwrap();
+    a.wait_leading(DEADLINE).await.unwrap();
     let b = Operator::start(fc, client, &format!("rel-part{seed}-b"), ns)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let mut spec = WaveSpec::drain(&format!("part{seed}"), 3, 2);
     spec.pdb = true;
-    let wave = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
+    let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.drift_all().await.unwrap_or_else(|e| fail(e));
-    wave.drain_started(&[], DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
+    wave.drain_started(&[], DEADLINE).await.unwrap();
     // The leader retries the held evictions every few seconds; stop it at a seeded point of
     // that cycle, possibly mid-apply.
-    faults::hold(
+    cluster::hold(
         "pause point",
-        Duration::from_millis(faults::mix(1000 + seed) % 5000),
+        Duration::from_millis(wave::mix(1000 + seed) % 5000),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
-    a.pause().unwrap_or_else(|e| fail(e));
+    .unwrap();
+    a.pause().unwrap();
     let paused = Instant::now();
     let (holder, acquired) = wait::until("the follower to take the Lease over", DEADLINE, || async {
-        Ok(faults::lease(client, ns).await.filter(|(h, _)| *h == b.identity))
+        Ok(replica::lease(client, ns).await.filter(|(h, _)| *h == b.identity))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let failover = faults::elapsed_ms(paused);
+    .unwrap();
+    let failover = record::elapsed_ms(paused);
     // The old leader runs again, its term long over by its own clock: it must write nothing.
-    a.resume().unwrap_or_else(|e| fail(e));
-    faults::hold("old leader running after the partition", Duration::from_secs(6))
+    a.resume().unwrap();
+    cluster::hold("old leader running after the partition", Duration::from_secs(6))
         .await
-        .unwrap_or_else(|e| fail(e));
-    wave.release_pdb().await.unwrap_or_else(|e| fail(e));
-    wave.drive(DEADLINE).await.unwrap_or_else(|e| fail(e));
+        .unwrap();
+    wave.release_pdb().await.unwrap();
+    wave.drive(DEADLINE).await.unwrap();
     let mut checks = wave_checks(fc, &wave, &monitor).await;
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+    let audit = fc.audit().unwrap();
     let late: Vec<String> = audit
         .iter()
         .filter(|e| e.user == a.user() && e.is_write() && e.at >= acquired)
@@ -412,7 +401,7 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
         checks,
         recovery_ms: Some(failover),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }
 
@@ -427,15 +416,15 @@ async fn a_replica_past_its_term_writes_nothing_even_mid_apply() {
         plan::{NodeView, plan},
         verdict::{Drift, Verdict},
     };
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let wave = Wave::setup(&client, &WaveSpec::drain("fence", 1, 1))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     // The node's report is healthy: an operator running in parallel only labels it. The plan
     // below is made as if it had a fatal XID.
     let spec: gpunode_crds::GpuNodePolicySpec =
-        serde_json::from_value(WaveSpec::drain("x", 1, 0).policy_spec).unwrap_or_else(|e| fail(e));
-    let node = wave.nodes_now().await.unwrap_or_else(|e| fail(e)).remove(0);
+        serde_json::from_value(WaveSpec::drain("x", 1, 0).policy_spec).unwrap();
+    let node = wave.nodes_now().await.unwrap().remove(0);
     let verdict = Verdict::new(
         vec![Drift {
             class: gpunode_crds::DriftClass::Xid,
@@ -457,7 +446,7 @@ async fn a_replica_past_its_term_writes_nothing_even_mid_apply() {
     let r = applier
         .apply(&wave.policy, np, &node, &spec.disruption.drain, now)
         .await;
-    let audit = fc.audit().unwrap_or_else(|e| fail(e));
+    let audit = fc.audit().unwrap();
     let writes = audit
         .iter()
         // The applier writes as the admin user; an operator elsewhere has its own account.
@@ -484,6 +473,6 @@ async fn a_replica_past_its_term_writes_nothing_even_mid_apply() {
         ],
         recovery_ms: None,
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     rec.assert_clean();
 }

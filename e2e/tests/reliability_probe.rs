@@ -11,11 +11,22 @@
 //!   fatal XID and restarted on the same boot: the XID comes back from its state directory, the
 //!   node stays out of service and its drain completes; restarted after a reboot, the node returns.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use gpunode_e2e::{
-    faults::{self, Check, FaultCluster, Operator, Recorder, Run, Wave, WaveSpec},
+    faults::{
+        checks::Check,
+        cluster::FaultCluster,
+        marks,
+        record::{self, Recorder, Run},
+        replica::Operator,
+        wave::{self, Wave, WaveSpec},
+    },
     probe::Host,
     reports, wait,
 };
@@ -26,10 +37,6 @@ const CLASS: &str = "probe";
 const DEADLINE: Duration = Duration::from_secs(120);
 /// Reports in flight at once during the flood.
 const FLOOD_WRITERS: usize = 32;
-
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
 
 /// The reconcile counter once it has stopped moving for `QUIET` (debounced reconciles of
 /// earlier events done).
@@ -49,7 +56,7 @@ async fn settled(op: &Operator) -> f64 {
         }
     })
     .await
-    .unwrap_or_else(|e| fail(e))
+    .unwrap()
 }
 
 fn node_writes(fc: &FaultCluster, user: &str, nodes: &[String], since: jiff::Timestamp) -> usize {
@@ -63,12 +70,12 @@ fn node_writes(fc: &FaultCluster, user: &str, nodes: &[String], since: jiff::Tim
 
 #[tokio::test]
 async fn dead_flooding_and_restarted_probes_cause_no_harm() {
-    let (fc, client) = FaultCluster::up().await.unwrap_or_else(|e| fail(e));
+    let (fc, client) = FaultCluster::up().await.unwrap();
     let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "probe");
     let mut op = Operator::start(&fc, &client, "rel-probe", "rel-probe")
         .await
-        .unwrap_or_else(|e| fail(e));
-    op.wait_leading(DEADLINE).await.unwrap_or_else(|e| fail(e));
+        .unwrap();
+    op.wait_leading(DEADLINE).await.unwrap();
     dead_probe(&fc, &client, &mut rec).await;
     flood(&fc, &client, &op, &mut rec).await;
     real_probe_killed(&fc, &client, &mut rec).await;
@@ -83,13 +90,13 @@ async fn dead_flooding_and_restarted_probes_cause_no_harm() {
         )],
         recovery_ms: None,
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     rec.assert_clean();
 }
 
 /// A report last observed `age` ago.
 fn aged(age: Duration) -> serde_json::Value {
-    let mut s = faults::report_status(false, "boot-1");
+    let mut s = wave::report_status(false, "boot-1");
     let at = jiff::Timestamp::now() - jiff::SignedDuration::try_from(age).unwrap_or_default();
     s["observedAt"] = json!(at.to_string());
     s
@@ -99,33 +106,25 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     // Policy A does not act on Stale; policy B taints Stale nodes explicitly.
     let mut spec = WaveSpec::drain("stale", 1, 2);
     spec.policy_spec["staleAfter"] = json!("60s");
-    let quiet = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
+    let quiet = Wave::setup(client, &spec).await.unwrap();
     let mut spec = WaveSpec::drain("stalet", 1, 0);
     spec.policy_spec["staleAfter"] = json!("60s");
     spec.policy_spec["remediation"] =
         json!([{"classes": ["Stale"], "action": "Taint", "effect": "NoSchedule"}]);
-    let loud = Wave::setup(client, &spec).await.unwrap_or_else(|e| fail(e));
+    let loud = Wave::setup(client, &spec).await.unwrap();
     let monitor = quiet.monitor();
-    quiet
-        .wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    loud.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    quiet.wait_all("compliant", DEADLINE).await.unwrap();
+    loud.wait_all("compliant", DEADLINE).await.unwrap();
     // The probes' last words: observed 50 s ago, so with staleAfter 60 s the reports go stale
     // 10 s from now, by the operator's timer alone (nothing is published after this).
     for w in [&quiet, &loud] {
         reports::publish(client, &w.nodes[0], aged(Duration::from_secs(50)))
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
     }
     let died = Instant::now();
     let spec_stale = Duration::from_secs(10);
-    quiet
-        .wait_all("unknown", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    quiet.wait_all("unknown", DEADLINE).await.unwrap();
     let detected = died.elapsed();
     let tainted = wait::until(
         "the Stale taint on the node of the explicit policy",
@@ -133,38 +132,35 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
         || async {
             let n = loud.nodes_now().await?;
             Ok(n.first()
-                .filter(|n| faults::disrupted(n))
-                .map(faults::gpunode_taints))
+                .filter(|n| marks::disrupted(n))
+                .map(marks::gpunode_taints))
         },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
-    let q = quiet.nodes_now().await.unwrap_or_else(|e| fail(e));
-    let alive = quiet.alive_pods().await.unwrap_or_else(|e| fail(e));
+    .unwrap();
+    let q = quiet.nodes_now().await.unwrap();
+    let alive = quiet.alive_pods().await.unwrap();
     let untouched = q
         .iter()
-        .all(|n| !faults::disrupted(n) && faults::gpunode_taints(n).is_empty())
+        .all(|n| !marks::disrupted(n) && marks::gpunode_taints(n).is_empty())
         && alive.values().sum::<usize>() == 2;
     // The probe comes back.
     for w in [&quiet, &loud] {
-        reports::publish(client, &w.nodes[0], faults::report_status(false, "boot-1"))
+        reports::publish(client, &w.nodes[0], wave::report_status(false, "boot-1"))
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
     }
     let back = Instant::now();
-    quiet
-        .wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    quiet.wait_all("compliant", DEADLINE).await.unwrap();
     wait::until("the Stale taint removed once fresh again", DEADLINE, || async {
         let n = loud.nodes_now().await?;
         Ok(n.first()
-            .is_some_and(|n| faults::gpunode_taints(n).is_empty() && !faults::disrupted(n))
+            .is_some_and(|n| marks::gpunode_taints(n).is_empty() && !marks::disrupted(n))
             .then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let recovery = faults::elapsed_ms(back);
+    .unwrap();
+    let recovery = record::elapsed_ms(back);
     let mut checks = vec![
         Check::new(
             "stale report makes the node Unknown by the timer",
@@ -187,12 +183,7 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
             format!("taints {tainted:?}"),
         ),
     ];
-    checks.extend(
-        quiet
-            .run_checks(fc, &monitor, 0, &[])
-            .await
-            .unwrap_or_else(|e| fail(e)),
-    );
+    checks.extend(quiet.run_checks(fc, &monitor, 0, &[]).await.unwrap());
     rec.push(Run {
         class: CLASS.into(),
         fault: "probe died (report went stale)".into(),
@@ -200,7 +191,7 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
         checks,
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     quiet.cleanup().await;
     loud.cleanup().await;
 }
@@ -208,10 +199,8 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
 async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Recorder) {
     let wave = Wave::setup(client, &WaveSpec::drain("flood", 2, 1))
         .await
-        .unwrap_or_else(|e| fail(e));
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
     let r0 = settled(op).await;
     let since = jiff::Timestamp::now();
     let updates: u32 = std::env::var("GPUNODE_REL_FLOOD")
@@ -224,7 +213,7 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
         .map(|i| {
             let node = wave.nodes[(i % 2) as usize].clone();
             async move {
-                let mut s = faults::report_status(false, "boot-1");
+                let mut s = wave::report_status(false, "boot-1");
                 // Noise a probe would not even publish: temperature and power jitter.
                 s["gpus"][0]["temperatureCelsius"] = json!(40 + (i % 7));
                 s["gpus"][0]["powerWatts"] = json!(100 + (i % 13));
@@ -238,15 +227,15 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
     let flood_s = start.elapsed().as_secs_f64();
     let ended = Instant::now();
     let r1 = settled(op).await;
-    let settle_ms = faults::elapsed_ms(ended);
+    let settle_ms = record::elapsed_ms(ended);
     let reconciles = r1 - r0;
     let writes = node_writes(fc, &op.user(), &wave.nodes, since);
     // A restarted probe: new boot id, same healthy node.
     let since_boot = jiff::Timestamp::now();
     for n in &wave.nodes {
-        reports::publish(client, n, faults::report_status(false, "boot-2"))
+        reports::publish(client, n, wave::report_status(false, "boot-2"))
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
     }
     settled(op).await;
     let boot_writes = node_writes(fc, &op.user(), &wave.nodes, since_boot);
@@ -266,7 +255,7 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
             format!("{writes} node writes during the flood"),
         ),
     ];
-    checks.extend(wave.final_checks().await.unwrap_or_else(|e| fail(e)));
+    checks.extend(wave.final_checks().await.unwrap());
     rec.push(Run {
         class: CLASS.into(),
         fault: format!("probe flooded {updates} updates from {FLOOD_WRITERS} concurrent writers"),
@@ -274,13 +263,13 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
         checks,
         recovery_ms: Some(settle_ms),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let mut checks = vec![Check::new(
         "restart with a new boot id changes nothing",
         boot_writes == 0,
         format!("{boot_writes} node writes"),
     )];
-    checks.extend(wave.final_checks().await.unwrap_or_else(|e| fail(e)));
+    checks.extend(wave.final_checks().await.unwrap());
     rec.push(Run {
         class: CLASS.into(),
         fault: "probe restarted with a different boot id".into(),
@@ -288,7 +277,7 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
         checks,
         recovery_ms: None,
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     wave.cleanup().await;
 }
 
@@ -299,63 +288,52 @@ fn cordoned(n: &k8s_openapi::api::core::v1::Node) -> bool {
 async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     let wave = Wave::setup(client, &WaveSpec::drain("realprobe", 1, 2))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let monitor = wave.monitor();
     let node = wave.nodes[0].clone();
-    let host = Host::prepare(client, &node).await.unwrap_or_else(|e| fail(e));
+    let host = Host::prepare(client, &node).await.unwrap();
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
-    let first = host.start_probe("boot-a").unwrap_or_else(|e| fail(e));
+    let first = host.start_probe("boot-a").unwrap();
     // NVML delivers an XID only to an event set registered before it happened.
-    first
-        .logged("listening for XID events", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    wave.wait_all("compliant", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    host.inject_xid(3, 79).unwrap_or_else(|e| fail(e));
+    first.logged("listening for XID events", DEADLINE).await.unwrap();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    host.inject_xid(3, 79).unwrap();
     wait::until("the drain to start", DEADLINE, || async {
         let n = nodes.get(&node).await?;
-        Ok(faults::annotation(&n, faults::DRAIN_STARTED_ANNOTATION).map(|_| ()))
+        Ok(marks::annotation(&n, marks::DRAIN_STARTED_ANNOTATION).map(|_| ()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let was_running = first.kill().unwrap_or_else(|e| fail(e));
-    let second = host.start_probe("boot-a").unwrap_or_else(|e| fail(e));
+    .unwrap();
+    let was_running = first.kill().unwrap();
+    let second = host.start_probe("boot-a").unwrap();
     let restored = second
         .logged("restored the XIDs of this boot", DEADLINE)
         .await
         .is_ok();
-    second
-        .logged("first observation", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    second.logged("first observation", DEADLINE).await.unwrap();
     // The drain completes with the restarted probe still reporting the XID.
     wait::until("the drain to complete", DEADLINE, || async {
         Ok((wave.alive_pods().await?.values().sum::<usize>() == 0).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let n = nodes.get(&node).await.unwrap_or_else(|e| fail(e));
-    let held = cordoned(&n) && faults::label(&n, faults::STATE_LABEL).as_deref() == Some("drifted");
+    .unwrap();
+    let n = nodes.get(&node).await.unwrap();
+    let held = cordoned(&n) && marks::label(&n, marks::STATE_LABEL).as_deref() == Some("drifted");
     let _ = second.kill();
     // The repair: a reboot. The XIDs of boot A are forgotten; the node returns after healthyFor.
-    let third = host.start_probe("boot-b").unwrap_or_else(|e| fail(e));
-    third
-        .logged("first observation", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let third = host.start_probe("boot-b").unwrap();
+    third.logged("first observation", DEADLINE).await.unwrap();
     let rebooted = Instant::now();
     wait::until("the node back in service", DEADLINE, || async {
         let n = nodes.get(&node).await?;
         Ok(
-            (!cordoned(&n) && faults::label(&n, faults::STATE_LABEL).as_deref() == Some("compliant"))
+            (!cordoned(&n) && marks::label(&n, marks::STATE_LABEL).as_deref() == Some("compliant"))
                 .then_some(()),
         )
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    let recovery = faults::elapsed_ms(rebooted);
+    .unwrap();
+    let recovery = record::elapsed_ms(rebooted);
     let mut checks = vec![
         Check::new(
             "the probe was running when SIGKILLed mid-drain",
@@ -373,15 +351,11 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
             format!(
                 "cordoned {}, state {:?}",
                 cordoned(&n),
-                faults::label(&n, faults::STATE_LABEL)
+                marks::label(&n, marks::STATE_LABEL)
             ),
         ),
     ];
-    checks.extend(
-        wave.run_checks(fc, &monitor, 1, &wave.all_pods())
-            .await
-            .unwrap_or_else(|e| fail(e)),
-    );
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     rec.push(Run {
         class: CLASS.into(),
         fault: "the real probe process SIGKILLed mid-drain and restarted on the same boot".into(),
@@ -389,7 +363,7 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
         checks,
         recovery_ms: Some(recovery),
     })
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     drop(third);
     host.cleanup(client).await;
     wave.cleanup().await;

@@ -2,6 +2,10 @@
 //! server: OpenAPI constraints with a JSON-schema validator, CEL rules with kube's CEL engine.
 //! The same fixtures go to a real API server in the control-plane smoke tests.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use gpunode_crds::{GpuNodePolicy, generate};
 use gpunode_e2e::fixtures;
 use gpunode_operator::check::dotted;
@@ -14,13 +18,13 @@ fn policy_schema() -> Value {
         .iter()
         .map(|(_, crd)| crd)
         .find(|crd| crd.spec.names.kind == "GpuNodePolicy")
-        .unwrap_or_else(|| panic!("no GpuNodePolicy CRD generated"));
+        .expect("no GpuNodePolicy CRD generated");
     let schema = crd.spec.versions[0]
         .schema
         .as_ref()
         .and_then(|s| s.open_api_v3_schema.as_ref())
-        .unwrap_or_else(|| panic!("GpuNodePolicy CRD has no schema"));
-    serde_json::to_value(schema).unwrap_or_else(|e| panic!("schema to JSON: {e}"))
+        .expect("GpuNodePolicy CRD has no schema");
+    serde_json::to_value(schema).expect("schema to JSON")
 }
 
 /// One rejection: the path it names (dotted, as the API server prints it) and the message.
@@ -32,8 +36,7 @@ struct Rejection {
 }
 
 fn rejections(schema: &Value, object: &Value) -> Vec<Rejection> {
-    let validator =
-        jsonschema::validator_for(schema).unwrap_or_else(|e| panic!("schema does not compile: {e}"));
+    let validator = jsonschema::validator_for(schema).expect("schema does not compile");
     let mut out: Vec<Rejection> = validator
         .iter_errors(object)
         .map(|e| Rejection {
@@ -55,7 +58,7 @@ fn rejections(schema: &Value, object: &Value) -> Vec<Rejection> {
 #[test]
 fn examples_are_valid_policies() {
     let schema = policy_schema();
-    let examples = fixtures::examples().unwrap_or_else(|e| panic!("{e}"));
+    let examples = fixtures::examples().unwrap();
     assert!(
         examples.len() >= 3,
         "examples/ should hold at least three policies"
@@ -76,7 +79,7 @@ fn examples_are_valid_policies() {
 #[test]
 fn valid_twins_are_accepted() {
     let schema = policy_schema();
-    let twins = fixtures::valid_policies().unwrap_or_else(|e| panic!("{e}"));
+    let twins = fixtures::valid_policies().unwrap();
     assert!(!twins.is_empty(), "e2e/fixtures/valid-policies is empty");
     for twin in twins {
         let found = rejections(&schema, &twin.value);
@@ -101,7 +104,7 @@ fn valid_twins_are_accepted() {
 #[test]
 fn invalid_selectors_are_refused_by_the_operator_at_the_same_field() {
     let mut seen = 0;
-    for f in fixtures::invalid_policies().unwrap_or_else(|e| panic!("{e}")) {
+    for f in fixtures::invalid_policies().unwrap() {
         let Ok(policy) = serde_json::from_value::<GpuNodePolicy>(f.manifest.value.clone()) else {
             continue;
         };
@@ -133,7 +136,7 @@ fn invalid_selectors_are_refused_by_the_operator_at_the_same_field() {
 #[test]
 fn invalid_policies_are_rejected_at_the_named_field() {
     let schema = policy_schema();
-    let fixtures = fixtures::invalid_policies().unwrap_or_else(|e| panic!("{e}"));
+    let fixtures = fixtures::invalid_policies().unwrap();
     assert!(
         fixtures.len() >= 10,
         "expected the invalid-policy fixtures, found {}",
@@ -178,7 +181,7 @@ fn defaults_make_an_empty_spec_valid() {
     });
     let found = rejections(&schema, &empty);
     assert!(found.is_empty(), "{found:#?}");
-    let policy: GpuNodePolicy = serde_json::from_value(empty).unwrap_or_else(|e| panic!("{e}"));
+    let policy: GpuNodePolicy = serde_json::from_value(empty).unwrap();
     assert_eq!(policy.spec.stale_after.to_string(), "3m");
     assert_eq!(policy.spec.recovery.healthy_for.to_string(), "5m");
     assert_eq!(policy.spec.disruption.max_unavailable.to_string(), "1");

@@ -2,6 +2,10 @@
 //! do (SubjectAccessReview, as `kubectl auth can-i --as` asks), and the admission policies that
 //! let a probe write only its own node's GpuNodeReport and heartbeat Lease.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use gpunode_crds::{
     GpuNodeReport,
     heartbeat::{self, LEASE_LABEL, LEASE_LABEL_VALUE, lease_name, lease_node},
@@ -25,10 +29,6 @@ use kube::{
     api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams},
 };
 use serde_json::json;
-
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
 
 /// One row of the matrix: `verb` on `resource` (`[group/]resource[/subresource]`), optionally in
 /// a namespace and on a named object.
@@ -77,7 +77,7 @@ async fn mismatches(admin: &Client, user: &str, rows: &[Ask], expected: bool) ->
     for a in rows {
         let allowed = chart::can_i(admin, user, a.verb, a.resource, a.namespace, a.name)
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
         if allowed != expected {
             wrong.push(format!(
                 "{} {} {}{} -> {}",
@@ -96,8 +96,8 @@ const NS: &str = chart::NAMESPACE;
 
 #[tokio::test]
 async fn each_service_account_may_do_exactly_what_its_binary_needs() {
-    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
-    let acc: Accounts = chart::install_accounts(&admin).await.unwrap_or_else(|e| fail(e));
+    let admin = admin_client().await.unwrap();
+    let acc: Accounts = chart::install_accounts(&admin).await.unwrap();
 
     // Every call gpunode-operator makes (operator/src/{controller,apply,leader}.rs).
     let operator_allowed = [
@@ -272,33 +272,31 @@ fn expect_refused(result: Result<(), kube::Error>, message: &str, what: &str) {
             );
             eprintln!("{what}: refused: {}", s.message);
         }
-        Err(e) => fail(format!("{what}: expected the admission policy's 403, got {e}")),
-        Ok(()) => fail(format!("{what}: was admitted")),
+        Err(e) => panic!("{what}: expected the admission policy's 403, got {e}"),
+        Ok(()) => panic!("{what}: was admitted"),
     }
 }
 
 #[tokio::test]
 async fn a_probe_writes_only_its_own_nodes_report() {
-    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
-    chart::install_accounts(&admin).await.unwrap_or_else(|e| fail(e));
+    let admin = admin_client().await.unwrap();
+    chart::install_accounts(&admin).await.unwrap();
     let suffix = rand_suffix();
     let (a, b) = (format!("sec-a-{suffix:06x}"), format!("sec-b-{suffix:06x}"));
     nodes::create(&admin, &[a.clone(), b.clone()], &nodes::GpuNodeShape::default())
         .await
-        .unwrap_or_else(|e| fail(e));
-    let pod_a = chart::probe_pod(&admin, &a).await.unwrap_or_else(|e| fail(e));
-    let probe_a = chart::probe_client(&admin, &pod_a)
-        .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
+    let pod_a = chart::probe_pod(&admin, &a).await.unwrap();
+    let probe_a = chart::probe_client(&admin, &pod_a).await.unwrap();
 
     // Its own node: created, then updated.
     write_report(&probe_a, &a, "550.54.15")
         .await
-        .unwrap_or_else(|e| fail(format!("probe on {a} writing its own report: {e}")));
+        .unwrap_or_else(|e| panic!("probe on {a} writing its own report: {e}"));
     write_report(&probe_a, &a, "550.90.07")
         .await
-        .unwrap_or_else(|e| fail(format!("probe on {a} updating its own report: {e}")));
-    let stored = reports(&admin).get(&a).await.unwrap_or_else(|e| fail(e));
+        .unwrap_or_else(|e| panic!("probe on {a} updating its own report: {e}"));
+    let stored = reports(&admin).get(&a).await.unwrap();
     assert_eq!(stored.data["status"]["driverVersion"], "550.90.07");
 
     // Another node's report: refused on create, and on update of one that exists.
@@ -308,16 +306,12 @@ async fn a_probe_writes_only_its_own_nodes_report() {
         &format!("probe on {a} creating {b}'s report"),
     );
     assert!(
-        reports(&admin)
-            .get_opt(&b)
-            .await
-            .unwrap_or_else(|e| fail(e))
-            .is_none(),
+        reports(&admin).get_opt(&b).await.unwrap().is_none(),
         "the refused create left a report behind"
     );
     gpunode_e2e::reports::publish(&admin, &b, json!({"driverVersion": "550.54.15"}))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     expect_refused(
         write_report(&probe_a, &b, "1.0").await,
         OTHER_NODE_MESSAGE,
@@ -340,28 +334,26 @@ async fn a_probe_writes_only_its_own_nodes_report() {
         OTHER_NODE_MESSAGE,
         &format!("probe on {a} writing {b}'s report status"),
     );
-    let b_report = reports(&admin).get(&b).await.unwrap_or_else(|e| fail(e));
+    let b_report = reports(&admin).get(&b).await.unwrap();
     assert_eq!(b_report.data["status"]["driverVersion"], "550.54.15");
 
     // Deleting is not even granted by RBAC, own report or not.
     match reports(&probe_a).delete(&a, &DeleteParams::default()).await {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
-        other => fail(format!("probe deleting its report: expected 403, got {other:?}")),
+        other => panic!("probe deleting its report: expected 403, got {other:?}"),
     }
 
     // A probe token that is not bound to a pod carries no node: refused even for "its" node.
     let unbound = accounts::client_for(&admin, chart::NAMESPACE, chart::PROBE_SA, None)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     expect_refused(
         write_report(&unbound, &a, "550.54.15").await,
         NO_NODE_MESSAGE,
         "an unbound probe token writing a report",
     );
 
-    chart::delete_probe_pod(&admin, &a)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    chart::delete_probe_pod(&admin, &a).await.unwrap();
 }
 
 fn leases(client: &Client, namespace: &str) -> Api<Lease> {
@@ -391,49 +383,43 @@ async fn renew_lease(
 
 /// Holder and renewal time of a stored Lease, read as admin.
 async fn stored_lease(admin: &Client, name: &str) -> Option<(Option<String>, Option<MicroTime>)> {
-    leases(admin, NS)
-        .get_opt(name)
-        .await
-        .unwrap_or_else(|e| fail(e))
-        .map(|l| {
-            let spec = l.spec.unwrap_or_default();
-            (spec.holder_identity, spec.renew_time)
-        })
+    leases(admin, NS).get_opt(name).await.unwrap().map(|l| {
+        let spec = l.spec.unwrap_or_default();
+        (spec.holder_identity, spec.renew_time)
+    })
 }
 
 fn lease_of(node: &str) -> String {
-    lease_name(node).unwrap_or_else(|| fail(format!("node {node} has no heartbeat Lease name")))
+    lease_name(node).unwrap_or_else(|| panic!("node {node} has no heartbeat Lease name"))
 }
 
 #[tokio::test]
 async fn a_probe_writes_only_its_own_nodes_heartbeat_lease() {
-    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
-    chart::install_accounts(&admin).await.unwrap_or_else(|e| fail(e));
+    let admin = admin_client().await.unwrap();
+    chart::install_accounts(&admin).await.unwrap();
     let suffix = rand_suffix();
     let (a, b) = (format!("sec-la-{suffix:06x}"), format!("sec-lb-{suffix:06x}"));
     nodes::create(&admin, &[a.clone(), b.clone()], &nodes::GpuNodeShape::default())
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let node_api: Api<Node> = Api::all(admin.clone());
-    let node_a = node_api.get(&a).await.unwrap_or_else(|e| fail(e));
-    let node_b = node_api.get(&b).await.unwrap_or_else(|e| fail(e));
-    let pod_a = chart::probe_pod(&admin, &a).await.unwrap_or_else(|e| fail(e));
-    let probe_a = chart::probe_client(&admin, &pod_a)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let node_a = node_api.get(&a).await.unwrap();
+    let node_b = node_api.get(&b).await.unwrap();
+    let pod_a = chart::probe_pod(&admin, &a).await.unwrap();
+    let probe_a = chart::probe_client(&admin, &pod_a).await.unwrap();
     let (lease_a, lease_b) = (lease_of(&a), lease_of(&b));
 
     // Its own Lease, held as its node: created, then renewed.
     renew_lease(&probe_a, NS, &lease_a, &a, &node_a)
         .await
-        .unwrap_or_else(|e| fail(format!("probe on {a} creating its heartbeat Lease: {e}")));
+        .unwrap_or_else(|e| panic!("probe on {a} creating its heartbeat Lease: {e}"));
     let (_, first) = stored_lease(&admin, &lease_a)
         .await
-        .unwrap_or_else(|| fail("the created Lease is not stored"));
+        .expect("the created Lease is not stored");
     renew_lease(&probe_a, NS, &lease_a, &a, &node_a)
         .await
-        .unwrap_or_else(|e| fail(format!("probe on {a} renewing its heartbeat Lease: {e}")));
-    let stored = leases(&admin, NS).get(&lease_a).await.unwrap_or_else(|e| fail(e));
+        .unwrap_or_else(|e| panic!("probe on {a} renewing its heartbeat Lease: {e}"));
+    let stored = leases(&admin, NS).get(&lease_a).await.unwrap();
     let holder = stored.spec.as_ref().and_then(|s| s.holder_identity.as_deref());
     // What the operator reads from it (crds/src/heartbeat.rs).
     assert_eq!(lease_node(&lease_a, holder), Some(a.as_str()));
@@ -470,9 +456,7 @@ async fn a_probe_writes_only_its_own_nodes_heartbeat_lease() {
         stored_lease(&admin, &lease_b).await.is_none(),
         "the refused create left a Lease behind"
     );
-    renew_lease(&admin, NS, &lease_b, &b, &node_b)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    renew_lease(&admin, NS, &lease_b, &b, &node_b).await.unwrap();
     let before = stored_lease(&admin, &lease_b).await;
     expect_refused(
         renew_lease(&probe_a, NS, &lease_b, &b, &node_b).await,
@@ -510,9 +494,7 @@ async fn a_probe_writes_only_its_own_nodes_heartbeat_lease() {
             s.code == 403 && s.message.contains("cannot patch resource"),
             "{s:?}"
         ),
-        other => fail(format!(
-            "probe writing its Lease in default: expected 403, got {other:?}"
-        )),
+        other => panic!("probe writing its Lease in default: expected 403, got {other:?}"),
     }
     // Deleting is not granted either, own Lease or not.
     match leases(&probe_a, NS)
@@ -520,13 +502,13 @@ async fn a_probe_writes_only_its_own_nodes_heartbeat_lease() {
         .await
     {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
-        other => fail(format!("probe deleting its Lease: expected 403, got {other:?}")),
+        other => panic!("probe deleting its Lease: expected 403, got {other:?}"),
     }
 
     // A probe token that is not bound to a pod carries no node: refused even for "its" Lease.
     let unbound = accounts::client_for(&admin, chart::NAMESPACE, chart::PROBE_SA, None)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     expect_refused(
         renew_lease(&unbound, NS, &lease_a, &a, &node_a).await,
         LEASE_NO_NODE_MESSAGE,
@@ -537,11 +519,9 @@ async fn a_probe_writes_only_its_own_nodes_heartbeat_lease() {
         leases(&admin, NS)
             .delete(name, &DeleteParams::default())
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
     }
-    chart::delete_probe_pod(&admin, &a)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    chart::delete_probe_pod(&admin, &a).await.unwrap();
 }
 
 /// The probe pod as rendered: the probe is non-root and can write only its XID state directory;
@@ -549,14 +529,12 @@ async fn a_probe_writes_only_its_own_nodes_heartbeat_lease() {
 /// CAP_CHOWN and nothing else.
 #[tokio::test]
 async fn the_probe_pod_writes_only_its_xid_state_dir_and_only_its_init_container_is_root() {
-    let admin = admin_client().await.unwrap_or_else(|e| fail(e));
-    let objects = chart::template(&admin, "r", NS, &[])
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let admin = admin_client().await.unwrap();
+    let objects = chart::template(&admin, "r", NS, &[]).await.unwrap();
     let ds = objects
         .iter()
         .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "DaemonSet"))
-        .unwrap_or_else(|| fail("no DaemonSet rendered"));
+        .expect("no DaemonSet rendered");
     let pod = &ds.data["spec"]["template"]["spec"];
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     assert_eq!(pod["securityContext"]["runAsUser"], 65532);

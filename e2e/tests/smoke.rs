@@ -3,6 +3,10 @@
 //! GPU nodes become Ready, DaemonSets and pods run on them, pod-bound tokens carry the node name,
 //! and the Eviction API honours PodDisruptionBudgets.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::{collections::BTreeSet, time::Duration};
 
 use gpunode_crds::GpuNodePolicy;
@@ -27,13 +31,9 @@ use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 async fn setup() -> Client {
-    let client = admin_client().await.unwrap_or_else(|e| fail(e));
-    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let client = admin_client().await.unwrap();
+    crds::install(&client).await.unwrap();
     client
 }
 
@@ -43,36 +43,34 @@ async fn ready_nodes(client: &Client, prefix: &str, n: usize) -> Vec<String> {
     let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{suffix:06x}-{i}")).collect();
     nodes::create(client, &names, &nodes::GpuNodeShape::default())
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let api: Api<Node> = Api::all(client.clone());
     for name in &names {
         wait::until(&format!("node {name} Ready"), DEADLINE, || async {
             Ok(api.get(name).await.ok().filter(nodes::is_ready))
         })
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     }
     names
 }
 
 fn pod(name: &str, node: &str, labels: serde_json::Value) -> Pod {
-    pods::on_node(name, node, labels).unwrap_or_else(|e| fail(e))
+    pods::on_node(name, node, labels).unwrap()
 }
 
 async fn running(api: &Api<Pod>, name: &str) -> Pod {
-    pods::running(api, name, DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e))
+    pods::running(api, name, DEADLINE).await.unwrap()
 }
 
 #[tokio::test]
 async fn apiserver_reports_its_real_version() {
-    let client = admin_client().await.unwrap_or_else(|e| fail(e));
-    let version = client.apiserver_version().await.unwrap_or_else(|e| fail(e));
+    let client = admin_client().await.unwrap();
+    let version = client.apiserver_version().await.unwrap();
     let local = tokio::task::spawn_blocking(cluster::cluster)
         .await
-        .unwrap_or_else(|e| fail(e))
-        .unwrap_or_else(|e| fail(e))
+        .unwrap()
+        .unwrap()
         .local;
     assert!(version.git_version.starts_with("v1."), "{version:?}");
     if local {
@@ -89,8 +87,8 @@ async fn examples_are_accepted_by_the_api_server() {
         dry_run: true,
         ..PostParams::default()
     };
-    for example in fixtures::examples().unwrap_or_else(|e| fail(e)) {
-        let policy: GpuNodePolicy = serde_json::from_value(example.value.clone()).unwrap_or_else(|e| fail(e));
+    for example in fixtures::examples().unwrap() {
+        let policy: GpuNodePolicy = serde_json::from_value(example.value.clone()).unwrap();
         let stored = api
             .create(&dry_run, &policy)
             .await
@@ -108,8 +106,8 @@ async fn valid_twins_are_accepted_by_the_api_server() {
         dry_run: true,
         ..PostParams::default()
     };
-    for twin in fixtures::valid_policies().unwrap_or_else(|e| fail(e)) {
-        let object: DynamicObject = serde_json::from_value(twin.value.clone()).unwrap_or_else(|e| fail(e));
+    for twin in fixtures::valid_policies().unwrap() {
+        let object: DynamicObject = serde_json::from_value(twin.value.clone()).unwrap();
         if let Err(e) = api.create(&dry_run, &object).await {
             panic!("{} rejected: {e}", twin.path.display());
         }
@@ -124,11 +122,10 @@ async fn invalid_policies_are_rejected_with_their_message() {
         dry_run: true,
         ..PostParams::default()
     };
-    let fixtures = fixtures::invalid_policies().unwrap_or_else(|e| fail(e));
+    let fixtures = fixtures::invalid_policies().unwrap();
     let mut failures = Vec::new();
     for f in &fixtures {
-        let object: DynamicObject =
-            serde_json::from_value(f.manifest.value.clone()).unwrap_or_else(|e| fail(e));
+        let object: DynamicObject = serde_json::from_value(f.manifest.value.clone()).unwrap();
         match api.create(&dry_run, &object).await {
             Ok(_) => failures.push(format!(
                 "{}: accepted, but should be rejected ({})",
@@ -153,9 +150,7 @@ async fn invalid_policies_are_rejected_with_their_message() {
 async fn gpu_nodes_run_daemonset_pods() {
     let client = setup().await;
     let names = ready_nodes(&client, "smoke-ds", 3).await;
-    let ns = Scratch::new(&client, "daemonset")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&client, "daemonset").await.unwrap();
     // Select only this test's nodes through a label set on them.
     let nodes_api: Api<Node> = Api::all(client.clone());
     for name in &names {
@@ -167,7 +162,7 @@ async fn gpu_nodes_run_daemonset_pods() {
                 &Patch::Apply(&patch),
             )
             .await
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
     }
     let ds: DaemonSet = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "DaemonSet",
@@ -184,11 +179,11 @@ async fn gpu_nodes_run_daemonset_pods() {
             }
         }
     }))
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     Api::<DaemonSet>::namespaced(client.clone(), &ns.name)
         .create(&PostParams::default(), &ds)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let want: BTreeSet<String> = names.iter().cloned().collect();
     wait::until("a Running DaemonSet pod on each fake node", DEADLINE, || async {
@@ -202,44 +197,42 @@ async fn gpu_nodes_run_daemonset_pods() {
         Ok((on == want).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+    .unwrap();
+    ns.delete().await.unwrap();
 }
 
 #[tokio::test]
 async fn pod_bound_tokens_carry_the_node_name() {
     let client = setup().await;
     let node = ready_nodes(&client, "smoke-token", 1).await.remove(0);
-    let ns = Scratch::new(&client, "token").await.unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&client, "token").await.unwrap();
     let sa: ServiceAccount = serde_json::from_value(
         json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "probe"}}),
     )
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
         .create(&PostParams::default(), &sa)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let mut p = pod("probe", &node, json!({"app": "probe"}));
     if let Some(spec) = p.spec.as_mut() {
         spec.service_account_name = Some("probe".to_string());
     }
-    pods.create(&PostParams::default(), &p)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    pods.create(&PostParams::default(), &p).await.unwrap();
     let p = running(&pods, "probe").await;
 
     let sa_client = accounts::client_for(&client, &ns.name, "probe", Some(&p))
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let review: SelfSubjectReview = serde_json::from_value(
         json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
     )
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     let me = Api::<SelfSubjectReview>::all(sa_client)
         .create(&PostParams::default(), &review)
         .await
-        .unwrap_or_else(|e| fail(e));
+        .unwrap();
     let user = me.status.and_then(|s| s.user_info).unwrap_or_default();
     assert_eq!(
         user.username.as_deref(),
@@ -251,14 +244,14 @@ async fn pod_bound_tokens_carry_the_node_name() {
         .and_then(|e| e.get("authentication.kubernetes.io/node-name"))
         .cloned();
     assert_eq!(claim, Some(vec![node.clone()]), "extra: {:?}", user.extra);
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+    ns.delete().await.unwrap();
 }
 
 #[tokio::test]
 async fn eviction_honours_pod_disruption_budgets() {
     let client = setup().await;
     let node = ready_nodes(&client, "smoke-pdb", 1).await.remove(0);
-    let ns = Scratch::new(&client, "pdb").await.unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&client, "pdb").await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns.name);
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({
@@ -266,16 +259,14 @@ async fn eviction_honours_pod_disruption_budgets() {
         "metadata": {"name": "train"},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "train"}}}
     }))
-    .unwrap_or_else(|e| fail(e));
-    pdbs.create(&PostParams::default(), &pdb)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
     pods.create(
         &PostParams::default(),
         &pod("train-0", &node, json!({"app": "train"})),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     running(&pods, "train-0").await;
 
     let allowed = |n: i32| {
@@ -290,7 +281,7 @@ async fn eviction_honours_pod_disruption_budgets() {
                 )
             })
             .await
-            .unwrap_or_else(|e| fail(e))
+            .unwrap()
         }
     };
 
@@ -300,12 +291,7 @@ async fn eviction_honours_pod_disruption_budgets() {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 429, "{s:?}"),
         other => panic!("eviction should be refused while the budget is exhausted, got {other:?}"),
     }
-    assert!(
-        pods.get_opt("train-0")
-            .await
-            .unwrap_or_else(|e| fail(e))
-            .is_some()
-    );
+    assert!(pods.get_opt("train-0").await.unwrap().is_some());
 
     // A second healthy pod frees one disruption: now the eviction goes through.
     pods.create(
@@ -313,11 +299,11 @@ async fn eviction_honours_pod_disruption_budgets() {
         &pod("train-1", &node, json!({"app": "train"})),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     running(&pods, "train-1").await;
     allowed(1).await;
     pods.evict("train-0", &EvictParams::default())
         .await
-        .unwrap_or_else(|e| panic!("eviction should be allowed now: {e}"));
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+        .expect("eviction should be allowed now");
+    ns.delete().await.unwrap();
 }

@@ -11,6 +11,10 @@
 //! Needs the binaries built (`make test` builds them first): `gpunode-probe` and
 //! `libfake_nvml.so` next to this test's target directory.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
@@ -32,10 +36,6 @@ const HEALTHY_FOR: Duration = Duration::from_secs(5);
 /// well over the operator's reaction time to a report.
 const MARGIN: Duration = Duration::from_secs(4);
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 fn cordoned(n: &Node) -> bool {
     n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
 }
@@ -50,16 +50,8 @@ fn state(n: &Node) -> Option<String> {
 /// The XIDs in the stored report, once `probe` has written its first one (its log says so after
 /// the write; observedAt has whole seconds only, too coarse to tell two probes apart).
 async fn first_report(probe: &Probe, reports: &Api<GpuNodeReport>, node: &str) -> Vec<u32> {
-    probe
-        .logged("first observation", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
-    let status = reports
-        .get(node)
-        .await
-        .unwrap_or_else(|e| fail(e))
-        .status
-        .unwrap_or_default();
+    probe.logged("first observation", DEADLINE).await.unwrap();
+    let status = reports.get(node).await.unwrap().status.unwrap_or_default();
     status
         .gpus
         .iter()
@@ -73,8 +65,8 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let client = cluster::admin_client().await.unwrap_or_else(|e| fail(e));
-    crds::install(&client).await.unwrap_or_else(|e| fail(e));
+    let client = cluster::admin_client().await.unwrap();
+    crds::install(&client).await.unwrap();
     let node = format!("xid-restart-{:06x}", rand_suffix());
     nodes::create(
         &client,
@@ -82,8 +74,8 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
         &nodes::GpuNodeShape::default(),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
-    let host = Host::prepare(&client, &node).await.unwrap_or_else(|e| fail(e));
+    .unwrap();
+    let host = Host::prepare(&client, &node).await.unwrap();
 
     crds::create_policy(
         &client,
@@ -97,32 +89,29 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
         }),
     )
     .await
-    .unwrap_or_else(|e| fail(e));
-    let operator_client = chart::operator_client(&client).await.unwrap_or_else(|e| fail(e));
+    .unwrap();
+    let operator_client = chart::operator_client(&client).await.unwrap();
     let operator = InProcess::start(&operator_client, "e2e-xid-restart");
     let node_api: Api<Node> = Api::all(client.clone());
     let reports: Api<GpuNodeReport> = Api::all(client.clone());
 
     // Boot A. The XID happens once the probe has registered for events (NVML delivers nothing
     // that happened before).
-    let first = host.start_probe("boot-a").unwrap_or_else(|e| fail(e));
-    first
-        .logged("listening for XID events", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let first = host.start_probe("boot-a").unwrap();
+    first.logged("listening for XID events", DEADLINE).await.unwrap();
     wait::until("the node compliant", DEADLINE, || async {
         let n = node_api.get(&node).await?;
         Ok((state(&n).as_deref() == Some("compliant")).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    host.inject_xid(5, 79).unwrap_or_else(|e| fail(e));
+    .unwrap();
+    host.inject_xid(5, 79).unwrap();
     wait::until("the node drifted and cordoned for XID 79", DEADLINE, || async {
         let n = node_api.get(&node).await?;
         Ok((state(&n).as_deref() == Some("drifted") && cordoned(&n)).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     // Saved at once (the first XID after a quiet spell is not held back).
     let saved = host.dir.join("state/xids.json");
     wait::until("XID 79 in the probe's state file", DEADLINE, || async {
@@ -130,15 +119,12 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
         Ok(text.contains(r#""xid":79"#).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
-    assert!(
-        first.kill().unwrap_or_else(|e| fail(e)),
-        "the probe exited by itself"
-    );
+    .unwrap();
+    assert!(first.kill().unwrap(), "the probe exited by itself");
 
     // Restarted on the same boot: the XID comes back from the state directory, and the node stays
     // cordoned while healthyFor, and more, passes after the restarted probe's report.
-    let second = host.start_probe("boot-a").unwrap_or_else(|e| fail(e));
+    let second = host.start_probe("boot-a").unwrap();
     let xids = first_report(&second, &reports, &node).await;
     let published = Instant::now();
     assert_eq!(xids, vec![79], "the restarted probe forgot the XID of this boot");
@@ -156,39 +142,33 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
         || async {
             let n = node_api.get(&node).await?;
             if !cordoned(&n) || state(&n).as_deref() != Some("drifted") {
-                fail(format!(
+                panic!(
                     "{:?} after the restarted probe's report, the node is {:?}, cordoned: {}",
                     published.elapsed(),
                     state(&n),
                     cordoned(&n)
-                ));
+                );
             }
             Ok((published.elapsed() >= HEALTHY_FOR + MARGIN).then_some(()))
         },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
-    assert!(
-        second.kill().unwrap_or_else(|e| fail(e)),
-        "the probe exited by itself"
-    );
+    .unwrap();
+    assert!(second.kill().unwrap(), "the probe exited by itself");
 
     // Boot B: the node rebooted, the XIDs of boot A are forgotten and the node recovers after
     // healthyFor.
-    let third = host.start_probe("boot-b").unwrap_or_else(|e| fail(e));
+    let third = host.start_probe("boot-b").unwrap();
     let xids = first_report(&third, &reports, &node).await;
     let clear = Instant::now();
-    third
-        .logged("the node rebooted", DEADLINE)
-        .await
-        .unwrap_or_else(|e| fail(e));
+    third.logged("the node rebooted", DEADLINE).await.unwrap();
     assert_eq!(xids, Vec::<u32>::new());
     wait::until("the node uncordoned and compliant", DEADLINE, || async {
         let n = node_api.get(&node).await?;
         Ok((!cordoned(&n) && state(&n).as_deref() == Some("compliant")).then_some(()))
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(
         clear.elapsed() >= HEALTHY_FOR - Duration::from_millis(500),
         "uncordoned {:?} after the first clear report, before healthyFor",
@@ -199,11 +179,8 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
         clear.elapsed()
     );
 
-    assert!(
-        third.kill().unwrap_or_else(|e| fail(e)),
-        "the probe exited by itself"
-    );
-    operator.stop().await.unwrap_or_else(|e| fail(e));
+    assert!(third.kill().unwrap(), "the probe exited by itself");
+    operator.stop().await.unwrap();
     let policies: Api<GpuNodePolicy> = Api::all(client.clone());
     let _ = policies.delete(&node, &DeleteParams::default()).await;
     host.cleanup(&client).await;

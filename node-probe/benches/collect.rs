@@ -4,6 +4,10 @@
 //!
 //! `cargo bench -p gpunode-probe --bench collect` (BENCH_RUNS=n to change the run count).
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this bench shares the tests' helpers
+// (tests/common), which fail the same way (a panic naming what broke), so the allow covers it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../tests/common/mod.rs"]
 mod common;
 

@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn defaults_and_overrides() {
-        let c = Config::try_parse_from(["gpunode-probe"]).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::try_parse_from(["gpunode-probe"]).unwrap();
         assert_eq!(c.interval, Duration::from_secs(10));
         assert_eq!(c.heartbeat, Duration::from_secs(60));
         assert_eq!(c.report_refresh, Duration::from_secs(600));
@@ -188,7 +188,7 @@ mod tests {
             "--nvml-lib",
             "/x.so",
         ])
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         assert!(c.once);
         assert_eq!(c.output, Output::Json);
         assert_eq!(c.interval, Duration::from_secs(2));
@@ -202,7 +202,7 @@ mod tests {
             "--chown-state-dir",
             "65532:65532",
         ])
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         assert_eq!(c.state_dir, Some(PathBuf::from("/var/lib/gpunode")));
         assert_eq!(c.chown_state_dir, Some((65532, 65532)));
         assert!(Config::try_parse_from(["gpunode-probe", "--chown-state-dir", "1:1"]).is_err());

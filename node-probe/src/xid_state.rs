@@ -242,23 +242,19 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-    fn fail(e: impl std::fmt::Display) -> ! {
-        panic!("{e}")
-    }
-
     /// A proc root whose boot id is `boot`.
     fn proc_root(dir: &Path, boot: &str) -> PathBuf {
         let root = dir.join(format!("proc-{boot}"));
         let random = root.join("sys/kernel/random");
-        std::fs::create_dir_all(&random).unwrap_or_else(|e| fail(e));
-        std::fs::write(random.join("boot_id"), format!("{boot}\n")).unwrap_or_else(|e| fail(e));
+        std::fs::create_dir_all(&random).unwrap();
+        std::fs::write(random.join("boot_id"), format!("{boot}\n")).unwrap();
         root
     }
 
     fn xid(code: u32, second: i64) -> XidEvent {
         XidEvent {
             xid: code,
-            at: Time(jiff::Timestamp::from_second(1_700_000_000 + second).unwrap_or_else(|e| fail(e))),
+            at: Time(jiff::Timestamp::from_second(1_700_000_000 + second).unwrap()),
         }
     }
 
@@ -271,22 +267,22 @@ mod tests {
 
     #[test]
     fn round_trip_within_one_boot() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let dir = tempfile::tempdir().unwrap();
         let proc = proc_root(dir.path(), "boot-a");
-        let store = XidStore::open(dir.path(), "n1", &proc).unwrap_or_else(|e| fail(e));
+        let store = XidStore::open(dir.path(), "n1", &proc).unwrap();
         assert_eq!(store.boot_id(), "boot-a");
         assert_eq!(store.load().err().map(|e| e.0), Some(Ignored::Missing));
         store
             .save(&gpus(&[(5, &[xid(79, 0), xid(48, 1)]), (0, &[xid(13, 2)])]))
-            .unwrap_or_else(|e| fail(e));
-        let again = XidStore::open(dir.path(), "n1", &proc).unwrap_or_else(|e| fail(e));
-        let loaded = again.load().unwrap_or_else(|(_, e)| fail(e));
+            .unwrap();
+        let again = XidStore::open(dir.path(), "n1", &proc).unwrap();
+        let loaded = again.load().unwrap();
         assert_eq!(loaded.get(&5), Some(&vec![xid(79, 0), xid(48, 1)]));
         assert_eq!(loaded.get(&0), Some(&vec![xid(13, 2)]));
         assert_eq!(loaded.len(), 2);
         // No temporary file is left behind.
         let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap_or_else(|e| fail(e))
+            .unwrap()
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .filter(|n| !n.starts_with("proc-"))
@@ -296,46 +292,34 @@ mod tests {
 
     #[test]
     fn saving_creates_the_directory() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("not/yet");
-        let store =
-            XidStore::open(&state, "n1", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
-        store
-            .save(&gpus(&[(0, &[xid(79, 0)])]))
-            .unwrap_or_else(|e| fail(e));
+        let store = XidStore::open(&state, "n1", &proc_root(dir.path(), "boot-a")).unwrap();
+        store.save(&gpus(&[(0, &[xid(79, 0)])])).unwrap();
         assert_eq!(store.load().map(|g| g.len()), Ok(1));
     }
 
     #[test]
     fn a_new_boot_or_another_node_forgets() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
-        let before =
-            XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
-        before
-            .save(&gpus(&[(1, &[xid(79, 0)])]))
-            .unwrap_or_else(|e| fail(e));
-        let rebooted =
-            XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-b")).unwrap_or_else(|e| fail(e));
-        let (why, detail) = rebooted
-            .load()
-            .err()
-            .unwrap_or_else(|| fail("restored across a reboot"));
+        let dir = tempfile::tempdir().unwrap();
+        let before = XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a")).unwrap();
+        before.save(&gpus(&[(1, &[xid(79, 0)])])).unwrap();
+        let rebooted = XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-b")).unwrap();
+        let (why, detail) = rebooted.load().expect_err("restored across a reboot");
         assert_eq!(why, Ignored::OtherBoot);
         assert!(detail.contains("boot-a") && detail.contains("boot-b"), "{detail}");
-        let other =
-            XidStore::open(dir.path(), "n2", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
+        let other = XidStore::open(dir.path(), "n2", &proc_root(dir.path(), "boot-a")).unwrap();
         assert_eq!(other.load().err().map(|e| e.0), Some(Ignored::OtherNode));
         // The new boot's first write replaces the old boot's file.
-        rebooted.save(&BTreeMap::new()).unwrap_or_else(|e| fail(e));
+        rebooted.save(&BTreeMap::new()).unwrap();
         assert_eq!(rebooted.load().map(|g| g.len()), Ok(0));
         assert_eq!(before.load().err().map(|e| e.0), Some(Ignored::OtherBoot));
     }
 
     #[test]
     fn corrupt_oversized_and_unreadable_files_are_ignored() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
-        let store =
-            XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
+        let dir = tempfile::tempdir().unwrap();
+        let store = XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a")).unwrap();
         let path = store.path();
         for (text, want) in [
             ("{\"version\": 1, \"node\": \"n1\"", Ignored::Corrupt),
@@ -349,13 +333,13 @@ mod tests {
                 Ignored::Corrupt,
             ),
         ] {
-            std::fs::write(&path, text).unwrap_or_else(|e| fail(e));
+            std::fs::write(&path, text).unwrap();
             assert_eq!(store.load().err().map(|e| e.0), Some(want), "{text}");
         }
-        std::fs::write(&path, vec![b' '; MAX_FILE_BYTES as usize + 1]).unwrap_or_else(|e| fail(e));
+        std::fs::write(&path, vec![b' '; MAX_FILE_BYTES as usize + 1]).unwrap();
         assert_eq!(store.load().err().map(|e| e.0), Some(Ignored::TooLarge));
-        std::fs::remove_file(&path).unwrap_or_else(|e| fail(e));
-        std::fs::create_dir(&path).unwrap_or_else(|e| fail(e));
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
         assert_eq!(store.load().err().map(|e| e.0), Some(Ignored::Unreadable));
         // And a directory in the way makes saving fail with an error, not a panic.
         assert!(store.save(&gpus(&[(0, &[xid(79, 0)])])).is_err());
@@ -363,14 +347,13 @@ mod tests {
 
     #[test]
     fn a_loaded_file_is_capped_like_the_report() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
-        let store =
-            XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a")).unwrap_or_else(|e| fail(e));
+        let dir = tempfile::tempdir().unwrap();
+        let store = XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a")).unwrap();
         let many: Vec<XidEvent> = (0..100).map(|i| xid(13, i)).collect();
         store
             .save(&gpus(&[(0, &many), (MAX_GPUS as u32, &many[..1]), (3, &[])]))
-            .unwrap_or_else(|e| fail(e));
-        let loaded = store.load().unwrap_or_else(|(_, e)| fail(e));
+            .unwrap();
+        let loaded = store.load().unwrap();
         assert_eq!(loaded.keys().copied().collect::<Vec<_>>(), vec![0]);
         let kept = loaded.get(&0).cloned().unwrap_or_default();
         assert_eq!(kept.len(), MAX_XIDS_PER_GPU);
@@ -379,13 +362,11 @@ mod tests {
 
     #[test]
     fn a_read_only_store_writes_nothing_and_no_boot_id_is_an_error() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let dir = tempfile::tempdir().unwrap();
         let store = XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a"))
-            .unwrap_or_else(|e| fail(e))
+            .unwrap()
             .read_only();
-        store
-            .save(&gpus(&[(0, &[xid(79, 0)])]))
-            .unwrap_or_else(|e| fail(e));
+        store.save(&gpus(&[(0, &[xid(79, 0)])])).unwrap();
         assert!(!store.path().exists());
         assert!(XidStore::open(dir.path(), "n1", &dir.path().join("no-proc")).is_err());
     }
@@ -393,11 +374,11 @@ mod tests {
     #[test]
     fn prepare_dir_creates_and_keeps_an_owned_directory() {
         use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap_or_else(|e| fail(e));
+        let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("var/lib/gpunode");
-        let meta = std::fs::metadata(dir.path()).unwrap_or_else(|e| fail(e));
+        let meta = std::fs::metadata(dir.path()).unwrap();
         // Already ours: no chown needed (so no privilege either).
-        prepare_dir(&state, meta.uid(), meta.gid()).unwrap_or_else(|e| fail(e));
+        prepare_dir(&state, meta.uid(), meta.gid()).unwrap();
         assert!(state.is_dir());
     }
 }

@@ -1,5 +1,9 @@
 //! The `gpunode-probe --once` binary end to end, with the fake NVML library and fixture trees.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -35,7 +39,7 @@ fn probe_with(
         .env_remove("NODE_NAME")
         .env_remove("GPUNODE_STATE_DIR")
         .output()
-        .unwrap_or_else(|e| panic!("run gpunode-probe: {e}"));
+        .expect("run gpunode-probe");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -74,7 +78,7 @@ fn once_prints_a_full_report() {
 
     let (code, json, _) = probe(&fake.lib, "lossless-8port", "json");
     assert_eq!(code, 0);
-    let report: GpuNodeReport = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}"));
+    let report: GpuNodeReport = serde_json::from_str(&json).unwrap();
     assert_eq!(report.status.and_then(|s| s.throttled_gpus), Some(1));
 }
 
@@ -96,21 +100,21 @@ fn once_shows_the_xids_of_this_boot_from_the_state_dir_not_from_before_it_starte
     assert_eq!(xids_of(&stdout), Vec::<u32>::new());
 
     // What the running probe saved during this boot is shown, and left as it was.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let proc_root = dir.path().join("proc");
     let random = proc_root.join("sys/kernel/random");
-    std::fs::create_dir_all(&random).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(random.join("boot_id"), "boot-1\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&random).unwrap();
+    std::fs::write(random.join("boot_id"), "boot-1\n").unwrap();
     let state = dir.path().join("state");
-    std::fs::create_dir_all(&state).unwrap_or_else(|e| panic!("{e}"));
-    let store = XidStore::open(&state, "gpu-node-1", &proc_root).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir_all(&state).unwrap();
+    let store = XidStore::open(&state, "gpu-node-1", &proc_root).unwrap();
     let saved = XidEvent {
         xid: 79,
-        at: Time(jiff::Timestamp::from_second(1_700_000_000).unwrap_or_else(|e| panic!("{e}"))),
+        at: Time(jiff::Timestamp::from_second(1_700_000_000).unwrap()),
     };
     let gpus: BTreeMap<u32, VecDeque<XidEvent>> = [(5, VecDeque::from([saved.clone()]))].into();
-    store.save(&gpus).unwrap_or_else(|e| panic!("{e}"));
-    let before = std::fs::read(store.path()).unwrap_or_else(|e| panic!("{e}"));
+    store.save(&gpus).unwrap();
+    let before = std::fs::read(store.path()).unwrap();
     let run = |proc_root: &std::path::Path| {
         probe_with(
             &fake.lib,
@@ -132,7 +136,7 @@ fn once_shows_the_xids_of_this_boot_from_the_state_dir_not_from_before_it_starte
     assert_eq!(std::fs::read(store.path()).ok(), Some(before.clone()));
 
     // After a reboot (another boot id) they are gone.
-    std::fs::write(random.join("boot_id"), "boot-2\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(random.join("boot_id"), "boot-2\n").unwrap();
     let (code, stdout, stderr) = run(&proc_root);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(xids_of(&stdout), Vec::<u32>::new());

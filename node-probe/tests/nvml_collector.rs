@@ -1,5 +1,9 @@
 //! The NVML collector through the real nvml-wrapper code path, against the fake library.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -23,7 +27,7 @@ fn collector(fake: &FakeNvml, watch_xids: bool) -> NvmlCollector {
 
 fn collect(c: &NvmlCollector) -> GpuNodeReportStatus {
     let mut report = GpuNodeReportStatus::default();
-    c.collect(&mut report).unwrap_or_else(|e| panic!("collect: {e}"));
+    c.collect(&mut report).expect("collect");
     report
 }
 
@@ -262,8 +266,8 @@ async fn an_injected_xid_notifies_without_polling() {
     fake.edit(|f| f["devices"][2]["events"] = serde_json::json!([{"id": 1, "type": 8, "xid": 48}]));
     tokio::time::timeout(DEADLINE, rx.changed())
         .await
-        .unwrap_or_else(|_| panic!("no XID notification"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("no XID notification")
+        .unwrap();
     let report = collect(&c);
     let x = gpu(&report, 2).xids.first().map(|x| x.xid);
     assert_eq!(x, Some(48));

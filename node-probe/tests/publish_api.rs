@@ -1,6 +1,10 @@
 //! The writes the probe makes, checked against a minimal in-process stand-in for the API server
 //! (not a cluster: the e2e suite covers the real one), plus `/metrics` and `/healthz`.
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::net::SocketAddr;
@@ -87,10 +91,8 @@ async fn fake_api_server() -> (Api, SocketAddr) {
             axum::routing::patch(report),
         )
         .with_state(api.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("bind: {e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -98,10 +100,10 @@ async fn fake_api_server() -> (Api, SocketAddr) {
 }
 
 fn client(addr: SocketAddr) -> kube::Client {
-    let url = format!("http://{addr}").parse().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("http://{addr}").parse().unwrap();
     let mut config = kube::Config::new(url);
     config.read_timeout = Some(Duration::from_secs(5));
-    kube::Client::try_from(config).unwrap_or_else(|e| panic!("client: {e}"))
+    kube::Client::try_from(config).expect("client")
 }
 
 fn sample_status() -> GpuNodeReportStatus {
@@ -117,7 +119,7 @@ async fn publish_once_applies_the_object_then_its_status() {
     let (api, addr) = fake_api_server().await;
     publish_once(&client(addr), "node-a", &sample_status())
         .await
-        .unwrap_or_else(|e| panic!("publish: {e}"));
+        .expect("publish");
     let requests = api.requests();
     assert_eq!(requests.len(), 3, "{requests:#?}");
 
@@ -185,7 +187,7 @@ async fn run_publishes_and_stops_on_shutdown() {
     args.extend(["--nvml-lib".into(), fake.lib.display().to_string()]);
     args.extend(["--sysfs-root".into(), tree.join("sys").display().to_string()]);
     args.extend(["--net-fixtures".into(), tree.display().to_string()]);
-    let config = <Config as clap::Parser>::try_parse_from(args).unwrap_or_else(|e| panic!("{e}"));
+    let config = <Config as clap::Parser>::try_parse_from(args).unwrap();
 
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(app::run(config, client(addr), async {
@@ -217,9 +219,9 @@ async fn run_publishes_and_stops_on_shutdown() {
     let _ = stop.send(());
     tokio::time::timeout(Duration::from_secs(10), task)
         .await
-        .unwrap_or_else(|_| panic!("run did not stop"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("run did not stop")
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test]
@@ -236,35 +238,24 @@ async fn metrics_use_dcgm_names_and_healthz_follows_observations() {
         tree.display().to_string(),
         "--no-xid-events".into(),
     ];
-    let config = <Config as clap::Parser>::try_parse_from(args).unwrap_or_else(|e| panic!("{e}"));
+    let config = <Config as clap::Parser>::try_parse_from(args).unwrap();
     let (probe, _nvml) = app::build(&config, "n");
     let state = Arc::new(ProbeState::new("node-a", Duration::from_secs(60), None));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let (addr, server) = gpunode_probe::metrics::serve(
-        "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
-        state.clone(),
-        async {
+    let (addr, server) =
+        gpunode_probe::metrics::serve("127.0.0.1:0".parse().unwrap(), state.clone(), async {
             let _ = stopped.await;
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("serve: {e}"));
+        })
+        .await
+        .expect("serve");
 
     let get = |path: &'static str| async move {
-        let mut stream = tokio::net::TcpStream::connect(addr)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        stream
-            .write_all(request.as_bytes())
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        stream.write_all(request.as_bytes()).await.unwrap();
         let mut out = String::new();
-        stream
-            .read_to_string(&mut out)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        stream.read_to_string(&mut out).await.unwrap();
         out
     };
     assert!(
@@ -273,7 +264,7 @@ async fn metrics_use_dcgm_names_and_healthz_follows_observations() {
     );
     let status = tokio::task::spawn_blocking(move || probe.observe())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     state.set_latest(status);
     assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
     let metrics = get("/metrics").await;

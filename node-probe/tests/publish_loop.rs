@@ -1,6 +1,10 @@
 //! The publish loop with a scripted observer and a recording sink, on tokio's paused clock (time
 //! advances only when every task waits, so the timings below are exact and nothing sleeps).
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -219,8 +223,8 @@ impl Harness {
         }
         tokio::time::timeout(Duration::from_secs(5), self.task)
             .await
-            .unwrap_or_else(|_| panic!("loop did not stop"))
-            .unwrap_or_else(|e| panic!("loop panicked: {e}"));
+            .expect("loop did not stop")
+            .expect("loop panicked");
         self.sink
     }
 }
@@ -406,8 +410,8 @@ async fn after_a_failed_heartbeat_the_whole_report_is_written() {
 
 /// A policy with only `cooling.maxGpuCelsius`.
 fn max_gpu_celsius(limit: i32) -> KnownPolicy {
-    let spec = serde_json::from_value(serde_json::json!({ "cooling": { "maxGpuCelsius": limit } }))
-        .unwrap_or_else(|e| panic!("policy: {e}"));
+    let spec =
+        serde_json::from_value(serde_json::json!({ "cooling": { "maxGpuCelsius": limit } })).expect("policy");
     KnownPolicy {
         name: "hot".into(),
         spec,
@@ -447,10 +451,7 @@ async fn crossing_a_policy_threshold_publishes_at_once() {
         "86 C under maxGpuCelsius 85 was not published at once"
     );
     let (at, _) = h.sink.published()[1];
-    let observed = h
-        .observer
-        .last_observed()
-        .unwrap_or_else(|| panic!("no observation"));
+    let observed = h.observer.last_observed().expect("no observation");
     assert!(
         at.duration_since(observed) < Duration::from_secs(2),
         "published {:?} after the observation",

@@ -14,7 +14,7 @@ fn main() -> ExitCode {
         eprintln!("usage: reliability-report DIR [OUT.md]");
         return ExitCode::from(2);
     };
-    let summary = match gpunode_e2e::faults::summary(&dir) {
+    let summary = match gpunode_e2e::faults::record::summary(&dir) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("reliability-report: {}: {e}", dir.display());

@@ -839,12 +839,12 @@ mod tests {
     #[test]
     fn call_sequence_against_a_live_fixture() {
         let dir = std::env::temp_dir().join(format!("fake-nvml-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("fixture.json");
         let write = |json: &str| {
             let tmp = dir.join("fixture.tmp");
-            std::fs::write(&tmp, json).unwrap_or_else(|e| panic!("{e}"));
-            std::fs::rename(&tmp, &path).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(&tmp, json).unwrap();
+            std::fs::rename(&tmp, &path).unwrap();
         };
         write(r#"{"devices": [{"uuid": "GPU-a"}, {"uuid": "GPU-b", "errors": {"nvmlDeviceGetUUID": 15}}]}"#);
         // SAFETY: no other test of this crate reads the environment.

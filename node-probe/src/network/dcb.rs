@@ -426,7 +426,7 @@ pub(crate) mod tests {
 
     #[test]
     fn builds_the_request_like_the_kernel_expects() {
-        let req = ieee_request("ens1f0np0", 9).unwrap_or_else(|e| panic!("{e}"));
+        let req = ieee_request("ens1f0np0", 9).unwrap();
         assert_eq!(req.len(), 16 + 4 + 16);
         assert_eq!(u32_at(&req, 0), Some(36));
         assert_eq!(u16_at(&req, 4), Some(RTM_GETDCB));
@@ -442,8 +442,7 @@ pub(crate) mod tests {
 
     #[test]
     fn parses_pfc_on_priority_3_with_the_dscp_map() {
-        let config =
-            parse_ieee_reply(&mlx5_reply(0x08, &dscp_default_map(), 0x01)).unwrap_or_else(|e| panic!("{e}"));
+        let config = parse_ieee_reply(&mlx5_reply(0x08, &dscp_default_map(), 0x01)).unwrap();
         assert_eq!(config.pfc_priorities(), Some(vec![3]));
         assert_eq!(config.trust_from_app_table(), ObservedTrust::Dscp);
         assert_eq!(config.dcbx, Some(1));
@@ -459,8 +458,7 @@ pub(crate) mod tests {
 
     #[test]
     fn no_dscp_entries_means_pcp_trust() {
-        let config =
-            parse_ieee_reply(&mlx5_reply(0x18, &[(3, 3, 4791)], 0x02)).unwrap_or_else(|e| panic!("{e}"));
+        let config = parse_ieee_reply(&mlx5_reply(0x18, &[(3, 3, 4791)], 0x02)).unwrap();
         assert_eq!(config.pfc_priorities(), Some(vec![3, 4]));
         assert_eq!(config.trust_from_app_table(), ObservedTrust::Pcp);
     }
@@ -469,8 +467,7 @@ pub(crate) mod tests {
     fn a_reply_without_pfc_leaves_pfc_unknown() {
         let mut top = Vec::new();
         attr(&mut top, DCB_ATTR_IEEE, &[]);
-        let config =
-            parse_ieee_reply(&message(RTM_GETDCB, DCB_CMD_IEEE_GET, &top)).unwrap_or_else(|e| panic!("{e}"));
+        let config = parse_ieee_reply(&message(RTM_GETDCB, DCB_CMD_IEEE_GET, &top)).unwrap();
         assert_eq!(config.pfc_priorities(), None);
     }
 
@@ -521,8 +518,7 @@ pub(crate) mod tests {
         let mut top = Vec::new();
         attr(&mut top, 42, b"future");
         attr(&mut top, DCB_ATTR_IEEE, &ieee);
-        let config =
-            parse_ieee_reply(&message(RTM_GETDCB, DCB_CMD_IEEE_GET, &top)).unwrap_or_else(|e| panic!("{e}"));
+        let config = parse_ieee_reply(&message(RTM_GETDCB, DCB_CMD_IEEE_GET, &top)).unwrap();
         assert_eq!(config.pfc_priorities(), Some(vec![3]));
     }
 

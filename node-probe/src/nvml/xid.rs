@@ -454,10 +454,6 @@ mod tests {
         assert_eq!(log.total(), 1000);
     }
 
-    fn fail(e: impl std::fmt::Display) -> ! {
-        panic!("{e}")
-    }
-
     /// A state directory and a proc root per boot id, in one temporary directory.
     struct Node {
         dir: tempfile::TempDir,
@@ -466,21 +462,21 @@ mod tests {
     impl Node {
         fn new() -> Node {
             Node {
-                dir: tempfile::tempdir().unwrap_or_else(|e| fail(e)),
+                dir: tempfile::tempdir().unwrap(),
             }
         }
 
         fn store(&self, boot: &str) -> XidStore {
             let proc_root = self.dir.path().join(format!("proc-{boot}"));
             let random = proc_root.join("sys/kernel/random");
-            std::fs::create_dir_all(&random).unwrap_or_else(|e| fail(e));
-            std::fs::write(random.join("boot_id"), boot).unwrap_or_else(|e| fail(e));
-            XidStore::open(self.dir.path(), "n1", &proc_root).unwrap_or_else(|e| fail(e))
+            std::fs::create_dir_all(&random).unwrap();
+            std::fs::write(random.join("boot_id"), boot).unwrap();
+            XidStore::open(self.dir.path(), "n1", &proc_root).unwrap()
         }
 
         fn metrics(&self, log: XidLog) -> String {
             let state = crate::state::ProbeState::new("n1", Duration::from_secs(60), Some(Arc::new(log)));
-            crate::metrics::render(&state).unwrap_or_else(|e| fail(e))
+            crate::metrics::render(&state).unwrap()
         }
     }
 
@@ -534,7 +530,7 @@ mod tests {
     fn a_corrupt_state_file_is_ignored_and_counted() {
         let node = Node::new();
         let store = node.store("boot-a");
-        std::fs::write(store.path(), "{\"version\": 1, \"gpus\": [").unwrap_or_else(|e| fail(e));
+        std::fs::write(store.path(), "{\"version\": 1, \"gpus\": [").unwrap();
         let log = XidLog::persistent(store.clone());
         assert_eq!(log.persistence().ignored, Some("corrupt"));
         assert!(log.for_gpu(0).is_empty());
@@ -564,12 +560,12 @@ mod tests {
         assert_eq!(codes(&XidLog::persistent(store.clone()), 0), vec![13, 14]);
 
         // A directory where the file should be: the save fails, is counted, and is retried.
-        std::fs::remove_file(store.path()).unwrap_or_else(|e| fail(e));
-        std::fs::create_dir(store.path()).unwrap_or_else(|e| fail(e));
+        std::fs::remove_file(store.path()).unwrap();
+        std::fs::create_dir(store.path()).unwrap();
         log.record(0, 15, jiff::Timestamp::UNIX_EPOCH);
         log.save(true);
         assert_eq!(log.persistence().save_failures, 1);
-        std::fs::remove_dir(store.path()).unwrap_or_else(|e| fail(e));
+        std::fs::remove_dir(store.path()).unwrap();
         log.save(true);
         assert_eq!(codes(&XidLog::persistent(store), 0), vec![13, 14, 15]);
         let memory_only = node.metrics(XidLog::default());

@@ -31,7 +31,7 @@ pub fn fake_nvml_build() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
+            let exe = std::env::current_exe().expect("current_exe");
             // <target>/<profile>/deps/<test binary>
             let target = exe
                 .ancestors()
@@ -44,7 +44,7 @@ pub fn fake_nvml_build() -> PathBuf {
                 .arg(probe_dir().join("../Cargo.toml"))
                 .env("CARGO_TARGET_DIR", &build_dir)
                 .status()
-                .unwrap_or_else(|e| panic!("cannot run cargo to build fake-nvml: {e}"));
+                .expect("cannot run cargo to build fake-nvml");
             assert!(status.success(), "cargo build -p fake-nvml failed");
             let lib = build_dir.join("debug/libfake_nvml.so");
             assert!(lib.exists(), "{} missing after the build", lib.display());
@@ -96,18 +96,18 @@ impl FakeNvml {
     /// A second copy of the library (a separate load, as another process would have) reading
     /// the same fixture text as this one now.
     pub fn another_instance(&self) -> FakeNvml {
-        let text = std::fs::read_to_string(&self.fixture).unwrap_or_else(|e| panic!("read fixture: {e}"));
+        let text = std::fs::read_to_string(&self.fixture).expect("read fixture");
         Self::with_json(&text)
     }
 
     /// A copy of the fake library reading `json`.
     pub fn with_json(json: &str) -> FakeNvml {
         static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let dir = tempfile::tempdir().expect("tempdir");
         let lib = dir
             .path()
             .join(format!("libnvidia-ml-{}.so.1", N.fetch_add(1, Ordering::Relaxed)));
-        std::fs::copy(fake_nvml_build(), &lib).unwrap_or_else(|e| panic!("copy fake library: {e}"));
+        std::fs::copy(fake_nvml_build(), &lib).expect("copy fake library");
         let mut fixture = lib.clone().into_os_string();
         fixture.push(".json");
         let fake = FakeNvml {
@@ -122,14 +122,14 @@ impl FakeNvml {
     /// Replaces the fixture atomically (the library re-reads it on its next call).
     pub fn write(&self, json: &str) {
         let tmp = self.fixture.with_extension("tmp");
-        std::fs::write(&tmp, json).unwrap_or_else(|e| panic!("write fixture: {e}"));
-        std::fs::rename(&tmp, &self.fixture).unwrap_or_else(|e| panic!("rename fixture: {e}"));
+        std::fs::write(&tmp, json).expect("write fixture");
+        std::fs::rename(&tmp, &self.fixture).expect("rename fixture");
     }
 
     /// The fixture as JSON, to edit.
     pub fn json(&self) -> serde_json::Value {
-        let text = std::fs::read_to_string(&self.fixture).unwrap_or_else(|e| panic!("read fixture: {e}"));
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse fixture: {e}"))
+        let text = std::fs::read_to_string(&self.fixture).expect("read fixture");
+        serde_json::from_str(&text).expect("parse fixture")
     }
 
     /// Edits the fixture in place.

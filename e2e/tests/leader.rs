@@ -3,7 +3,11 @@
 //! a leader cut off from the API server stepping down before anyone else takes over, and an
 //! immediate handover on graceful shutdown.
 //!
-//! `GPUNODE_CLUSTER_NAME=test cargo test -p gpunode-operator --test leader`
+//! `GPUNODE_CLUSTER_NAME=test cargo test -p gpunode-e2e --test leader`
+
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
     sync::{Arc, Mutex},
@@ -31,17 +35,13 @@ const RETRY_PERIOD: Duration = Duration::from_millis(500);
 /// Scheduling, request latency and polling slack on a busy test machine.
 const MARGIN: Duration = Duration::from_secs(2);
 
-fn fail(e: impl std::fmt::Display) -> ! {
-    panic!("{e}")
-}
-
 fn config(namespace: &str, identity: &str) -> LeaderConfig {
     LeaderConfig::new(namespace, LEASE, identity).with_timing(LEASE_DURATION, RENEW_DEADLINE, RETRY_PERIOD)
 }
 
 async fn cluster() -> (Config, Client) {
-    let config = admin_config().await.unwrap_or_else(|e| fail(e));
-    let client = Client::try_from(config.clone()).unwrap_or_else(|e| fail(e));
+    let config = admin_config().await.unwrap();
+    let client = Client::try_from(config.clone()).unwrap();
     (config, client)
 }
 
@@ -64,9 +64,7 @@ impl Candidate {
         tokio::spawn(async move {
             while flips.changed().await.is_ok() {
                 let now = *flips.borrow_and_update();
-                log.lock()
-                    .unwrap_or_else(|e| fail(e))
-                    .push((Instant::now(), name, now));
+                log.lock().unwrap().push((Instant::now(), name, now));
             }
         });
         let (stop, stopped) = oneshot::channel::<()>();
@@ -104,7 +102,7 @@ impl Candidate {
                     if want { "leader" } else { "follower" }
                 )
             })
-            .unwrap_or_else(|e| fail(e));
+            .unwrap();
         Instant::now()
     }
 
@@ -116,8 +114,8 @@ impl Candidate {
         tokio::time::timeout(SETUP, &mut self.task)
             .await
             .unwrap_or_else(|_| panic!("{} did not shut down", self.name))
-            .unwrap_or_else(|e| fail(e))
-            .unwrap_or_else(|e| fail(e));
+            .unwrap()
+            .unwrap();
         assert!(!self.is_leader(), "{} still leads after stopping", self.name);
     }
 
@@ -157,7 +155,7 @@ async fn no_two_leaders(guard: JoinHandle<()>) {
 }
 
 async fn lease(api: &Api<Lease>) -> Option<Lease> {
-    api.get_opt(LEASE).await.unwrap_or_else(|e| fail(e))
+    api.get_opt(LEASE).await.unwrap()
 }
 
 fn holder(lease: &Lease) -> Option<&str> {
@@ -191,7 +189,7 @@ async fn renewals(api: &Api<Lease>, who: &str, count: usize) {
                     return Ok(None);
                 };
                 let version = l.metadata.resource_version.clone().unwrap_or_default();
-                let mut p = progress.lock().unwrap_or_else(|e| fail(e));
+                let mut p = progress.lock().unwrap();
                 if version != p.0 {
                     assert_eq!(holder(&l), Some(who), "the Lease changed hands");
                     p.0 = version;
@@ -202,7 +200,7 @@ async fn renewals(api: &Api<Lease>, who: &str, count: usize) {
         },
     )
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
 }
 
 /// Waits until exactly one of two candidates leads; returns (leader, follower).
@@ -223,9 +221,7 @@ async fn one_leader(a: Candidate, b: Candidate) -> (Candidate, Candidate) {
 #[tokio::test]
 async fn two_candidates_elect_exactly_one_leader() {
     let (_, client) = cluster().await;
-    let ns = Scratch::new(&client, "leader-one")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&client, "leader-one").await.unwrap();
     let api: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
     let timeline = Timeline::default();
     let a = Candidate::spawn("a", client.clone(), config(&ns.name, "a"), &timeline);
@@ -234,7 +230,7 @@ async fn two_candidates_elect_exactly_one_leader() {
 
     let (leader, follower) = one_leader(a, b).await;
     assert!(!follower.is_leader());
-    let written = lease(&api).await.unwrap_or_else(|| fail("no Lease"));
+    let written = lease(&api).await.expect("no Lease");
     assert_eq!(holder(&written), Some(leader.name));
     let spec = written.spec.clone().unwrap_or_default();
     assert_eq!(spec.lease_duration_seconds, Some(3));
@@ -247,7 +243,7 @@ async fn two_candidates_elect_exactly_one_leader() {
     assert!(
         timeline
             .lock()
-            .unwrap_or_else(|e| fail(e))
+            .unwrap()
             .iter()
             .all(|(_, who, _)| *who == leader.name),
         "the follower's flag never moved"
@@ -256,15 +252,13 @@ async fn two_candidates_elect_exactly_one_leader() {
     no_two_leaders(guard).await;
     follower.stop().await;
     leader.stop().await;
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+    ns.delete().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_crashed_leader_is_replaced_once_its_lease_expires() {
     let (_, client) = cluster().await;
-    let ns = Scratch::new(&client, "leader-crash")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&client, "leader-crash").await.unwrap();
     let api: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
     let timeline = Timeline::default();
     let a = Candidate::spawn("a", client.clone(), config(&ns.name, "a"), &timeline);
@@ -272,7 +266,7 @@ async fn a_crashed_leader_is_replaced_once_its_lease_expires() {
     let guard = forbid_two_leaders(&a, &b);
     let (leader, follower) = one_leader(a, b).await;
     renewals(&api, leader.name, 1).await;
-    let before = transitions(&lease(&api).await.unwrap_or_else(|| fail("no Lease")));
+    let before = transitions(&lease(&api).await.expect("no Lease"));
 
     let handle = leader.leadership.clone();
     let crashed = Instant::now();
@@ -290,13 +284,13 @@ async fn a_crashed_leader_is_replaced_once_its_lease_expires() {
         after >= LEASE_DURATION - RETRY_PERIOD - Duration::from_millis(200),
         "took over {after:?} after the crash, before the Lease could expire"
     );
-    let written = lease(&api).await.unwrap_or_else(|| fail("no Lease"));
+    let written = lease(&api).await.expect("no Lease");
     assert_eq!(holder(&written), Some(follower.name));
     assert_eq!(transitions(&written), before + 1);
 
     no_two_leaders(guard).await;
     follower.stop().await;
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+    ns.delete().await.unwrap();
 }
 
 /// A TCP proxy to the API server that can cut its clients off: on `partition`, open
@@ -309,8 +303,8 @@ struct Proxy {
 
 impl Proxy {
     async fn start(upstream: String) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| fail(e));
-        let addr = listener.local_addr().unwrap_or_else(|e| fail(e));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
         let (partitioned, state) = watch::channel(false);
         let task = tokio::spawn(async move {
             while let Ok((mut downstream, _)) = listener.accept().await {
@@ -347,21 +341,17 @@ impl Proxy {
 #[tokio::test]
 async fn a_leader_that_cannot_renew_steps_down_before_anyone_takes_over() {
     let (admin, client) = cluster().await;
-    let ns = Scratch::new(&client, "leader-partition")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&client, "leader-partition").await.unwrap();
     let api: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
     let upstream = admin
         .cluster_url
         .authority()
         .map(|a| a.to_string())
-        .unwrap_or_else(|| fail("the API server URL has no host:port"));
+        .expect("the API server URL has no host:port");
     let proxy = Proxy::start(upstream).await;
     let mut cut_off = admin.clone();
-    cut_off.cluster_url = format!("https://{}", proxy.addr)
-        .parse()
-        .unwrap_or_else(|e| fail(e));
-    let cut_off = Client::try_from(cut_off).unwrap_or_else(|e| fail(e));
+    cut_off.cluster_url = format!("https://{}", proxy.addr).parse().unwrap();
+    let cut_off = Client::try_from(cut_off).unwrap();
 
     let timeline = Timeline::default();
     let a = Candidate::spawn("a", cut_off, config(&ns.name, "a"), &timeline);
@@ -387,17 +377,17 @@ async fn a_leader_that_cannot_renew_steps_down_before_anyone_takes_over() {
         "a stepped down {:?} after losing the API server",
         stepped_down - cut
     );
-    let events = timeline.lock().unwrap_or_else(|e| fail(e)).clone();
+    let events = timeline.lock().unwrap().clone();
     let a_off = events
         .iter()
         .find(|(_, who, v)| *who == "a" && !*v)
         .map(|(t, ..)| *t)
-        .unwrap_or_else(|| fail("a never stepped down"));
+        .expect("a never stepped down");
     let b_on = events
         .iter()
         .find(|(_, who, v)| *who == "b" && *v)
         .map(|(t, ..)| *t)
-        .unwrap_or_else(|| fail("b never took over"));
+        .expect("b never took over");
     eprintln!(
         "partition: a stepped down at +{:?}, b took over at +{:?}",
         a_off - cut,
@@ -410,7 +400,7 @@ async fn a_leader_that_cannot_renew_steps_down_before_anyone_takes_over() {
         b_on - cut
     );
     assert!(took_over - cut >= LEASE_DURATION - RETRY_PERIOD - Duration::from_millis(200));
-    let written = lease(&api).await.unwrap_or_else(|| fail("no Lease"));
+    let written = lease(&api).await.expect("no Lease");
     assert_eq!(holder(&written), Some("b"));
 
     // Reconnected, a sees b's live Lease and stays a follower.
@@ -422,15 +412,13 @@ async fn a_leader_that_cannot_renew_steps_down_before_anyone_takes_over() {
     a.stop().await;
     b.stop().await;
     proxy.task.abort();
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+    ns.delete().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_graceful_shutdown_hands_over_at_once() {
     let (_, client) = cluster().await;
-    let ns = Scratch::new(&client, "leader-release")
-        .await
-        .unwrap_or_else(|e| fail(e));
+    let ns = Scratch::new(&client, "leader-release").await.unwrap();
     let api: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
     // A long Lease: a handover faster than it can only come from the release.
     let long = |id: &str| {
@@ -458,7 +446,7 @@ async fn a_graceful_shutdown_hands_over_at_once() {
         if a.is_leader() { (a, b) } else { (b, a) }
     };
     renewals(&api, leader.name, 1).await;
-    let before = transitions(&lease(&api).await.unwrap_or_else(|| fail("no Lease")));
+    let before = transitions(&lease(&api).await.expect("no Lease"));
 
     let stopping = Instant::now();
     let leader_name = leader.name;
@@ -473,7 +461,7 @@ async fn a_graceful_shutdown_hands_over_at_once() {
         "release: handover {:?} after the stop began",
         took_over - stopping
     );
-    let written = lease(&api).await.unwrap_or_else(|| fail("no Lease"));
+    let written = lease(&api).await.expect("no Lease");
     assert_eq!(holder(&written), Some(follower.name));
     assert_ne!(holder(&written), Some(leader_name));
     assert_eq!(transitions(&written), before + 1);
@@ -481,18 +469,15 @@ async fn a_graceful_shutdown_hands_over_at_once() {
     no_two_leaders(guard).await;
     follower.stop().await;
     // The last one out leaves a free Lease behind.
-    let last = lease(&api).await.unwrap_or_else(|| fail("no Lease"));
+    let last = lease(&api).await.expect("no Lease");
     assert_eq!(holder(&last), None);
-    ns.delete().await.unwrap_or_else(|e| fail(e));
+    ns.delete().await.unwrap();
 }
 
 /// No cluster needed: configuration errors and a second `run` are refused up front.
 #[tokio::test]
 async fn run_refuses_bad_configs_and_a_second_run() {
-    let dead = Client::try_from(Config::new(
-        "https://127.0.0.1:1".parse().unwrap_or_else(|e| fail(e)),
-    ))
-    .unwrap_or_else(|e| fail(e));
+    let dead = Client::try_from(Config::new("https://127.0.0.1:1".parse().unwrap())).unwrap();
     let leadership = Leadership::new();
     let bad = LeaderConfig::new("ns", LEASE, "a").with_timing(
         Duration::from_secs(3),
@@ -523,19 +508,19 @@ async fn run_refuses_bad_configs_and_a_second_run() {
         async move { Ok(l.is_running().then_some(())) }
     })
     .await
-    .unwrap_or_else(|e| fail(e));
+    .unwrap();
     assert!(matches!(
         leadership.run(dead.clone(), config("ns", "a"), async {}).await,
         Err(LeaderError::AlreadyRunning)
     ));
     assert!(!leadership.is_leader());
-    assert!(!retrying.has_changed().unwrap_or_else(|e| fail(e)));
+    assert!(!retrying.has_changed().unwrap());
     let _ = stop.send(());
     tokio::time::timeout(SETUP, running)
         .await
-        .unwrap_or_else(|_| fail("the run did not stop"))
-        .unwrap_or_else(|e| fail(e))
-        .unwrap_or_else(|e| fail(e));
+        .expect("the run did not stop")
+        .unwrap()
+        .unwrap();
     assert!(!*retrying.borrow());
     assert!(!leadership.is_running());
     assert!(matches!(

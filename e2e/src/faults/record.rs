@@ -1,0 +1,171 @@
+//! The runs' record: [`Run`], one fault injected and what was checked after it; [`Recorder`]
+//! writes a test binary's runs as JSON (invariants, seed, recovery time); [`summary`] turns every
+//! results file into the table of docs/reliability.md.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::{checks::Check, io};
+use crate::Error;
+
+/// One fault injected and what was checked after it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Run {
+    /// Fault class (issue 7's list): control plane, operator, probe, bad input, concurrency.
+    pub class: String,
+    /// The fault.
+    pub fault: String,
+    /// Seed of a seeded run.
+    pub seed: Option<u64>,
+    /// Invariants checked.
+    pub checks: Vec<Check>,
+    /// From the end of the fault to the state the run waits for, when measured.
+    pub recovery_ms: Option<u64>,
+}
+
+impl Run {
+    /// Invariants that did not hold.
+    pub fn violations(&self) -> Vec<&Check> {
+        self.checks.iter().filter(|c| !c.ok).collect()
+    }
+}
+
+/// Collects a test binary's runs and writes them to `<dir>/<file>.json`.
+pub struct Recorder {
+    path: PathBuf,
+    runs: Vec<Run>,
+}
+
+/// Where results go: `GPUNODE_RELIABILITY_DIR`, else `<target tmp>/reliability`.
+pub fn results_dir(target_tmp: &str) -> PathBuf {
+    std::env::var_os("GPUNODE_RELIABILITY_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(target_tmp).join("reliability"))
+}
+
+impl Recorder {
+    /// A recorder writing `<dir>/<file>.json` (pass `env!("CARGO_TARGET_TMPDIR")` as `target_tmp`).
+    pub fn new(target_tmp: &str, file: &str) -> Recorder {
+        Recorder {
+            path: results_dir(target_tmp).join(format!("{file}.json")),
+            runs: Vec::new(),
+        }
+    }
+
+    /// Adds a run and rewrites the file (so a later failure keeps what was measured).
+    pub fn push(&mut self, run: Run) -> Result<(), Error> {
+        for c in run.violations() {
+            eprintln!(
+                "VIOLATION [{} / {}]: {}: {}",
+                run.class, run.fault, c.invariant, c.detail
+            );
+        }
+        self.runs.push(run);
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(io(dir.display()))?;
+        }
+        std::fs::write(&self.path, serde_json::to_string_pretty(&self.runs)?).map_err(io(self.path.display()))
+    }
+
+    /// Fails with every violation recorded so far.
+    pub fn assert_clean(&self) {
+        let bad: Vec<String> = self
+            .runs
+            .iter()
+            .flat_map(|r| {
+                r.violations()
+                    .into_iter()
+                    .map(move |c| format!("{} / {}: {}: {}", r.class, r.fault, c.invariant, c.detail))
+            })
+            .collect();
+        assert!(bad.is_empty(), "invariants violated:\n{}", bad.join("\n"));
+        assert!(!self.runs.is_empty(), "no run recorded");
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Milliseconds since `start`.
+pub fn elapsed_ms(start: Instant) -> u64 {
+    millis(start.elapsed())
+}
+
+/// The aggregated results.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// Markdown: one row per fault class and fault, then one per invariant.
+    pub table: String,
+    /// Runs in all.
+    pub runs: usize,
+    /// Invariants that did not hold, in all.
+    pub violations: usize,
+}
+
+/// The tables of every results file in `dir`.
+pub fn summary(dir: &Path) -> Result<Summary, Error> {
+    let mut runs: Vec<Run> = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    for f in &files {
+        let text = std::fs::read_to_string(f).map_err(io(f.display()))?;
+        let mut some: Vec<Run> = serde_json::from_str(&text)?;
+        runs.append(&mut some);
+    }
+    let mut rows: BTreeMap<(String, String), Vec<&Run>> = BTreeMap::new();
+    for r in &runs {
+        rows.entry((r.class.clone(), r.fault.clone()))
+            .or_default()
+            .push(r);
+    }
+    let mut out = String::from(
+        "| Fault class | Fault injected | Runs | Invariants checked | Violations | Recovery median | Recovery max |\n\
+         |---|---|---:|---:|---:|---:|---:|\n",
+    );
+    let fmt = |ms: Option<u64>| ms.map_or("–".to_string(), |m| format!("{:.1} s", m as f64 / 1000.0));
+    let (mut total_runs, mut total_checks, mut total_bad) = (0, 0, 0);
+    for ((class, fault), rs) in &rows {
+        let checks: usize = rs.iter().map(|r| r.checks.len()).sum();
+        let bad: usize = rs.iter().map(|r| r.violations().len()).sum();
+        let mut rec: Vec<u64> = rs.iter().filter_map(|r| r.recovery_ms).collect();
+        rec.sort_unstable();
+        let median = (!rec.is_empty()).then(|| rec[rec.len() / 2]);
+        out.push_str(&format!(
+            "| {class} | {fault} | {} | {checks} | {bad} | {} | {} |\n",
+            rs.len(),
+            fmt(median),
+            fmt(rec.last().copied())
+        ));
+        total_runs += rs.len();
+        total_checks += checks;
+        total_bad += bad;
+    }
+    out.push_str(&format!(
+        "| **all** | | **{total_runs}** | **{total_checks}** | **{total_bad}** | | |\n"
+    ));
+    let mut invariants: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for c in runs.iter().flat_map(|r| &r.checks) {
+        let e = invariants.entry(c.invariant.as_str()).or_default();
+        e.0 += 1;
+        e.1 += usize::from(!c.ok);
+    }
+    out.push_str("\n| Invariant | Times checked | Violations |\n|---|---:|---:|\n");
+    for (inv, (n, bad)) in invariants {
+        out.push_str(&format!("| {inv} | {n} | {bad} |\n"));
+    }
+    Ok(Summary {
+        table: out,
+        runs: total_runs,
+        violations: total_bad,
+    })
+}

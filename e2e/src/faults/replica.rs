@@ -1,0 +1,189 @@
+//! The operator as the reliability suite runs it: [`Operator`], one replica of
+//! `gpunode-operator run --leader-elect` as a real process ([`crate::operator::Process`], so
+//! SIGKILL and SIGSTOP are real), each replica with its own ServiceAccount, so the audit log says
+//! who wrote what; [`Launch`] for a replica in a network namespace, with a skewed clock or through
+//! a proxy; [`lease`], who holds the Lease.
+
+use std::time::Duration;
+
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Namespace, ServiceAccount},
+    rbac::v1::ClusterRoleBinding,
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+
+use super::{cluster::FaultCluster, io};
+use crate::{
+    Error, accounts,
+    operator::{self, Process, Spec},
+    wait,
+};
+
+/// One replica of `gpunode-operator run --leader-elect`, as a process ([`Process`], which it
+/// derefs to: kill, pause, resume, terminate, restart, /metrics) with its own ServiceAccount.
+pub struct Operator {
+    /// Holder identity and ServiceAccount name.
+    pub identity: String,
+    /// Namespace of the Lease and the ServiceAccount.
+    pub namespace: String,
+    process: Process,
+}
+
+/// How a replica's process is started, beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Launch {
+    /// Command the operator runs under, e.g. `ip netns exec NS` (a network namespace).
+    pub prefix: Vec<String>,
+    /// Extra environment, e.g. libfaketime's (a skewed clock).
+    pub env: Vec<(String, String)>,
+    /// The API server address the replica uses instead of the admin kubeconfig's, with the name
+    /// its certificate is checked against (`tls-server-name`).
+    pub server: Option<(String, String)>,
+    /// Address /metrics listens on (default 127.0.0.1), e.g. the namespace's end of a veth link.
+    pub metrics_ip: Option<String>,
+}
+
+impl Operator {
+    /// Creates ServiceAccount `identity` in `namespace` (cluster-admin: RBAC is tested elsewhere,
+    /// here each replica only needs its own name in the audit log) and starts the replica.
+    pub async fn start(
+        fc: &FaultCluster,
+        admin: &Client,
+        identity: &str,
+        namespace: &str,
+    ) -> Result<Operator, Error> {
+        Operator::start_with(fc, admin, identity, namespace, Launch::default()).await
+    }
+
+    /// [`Operator::start`], started as `launch` says.
+    pub async fn start_with(
+        fc: &FaultCluster,
+        admin: &Client,
+        identity: &str,
+        namespace: &str,
+        launch: Launch,
+    ) -> Result<Operator, Error> {
+        let pp = PatchParams::apply("gpunode-rel").force();
+        Api::<Namespace>::all(admin.clone())
+            .patch(
+                namespace,
+                &pp,
+                &Patch::Apply(
+                    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}),
+                ),
+            )
+            .await?;
+        Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+            .patch(
+                identity,
+                &pp,
+                &Patch::Apply(
+                    json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": identity}}),
+                ),
+            )
+            .await?;
+        let binding = format!("rel-{namespace}-{identity}");
+        Api::<ClusterRoleBinding>::all(admin.clone())
+            .patch(
+                &binding,
+                &pp,
+                &Patch::Apply(json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": binding},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+                    "subjects": [{"kind": "ServiceAccount", "name": identity, "namespace": namespace}],
+                })),
+            )
+            .await?;
+        let token = accounts::token(admin, namespace, identity, None).await?;
+        let admin_yaml = std::fs::read_to_string(&fc.kubeconfig).map_err(io(fc.kubeconfig.display()))?;
+        let admin_kc: serde_json::Value = serde_yaml::from_str(&admin_yaml)?;
+        let mut cluster = admin_kc
+            .pointer("/clusters/0/cluster")
+            .cloned()
+            .ok_or_else(|| Error::Kubeconfig("admin kubeconfig has no cluster".into()))?;
+        if let Some((server, tls_name)) = &launch.server {
+            cluster["server"] = json!(server);
+            cluster["tls-server-name"] = json!(tls_name);
+        }
+        let kc = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "rel", "cluster": cluster}],
+            "users": [{"name": identity, "user": {"token": token}}],
+            "contexts": [{"name": "rel", "context": {"cluster": "rel", "user": identity}}],
+            "current-context": "rel",
+        });
+        let kubeconfig = fc.dir.join(format!("op-{namespace}-{identity}.kubeconfig"));
+        std::fs::write(&kubeconfig, serde_yaml::to_string(&kc)?).map_err(io(kubeconfig.display()))?;
+        let ip = launch.metrics_ip.as_deref().unwrap_or("127.0.0.1");
+        let metrics_addr = format!("{ip}:{}", crate::http::free_addr()?.port())
+            .parse()
+            .map_err(|e| Error::Unexpected(format!("metrics address {ip}: {e}")))?;
+        let spec = Spec {
+            bin: operator::binary()?,
+            instance: identity.to_string(),
+            kubeconfig,
+            lease_namespace: Some(namespace.to_string()),
+            metrics_addr,
+            // The watcher's debug lines name a 410 Gone when a resumed watch expired.
+            rust_log: Some("info,kube=warn,kube_runtime::watcher=debug".into()),
+            prefix: launch.prefix,
+            env: launch.env,
+        };
+        let log = fc.dir.join(format!("logs/op-{namespace}-{identity}.log"));
+        Ok(Operator {
+            identity: identity.to_string(),
+            namespace: namespace.to_string(),
+            process: Process::start(spec, log)?,
+        })
+    }
+
+    /// The audit log's name for this replica.
+    pub fn user(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.identity)
+    }
+
+    /// Waits until the Lease of its namespace names this replica (needs no access to its /metrics).
+    pub async fn wait_holding(&self, admin: &Client, timeout: Duration) -> Result<jiff::Timestamp, Error> {
+        wait::until(
+            &format!("{} to hold the Lease", self.identity),
+            timeout,
+            || async {
+                Ok(lease(admin, &self.namespace)
+                    .await
+                    .filter(|(h, _)| *h == self.identity)
+                    .map(|(_, at)| at))
+            },
+        )
+        .await
+    }
+}
+
+impl std::ops::Deref for Operator {
+    type Target = Process;
+
+    fn deref(&self) -> &Process {
+        &self.process
+    }
+}
+
+impl std::ops::DerefMut for Operator {
+    fn deref_mut(&mut self) -> &mut Process {
+        &mut self.process
+    }
+}
+
+/// The holder of the operator's Lease in `namespace` and when it acquired it.
+pub async fn lease(client: &Client, namespace: &str) -> Option<(String, jiff::Timestamp)> {
+    let l = Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt(gpunode_operator::leader::DEFAULT_LEASE_NAME)
+        .await
+        .ok()??;
+    let spec = l.spec?;
+    Some((spec.holder_identity?, spec.acquire_time?.0))
+}
