@@ -242,7 +242,7 @@ mod tests {
             "metadata": {"name": "p", "uid": "u1"},
             "spec": {"gpu": {"count": 1}, "staleAfter": "3m"},
         }))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         p.metadata.generation = Some(generation);
         p
     }

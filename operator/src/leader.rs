@@ -691,7 +691,7 @@ mod tests {
     const SEC: Duration = Duration::from_secs(1);
 
     fn t(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_700_000_000 + secs).unwrap_or_else(|e| panic!("{e}"))
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
     }
 
     fn lease(holder: Option<&str>, renewed: Option<i64>, duration: Option<i32>) -> Lease {
@@ -905,7 +905,7 @@ mod tests {
         assert!(!l.is_leader(), "a stuck election task must not extend leadership");
         assert!(l.demote());
         assert!(!l.demote());
-        assert!(rx.has_changed().unwrap_or_else(|e| panic!("{e}")));
+        assert!(rx.has_changed().unwrap());
         assert!(!*rx.borrow_and_update());
     }
 

@@ -760,15 +760,9 @@ mod tests {
             let _timer = m.start_reconcile();
         }
         m.reaction(Duration::from_secs(3));
-        m.reaction_between(
-            Timestamp::UNIX_EPOCH,
-            Timestamp::from_second(120).unwrap_or_else(|e| panic!("{e}")),
-        );
+        m.reaction_between(Timestamp::UNIX_EPOCH, Timestamp::from_second(120).unwrap());
         // The node's clock ran ahead: counted as zero, not as a negative latency.
-        m.reaction_between(
-            Timestamp::from_second(5).unwrap_or_else(|e| panic!("{e}")),
-            Timestamp::UNIX_EPOCH,
-        );
+        m.reaction_between(Timestamp::from_second(5).unwrap(), Timestamp::UNIX_EPOCH);
         let text = m.encode();
         assert_eq!(value(&text, "gpunode_reconciles_total"), Some(2.0));
         assert_eq!(
@@ -827,6 +821,6 @@ mod tests {
             .await
             .unwrap_or_else(|_| panic!("gauge never became 0"));
         drop(tx);
-        task.await.unwrap_or_else(|e| panic!("{e}"));
+        task.await.unwrap();
     }
 }

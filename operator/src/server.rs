@@ -200,13 +200,9 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         metrics.action(ActionKind::Cordon, ActionResult::Ok);
         let readiness = Readiness::new();
-        let server = Server::bind(
-            "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
-            metrics.clone(),
-            readiness.clone(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        let server = Server::bind("127.0.0.1:0".parse().unwrap(), metrics.clone(), readiness.clone())
+            .await
+            .unwrap();
         let addr = server.local_addr();
         assert_ne!(addr.port(), 0);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -257,12 +253,12 @@ mod tests {
     #[tokio::test]
     async fn binding_a_taken_port_is_a_typed_error() {
         let first = Server::bind(
-            "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
+            "127.0.0.1:0".parse().unwrap(),
             Arc::new(Metrics::new()),
             Readiness::new(),
         )
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let taken = first.local_addr();
         match Server::bind(taken, Arc::new(Metrics::new()), Readiness::new()).await {
             Err(ServerError::Bind { addr, .. }) => assert_eq!(addr, taken),

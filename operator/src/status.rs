@@ -294,7 +294,7 @@ mod tests {
             "remediation": [{"classes": ["Xid"], "action": "Drain"}],
             "disruption": {"maxUnavailable": 2, "circuitBreaker": {"maxDriftedPercent": 100}},
         }))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let now = Timestamp::now();
         let p = plan("p", &spec, &[xid("a"), xid("b")], now);
         assert!(

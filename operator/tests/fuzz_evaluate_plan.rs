@@ -7,6 +7,10 @@
 //! reads (never from the planner's own budget or breaker fields).
 //! `PROPTEST_CASES` raises the case count (`make reliability-long`).
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this test crate's helper fns fail
+// the same way (a panic naming what broke), so the allow covers the whole crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpunode_crds::{DriftClass, GpuNodePolicy, GpuNodeReport};
@@ -178,7 +182,7 @@ fn evaluate_survives_mutated_reports() {
     let broken = fixture("broken-h100-report.yaml");
     let policies = policies();
     let strict = &policies[0];
-    let observed: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap_or_else(|e| panic!("{e}"));
+    let observed: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap();
     let strategy = (prop::bool::ANY, mutations(), -100_000i64..100_000);
     let (parsed, missing) = (Counter::default(), Counter::default());
     let outcome = runner(&SEED, 256).run(&strategy, |(which, ms, offset)| {
@@ -249,15 +253,14 @@ fn evaluate_survives_mutated_reports() {
         ],
         &outcome,
     );
-    outcome.unwrap_or_else(|e| panic!("{e}"));
+    outcome.unwrap();
 }
 
 #[test]
 fn evaluate_survives_mutated_policies() {
-    let report: GpuNodeReport =
-        serde_json::from_value(fixture("healthy-h100-report.yaml")).unwrap_or_else(|e| panic!("{e}"));
+    let report: GpuNodeReport = serde_json::from_value(fixture("healthy-h100-report.yaml")).unwrap();
     let base = fixture("strict-policy.yaml");
-    let now: Timestamp = "2026-11-29T12:00:30Z".parse().unwrap_or_else(|e| panic!("{e}"));
+    let now: Timestamp = "2026-11-29T12:00:30Z".parse().unwrap();
     let ran = Counter::default();
     let outcome = runner(&SEED, 256).run(&mutations(), |ms| {
         if let Ok(p) = serde_json::from_value::<GpuNodePolicy>(mutate(&base, &ms)) {
@@ -274,7 +277,7 @@ fn evaluate_survives_mutated_policies() {
         &[("no panic on any input", "every policy that deserializes".into())],
         &outcome,
     );
-    outcome.unwrap_or_else(|e| panic!("{e}"));
+    outcome.unwrap();
 }
 
 const CLASSES: [DriftClass; 5] = [
@@ -621,7 +624,7 @@ fn disrupts(np: &gpunode_operator::plan::NodePlan) -> bool {
 
 #[test]
 fn plan_never_exceeds_the_budget_on_hostile_nodes() {
-    let now: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap_or_else(|e| panic!("{e}"));
+    let now: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap();
     let strategy = (prop::collection::vec(spec(), 1..12), knobs());
     let (ran, binding, breaker_held, admitted) = (
         Counter::default(),
@@ -754,5 +757,5 @@ fn plan_never_exceeds_the_budget_on_hostile_nodes() {
         ],
         &outcome,
     );
-    outcome.unwrap_or_else(|e| panic!("{e}"));
+    outcome.unwrap();
 }

@@ -2,6 +2,10 @@
 //! `now` through that time, which is what lets a reconcile reuse it; and the bound is tight
 //! where time matters (the report going stale, a fatal XID leaving `xidWindow`).
 
+// clippy.toml allows unwrap and expect in #[test] fns only; this test crate's helper fns fail
+// the same way (a panic naming what broke), so the allow covers the whole crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_operator::evaluate::{evaluate, evaluate_heard, unchanged_until, unchanged_until_heard};
 use jiff::{SignedDuration, Timestamp};
@@ -15,13 +19,11 @@ fn load<T: serde::de::DeserializeOwned>(name: &str) -> T {
 }
 
 fn base() -> Timestamp {
-    "2026-11-29T12:00:00Z".parse().unwrap_or_else(|e| panic!("{e}"))
+    "2026-11-29T12:00:00Z".parse().unwrap()
 }
 
 fn at(secs: i64) -> Timestamp {
-    base()
-        .checked_add(SignedDuration::from_secs(secs))
-        .unwrap_or_else(|e| panic!("{e}"))
+    base().checked_add(SignedDuration::from_secs(secs)).unwrap()
 }
 
 /// The strict policy with `xidWindow` (seconds, if any) over the healthy report observed at
@@ -36,8 +38,7 @@ fn inputs(window: Option<u64>, observed: i64, xids: &[(usize, u32, i64)]) -> (Gp
         s.observed_at = Some(Time(at(observed)));
         for (gpu, xid, when) in xids {
             let event: gpunode_crds::report::XidEvent =
-                serde_json::from_value(serde_json::json!({"xid": xid, "at": at(*when).to_string()}))
-                    .unwrap_or_else(|e| panic!("{e}"));
+                serde_json::from_value(serde_json::json!({"xid": xid, "at": at(*when).to_string()})).unwrap();
             s.gpus[*gpu % 8].xids.push(event);
         }
     }
@@ -115,7 +116,7 @@ proptest! {
             let span = until.duration_since(now).as_secs().min(100_000);
             let later = now
                 .checked_add(SignedDuration::from_secs((span as f64 * fraction) as i64))
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
             prop_assert_eq!(&evaluate(&policy.spec, Some(&report), later), &v, "at {}", later);
             if span < 100_000 {
                 prop_assert_eq!(&evaluate(&policy.spec, Some(&report), until), &v, "at {}", until);

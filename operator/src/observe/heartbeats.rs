@@ -59,7 +59,7 @@ mod tests {
     use kube::runtime::{reflector, watcher};
 
     fn lease(name: &str, holder: &str, renewed: &str) -> Lease {
-        let renewed = MicroTime(renewed.parse().unwrap_or_else(|e| panic!("{e}")));
+        let renewed = MicroTime(renewed.parse().unwrap());
         let mut l = gpunode_crds::heartbeat::lease(name, holder, None, 180, renewed);
         l.metadata.namespace = Some("gpunode-system".to_string());
         l
