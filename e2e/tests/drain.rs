@@ -7,7 +7,13 @@
 // test the same way (a panic naming what broke), so the allow covers the whole test crate.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{collections::BTreeSet, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
 
 use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
@@ -22,6 +28,7 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client,
     api::{ListParams, PostParams},
+    runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
 
@@ -38,8 +45,40 @@ async fn publish_report(client: &Client, node: &str, xids: serde_json::Value) {
     reports::publish(client, node, status).await.unwrap();
 }
 
+/// The policy's drain grace period, shorter than the pods' own.
+const DRAIN_GRACE_S: i64 = 7;
+
 fn pod(name: &str, node: &str) -> Pod {
-    pods::on_node(name, node, json!({"app": "train"})).unwrap()
+    let mut p = pods::on_node(name, node, json!({"app": "train"})).unwrap();
+    if let Some(spec) = p.spec.as_mut() {
+        spec.termination_grace_period_seconds = Some(600);
+    }
+    p
+}
+
+/// Pod name → the grace period its deletion was given.
+type Graces = Arc<Mutex<BTreeMap<String, Option<i64>>>>;
+
+/// The grace period each pod of `pods` was given when its deletion began, as the first watch
+/// event with a deletion timestamp shows it (whatever shortens it afterwards).
+fn deletion_graces(pods: Api<Pod>) -> (Graces, tokio::task::JoinHandle<()>) {
+    let seen: Graces = Arc::default();
+    let sink = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut events = watcher(pods, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let Ok(p) = event else { continue };
+            if p.metadata.deletion_timestamp.is_some()
+                && let Ok(mut seen) = sink.lock()
+            {
+                seen.entry(p.metadata.name.clone().unwrap_or_default())
+                    .or_insert(p.metadata.deletion_grace_period_seconds);
+            }
+        }
+    });
+    (seen, task)
 }
 
 async fn ready(api: &Api<Pod>, name: &str) {
@@ -112,12 +151,14 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
             "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": bad}},
             "gpu": {},
             "remediation": [{"classes": ["Xid"], "action": "Drain"}],
+            "disruption": {"drain": {"gracePeriodSeconds": DRAIN_GRACE_S}},
         }),
     )
     .await
     .unwrap();
 
     let node_api: Api<Node> = Api::all(client.clone());
+    let (graces, grace_watch) = deletion_graces(pods.clone());
     let first = InProcess::start(&operator_client, "e2e-drain");
     wait::until("node labelled compliant", DEADLINE, || async {
         let n = node_api.get(&bad).await?;
@@ -195,6 +236,22 @@ async fn an_xid_drains_the_node_within_its_pdb_and_a_restarted_operator_finishes
     assert!(
         !alive(&pods, &["c"]).await.is_empty(),
         "the pod on the healthy node stays"
+    );
+    // Each eviction carried the policy's grace period, not the pods' own 600 s.
+    let graces = wait::until("both evictions seen by the watch", DEADLINE, || async {
+        let g = graces.lock().map(|g| g.clone()).unwrap_or_default();
+        Ok((g.len() == 2).then_some(g))
+    })
+    .await
+    .unwrap();
+    grace_watch.abort();
+    assert_eq!(
+        graces,
+        BTreeMap::from([
+            ("a".to_string(), Some(DRAIN_GRACE_S)),
+            ("b".to_string(), Some(DRAIN_GRACE_S))
+        ]),
+        "the grace period each evicted pod was given"
     );
 
     // The same drain was resumed, not started over.
