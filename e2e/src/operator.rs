@@ -271,9 +271,16 @@ impl Process {
         crate::http::scrape(self.spec.metrics_addr).await
     }
 
-    /// A counter or gauge from /metrics, summed over its label sets (0 when it has no sample).
+    /// A counter or gauge from /metrics: a family summed over its label sets (`name`), or one
+    /// series named with its labels (`name{a="b"}`); 0 when it has no sample.
     pub async fn metric(&self, name: &str) -> Result<f64, Error> {
-        Ok(crate::http::sum(&self.scrape().await?, name).unwrap_or(0.0))
+        let text = self.scrape().await?;
+        let value = if name.contains('{') {
+            crate::http::series(&text, name)
+        } else {
+            crate::http::sum(&text, name)
+        };
+        Ok(value.unwrap_or(0.0))
     }
 
     /// Waits until /metrics says this process leads.

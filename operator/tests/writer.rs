@@ -12,16 +12,16 @@
 use std::{collections::BTreeSet, future::Future, time::Duration};
 
 use gpunode_crds::{
-    DriftClass,
+    DriftClass, GpuNodePolicySpec,
     policy::{DrainPolicy, TaintEffect},
 };
 use gpunode_operator::{
     apply::{Applier, ApplyError, NodeOutcome},
     leader::Leadership,
-    markers::{ClassTrack, DriftTaint, Markers},
-    plan::{DrainStep, InEffect, NodeCondition, NodePlan},
+    markers::{ClassTrack, DriftTaint},
+    plan::{self, DrainStep, NodeCondition, NodePlan, NodeView},
     reasons::Reason,
-    verdict::NodeState,
+    verdict::{Drift, NodeState, Verdict},
 };
 use http::{Method, Request, Response};
 use jiff::Timestamp;
@@ -241,45 +241,41 @@ fn thermal_taint() -> DriftTaint {
 }
 
 /// Policy `p`, thermal drift since EARLIER: the thermal NoSchedule taint, no cordon, no drain.
+/// Planned by the real planner, with a fixed condition message and no Events (the writer does
+/// not publish them).
 fn tainted_plan() -> NodePlan {
-    NodePlan {
-        node: "gpu-1".to_string(),
-        write: true,
-        defer_to: None,
-        state: NodeState::Drifted,
-        drifting: BTreeSet::from([DriftClass::Thermal]),
-        markers: Markers {
-            classes: [(
-                DriftClass::Thermal,
-                ClassTrack {
-                    since: ts(EARLIER),
-                    cleared_at: None,
-                },
-            )]
-            .into(),
-            ..Markers::default()
+    let spec: GpuNodePolicySpec = serde_json::from_value(json!({
+        "remediation": [{"classes": ["Thermal"], "action": "Taint", "effect": "NoSchedule"}],
+    }))
+    .unwrap();
+    let verdict = Verdict::new(
+        vec![Drift {
+            class: DriftClass::Thermal,
+            check: "gpu.maxTemperatureC".into(),
+            expected: "<= 85".into(),
+            actual: "91".into(),
+            gpu: Some(0),
+            device: None,
+        }],
+        Vec::new(),
+    );
+    let mut observed = Node::default();
+    observed.metadata.name = Some("gpu-1".to_string());
+    let mut view = NodeView::observe(&observed, verdict, Vec::new()).0;
+    view.markers.classes = [(
+        DriftClass::Thermal,
+        ClassTrack {
+            since: ts(EARLIER),
+            cleared_at: None,
         },
-        taints: BTreeSet::from([thermal_taint()]),
-        cordon: None,
-        drain: DrainStep::None,
-        actions: Vec::new(),
-        pending: Vec::new(),
-        blocked: None,
-        condition: NodeCondition {
-            status: "False",
-            reason: Reason::Drifted,
-            message: "thermal drift".to_string(),
-        },
-        events: Vec::new(),
-        since: Some(ts(EARLIER)),
-        before: InEffect {
-            actions: Vec::new(),
-            tainted: false,
-            cordoned: false,
-            drain: DrainStep::None,
-        },
-        next_change: None,
-    }
+    )]
+    .into();
+    let mut plan = plan::plan("p", &spec, &[view], ts(NOW)).nodes.remove(0);
+    assert_eq!(plan.taints, BTreeSet::from([thermal_taint()]), "{plan:?}");
+    assert_eq!((plan.state, plan.cordon), (NodeState::Drifted, None));
+    plan.condition.message = "thermal drift".to_string();
+    plan.events.clear();
+    plan
 }
 
 /// `tainted_plan`, then cordoned by gpunode and draining since EARLIER.
@@ -313,6 +309,19 @@ fn our_taint(added: &str) -> Value {
 /// The labels gpunode writes for `tainted_plan` / `draining_plan`.
 fn our_labels() -> Value {
     json!({"gpunode.dev/policy": "p", "gpunode.dev/state": "drifted", "gpunode.dev/drift.thermal": "true"})
+}
+
+/// Node gpu-1 at resourceVersion 7 with only other owners' label and annotation, and these
+/// taints, cordon and conditions.
+fn others_node(taints: Value, unschedulable: bool, conditions: Value) -> Value {
+    node_json(
+        "7",
+        json!({"kubernetes.io/hostname": "gpu-1"}),
+        json!({"example.com/owner": "team-a"}),
+        taints,
+        unschedulable,
+        conditions,
+    )
 }
 
 /// Node gpu-1 at resourceVersion `rv` with these labels, annotations, taints, cordon and
@@ -460,6 +469,25 @@ async fn a_taint_write_refused_otherwise_is_an_error_without_retry() {
 
 // --- labels, annotations and the condition -----------------------------------------------
 
+/// The apply of `tainted_plan`'s labels, annotations and condition, the condition new.
+fn drifted_record() -> Value {
+    record_body(json!({"gpunode.dev/classes": CLASSES}), "Drifted", NOW)
+}
+
+/// The apply of our labels, these annotations and the condition with this reason and
+/// transition time (heartbeat at NOW).
+fn record_body(annotations: Value, reason: &str, since: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "gpu-1", "labels": our_labels(), "annotations": annotations},
+        "status": {"conditions": [{
+            "type": "GpuPolicyCompliant", "status": "False", "reason": reason, "message": "thermal drift",
+            "lastTransitionTime": since, "lastHeartbeatTime": NOW,
+        }]},
+    })
+}
+
 /// The one server-side apply through nodes/status, with this body.
 fn record_apply(body: Value) -> Exchange {
     Exchange::patch(NODE_STATUS, APPLY_PATCH, body).applied()
@@ -469,33 +497,18 @@ fn record_apply(body: Value) -> Exchange {
 async fn labels_annotations_and_the_condition_are_one_apply_to_the_status() {
     // The taint is in place; labels and annotations are not, and the condition has an older
     // reason with the same status (its lastTransitionTime stays).
-    let observed = node_json(
-        "7",
-        json!({"kubernetes.io/hostname": "gpu-1"}),
-        json!({"example.com/owner": "team-a"}),
+    let observed = others_node(
         json!([our_taint(EARLIER)]),
         false,
         json!([ready(), condition("False", "RemediationWaiting")]),
     );
     let written = untainted_node("8", json!([our_taint(EARLIER)]));
     let script = vec![
-        record_apply(json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": "gpu-1",
-                "labels": our_labels(),
-                "annotations": {"gpunode.dev/classes": CLASSES},
-            },
-            "status": {"conditions": [{
-                "type": "GpuPolicyCompliant",
-                "status": "False",
-                "reason": "Drifted",
-                "message": "thermal drift",
-                "lastTransitionTime": EARLIER,
-                "lastHeartbeatTime": NOW,
-            }]},
-        }))
+        record_apply(record_body(
+            json!({"gpunode.dev/classes": CLASSES}),
+            "Drifted",
+            EARLIER,
+        ))
         .answer(200, written),
     ];
     let out = scripted(script, |c| async move {
@@ -524,18 +537,8 @@ async fn a_flipped_condition_moves_its_transition_time_and_the_cordon_marker_is_
         true,
         json!([condition("True", "Compliant")]),
     );
-    let script = vec![
-        record_apply(json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": "gpu-1", "labels": our_labels(), "annotations": {"gpunode.dev/classes": CLASSES}},
-            "status": {"conditions": [{
-                "type": "GpuPolicyCompliant", "status": "False", "reason": "Drifted", "message": "thermal drift",
-                "lastTransitionTime": NOW, "lastHeartbeatTime": NOW,
-            }]},
-        }))
-        .answer(200, untainted_node("8", json!([our_taint(EARLIER)]))),
-    ];
+    let script =
+        vec![record_apply(drifted_record()).answer(200, untainted_node("8", json!([our_taint(EARLIER)])))];
     let out = scripted(script, |c| async move {
         apply(c, &plan, observed, &DrainPolicy::default()).await
     })
@@ -564,19 +567,14 @@ async fn an_older_gpunodes_apply_to_the_main_resource_is_released() {
          "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {"f:gpunode.dev/state": {}}}}},
     ]);
     let script = vec![
-        record_apply(json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": "gpu-1", "labels": our_labels(), "annotations": {"gpunode.dev/classes": CLASSES}},
-            "status": {"conditions": [{
-                "type": "GpuPolicyCompliant", "status": "False", "reason": "Drifted", "message": "thermal drift",
-                "lastTransitionTime": NOW, "lastHeartbeatTime": NOW,
-            }]},
-        }))
-        .answer(200, written),
-        Exchange::patch(NODE, APPLY_PATCH, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1"}}))
-            .applied()
-            .answer(200, untainted_node("9", json!([our_taint(EARLIER)]))),
+        record_apply(drifted_record()).answer(200, written),
+        Exchange::patch(
+            NODE,
+            APPLY_PATCH,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1"}}),
+        )
+        .applied()
+        .answer(200, untainted_node("9", json!([our_taint(EARLIER)]))),
     ];
     let out = scripted(script, |c| async move {
         apply(c, &tainted_plan(), observed, &DrainPolicy::default()).await
@@ -645,14 +643,7 @@ async fn release_removes_gpunodes_taints_cordon_labels_and_condition() {
 #[tokio::test]
 async fn release_of_a_clean_node_sends_nothing() {
     // Someone else's taint and cordon, no gpunode label, annotation or condition.
-    let observed = node_json(
-        "7",
-        json!({"kubernetes.io/hostname": "gpu-1"}),
-        json!({"example.com/owner": "team-a"}),
-        json!([foreign_taint()]),
-        true,
-        json!([ready()]),
-    );
+    let observed = others_node(json!([foreign_taint()]), true, json!([ready()]));
     let wrote = scripted(Vec::new(), |c| async move {
         Applier::new(c).release(&node(observed), ts(NOW)).await
     })
@@ -738,23 +729,11 @@ async fn a_drain_with_nothing_left_to_evict_is_recorded_as_drained() {
     finished["status"]["phase"] = json!("Succeeded");
     let script = vec![
         list_pods(vec![daemon_pod(), finished]),
-        record_apply(json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": "gpu-1",
-                "labels": our_labels(),
-                "annotations": {
-                    "gpunode.dev/classes": CLASSES,
-                    "gpunode.dev/drain-started": EARLIER,
-                    "gpunode.dev/drained": NOW,
-                },
-            },
-            "status": {"conditions": [{
-                "type": "GpuPolicyCompliant", "status": "False", "reason": "Draining", "message": "thermal drift",
-                "lastTransitionTime": EARLIER, "lastHeartbeatTime": NOW,
-            }]},
-        }))
+        record_apply(record_body(
+            json!({"gpunode.dev/classes": CLASSES, "gpunode.dev/drain-started": EARLIER, "gpunode.dev/drained": NOW}),
+            "Draining",
+            EARLIER,
+        ))
         .answer(200, draining_node()),
     ];
     let out = scripted(script, |c| async move {
@@ -844,13 +823,11 @@ async fn a_writer_that_does_not_lead_writes_nothing() {
     assert!(matches!(&err, ApplyError::NotLeader(_)), "{err:?}");
 }
 
-#[tokio::test]
-async fn a_writer_that_does_not_lead_lists_pods_but_evicts_none() {
-    // Reads are not gated, only writes: the pod list goes out, no eviction does.
-    let script = vec![list_pods(vec![pod("default", "web")])];
-    let err = scripted(script, |c| async move {
+/// One drain pass of `draining_plan` by a writer gated on a fixed leadership.
+async fn gated_drain(script: Vec<Exchange>, leading: bool) -> Result<NodeOutcome, ApplyError> {
+    scripted(script, |c| async move {
         Applier::new(c)
-            .with_gate(Leadership::fixed(false))
+            .with_gate(Leadership::fixed(leading))
             .apply(
                 "p",
                 &draining_plan(),
@@ -861,7 +838,13 @@ async fn a_writer_that_does_not_lead_lists_pods_but_evicts_none() {
             .await
     })
     .await
-    .expect_err("not the leader");
+}
+
+#[tokio::test]
+async fn a_writer_that_does_not_lead_lists_pods_but_evicts_none() {
+    // Reads are not gated, only writes: the pod list goes out, no eviction does.
+    let script = vec![list_pods(vec![pod("default", "web")])];
+    let err = gated_drain(script, false).await.expect_err("not the leader");
     assert!(matches!(&err, ApplyError::NotLeader(_)), "{err:?}");
 }
 
@@ -872,19 +855,6 @@ async fn a_leading_writer_writes() {
         list_pods(vec![pod("default", "web")]),
         evict("default", "web").answer(201, evicted()),
     ];
-    let out = scripted(script, |c| async move {
-        Applier::new(c)
-            .with_gate(Leadership::fixed(true))
-            .apply(
-                "p",
-                &draining_plan(),
-                &node(draining_node()),
-                &DrainPolicy::default(),
-                ts(NOW),
-            )
-            .await
-    })
-    .await
-    .unwrap();
+    let out = gated_drain(script, true).await.unwrap();
     assert_eq!(out.evicted, 1);
 }
