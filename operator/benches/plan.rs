@@ -69,7 +69,7 @@ fn main() {
                 current_reason: None,
                 verdict,
                 conflicts: Vec::new(),
-                verdict_until: None,
+                last_heard: None,
             })
             .collect();
         let t = Instant::now();

@@ -146,13 +146,6 @@ impl PolicyVerdicts {
         verdict
     }
 
-    /// Through when the verdict last given for `node` holds: the report going stale, a fatal
-    /// XID leaving its window (no later than the time it was given, when it may change at any
-    /// moment).
-    pub fn holds_until(&self, node: &str) -> Option<Timestamp> {
-        self.nodes.get(node).map(|e| e.until)
-    }
-
     /// Ends a pass: nodes the pass did not visit left the policy.
     pub fn end(&mut self) {
         let pass = self.pass;

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
 
 use crate::{
-    evaluate::{evaluate, unchanged_until},
+    evaluate::evaluate,
     markers::Markers,
     plan::{self, Action, NodeView},
     verdict::{NodeState, Verdict},
@@ -244,11 +244,11 @@ impl Outcome {
     }
 }
 
-fn view(inputs: &Inputs, verdict: Verdict, until: Option<Timestamp>) -> NodeView {
+fn view(inputs: &Inputs, verdict: Verdict, last_heard: Option<Timestamp>) -> NodeView {
     match &inputs.node {
         Some(node) => NodeView::observe(node, verdict, Vec::new())
             .0
-            .holding_until(until),
+            .heard_at(last_heard),
         None => NodeView {
             name: inputs.report.metadata.name.clone().unwrap_or_default(),
             skip: false,
@@ -259,7 +259,7 @@ fn view(inputs: &Inputs, verdict: Verdict, until: Option<Timestamp>) -> NodeView
             current_reason: None,
             verdict,
             conflicts: Vec::new(),
-            verdict_until: until,
+            last_heard,
         },
     }
 }
@@ -279,8 +279,13 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
     let spec = &spec;
     let verdict = evaluate(spec, Some(&inputs.report), now);
     // Offline there is no heartbeat: the report is as fresh as its `observedAt`.
-    let until = unchanged_until(spec, Some(&inputs.report), now);
-    let mut node = view(inputs, verdict.clone(), until);
+    let observed_at = inputs
+        .report
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_at.as_ref())
+        .map(|t| t.0);
+    let mut node = view(inputs, verdict.clone(), observed_at);
     let policy = inputs.policy.metadata.name.clone().unwrap_or_default();
     let first = plan::plan(&policy, spec, std::slice::from_ref(&node), now);
     let p = first.nodes.into_iter().next()?;

@@ -140,8 +140,8 @@ pub struct Inputs<'a> {
 }
 
 /// Every node's view under `policy`: what gpunode has in effect on it, its verdict (reused from
-/// `verdicts` while its report, the policy and the time allow) and through when that holds, and
-/// the other policies selecting it.
+/// `verdicts` while its report, the policy and the time allow), the other policies selecting it
+/// and when its probe was last heard from.
 pub fn views(
     policy: &GpuNodePolicy,
     nodes: &[Arc<Node>],
@@ -163,7 +163,8 @@ pub fn views(
             for e in errors {
                 warn!(node = %name, error = %e, "ignoring unreadable gpunode annotation");
             }
-            view.holding_until(verdicts.holds_until(name))
+            let last_heard = observed_at(report.as_deref()).map(|o| crate::evaluate::last_heard(o, heard));
+            view.heard_at(last_heard)
         })
         .collect();
     verdicts.end();

@@ -17,8 +17,8 @@
 //!   `gpunode.dev/skip=true` and a paused policy leave the node untouched; dry run writes only
 //!   the labels, the condition and the bookkeeping, and lists every action as pending.
 //! - **Time.** Each node plan says when it next changes with time alone and why
-//!   (`NodePlan::next_change`: an `after`, a `healthyFor`, a drain timeout, the verdict
-//!   changing as a report goes stale or an XID leaves its window); [`requeue_after`] turns that into when the policy is looked at again.
+//!   (`NodePlan::next_change`: an `after`, a `healthyFor`, a drain timeout, a report going
+//!   stale); [`requeue_after`] turns that into when the policy is looked at again.
 //! - **People win.** gpunode never uncordons a node it did not cordon; a person who uncordons a
 //!   node gpunode cordoned or is draining cancels that, and gpunode does not cordon it again until
 //!   the node has recovered.
@@ -60,9 +60,9 @@ pub struct NodeView {
     pub verdict: Verdict,
     /// Other policies that also select this node.
     pub conflicts: Vec<String>,
-    /// Through when the verdict holds with time alone (the report going stale, a fatal XID
-    /// leaving its window); `None`: unknown, or it does not change with time.
-    pub verdict_until: Option<Timestamp>,
+    /// When the node's probe was last heard from (its report's `observedAt` or a later
+    /// heartbeat): the report goes stale `staleAfter` later.
+    pub last_heard: Option<Timestamp>,
 }
 
 impl NodeView {
@@ -100,14 +100,14 @@ impl NodeView {
             current_reason: reason,
             verdict,
             conflicts,
-            verdict_until: None,
+            last_heard: None,
         };
         (view, errors)
     }
 
     /// The same view, with through when its verdict holds.
-    pub fn holding_until(mut self, until: Option<Timestamp>) -> NodeView {
-        self.verdict_until = until;
+    pub fn heard_at(mut self, last_heard: Option<Timestamp>) -> NodeView {
+        self.last_heard = last_heard;
         self
     }
 }
@@ -285,9 +285,8 @@ pub enum ChangeCause {
     },
     /// A class has been clear for `recovery.healthyFor`: what it caused is undone.
     HealthyFor(DriftClass),
-    /// The verdict changes with time: the report goes stale (`staleAfter` since the probe
-    /// was last heard from) or a fatal XID leaves `gpu.xidWindow`.
-    Verdict,
+    /// The report goes stale (`staleAfter` since the probe was last heard from).
+    Stale,
     /// The drain reaches its timeout.
     DrainTimeout,
 }
@@ -307,11 +306,7 @@ impl std::fmt::Display for NextChange {
                 self.at,
                 class.as_str()
             ),
-            ChangeCause::Verdict => write!(
-                f,
-                "{}: the verdict changes (the report goes stale, or an XID leaves its window)",
-                self.at
-            ),
+            ChangeCause::Stale => write!(f, "{}: the report goes stale (`staleAfter`)", self.at),
             ChangeCause::DrainTimeout => write!(f, "{}: the drain reaches its timeout", self.at),
         }
     }
@@ -770,7 +765,7 @@ fn node_plan(
         &pending,
     );
     let drifting = node.verdict.classes();
-    let next_change = next_change(policy, &markers.classes, &drain, node.verdict_until, now);
+    let next_change = next_change(policy, &markers.classes, &drain, node.last_heard, now);
     NodePlan {
         node: node.name.clone(),
         write,
@@ -793,13 +788,14 @@ fn node_plan(
 }
 
 /// When a node's plan next changes with time alone: a rule's `after` passing for one of its
-/// classes, a cleared class reaching `healthyFor`, the drain reaching its timeout, the verdict
-/// changing (a report going stale, an XID leaving its window). The earliest after `now`.
+/// classes, a cleared class reaching `healthyFor`, the drain reaching its timeout, the report
+/// going stale. The earliest after `now`. (A fatal XID leaving `gpu.xidWindow` is not among
+/// them: that verdict change waits for the next look, at most [`IDLE_REQUEUE`] away.)
 fn next_change(
     policy: &GpuNodePolicySpec,
     tracks: &BTreeMap<DriftClass, ClassTrack>,
     drain: &DrainStep,
-    verdict_until: Option<Timestamp>,
+    last_heard: Option<Timestamp>,
     now: Timestamp,
 ) -> Option<NextChange> {
     let at = |from: Timestamp, after: gpunode_crds::Duration, cause| {
@@ -844,11 +840,10 @@ fn next_change(
             ChangeCause::DrainTimeout,
         ));
     }
-    if let Some(until) = verdict_until {
-        changes.push(NextChange {
-            at: until,
-            cause: ChangeCause::Verdict,
-        });
+    // From the heartbeat as it is now: a verdict cache's bound would be from when the verdict
+    // was computed, and a pass would wake for each node's long-renewed heartbeat in turn.
+    if let Some(heard) = last_heard {
+        changes.extend(at(heard, policy.stale_after, ChangeCause::Stale));
     }
     changes.into_iter().filter(|c| c.at > now).min_by_key(|c| c.at)
 }

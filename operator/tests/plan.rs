@@ -87,7 +87,7 @@ fn node(name: &str) -> NodeView {
         current_reason: None,
         verdict: compliant(),
         conflicts: Vec::new(),
-        verdict_until: None,
+        last_heard: None,
     }
 }
 
@@ -757,15 +757,20 @@ fn each_node_plan_says_when_it_next_changes_and_why() {
             ChangeCause::HealthyFor(DriftClass::Throttle)
         )
     );
-    // A verdict that changes with time before that (a report going stale) comes first.
-    nodes[0].verdict_until = Some(at(100));
+    // A report last heard from at 35 s goes stale before that, `staleAfter` later.
+    let stale_after = secs(policy.stale_after);
+    assert!(
+        35 + stale_after < 40 + healthy_for,
+        "the fixture's staleAfter is the shorter"
+    );
+    nodes[0].last_heard = Some(at(35));
     let p = plan("first", &policy, &nodes, at(41));
     let next = of(&p, "a")
         .next_change
         .unwrap_or_else(|| panic!("a change is due"));
-    assert_eq!((next.at, next.cause), (at(100), ChangeCause::Verdict));
+    assert_eq!((next.at, next.cause), (at(35 + stale_after), ChangeCause::Stale));
     // Not one that has passed.
-    nodes[0].verdict_until = Some(at(41));
+    nodes[0].last_heard = Some(at(41 - stale_after));
     let p = plan("first", &policy, &nodes, at(41));
     assert_eq!(
         of(&p, "a").next_change.map(|c| c.cause),
