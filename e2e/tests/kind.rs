@@ -640,7 +640,10 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
     )
     .await
     .unwrap();
-    let old_leader = k.leader().await.unwrap().expect("no leader");
+    // Between two terms (a Lease released or handed over) no replica is named: wait for one.
+    let old_leader = wait::until("a replica leads", DEADLINE, || async { k.leader().await })
+        .await
+        .unwrap();
     let operator_pods: Api<Pod> = Api::namespaced(k.client.clone(), chart::NAMESPACE);
     operator_pods
         .delete(
