@@ -18,6 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::StreamExt;
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_e2e::{
     audit, chart, crds,
@@ -35,6 +36,7 @@ use kube::{
     Api, Client, Config,
     api::{DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
+    runtime::{WatchStreamExt, reflector, watcher},
 };
 use serde_json::json;
 
@@ -465,8 +467,9 @@ async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_th
     remove_policy(&k, "kind-throttle", &node).await;
 }
 
-/// Pod deletions seen by polling: when each pod was first seen terminating and when it was gone,
-/// with the grace period it was deleted with; and the fewest Ready pods of the app seen at once.
+/// Pod deletions seen by a watch: when each pod was first seen terminating and when it was gone,
+/// with the grace period it was deleted with; and the fewest Ready pods of the app seen at once
+/// (from the first complete list on, after every change).
 #[derive(Default, Clone)]
 struct Terminations {
     started: BTreeMap<String, (Instant, Option<i64>, String)>,
@@ -477,55 +480,63 @@ struct Terminations {
 fn watch_terminations(
     pods: Api<Pod>,
     selector: &str,
-    stop: Arc<Mutex<bool>>,
 ) -> (Arc<Mutex<Terminations>>, tokio::task::JoinHandle<()>) {
     let seen = Arc::new(Mutex::new(Terminations::default()));
     let sink = seen.clone();
-    let selector = selector.to_string();
+    let config = watcher::Config::default().labels(selector);
     let task = tokio::spawn(async move {
-        loop {
-            if stop.lock().map(|s| *s).unwrap_or(true) {
-                return;
-            }
-            if let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await {
-                let now = Instant::now();
-                let ready = list
-                    .items
-                    .iter()
-                    .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
-                    .count();
-                if let Ok(mut t) = sink.lock() {
-                    t.min_ready = Some(t.min_ready.map_or(ready, |m| m.min(ready)));
-                    let names: Vec<String> = list
-                        .items
-                        .iter()
-                        .filter_map(|p| p.metadata.name.clone())
-                        .collect();
-                    for p in &list.items {
-                        let name = p.metadata.name.clone().unwrap_or_default();
-                        if p.metadata.deletion_timestamp.is_some() && !t.started.contains_key(&name) {
-                            let node = p
-                                .spec
-                                .as_ref()
-                                .and_then(|s| s.node_name.clone())
-                                .unwrap_or_default();
-                            t.started
-                                .insert(name, (now, p.metadata.deletion_grace_period_seconds, node));
-                        }
-                    }
-                    let gone: Vec<String> = t
-                        .started
-                        .keys()
-                        .filter(|n| !names.contains(n) && !t.gone.contains_key(*n))
-                        .cloned()
-                        .collect();
-                    for n in gone {
-                        t.gone.insert(n, now);
-                    }
+        let (store, writer) = reflector::store::<Pod>();
+        let mut events = watcher(pods, config).reflect(writer).boxed();
+        let mut listed = false;
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            let now = Instant::now();
+            let Ok(mut t) = sink.lock() else { return };
+            let terminating = |t: &mut Terminations, p: &Pod| {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                if p.metadata.deletion_timestamp.is_some() && !t.started.contains_key(&name) {
+                    let node = p
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_name.clone())
+                        .unwrap_or_default();
+                    t.started
+                        .insert(name, (now, p.metadata.deletion_grace_period_seconds, node));
                 }
+            };
+            match &event {
+                watcher::Event::Apply(p) => terminating(&mut t, p),
+                watcher::Event::Delete(p) => {
+                    terminating(&mut t, p);
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    t.gone.entry(name).or_insert(now);
+                }
+                watcher::Event::InitDone => listed = true,
+                watcher::Event::Init | watcher::Event::InitApply(_) => continue,
             }
-            // Poll interval of the observer (not a wait in the test's logic).
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            if !listed {
+                continue;
+            }
+            let state = store.state();
+            for p in &state {
+                terminating(&mut t, p);
+            }
+            // A pod deleted while the watch was re-listing has no Delete event: it is just absent.
+            let listed_names: Vec<&str> = state.iter().filter_map(|p| p.metadata.name.as_deref()).collect();
+            let vanished: Vec<String> = t
+                .started
+                .keys()
+                .filter(|n| !listed_names.contains(&n.as_str()) && !t.gone.contains_key(*n))
+                .cloned()
+                .collect();
+            for n in vanished {
+                t.gone.insert(n, now);
+            }
+            let ready = state
+                .iter()
+                .filter(|p| is_ready(p) && p.metadata.deletion_timestamp.is_none())
+                .count();
+            t.min_ready = Some(t.min_ready.map_or(ready, |m| m.min(ready)));
         }
     });
     (seen, task)
@@ -617,8 +628,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
         }),
     )
     .await;
-    let stop = Arc::new(Mutex::new(false));
-    let (seen, observer) = watch_terminations(pods.clone(), "app=train", stop.clone());
+    let (seen, observer) = watch_terminations(pods.clone(), "app=train");
     let log = k.audit();
 
     // GPU 1 falls off the bus.
@@ -678,10 +688,7 @@ async fn xid_79_drains_real_pods_within_their_pdb_and_grace_and_a_force_deleted_
     )
     .await
     .unwrap();
-    if let Ok(mut s) = stop.lock() {
-        *s = true;
-    }
-    let _ = observer.await;
+    observer.abort();
     let replicas = pods
         .list(&ListParams::default().labels("app=train"))
         .await

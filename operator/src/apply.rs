@@ -227,6 +227,21 @@ impl NodeResult {
     pub fn took_effect(&self) -> bool {
         matches!(self, NodeResult::Unchanged | NodeResult::Applied(_))
     }
+
+    /// The error, if the node failed.
+    pub fn failure(&self) -> Option<&ApplyError> {
+        match self {
+            NodeResult::Failed(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    fn into_failure(self) -> Option<ApplyError> {
+        match self {
+            NodeResult::Failed(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// What applying a policy's plan did, node by node (in the plan's order).
@@ -271,20 +286,14 @@ impl Applied {
 
     /// The failures.
     pub fn failures(&self) -> impl Iterator<Item = &ApplyError> {
-        self.results.iter().filter_map(|r| match r {
-            NodeResult::Failed(e) => Some(e),
-            _ => None,
-        })
+        self.results.iter().filter_map(NodeResult::failure)
     }
 
     /// How many nodes failed, and the first failure.
     pub fn into_failure(self) -> Option<(usize, ApplyError)> {
-        let mut failed = self.results.into_iter().filter_map(|r| match r {
-            NodeResult::Failed(e) => Some(e),
-            _ => None,
-        });
-        let first = failed.next()?;
-        Some((1 + failed.count(), first))
+        let failed = self.failures().count();
+        let first = self.results.into_iter().find_map(NodeResult::into_failure)?;
+        Some((failed, first))
     }
 }
 

@@ -38,7 +38,7 @@ use crate::{
 };
 
 pub use heartbeats::Heartbeats;
-pub use index::{POD_SELECTOR_FIELD, SelectorIndex, selector_of};
+pub use index::{IndexCache, POD_SELECTOR_FIELD, SelectorIndex, selector_of};
 pub use own_writes::OwnWrites;
 
 /// A watched object that may not have deserialized: one malformed policy or report is logged
@@ -58,6 +58,8 @@ pub struct Caches {
     pub policies: Store<Guarded<GpuNodePolicy>>,
     /// Nodes as gpunode's own writes returned them, until the watch delivers those versions.
     pub written: Arc<OwnWrites>,
+    /// The policies' selectors, parsed once per change of the policies.
+    pub selectors: IndexCache,
 }
 
 /// What one reconcile of one policy sees.
@@ -66,13 +68,13 @@ pub struct Snapshot {
     /// last write.
     pub nodes: Vec<Arc<Node>>,
     /// Every policy's selectors, for conflicts.
-    pub index: SelectorIndex,
+    pub index: Arc<SelectorIndex>,
 }
 
 impl Caches {
-    /// Every policy's selectors, parsed now.
-    pub fn index(&self) -> SelectorIndex {
-        SelectorIndex::new(&self.policies.state())
+    /// Every policy's selectors, as the policy store holds them now.
+    pub fn index(&self) -> Arc<SelectorIndex> {
+        self.selectors.get()
     }
 
     /// Nodes labelled by `policy` that no policy selects any more: everything gpunode did to
@@ -87,7 +89,7 @@ impl Caches {
     }
 
     /// The nodes `selector` selects, with gpunode's own writes read back.
-    pub fn snapshot(&self, selector: &Selector, index: SelectorIndex) -> Snapshot {
+    pub fn snapshot(&self, selector: &Selector, index: Arc<SelectorIndex>) -> Snapshot {
         let nodes = self
             .written
             .overlay(self.nodes.state())
@@ -227,6 +229,7 @@ impl Watches {
             }
         }));
         let heartbeats = Heartbeats::new(leases.clone(), heartbeat_namespace);
+        let selectors = IndexCache::new(policies.clone());
         // Heartbeats of probes and kubelets change nothing gpunode decides: only material
         // changes trigger a reconcile.
         let node_changes = triggers::material_changes(
@@ -243,7 +246,7 @@ impl Watches {
             metrics,
             triggers::ReportVerdicts {
                 nodes: nodes.clone(),
-                policies: policies.clone(),
+                selectors: selectors.clone(),
                 verdicts,
                 heartbeats: heartbeats.clone(),
             },
@@ -257,6 +260,7 @@ impl Watches {
                 heartbeats,
                 policies,
                 written: Arc::default(),
+                selectors,
             },
             node_changes,
             report_changes,

@@ -716,28 +716,14 @@ fn node_plan(
         None
     };
     let timeout = signed(policy.disruption.drain.timeout);
-    let drain = match (drain_started, node.markers.drained) {
-        (Some(started), Some(finished)) if node.markers.drain_started.is_some() => {
-            DrainStep::Done { started, finished }
-        }
-        (Some(started), _) => DrainStep::Run {
-            started,
-            stuck: elapsed(now, started) >= timeout,
-        },
-        (None, _) => DrainStep::None,
-    };
+    // A drain that starts now is not done, whatever an old `drained` marker says.
+    let drained_before = node.markers.drain_started.and(node.markers.drained);
+    let drain = drain_step(drain_started, drained_before, timeout, now);
     let before = InEffect {
         actions: current(node).into_iter().collect(),
         tainted: !node.taints.is_empty(),
         cordoned: node.markers.cordoned_by_us && node.unschedulable,
-        drain: match (node.markers.drain_started, node.markers.drained) {
-            (Some(started), Some(finished)) => DrainStep::Done { started, finished },
-            (Some(started), None) => DrainStep::Run {
-                started,
-                stuck: elapsed(now, started) >= timeout,
-            },
-            (None, _) => DrainStep::None,
-        },
+        drain: drain_step(node.markers.drain_started, node.markers.drained, timeout, now),
     };
     let drained = match drain {
         DrainStep::Done { finished, .. } => Some(finished),
@@ -784,6 +770,24 @@ fn node_plan(
         since,
         before,
         next_change,
+    }
+}
+
+/// The drain that began at `started` (if any): done once it found nothing left to evict at
+/// `drained`, stuck once it has run for `timeout`.
+fn drain_step(
+    started: Option<Timestamp>,
+    drained: Option<Timestamp>,
+    timeout: SignedDuration,
+    now: Timestamp,
+) -> DrainStep {
+    match (started, drained) {
+        (Some(started), Some(finished)) => DrainStep::Done { started, finished },
+        (Some(started), None) => DrainStep::Run {
+            started,
+            stuck: elapsed(now, started) >= timeout,
+        },
+        (None, _) => DrainStep::None,
     }
 }
 

@@ -2,15 +2,20 @@
 //! policies select node N", "which others also select it" (conflicts) and "does any select it"
 //! (orphans, the sweep), so those answers cannot disagree.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::{Arc, Mutex, PoisonError},
+};
 
 use gpunode_crds::{
     GpuNodePolicy,
     selector::{self, InvalidSelector},
 };
 use kube::{
-    ResourceExt,
+    Resource, ResourceExt,
     core::{Selector, SelectorExt},
+    runtime::reflector::Store,
 };
 
 use super::Guarded;
@@ -95,6 +100,59 @@ impl SelectorIndex {
     }
 }
 
+/// The [`SelectorIndex`] of a policy store, parsed again only when the store's policies change.
+/// Every node and report event asks which policies select its node; parsing every selector for
+/// each of them was most of the work of a quiet fleet's events.
+#[derive(Clone)]
+pub struct IndexCache {
+    policies: Store<Guarded<GpuNodePolicy>>,
+    memo: Arc<Mutex<Option<Memo>>>,
+}
+
+/// The last index built, with the [`versions`] of the policies it was built from.
+type Memo = (u64, Arc<SelectorIndex>);
+
+impl IndexCache {
+    /// The index cache of `policies`.
+    pub fn new(policies: Store<Guarded<GpuNodePolicy>>) -> IndexCache {
+        IndexCache {
+            policies,
+            memo: Arc::default(),
+        }
+    }
+
+    /// The index of the policies the store holds now.
+    pub fn get(&self) -> Arc<SelectorIndex> {
+        let state = self.policies.state();
+        let Some(key) = versions(&state) else {
+            return Arc::new(SelectorIndex::new(&state));
+        };
+        let mut memo = self.memo.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((k, index)) = memo.as_ref()
+            && *k == key
+        {
+            return index.clone();
+        }
+        let index = Arc::new(SelectorIndex::new(&state));
+        *memo = Some((key, index.clone()));
+        index
+    }
+}
+
+/// What identifies this set of policies: every name and resourceVersion (the API server gives a
+/// changed object a new one). `None` when some policy has none, which only objects that never
+/// came from an API server lack: those are parsed every time.
+fn versions(policies: &[Arc<Guarded<GpuNodePolicy>>]) -> Option<u64> {
+    let mut keys: Vec<(String, &str)> = Vec::with_capacity(policies.len());
+    for g in policies {
+        keys.push((g.name_any(), g.meta().resource_version.as_deref()?));
+    }
+    keys.sort_unstable();
+    let mut h = DefaultHasher::new();
+    keys.hash(&mut h);
+    Some(h.finish())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +208,36 @@ mod tests {
         assert!(!index.selects_any(&BTreeMap::new()), "no labels, no policy");
         assert!(index.exists("gone") && index.exists("bad") && !index.exists("x"));
         assert!(!index.has_unreadable());
+    }
+
+    #[test]
+    fn the_cached_index_follows_the_store() {
+        use kube::runtime::watcher::Event;
+        let (store, mut writer) = kube::runtime::reflector::store::<Guarded<GpuNodePolicy>>();
+        let cache = IndexCache::new(store);
+        let versioned = |name: &str, gpu: &str, version: &str| {
+            let mut g = (*policy(name, serde_json::json!({"matchLabels": {"gpu": gpu}}), false)).clone();
+            g.meta_mut().resource_version = Some(version.to_string());
+            g
+        };
+        writer.apply_watcher_event(&Event::Apply(versioned("a", "h100", "1")));
+        let first = cache.get();
+        assert!(
+            Arc::ptr_eq(&first, &cache.get()),
+            "unchanged store: the same index"
+        );
+        assert!(first.selects_any(&labels(&[("gpu", "h100")])));
+        writer.apply_watcher_event(&Event::Apply(versioned("a", "a100", "2")));
+        let second = cache.get();
+        assert!(
+            !second.selects_any(&labels(&[("gpu", "h100")])),
+            "a changed policy is parsed again"
+        );
+        assert!(second.selects_any(&labels(&[("gpu", "a100")])));
+        writer.apply_watcher_event(&Event::Delete(versioned("a", "a100", "2")));
+        assert!(
+            !cache.get().selects_any(&labels(&[("gpu", "a100")])),
+            "a deleted policy selects nothing"
+        );
     }
 }

@@ -23,7 +23,6 @@ use std::{
 };
 
 use futures::{Stream, StreamExt};
-use gpunode_crds::GpuNodePolicy;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
@@ -174,8 +173,8 @@ pub fn vanished_report(name: &str) -> GuardedReport {
 pub struct ReportVerdicts {
     /// Nodes, for the labels the policies select on.
     pub nodes: Store<Node>,
-    /// Policies.
-    pub policies: Store<DeserializeGuard<GpuNodePolicy>>,
+    /// The policies' selectors.
+    pub selectors: super::IndexCache,
     /// The verdicts the last reconciles acted on.
     pub verdicts: Arc<VerdictCache>,
     /// The probes' heartbeats: a report refreshed after its `observedAt` went past `staleAfter`
@@ -192,7 +191,7 @@ impl Materiality<GuardedReport> for ReportVerdicts {
         };
         let now = Timestamp::now();
         let heard = self.heartbeats.heard(&name);
-        let index = super::SelectorIndex::new(&self.policies.state());
+        let index = self.selectors.get();
         index
             .selecting(node.labels())
             .filter_map(|g| g.0.as_ref().ok())
