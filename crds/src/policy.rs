@@ -109,6 +109,11 @@ pub struct GpuNodePolicySpec {
     #[schemars(length(max = 16))]
     pub remediation: Vec<RemediationRule>,
 
+    /// How GPUs are quarantined one at a time (`TaintDevice` rules), and when a node's GPU
+    /// faults are handed to the node's own rules instead.
+    #[serde(default)]
+    pub quarantine: QuarantinePolicy,
+
     /// Limits on how many nodes gpunode may disrupt (taint NoSchedule/NoExecute, cordon, drain)
     /// at once, the circuit breaker, and how drains behave.
     #[serde(default)]
@@ -143,6 +148,7 @@ impl Default for GpuNodePolicySpec {
             cooling: None,
             network: None,
             remediation: Vec::new(),
+            quarantine: QuarantinePolicy::default(),
             disruption: DisruptionPolicy::default(),
             recovery: RecoveryPolicy::default(),
             stale_after: default_stale_after(),
@@ -453,12 +459,22 @@ fn default_device_pattern() -> String {
 /// What gpunode does to a node once any of `classes` has drifted for `after`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.action != 'Taint' || has(self.effect)")
+#[x_kube(validation = Rule::new("self.action != 'Taint' || (has(self.effect) && self.effect != 'None')")
     .message("effect is required when action is Taint: NoSchedule, PreferNoSchedule or NoExecute")
     .field_path(".effect"))]
-#[x_kube(validation = Rule::new("self.action == 'Taint' || !has(self.effect)")
-    .message("effect is only allowed when action is Taint")
+#[x_kube(validation = Rule::new("self.action != 'TaintDevice' || (has(self.effect) && self.effect != 'PreferNoSchedule')")
+    .message("effect is required when action is TaintDevice: None, NoSchedule or NoExecute (the effects of a DRA device taint)")
     .field_path(".effect"))]
+#[x_kube(validation = Rule::new("self.action in ['Taint', 'TaintDevice'] || !has(self.effect)")
+    .message("effect is only allowed when action is Taint or TaintDevice")
+    .field_path(".effect"))]
+#[x_kube(validation = Rule::new(format!(
+    "self.action != 'TaintDevice' || self.classes.all(c, c in [{}])",
+    gpu_scoped_list()
+)).message(format!(
+    "TaintDevice acts on one GPU, so its classes must be GPU-scoped: {}",
+    gpu_scoped_names()
+).as_str()).field_path(".classes"))]
 pub struct RemediationRule {
     /// Drift classes this rule acts on (at least one): Inventory, Driver, Config, Memory, Xid,
     /// Pcie, Nvlink, Thermal, Throttle, Cooling, Network, Stale. Listing Stale is the only way
@@ -468,11 +484,19 @@ pub struct RemediationRule {
     pub classes: Vec<DriftClass>,
 
     /// What to do: Label (the drift labels only, never disruptive), Taint (add the taint
-    /// gpunode.dev/drift=<class> with `effect`), Cordon (mark unschedulable), or Drain (cordon,
-    /// then evict pods through the Eviction API, honouring PodDisruptionBudgets).
+    /// gpunode.dev/drift=<class> with `effect`), Cordon (mark unschedulable), Drain (cordon,
+    /// then evict pods through the Eviction API, honouring PodDisruptionBudgets), or TaintDevice
+    /// (quarantine only the drifted GPU: on a node whose GPUs are published by a DRA driver, a
+    /// DeviceTaintRule on that GPU's device with `effect`; on a device-plugin node, the
+    /// gpunode.dev/unhealthy-gpus annotation for a scheduler extension, and with NoExecute,
+    /// where the node's report does not list the pods holding each GPU, escalation). A class
+    /// listed by a TaintDevice rule is handled per GPU: the node's other rules act on it only
+    /// once the node is escalated (see `quarantine.maxGpusPerNode`).
     pub action: RemediationAction,
 
-    /// Taint effect, required when action is Taint: NoSchedule, PreferNoSchedule or NoExecute.
+    /// Required with Taint (NoSchedule, PreferNoSchedule or NoExecute) and with TaintDevice
+    /// (None: marked only; NoSchedule: no new claims on the device; NoExecute: the pods using
+    /// it are evicted too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effect: Option<TaintEffect>,
 
@@ -501,12 +525,32 @@ pub enum RemediationAction {
     Cordon,
     /// Cordon and evict the node's pods.
     Drain,
+    /// Quarantine one GPU.
+    TaintDevice,
 }
 
-/// A Kubernetes taint effect.
+fn gpu_scoped_list() -> String {
+    DriftClass::GPU_SCOPED
+        .iter()
+        .map(|c| format!("'{}'", c.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn gpu_scoped_names() -> String {
+    DriftClass::GPU_SCOPED
+        .iter()
+        .map(|c| c.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A Kubernetes taint effect (of a node taint), or of a DRA device taint.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
 #[schemars(transform = crate::types::without_description)]
 pub enum TaintEffect {
+    /// A device taint that only marks the device (no node taint has it).
+    None,
     /// New pods that do not tolerate the taint are not scheduled; running pods stay.
     NoSchedule,
     /// The scheduler avoids the node when it can.
@@ -519,6 +563,7 @@ impl TaintEffect {
     /// The effect as Kubernetes spells it.
     pub fn as_str(self) -> &'static str {
         match self {
+            TaintEffect::None => "None",
             TaintEffect::NoSchedule => "NoSchedule",
             TaintEffect::PreferNoSchedule => "PreferNoSchedule",
             TaintEffect::NoExecute => "NoExecute",
@@ -527,8 +572,46 @@ impl TaintEffect {
 
     /// NoSchedule and NoExecute take capacity away and count against the budget.
     pub fn is_disruptive(self) -> bool {
-        !matches!(self, TaintEffect::PreferNoSchedule)
+        matches!(self, TaintEffect::NoSchedule | TaintEffect::NoExecute)
     }
+}
+
+/// Per-GPU quarantine.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuarantinePolicy {
+    /// Most GPUs of one node quarantined on their own. When more of a node's GPUs are due for
+    /// quarantine than this, or a GPU cannot be quarantined on its own (the probe reports no
+    /// UUID for it, or the node's ResourceSlices have no device with its UUID), the node is
+    /// escalated: the node's other rules (Taint, Cordon, Drain) act on the GPU classes too.
+    /// Defaults to 2.
+    #[serde(default = "default_max_gpus_per_node")]
+    #[schemars(range(min = 0, max = 64))]
+    pub max_gpus_per_node: u32,
+
+    /// The DRA driver whose ResourceSlices publish the node's GPUs, one device per GPU with its
+    /// UUID as the attribute `uuid`. A node without a ResourceSlice of this driver is treated as
+    /// a device-plugin node. Defaults to gpu.nvidia.com (the NVIDIA DRA driver).
+    #[serde(default = "default_dra_driver")]
+    #[schemars(length(min = 1, max = 63))]
+    pub dra_driver: String,
+}
+
+impl Default for QuarantinePolicy {
+    fn default() -> Self {
+        QuarantinePolicy {
+            max_gpus_per_node: default_max_gpus_per_node(),
+            dra_driver: default_dra_driver(),
+        }
+    }
+}
+
+fn default_max_gpus_per_node() -> u32 {
+    2
+}
+
+fn default_dra_driver() -> String {
+    "gpu.nvidia.com".to_string()
 }
 
 /// Limits on disruption.
@@ -536,10 +619,11 @@ impl TaintEffect {
 #[serde(rename_all = "camelCase")]
 pub struct DisruptionPolicy {
     /// Most of this policy's nodes that may be disrupted at once (tainted NoSchedule or
-    /// NoExecute, cordoned or draining by gpunode): a number such as 1, or a percentage of the
-    /// selected nodes such as "10%" (rounded down, but at least 1 when above 0%). Further
-    /// disruptive actions wait until a node recovers. Labels and conditions are never limited.
-    /// Defaults to 1.
+    /// NoExecute, cordoned or draining by gpunode, or with a GPU quarantined NoSchedule or
+    /// NoExecute): a number such as 1, or a percentage of the selected nodes such as "10%"
+    /// (rounded down, but at least 1 when above 0%). A node counts once however many of its GPUs
+    /// are quarantined and whatever else is done to it. Further disruptive actions wait until a
+    /// node recovers. Labels and conditions are never limited. Defaults to 1.
     #[serde(default = "default_max_unavailable")]
     pub max_unavailable: MaxUnavailable,
 
@@ -712,6 +796,9 @@ pub struct GpuNodePolicyStatus {
     /// Selected nodes gpunode is draining.
     #[serde(default)]
     pub draining: u32,
+    /// GPUs of the selected nodes that gpunode quarantines on their own (TaintDevice).
+    #[serde(default)]
+    pub quarantined_gpus: u32,
 
     /// The drifted and unknown nodes, at most 50, oldest drift first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

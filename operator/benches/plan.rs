@@ -70,6 +70,8 @@ fn main() {
                 verdict,
                 conflicts: Vec::new(),
                 last_heard: None,
+                gpus: Vec::new(),
+                devices: Default::default(),
             })
             .collect();
         let t = Instant::now();

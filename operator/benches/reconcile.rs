@@ -137,6 +137,7 @@ fn main() {
             reports: &reports,
             heartbeats: &heartbeats,
             index: &index,
+            slices: None,
         };
         let plan = plan(
             &name,
@@ -181,6 +182,7 @@ fn main() {
             reports: &reports,
             heartbeats: &heartbeats,
             index: &index,
+            slices: None,
         };
         let _ = views(&policy, &nodes, &inputs, &mut pv, now);
     }

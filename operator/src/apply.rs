@@ -81,6 +81,14 @@ pub enum ApplyError {
     /// process was paused): nothing more is written.
     #[error("node {0}: not the leader any more; write skipped")]
     NotLeader(String),
+    /// The node's DeviceTaintRules cannot be written yet (their policy is not in the cache).
+    #[error("node {node}: {source}")]
+    Devices {
+        /// The node.
+        node: String,
+        /// Why.
+        source: devices::SyncError,
+    },
     /// The drain's pod selector cannot be used: nothing is evicted.
     #[error("node {node}: nothing evicted: {source}")]
     InvalidSelector {
@@ -97,10 +105,13 @@ impl ApplyError {
         match self {
             ApplyError::Api { step, .. } => step.kind(),
             ApplyError::Conflict(_) => ErrorKind::Conflict,
+            ApplyError::Devices { .. } => ErrorKind::Taints,
             ApplyError::NotLeader(_) | ApplyError::InvalidSelector { .. } => ErrorKind::Other,
         }
     }
 }
+
+pub mod devices;
 
 /// Which request of a node's apply failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +126,8 @@ pub enum Step {
     Condition,
     /// Listing the node's pods for a drain.
     ListPods,
+    /// The DeviceTaintRules of the node's GPU quarantines.
+    DeviceTaints,
 }
 
 impl Step {
@@ -125,6 +138,7 @@ impl Step {
             Step::LabelsAndCondition => ErrorKind::Labels,
             Step::Condition => ErrorKind::Condition,
             Step::ListPods => ErrorKind::Drain,
+            Step::DeviceTaints => ErrorKind::Taints,
         }
     }
 }
@@ -137,6 +151,7 @@ impl std::fmt::Display for Step {
             Step::LabelsAndCondition => "labels and condition",
             Step::Condition => "condition",
             Step::ListPods => "list pods",
+            Step::DeviceTaints => "device taint rules",
         })
     }
 }
@@ -192,6 +207,8 @@ pub struct NodeOutcome {
     pub remaining: u32,
     /// Evictions refused by a PodDisruptionBudget in this pass.
     pub refused: u32,
+    /// DeviceTaintRules written or deleted.
+    pub device_rules: u32,
 }
 
 impl NodeOutcome {
@@ -306,6 +323,9 @@ pub fn desired_labels(policy: &str, plan: &NodePlan) -> BTreeMap<String, String>
     for c in &plan.drifting {
         out.insert(markers::drift_label(*c), "true".to_string());
     }
+    if let Some(n) = plan.healthy_gpus {
+        out.insert(markers::HEALTHY_GPUS_LABEL.to_string(), n.to_string());
+    }
     out
 }
 
@@ -318,7 +338,10 @@ fn desired_annotations(plan: &NodePlan) -> BTreeMap<String, String> {
 }
 
 pub(crate) fn is_ours_label(key: &str) -> bool {
-    key == markers::POLICY_LABEL || key == markers::STATE_LABEL || key.starts_with(DRIFT_LABEL_PREFIX)
+    key == markers::POLICY_LABEL
+        || key == markers::STATE_LABEL
+        || key == markers::HEALTHY_GPUS_LABEL
+        || key.starts_with(DRIFT_LABEL_PREFIX)
 }
 
 fn is_ours_annotation(key: &str) -> bool {
@@ -448,6 +471,8 @@ pub struct Applier {
     /// Checked right before every request: a replica paused mid-apply (SIGSTOP, a long GC-like
     /// stall) must not finish its writes once its lease term has passed.
     gate: Option<Leadership>,
+    /// The DeviceTaintRule writer, on a cluster that serves DRA.
+    devices: Option<devices::DeviceWriter>,
 }
 
 impl Applier {
@@ -458,7 +483,14 @@ impl Applier {
             nodes: Api::all(client.clone()),
             client,
             gate: None,
+            devices: None,
         }
+    }
+
+    /// Writes GPU quarantines on DRA nodes as DeviceTaintRules through `devices`.
+    pub fn with_devices(mut self, devices: devices::DeviceWriter) -> Self {
+        self.devices = Some(devices);
+        self
     }
 
     /// Writes only while `leadership` says this replica leads, checked before each request.
@@ -529,7 +561,8 @@ impl Applier {
                 .enumerate()
                 .filter_map(|(i, np)| {
                     let node = *by_name.get(np.node.as_str())?;
-                    Applier::needs_work(policy, np, node).then(|| (i, node.clone()))
+                    let devices = np.write && self.devices.as_ref().is_some_and(|d| d.differs(policy, np));
+                    (devices || Applier::needs_work(policy, np, node)).then(|| (i, node.clone()))
                 })
                 .collect()
         };
@@ -566,6 +599,19 @@ impl Applier {
         let mut out = NodeOutcome::default();
         if !plan.write {
             return Ok(out);
+        }
+        // The device taints first: the bookkeeping records a quarantine only once its rule
+        // exists, and a rule left over by a failed write is deleted by the next pass.
+        if let Some(d) = &self.devices {
+            self.may_write(&plan.node)?;
+            let (written, deleted) = d.sync(policy, plan).await.map_err(|e| match e {
+                devices::SyncError::Api(source) => api_error(Step::DeviceTaints, &plan.node)(source),
+                source => ApplyError::Devices {
+                    node: plan.node.clone(),
+                    source,
+                },
+            })?;
+            out.device_rules = written + deleted;
         }
         if let Some(n) = self.apply_spec(plan, observed, now).await? {
             out.wrote_spec = true;
@@ -757,7 +803,16 @@ impl Applier {
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == CONDITION_TYPE));
         let has_metadata = !ours(meta.labels.as_ref(), is_ours_label).is_empty()
             || !ours(meta.annotations.as_ref(), is_ours_annotation).is_empty();
-        let mut wrote = self
+        let mut wrote = false;
+        if let Some(d) = &self.devices {
+            self.may_write(&name)?;
+            wrote |= d
+                .release(&name)
+                .await
+                .map_err(api_error(Step::DeviceTaints, &name))?
+                > 0;
+        }
+        wrote |= self
             .write_spec(&name, &BTreeSet::new(), Some(false), false, observed, now)
             .await?
             .is_some();

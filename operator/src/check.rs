@@ -14,7 +14,8 @@ use serde::Serialize;
 use crate::{
     evaluate::evaluate,
     markers::Markers,
-    plan::{self, Action, NodeView},
+    observe::gpu_views,
+    plan::{self, Action, NodeDevices, NodeView},
     verdict::{NodeState, Verdict},
 };
 
@@ -183,6 +184,10 @@ pub struct Outcome {
     /// `after`, `healthyFor`, the report going stale, a drain's timeout).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes_at: Option<String>,
+    /// The per-GPU plan: each GPU that drifts or is quarantined now, and whether the node's own
+    /// rules take over (escalation).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
 }
 
 impl Outcome {
@@ -237,6 +242,9 @@ impl Outcome {
         if let Some(b) = &self.blocked {
             let _ = writeln!(s, "waiting:    {b}");
         }
+        for g in &self.gpus {
+            let _ = writeln!(s, "gpus:       {g}");
+        }
         if let Some(c) = &self.changes_at {
             let _ = writeln!(s, "changes:    again at {c}");
         }
@@ -248,7 +256,8 @@ fn view(inputs: &Inputs, verdict: Verdict, last_heard: Option<Timestamp>) -> Nod
     match &inputs.node {
         Some(node) => NodeView::observe(node, verdict, Vec::new())
             .0
-            .heard_at(last_heard),
+            .heard_at(last_heard)
+            .with_gpus(gpu_views(Some(&inputs.report)), NodeDevices::Unknown),
         None => NodeView {
             name: inputs.report.metadata.name.clone().unwrap_or_default(),
             skip: false,
@@ -260,6 +269,8 @@ fn view(inputs: &Inputs, verdict: Verdict, last_heard: Option<Timestamp>) -> Nod
             verdict,
             conflicts: Vec::new(),
             last_heard,
+            gpus: gpu_views(Some(&inputs.report)),
+            devices: NodeDevices::Unknown,
         },
     }
 }
@@ -331,6 +342,42 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
         actions_if_it_lasts: lasting_actions,
         blocked: p.blocked.as_ref().map(|b| b.describe()),
         changes_at: p.next_change.map(|c| c.to_string()),
+        gpus: gpu_lines(&p),
         verdict,
     })
+}
+
+/// One line per tracked GPU (`gpu 5 (GPU-…): Xid since …; quarantined NoExecute`), then the
+/// escalation, if any.
+fn gpu_lines(p: &plan::NodePlan) -> Vec<String> {
+    let mut out: Vec<String> = p
+        .markers
+        .gpus
+        .iter()
+        .map(|(key, g)| {
+            let subject = plan::GpuTaint {
+                gpu: key.clone(),
+                index: g.index,
+                effect: gpunode_crds::policy::TaintEffect::None,
+            }
+            .subject();
+            let classes: Vec<String> = g
+                .classes
+                .iter()
+                .map(|(c, t)| match t.cleared_at {
+                    None => format!("{} since {}", c.as_str(), t.since),
+                    Some(cleared) => format!("{} cleared at {cleared}", c.as_str()),
+                })
+                .collect();
+            let state = match g.quarantined {
+                Some(e) => format!("quarantined {}", e.as_str()),
+                None => "not quarantined".to_string(),
+            };
+            format!("{subject}: {}; {state}", classes.join(", "))
+        })
+        .collect();
+    if let Some(e) = &p.escalation {
+        out.push(format!("escalated: {}", e.describe()));
+    }
+    out
 }

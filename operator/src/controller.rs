@@ -411,6 +411,8 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     let (generation, paused) = (policy.metadata.generation, policy.spec.paused);
     let new_status = status::status(&plan, &applied, generation, paused, policy.status.as_ref(), now);
     ctx.metrics.set_policy_conditions(&name, &new_status.conditions);
+    ctx.metrics
+        .set_quarantined_gpus(&name, new_status.quarantined_gpus);
     // A replica paused mid-reconcile (SIGSTOP, a stall) may resume after another took over:
     // it writes no status from its stale plan.
     if !ctx.leadership.is_leader() {
@@ -563,11 +565,21 @@ pub async fn run(
         caches,
         node_changes,
         report_changes,
+        device_changes,
         ..
     } = watches;
+    let mut applier = Applier::new(client.clone()).with_gate(options.leadership.clone());
+    if let Some(dra) = &caches.dra {
+        applier = applier.with_devices(crate::apply::devices::DeviceWriter::new(
+            client.clone(),
+            dra.api.clone(),
+            dra.rules.clone(),
+            caches.policies.clone(),
+        ));
+    }
     let ctx = Arc::new(Context {
         client: client.clone(),
-        applier: Applier::new(client.clone()).with_gate(options.leadership.clone()),
+        applier,
         caches: caches.clone(),
         events: crate::events::Publisher::start(
             Recorder::new(
@@ -598,7 +610,7 @@ pub async fn run(
             }
         }
     });
-    let (by_node, by_report) = (caches.clone(), caches);
+    let (by_node, by_report, by_device) = (caches.clone(), caches.clone(), caches);
     controller
         .reconcile_all_on(became_leader)
         .watches_stream(node_changes, move |node: Node| {
@@ -620,6 +632,15 @@ pub async fn run(
                 .map(|n| n.labels().clone())
                 .unwrap_or_default();
             by_report.policies_for(&labels)
+        })
+        .watches_stream(device_changes, move |named: Node| {
+            // A ResourceSlice or a DeviceTaintRule of gpunode's changed: the policies of its node.
+            let labels = by_device
+                .nodes
+                .get(&ObjectRef::new(&named.name_any()))
+                .map(|n| n.labels().clone())
+                .unwrap_or_default();
+            by_device.policies_for(&labels)
         })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())

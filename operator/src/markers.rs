@@ -11,6 +11,11 @@
 //! | annotation `gpunode.dev/cordoned` | `true` when gpunode set `spec.unschedulable` |
 //! | annotation `gpunode.dev/drain-started` | when the current drain began |
 //! | annotation `gpunode.dev/uncordoned-by-user` | a person uncordoned the node during gpunode's cordon or drain: no cordon or drain until it recovers |
+//! | annotation `gpunode.dev/gpus` | per GPU (by UUID): its index, when each of its drift classes began and cleared, and the quarantine in effect (JSON) |
+//! | annotation `gpunode.dev/escalated` | when the node's GPU faults were handed to the node's own rules |
+//! | annotation `gpunode.dev/unhealthy-gpus` | the UUIDs of the GPUs gpunode quarantines, comma-separated (for a scheduler extension or Kueue) |
+//! | label `gpunode.dev/healthy-gpus` | how many of the node's GPUs neither drift nor are quarantined |
+//! | DeviceTaintRule labelled `gpunode.dev/node=<node>` | the quarantine of one GPU on a DRA node |
 
 use std::collections::BTreeMap;
 
@@ -41,6 +46,15 @@ pub const DRAINED_ANNOTATION: &str = "gpunode.dev/drained";
 /// When a person uncordoned the node under gpunode's cordon or drain (RFC 3339).
 pub const USER_UNCORDONED_ANNOTATION: &str = "gpunode.dev/uncordoned-by-user";
 
+/// Per-GPU bookkeeping (JSON).
+pub const GPUS_ANNOTATION: &str = "gpunode.dev/gpus";
+/// When the node was escalated (RFC 3339).
+pub const ESCALATED_ANNOTATION: &str = "gpunode.dev/escalated";
+/// The UUIDs of the quarantined GPUs.
+pub const UNHEALTHY_GPUS_ANNOTATION: &str = "gpunode.dev/unhealthy-gpus";
+/// How many GPUs neither drift nor are quarantined.
+pub const HEALTHY_GPUS_LABEL: &str = "gpunode.dev/healthy-gpus";
+
 /// The drift label key of a class.
 pub fn drift_label(class: DriftClass) -> String {
     format!("{DRIFT_LABEL_PREFIX}{}", class.label())
@@ -57,6 +71,28 @@ pub struct ClassTrack {
     pub cleared_at: Option<Timestamp>,
 }
 
+/// The life of one GPU's drifts, and its quarantine.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuTrack {
+    /// The GPU's index as the probe reports it.
+    pub index: u32,
+    /// Per GPU-scoped drift class of this GPU: since when, and whether it cleared.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub classes: BTreeMap<DriftClass, ClassTrack>,
+    /// The quarantine in effect (its effect), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<TaintEffect>,
+}
+
+/// A GPU's key in the bookkeeping: its UUID, or `index-<i>` for a GPU reported without one.
+pub fn gpu_key(index: u32, uuid: Option<&str>) -> String {
+    match uuid {
+        Some(u) => u.to_string(),
+        None => format!("index-{index}"),
+    }
+}
+
 /// gpunode's bookkeeping on one node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Markers {
@@ -70,6 +106,10 @@ pub struct Markers {
     pub drained: Option<Timestamp>,
     /// A person uncordoned the node under gpunode's cordon or drain then.
     pub user_uncordoned: Option<Timestamp>,
+    /// Per GPU, by [`gpu_key`].
+    pub gpus: BTreeMap<String, GpuTrack>,
+    /// The node's GPU faults went to its node rules then.
+    pub escalated: Option<Timestamp>,
 }
 
 /// A marker gpunode could not read back (hand-edited or corrupted); it is ignored and
@@ -101,6 +141,16 @@ impl Markers {
                 }),
             }
         }
+        if let Some(v) = annotations.get(GPUS_ANNOTATION) {
+            match serde_json::from_str(v) {
+                Ok(gpus) => markers.gpus = gpus,
+                Err(e) => errors.push(MarkerError {
+                    key: GPUS_ANNOTATION,
+                    value: v.clone(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
         markers.cordoned_by_us = annotations.get(CORDONED_ANNOTATION).is_some_and(|v| v == "true");
         let mut time = |key: &'static str| {
             annotations.get(key).and_then(|v| match v.parse::<Timestamp>() {
@@ -118,6 +168,7 @@ impl Markers {
         markers.drain_started = time(DRAIN_STARTED_ANNOTATION);
         markers.drained = time(DRAINED_ANNOTATION);
         markers.user_uncordoned = time(USER_UNCORDONED_ANNOTATION);
+        markers.escalated = time(ESCALATED_ANNOTATION);
         (markers, errors)
     }
 
@@ -143,7 +194,31 @@ impl Markers {
         if let Some(t) = self.user_uncordoned {
             out.insert(USER_UNCORDONED_ANNOTATION.to_string(), t.to_string());
         }
+        if !self.gpus.is_empty()
+            && let Ok(json) = serde_json::to_string(&self.gpus)
+        {
+            out.insert(GPUS_ANNOTATION.to_string(), json);
+        }
+        if let Some(t) = self.escalated {
+            out.insert(ESCALATED_ANNOTATION.to_string(), t.to_string());
+        }
+        let unhealthy: Vec<&str> = self
+            .gpus
+            .iter()
+            .filter(|(_, g)| g.quarantined.is_some())
+            .map(|(k, _)| k.as_str())
+            .collect();
+        if !unhealthy.is_empty() {
+            out.insert(UNHEALTHY_GPUS_ANNOTATION.to_string(), unhealthy.join(","));
+        }
         out
+    }
+
+    /// The quarantines in effect: GPU key, index and effect.
+    pub fn quarantines(&self) -> impl Iterator<Item = (&str, u32, TaintEffect)> {
+        self.gpus
+            .iter()
+            .filter_map(|(k, g)| g.quarantined.map(|e| (k.as_str(), g.index, e)))
     }
 }
 
@@ -220,8 +295,33 @@ mod tests {
             drain_started: Some(ts("2026-11-29T10:01:00Z")),
             drained: Some(ts("2026-11-29T10:03:00Z")),
             user_uncordoned: None,
+            gpus: BTreeMap::from([(
+                "GPU-5".to_string(),
+                GpuTrack {
+                    index: 5,
+                    classes: BTreeMap::from([(
+                        DriftClass::Xid,
+                        ClassTrack {
+                            since: ts("2026-11-29T09:00:00Z"),
+                            cleared_at: None,
+                        },
+                    )]),
+                    quarantined: Some(TaintEffect::NoExecute),
+                },
+            )]),
+            escalated: Some(ts("2026-11-29T10:02:00Z")),
         };
         let annotations = markers.to_annotations();
+        assert_eq!(
+            annotations.get(GPUS_ANNOTATION).map(String::as_str),
+            Some(
+                r#"{"GPU-5":{"index":5,"classes":{"Xid":{"since":"2026-11-29T09:00:00Z"}},"quarantined":"NoExecute"}}"#
+            )
+        );
+        assert_eq!(
+            annotations.get(UNHEALTHY_GPUS_ANNOTATION).map(String::as_str),
+            Some("GPU-5")
+        );
         assert_eq!(
             annotations.get(CLASSES_ANNOTATION).map(String::as_str),
             Some(

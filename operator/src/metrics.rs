@@ -10,6 +10,7 @@
 //! | `gpunode_reconcile_errors_total` | counter | `kind` ([`ErrorKind`]) |
 //! | `gpunode_actions_total` | counter | `action` ([`ActionKind`]), `result` ([`ActionResult`]) |
 //! | `gpunode_nodes` | gauge | `policy`, `state` (`compliant`, `drifted`, `unknown`) |
+//! | `gpunode_quarantined_gpus` | gauge (GPUs quarantined on their own) | `policy` |
 //! | `gpunode_reconcile_duration_seconds` | histogram | |
 //! | `gpunode_reaction_seconds` | histogram (report observed → action applied) | |
 //! | `gpunode_leader` | gauge (1 while this replica leads) | |
@@ -117,11 +118,15 @@ pub enum ActionKind {
     /// Everything gpunode did to a node undone because no policy governs it any more (its
     /// policy was deleted, it left the selector, or gpunode's markers were left behind).
     Release,
+    /// One GPU quarantined (or its effect changed).
+    Quarantine,
+    /// A GPU's quarantine lifted.
+    Unquarantine,
 }
 
 impl ActionKind {
     /// Every action.
-    pub const ALL: [ActionKind; 9] = [
+    pub const ALL: [ActionKind; 11] = [
         ActionKind::Label,
         ActionKind::Taint,
         ActionKind::Untaint,
@@ -131,6 +136,8 @@ impl ActionKind {
         ActionKind::DrainStart,
         ActionKind::DrainStuck,
         ActionKind::Release,
+        ActionKind::Quarantine,
+        ActionKind::Unquarantine,
     ];
 
     /// The label value.
@@ -145,6 +152,8 @@ impl ActionKind {
             ActionKind::DrainStart => "drain_start",
             ActionKind::DrainStuck => "drain_stuck",
             ActionKind::Release => "release",
+            ActionKind::Quarantine => "quarantine",
+            ActionKind::Unquarantine => "unquarantine",
         }
     }
 }
@@ -257,6 +266,11 @@ struct NodeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConditionLabels {
     policy: String,
     condition: String,
@@ -279,6 +293,7 @@ pub struct Metrics {
     watch_events: Family<WatchLabels, Counter>,
     verdicts: Family<VerdictLabels, Counter>,
     policy_conditions: Family<ConditionLabels, Gauge>,
+    quarantined_gpus: Family<PolicyLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -302,6 +317,7 @@ impl Metrics {
         let watch_events = Family::<WatchLabels, Counter>::default();
         let verdicts = Family::<VerdictLabels, Counter>::default();
         let policy_conditions = Family::<ConditionLabels, Gauge>::default();
+        let quarantined_gpus = Family::<PolicyLabels, Gauge>::default();
         for part in WritePart::ALL {
             let _ = node_writes.get_or_create(&PartLabels { part: part.as_str() });
         }
@@ -342,6 +358,11 @@ impl Metrics {
             "Nodes selected by each policy, by verdict",
             nodes.clone(),
         );
+        registry.register(
+            "quarantined_gpus",
+            "GPUs of each policy's nodes quarantined on their own (TaintDevice)",
+            quarantined_gpus.clone(),
+        );
         registry.register_with_unit(
             "reconcile_duration",
             "Time a reconcile of a GpuNodePolicy took",
@@ -380,6 +401,7 @@ impl Metrics {
             policy_conditions.clone(),
         );
         Metrics {
+            quarantined_gpus,
             node_writes,
             watch_events,
             verdicts,
@@ -456,8 +478,20 @@ impl Metrics {
         }
     }
 
+    /// Sets how many GPUs of `policy`'s nodes are quarantined (from its status).
+    pub fn set_quarantined_gpus(&self, policy: &str, gpus: u32) {
+        self.quarantined_gpus
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_string(),
+            })
+            .set(i64::from(gpus));
+    }
+
     /// Drops `policy`'s series (the policy was deleted).
     pub fn forget_policy(&self, policy: &str) {
+        self.quarantined_gpus.remove(&PolicyLabels {
+            policy: policy.to_string(),
+        });
         for condition in PolicyCondition::ALL.map(PolicyCondition::as_str) {
             self.policy_conditions.remove(&ConditionLabels {
                 policy: policy.to_string(),

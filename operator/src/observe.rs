@@ -6,13 +6,18 @@
 //! which policies select which node. A reconcile takes a [`Snapshot`] of one policy's nodes from
 //! the [`Caches`] and turns it into the planner's [`NodeView`]s.
 
+pub mod devices;
 pub mod heartbeats;
 pub mod index;
 pub mod own_writes;
 pub mod triggers;
 pub mod trim;
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+    time::Duration,
+};
 
 use futures::{StreamExt, stream::BoxStream};
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
@@ -34,7 +39,7 @@ use crate::{
     cache::{PolicyVerdicts, VerdictCache},
     markers,
     metrics::Metrics,
-    plan::NodeView,
+    plan::{GpuView, NodeView, PodRef},
 };
 
 pub use heartbeats::Heartbeats;
@@ -60,6 +65,32 @@ pub struct Caches {
     pub written: Arc<OwnWrites>,
     /// The policies' selectors, parsed once per change of the policies.
     pub selectors: IndexCache,
+    /// On a cluster that serves DRA: the ResourceSlices (trimmed) and gpunode's DeviceTaintRules.
+    pub dra: Option<DraCaches>,
+}
+
+/// What the DRA watches hold.
+#[derive(Clone)]
+pub struct DraCaches {
+    /// Where the kinds are served.
+    pub api: devices::Dra,
+    /// Every ResourceSlice, trimmed to its devices' names and UUIDs.
+    pub slices: Store<devices::ResourceSlice>,
+    /// gpunode's DeviceTaintRules.
+    pub rules: Store<devices::DeviceTaintRule>,
+}
+
+impl DraCaches {
+    /// The slices by node name (built once per reconcile: a lookup per node would be quadratic).
+    pub fn by_node(&self) -> HashMap<String, Vec<Arc<devices::ResourceSlice>>> {
+        let mut out: HashMap<String, Vec<Arc<devices::ResourceSlice>>> = HashMap::new();
+        for s in self.slices.state() {
+            if let Some(node) = s.spec.node_name.clone() {
+                out.entry(node).or_default().push(s);
+            }
+        }
+        out
+    }
 }
 
 /// What one reconcile of one policy sees.
@@ -118,6 +149,7 @@ impl Caches {
             reports: &self.reports,
             heartbeats: &self.heartbeats,
             index,
+            slices: self.dra.as_ref().map(DraCaches::by_node),
         }
     }
 }
@@ -131,6 +163,30 @@ pub fn observed_at(report: Option<&Guarded<GpuNodeReport>>) -> Option<Timestamp>
         .map(|t| t.0)
 }
 
+/// The GPUs a readable report lists, by index and UUID.
+pub fn gpu_views(report: Option<&GpuNodeReport>) -> Vec<GpuView> {
+    report
+        .and_then(|r| r.status.as_ref())
+        .map(|s| {
+            s.gpus
+                .iter()
+                .map(|g| GpuView {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The pods a readable report says hold each GPU, by GPU UUID (the device plugin's view);
+/// `None` while reports do not carry them (the probe does not read the kubelet's PodResources
+/// API yet), so a NoExecute quarantine on a device-plugin node escalates instead.
+pub fn gpu_pods(report: Option<&GpuNodeReport>) -> Option<BTreeMap<String, Vec<PodRef>>> {
+    let _ = report;
+    None
+}
+
 /// What the views of a policy's nodes are made from besides the nodes themselves.
 pub struct Inputs<'a> {
     /// Reports.
@@ -139,6 +195,8 @@ pub struct Inputs<'a> {
     pub heartbeats: &'a Heartbeats,
     /// Every policy's selectors, for conflicts.
     pub index: &'a SelectorIndex,
+    /// On a DRA cluster, the ResourceSlices by node.
+    pub slices: Option<HashMap<String, Vec<Arc<devices::ResourceSlice>>>>,
 }
 
 /// Every node's view under `policy`: what gpunode has in effect on it, its verdict (reused from
@@ -152,6 +210,8 @@ pub fn views(
     now: Timestamp,
 ) -> Vec<NodeView> {
     let policy_name = policy.name_any();
+    let driver = policy.spec.quarantine.dra_driver.as_str();
+    let no_slices = Vec::new();
     verdicts.begin(policy);
     let views = nodes
         .iter()
@@ -166,7 +226,13 @@ pub fn views(
                 warn!(node = %name, error = %e, "ignoring unreadable gpunode annotation");
             }
             let last_heard = observed_at(report.as_deref()).map(|o| crate::evaluate::last_heard(o, heard));
-            view.heard_at(last_heard)
+            let readable = report.as_deref().and_then(|g| g.0.as_ref().ok());
+            let dra = inputs.slices.as_ref().and_then(|by_node| {
+                let slices = by_node.get(name).unwrap_or(&no_slices);
+                devices::node_devices(slices.iter().map(AsRef::as_ref), name, driver)
+            });
+            let devices = devices::devices_of(dra, gpu_pods(readable));
+            view.heard_at(last_heard).with_gpus(gpu_views(readable), devices)
         })
         .collect();
     verdicts.end();
@@ -181,6 +247,9 @@ pub struct Watches {
     pub node_changes: BoxStream<'static, Result<Node, watcher::Error>>,
     /// Report changes that change some policy's verdict (and every deletion).
     pub report_changes: BoxStream<'static, Result<Guarded<GpuNodeReport>, watcher::Error>>,
+    /// ResourceSlice and DeviceTaintRule changes, as the name of the node they concern (a
+    /// stand-in Node with only its name).
+    pub device_changes: BoxStream<'static, Result<Node, watcher::Error>>,
     leases: Store<Lease>,
     lease_task: tokio::task::JoinHandle<()>,
 }
@@ -218,7 +287,7 @@ impl Watches {
         let (leases, lease_writer) = reflector::store::<Lease>();
         let lease_stream = watcher(
             Api::<Lease>::namespaced(client.clone(), heartbeat_namespace),
-            listing.labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
+            listing.clone().labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
         )
         .default_backoff()
         .modify(heartbeats::trim)
@@ -230,6 +299,13 @@ impl Watches {
         }));
         let heartbeats = Heartbeats::new(leases.clone(), heartbeat_namespace);
         let selectors = IndexCache::new(policies.clone());
+        let (dra, device_changes) = match devices::discover(client).await {
+            Some(api) => {
+                let (caches, changes) = dra_watches(client, api, &listing);
+                (Some(caches), changes)
+            }
+            None => (None, futures::stream::pending().boxed()),
+        };
         // Heartbeats of probes and kubelets change nothing gpunode decides: only material
         // changes trigger a reconcile.
         let node_changes = triggers::material_changes(
@@ -261,9 +337,11 @@ impl Watches {
                 policies,
                 written: Arc::default(),
                 selectors,
+                dra,
             },
             node_changes,
             report_changes,
+            device_changes,
             leases,
             lease_task,
         }
@@ -290,6 +368,62 @@ impl Watches {
     pub fn lease_task(&self) -> tokio::task::AbortHandle {
         self.lease_task.abort_handle()
     }
+}
+
+/// The ResourceSlice and DeviceTaintRule watches: their caches, and their changes as stand-in
+/// Nodes naming the node each concerns.
+fn dra_watches(
+    client: &Client,
+    api: devices::Dra,
+    listing: &watcher::Config,
+) -> (DraCaches, BoxStream<'static, Result<Node, watcher::Error>>) {
+    let slice_writer = reflector::store::Writer::new(api.slices.clone());
+    let slices = slice_writer.as_reader();
+    let slice_stream = watcher(
+        Api::<devices::ResourceSlice>::all_with(client.clone(), &api.slices),
+        listing.clone(),
+    )
+    .default_backoff()
+    .modify(devices::trim_slice)
+    .reflect(slice_writer)
+    .touched_objects()
+    .map(|r| r.map(|s| node_named(s.spec.node_name.as_deref().unwrap_or_default())));
+    let rule_writer = reflector::store::Writer::new(api.rules.clone());
+    let rules = rule_writer.as_reader();
+    let rule_stream = watcher(
+        Api::<devices::DeviceTaintRule>::all_with(client.clone(), &api.rules),
+        listing.clone().labels(crate::apply::devices::RULE_SELECTOR),
+    )
+    .default_backoff()
+    .modify(|r: &mut devices::DeviceTaintRule| r.metadata.managed_fields = None)
+    .reflect(rule_writer)
+    .touched_objects()
+    .map(|r| {
+        r.map(|rule| {
+            node_named(
+                rule.labels()
+                    .get(crate::apply::devices::NODE_LABEL)
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+            )
+        })
+    });
+    let changes = futures::stream::select(slice_stream, rule_stream)
+        .filter(|r| {
+            std::future::ready(
+                r.as_ref()
+                    .map_or(true, |n| n.metadata.name.as_deref() != Some("")),
+            )
+        })
+        .boxed();
+    (DraCaches { api, slices, rules }, changes)
+}
+
+/// A Node with only a name: which node a device change concerns.
+fn node_named(name: &str) -> Node {
+    let mut n = Node::default();
+    n.metadata.name = Some(name.to_string());
+    n
 }
 
 /// How the node and report watches list. Streamed from the API server's cache

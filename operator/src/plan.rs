@@ -23,6 +23,8 @@
 //!   node gpunode cordoned or is draining cancels that, and gpunode does not cordon it again until
 //!   the node has recovered.
 
+pub mod gpus;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpunode_crds::{
@@ -34,10 +36,12 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
 
 use crate::{
-    markers::{self, ClassTrack, DriftTaint, Markers},
+    markers::{self, ClassTrack, DriftTaint, GpuTrack, Markers},
     reasons::Reason,
     verdict::{NodeState, Verdict},
 };
+
+pub use gpus::{DeviceRef, Escalation, GpuTaint, GpuView, NodeDevices, PodRef, Quarantine, QuarantineTarget};
 
 /// What the planner needs to know about one node selected by the policy.
 #[derive(Clone, Debug)]
@@ -63,6 +67,10 @@ pub struct NodeView {
     /// When the node's probe was last heard from (its report's `observedAt` or a later
     /// heartbeat): the report goes stale `staleAfter` later.
     pub last_heard: Option<Timestamp>,
+    /// The GPUs the node's report lists.
+    pub gpus: Vec<GpuView>,
+    /// How the node's GPUs reach pods (DRA devices or the device plugin).
+    pub devices: NodeDevices,
 }
 
 impl NodeView {
@@ -101,8 +109,17 @@ impl NodeView {
             verdict,
             conflicts,
             last_heard: None,
+            gpus: Vec::new(),
+            devices: NodeDevices::Unknown,
         };
         (view, errors)
+    }
+
+    /// The same view, with the GPUs the report lists and how they reach pods.
+    pub fn with_gpus(mut self, gpus: Vec<GpuView>, devices: NodeDevices) -> NodeView {
+        self.gpus = gpus;
+        self.devices = devices;
+        self
     }
 
     /// The same view, with through when its verdict holds.
@@ -121,6 +138,8 @@ pub enum Action {
     Cordon,
     /// Evict the node's pods.
     Drain,
+    /// Quarantine one GPU.
+    TaintDevice(GpuTaint),
 }
 
 impl Action {
@@ -128,16 +147,19 @@ impl Action {
     pub fn is_disruptive(&self) -> bool {
         match self {
             Action::Taint(t) => t.effect.is_disruptive(),
+            Action::TaintDevice(t) => t.effect.is_disruptive(),
             Action::Cordon | Action::Drain => true,
         }
     }
 
-    /// For status and events: `Taint NoSchedule (thermal)`, `Cordon`, `Drain`.
+    /// For status and events: `Taint NoSchedule (thermal)`, `Cordon`, `Drain`,
+    /// `TaintDevice NoExecute (gpu 5, GPU-…)`.
     pub fn describe(&self) -> String {
         match self {
             Action::Taint(t) => format!("Taint {} ({})", t.effect.as_str(), t.value),
             Action::Cordon => "Cordon".to_string(),
             Action::Drain => "Drain".to_string(),
+            Action::TaintDevice(t) => format!("TaintDevice {} ({})", t.effect.as_str(), t.subject()),
         }
     }
 }
@@ -237,6 +259,12 @@ pub struct NodePlan {
     /// When this node's plan next changes with time alone, and why (`None`: only a change of
     /// the node, its report or the policy changes it).
     pub next_change: Option<NextChange>,
+    /// The GPU quarantines in effect after this plan, each with where it goes.
+    pub quarantines: Vec<Quarantine>,
+    /// Why the node's own rules act on its GPU faults, if they do.
+    pub escalation: Option<Escalation>,
+    /// For the `gpunode.dev/healthy-gpus` label: GPUs neither drifting nor quarantined.
+    pub healthy_gpus: Option<u32>,
 }
 
 impl NodePlan {
@@ -289,6 +317,20 @@ pub enum ChangeCause {
     Stale,
     /// The drain reaches its timeout.
     DrainTimeout,
+    /// A `TaintDevice` rule's `after` passes for a class of one GPU.
+    GpuRuleAfter {
+        /// The GPU's index.
+        gpu: u32,
+        /// The class.
+        class: DriftClass,
+    },
+    /// A class of one GPU has been clear for `recovery.healthyFor`.
+    GpuHealthyFor {
+        /// The GPU's index.
+        gpu: u32,
+        /// The class.
+        class: DriftClass,
+    },
 }
 
 impl std::fmt::Display for NextChange {
@@ -308,6 +350,18 @@ impl std::fmt::Display for NextChange {
             ),
             ChangeCause::Stale => write!(f, "{}: the report goes stale (`staleAfter`)", self.at),
             ChangeCause::DrainTimeout => write!(f, "{}: the drain reaches its timeout", self.at),
+            ChangeCause::GpuRuleAfter { gpu, class } => write!(
+                f,
+                "{}: the TaintDevice rule's `after` passes for {} on gpu {gpu}",
+                self.at,
+                class.as_str()
+            ),
+            ChangeCause::GpuHealthyFor { gpu, class } => write!(
+                f,
+                "{}: {} of gpu {gpu} has been clear for `recovery.healthyFor`",
+                self.at,
+                class.as_str()
+            ),
         }
     }
 }
@@ -401,10 +455,26 @@ pub fn track_classes(
     healthy_for: SignedDuration,
     now: Timestamp,
 ) -> BTreeMap<DriftClass, ClassTrack> {
-    let drifting = verdict.classes();
-    let evidence_of_health = verdict.unknowns.is_empty();
+    track_set(
+        old,
+        &verdict.classes(),
+        verdict.unknowns.is_empty(),
+        healthy_for,
+        now,
+    )
+}
+
+/// [`track_classes`] for a set of drifting classes; `evidence_of_health` is false while some
+/// check is unknown (only Stale clears then).
+fn track_set(
+    old: &BTreeMap<DriftClass, ClassTrack>,
+    drifting: &BTreeSet<DriftClass>,
+    evidence_of_health: bool,
+    healthy_for: SignedDuration,
+    now: Timestamp,
+) -> BTreeMap<DriftClass, ClassTrack> {
     let mut out = BTreeMap::new();
-    for class in &drifting {
+    for class in drifting {
         let since = match old.get(class) {
             Some(t) if t.cleared_at.is_none_or(|c| elapsed(now, c) < healthy_for) => t.since,
             _ => now,
@@ -440,10 +510,13 @@ pub fn track_classes(
     out
 }
 
-/// What the ladder asks for given the tracks (ignoring budget, breaker and the rest).
+/// What the node rules ask for given the tracks (ignoring budget, breaker and the rest). A class
+/// handled per GPU (`gpu_handled`) counts for them only on an escalated node.
 fn wanted(
     policy: &GpuNodePolicySpec,
     tracks: &BTreeMap<DriftClass, ClassTrack>,
+    gpu_handled: &BTreeSet<DriftClass>,
+    escalated: bool,
     now: Timestamp,
 ) -> BTreeSet<Action> {
     let mut taints: BTreeMap<TaintEffect, DriftClass> = BTreeMap::new();
@@ -454,6 +527,7 @@ fn wanted(
             .classes
             .iter()
             .copied()
+            .filter(|c| escalated || !gpu_handled.contains(c))
             .filter(|c| tracks.get(c).is_some_and(|t| elapsed(now, t.since) >= after))
             .collect();
         let Some(first) = firing.iter().min().copied() else {
@@ -474,6 +548,8 @@ fn wanted(
                 out.insert(Action::Cordon);
                 out.insert(Action::Drain);
             }
+            // Planned per GPU (`gpus::decide`).
+            (RemediationAction::TaintDevice, _) => {}
         }
     }
     out.extend(taints.into_iter().map(|(effect, class)| {
@@ -494,6 +570,13 @@ fn current(node: &NodeView) -> BTreeSet<Action> {
     if node.markers.drain_started.is_some() {
         out.insert(Action::Drain);
     }
+    out.extend(node.markers.quarantines().map(|(gpu, index, effect)| {
+        Action::TaintDevice(GpuTaint {
+            gpu: gpu.to_string(),
+            index,
+            effect,
+        })
+    }));
     out
 }
 
@@ -505,6 +588,7 @@ fn is_disrupted(actions: &BTreeSet<Action>) -> bool {
 pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> PolicyPlan {
     let healthy_for = signed(policy.recovery.healthy_for);
     let matched = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
+    let gpu_handled = gpus::handled(policy);
 
     // Per node: tracks, what the ladder wants, what is in effect.
     struct Work<'a> {
@@ -514,12 +598,17 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         current: BTreeSet<Action>,
         user_uncordoned: Option<Timestamp>,
         since: Option<Timestamp>,
+        gpu_tracks: BTreeMap<String, GpuTrack>,
+        escalation: Option<Escalation>,
     }
     let mut work: Vec<Work> = nodes
         .iter()
         .map(|node| {
             let tracks = track_classes(&node.markers.classes, &node.verdict, healthy_for, now);
-            let mut wanted = wanted(policy, &tracks, now);
+            let gpu_tracks = gpus::track(&node.markers.gpus, node, &gpu_handled, healthy_for, now);
+            let gpu = gpus::decide(policy, &gpu_tracks, &node.devices, now);
+            let mut wanted = wanted(policy, &tracks, &gpu_handled, gpu.escalation.is_some(), now);
+            wanted.extend(gpu.taints.into_values().map(Action::TaintDevice));
             let mut current = current(node);
             // A person uncordoned what gpunode cordoned: cancel, and hold off until recovery.
             let mut user_uncordoned = node.markers.user_uncordoned;
@@ -551,6 +640,8 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
                 current,
                 user_uncordoned,
                 since,
+                gpu_tracks,
+                escalation: gpu.escalation,
             }
         })
         .collect();
@@ -650,7 +741,11 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
             name,
             policy,
             node,
-            w.tracks,
+            Tracks {
+                classes: w.tracks,
+                gpus: w.gpu_tracks,
+                escalation: w.escalation,
+            },
             w.user_uncordoned,
             w.since,
             effective,
@@ -670,12 +765,19 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
     }
 }
 
+/// A node's tracks after this plan: its classes, its GPUs, and its escalation.
+struct Tracks {
+    classes: BTreeMap<DriftClass, ClassTrack>,
+    gpus: BTreeMap<String, GpuTrack>,
+    escalation: Option<Escalation>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn node_plan(
     name: &str,
     policy: &GpuNodePolicySpec,
     node: &NodeView,
-    tracks: BTreeMap<DriftClass, ClassTrack>,
+    tracks: Tracks,
     user_uncordoned: Option<Timestamp>,
     since: Option<Timestamp>,
     effective: BTreeSet<Action>,
@@ -730,17 +832,59 @@ fn node_plan(
         _ => None,
     };
 
+    // Each GPU's track records the quarantine in effect after this plan.
+    let gpu_taints: BTreeMap<&str, &GpuTaint> = effective
+        .iter()
+        .filter_map(|a| match a {
+            Action::TaintDevice(t) => Some((t.gpu.as_str(), t)),
+            _ => None,
+        })
+        .collect();
+    let mut gpu_tracks = tracks.gpus;
+    for (key, track) in &mut gpu_tracks {
+        track.quarantined = gpu_taints.get(key.as_str()).map(|t| t.effect);
+    }
+    gpu_tracks.retain(|_, t| !t.classes.is_empty() || t.quarantined.is_some());
+    let driver = policy.quarantine.dra_driver.as_str();
+    let quarantines: Vec<Quarantine> = gpu_taints
+        .values()
+        .filter_map(|t| {
+            gpus::target(&t.gpu, t.effect, &node.devices, driver)
+                .ok()
+                .map(|target| Quarantine {
+                    taint: (*t).clone(),
+                    target,
+                })
+        })
+        .collect();
+    let quarantined: BTreeSet<u32> = gpu_taints.values().map(|t| t.index).collect();
+    let healthy_gpus = gpus::healthy(node, &quarantined);
+    let escalation = tracks.escalation;
+    let escalated = escalation.as_ref().map(|_| node.markers.escalated.unwrap_or(now));
+
     let markers = Markers {
-        classes: tracks,
+        classes: tracks.classes,
         cordoned_by_us,
         drain_started,
         drained,
         user_uncordoned,
+        gpus: gpu_tracks,
+        escalated,
     };
 
     let state = node.verdict.state;
-    let condition = condition(node, &drain, &blocked, &pending);
-    let events = events(
+    let mut condition = condition(node, &drain, &blocked, &pending);
+    if !gpu_taints.is_empty() {
+        let list: Vec<String> = gpu_taints
+            .values()
+            .map(|t| format!("{} {}", t.subject(), t.effect.as_str()))
+            .collect();
+        condition.message = format!("{}; quarantined: {}", condition.message, list.join(", "));
+    }
+    if let Some(e) = &escalation {
+        condition.message = format!("{}; escalated: {}", condition.message, e.describe());
+    }
+    let mut events = events(
         node,
         state,
         &taints,
@@ -750,8 +894,9 @@ fn node_plan(
         &blocked,
         &pending,
     );
+    events.extend(gpu_events(node, &gpu_taints, escalation.as_ref()));
     let drifting = node.verdict.classes();
-    let next_change = next_change(policy, &markers.classes, &drain, node.last_heard, now);
+    let next_change = next_change(policy, &markers, &drain, node.last_heard, now);
     NodePlan {
         node: node.name.clone(),
         write,
@@ -770,7 +915,54 @@ fn node_plan(
         since,
         before,
         next_change,
+        quarantines,
+        escalation,
+        healthy_gpus,
     }
+}
+
+/// Events for the GPUs: quarantines added and lifted, and an escalation that begins.
+fn gpu_events(
+    node: &NodeView,
+    taints: &BTreeMap<&str, &GpuTaint>,
+    escalation: Option<&Escalation>,
+) -> Vec<PlannedEvent> {
+    let mut out = Vec::new();
+    let before: BTreeMap<&str, (u32, TaintEffect)> =
+        node.markers.quarantines().map(|(k, i, e)| (k, (i, e))).collect();
+    for (key, t) in taints {
+        if before.get(key).map(|(_, e)| *e) != Some(t.effect) {
+            out.push(PlannedEvent {
+                warning: true,
+                reason: Reason::GpuQuarantined,
+                note: format!("quarantined {} with effect {}", t.subject(), t.effect.as_str()),
+            });
+        }
+    }
+    for (key, (index, _)) in &before {
+        if !taints.contains_key(key) {
+            let t = GpuTaint {
+                gpu: (*key).to_string(),
+                index: *index,
+                effect: TaintEffect::None,
+            };
+            out.push(PlannedEvent {
+                warning: false,
+                reason: Reason::GpuReleased,
+                note: format!("quarantine of {} lifted after recovery", t.subject()),
+            });
+        }
+    }
+    if let Some(e) = escalation
+        && node.markers.escalated.is_none()
+    {
+        out.push(PlannedEvent {
+            warning: true,
+            reason: Reason::Escalated,
+            note: e.describe(),
+        });
+    }
+    out
 }
 
 /// The drain that began at `started` (if any): done once it found nothing left to evict at
@@ -797,7 +989,7 @@ fn drain_step(
 /// them: that verdict change waits for the next look, at most [`IDLE_REQUEUE`] away.)
 fn next_change(
     policy: &GpuNodePolicySpec,
-    tracks: &BTreeMap<DriftClass, ClassTrack>,
+    markers: &Markers,
     drain: &DrainStep,
     last_heard: Option<Timestamp>,
     now: Timestamp,
@@ -808,12 +1000,12 @@ fn next_change(
             .map(|at| NextChange { at, cause })
     };
     let mut changes: Vec<NextChange> = Vec::new();
-    for (class, track) in tracks {
+    for (class, track) in &markers.classes {
         changes.extend(
             policy
                 .remediation
                 .iter()
-                .filter(|r| r.classes.contains(class))
+                .filter(|r| r.action != RemediationAction::TaintDevice && r.classes.contains(class))
                 .filter_map(|r| {
                     at(
                         track.since,
@@ -831,6 +1023,36 @@ fn next_change(
                 policy.recovery.healthy_for,
                 ChangeCause::HealthyFor(*class),
             ));
+        }
+    }
+    for g in markers.gpus.values() {
+        for (class, track) in &g.classes {
+            changes.extend(
+                policy
+                    .remediation
+                    .iter()
+                    .filter(|r| r.action == RemediationAction::TaintDevice && r.classes.contains(class))
+                    .filter_map(|r| {
+                        at(
+                            track.since,
+                            r.after,
+                            ChangeCause::GpuRuleAfter {
+                                gpu: g.index,
+                                class: *class,
+                            },
+                        )
+                    }),
+            );
+            if let Some(cleared) = track.cleared_at {
+                changes.extend(at(
+                    cleared,
+                    policy.recovery.healthy_for,
+                    ChangeCause::GpuHealthyFor {
+                        gpu: g.index,
+                        class: *class,
+                    },
+                ));
+            }
         }
     }
     if let DrainStep::Run {

@@ -39,11 +39,17 @@ pub enum Reason {
     DrainEnded,
     /// gpunode undid everything it did to a node no policy governs (event).
     Released,
+    /// One GPU was quarantined, or its quarantine's effect changed (event).
+    GpuQuarantined,
+    /// A GPU's quarantine was lifted (event).
+    GpuReleased,
+    /// The node's GPU faults went to the node's own rules (event).
+    Escalated,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 18] = [
         Reason::Compliant,
         Reason::Drifted,
         Reason::Unknown,
@@ -59,6 +65,9 @@ impl Reason {
         Reason::DrainCancelled,
         Reason::DrainEnded,
         Reason::Released,
+        Reason::GpuQuarantined,
+        Reason::GpuReleased,
+        Reason::Escalated,
     ];
 
     /// As written (CamelCase).
@@ -79,6 +88,9 @@ impl Reason {
             Reason::DrainCancelled => "DrainCancelled",
             Reason::DrainEnded => "DrainEnded",
             Reason::Released => "Released",
+            Reason::GpuQuarantined => "GpuQuarantined",
+            Reason::GpuReleased => "GpuReleased",
+            Reason::Escalated => "Escalated",
         }
     }
 
@@ -103,7 +115,10 @@ impl Reason {
             Reason::DrainStuck => Some(ActionKind::DrainStuck),
             Reason::Drifted | Reason::Compliant | Reason::Unknown => Some(ActionKind::Label),
             Reason::Released => Some(ActionKind::Release),
-            Reason::Draining
+            Reason::GpuQuarantined => Some(ActionKind::Quarantine),
+            Reason::GpuReleased => Some(ActionKind::Unquarantine),
+            Reason::Escalated
+            | Reason::Draining
             | Reason::Drained
             | Reason::RemediationWaiting
             | Reason::DrainCancelled

@@ -65,6 +65,14 @@ pub fn status(
     let cordoned = count(&|_, e| e.cordoned);
     let draining = count(&|_, e| matches!(e.drain, DrainStep::Run { .. }));
     let stuck = count(&|_, e| matches!(e.drain, DrainStep::Run { stuck: true, .. }));
+    let quarantined_gpus = u32::try_from(
+        nodes
+            .iter()
+            .flat_map(|(_, e)| &e.actions)
+            .filter(|a| matches!(a, Action::TaintDevice(_)))
+            .count(),
+    )
+    .unwrap_or(u32::MAX);
     let conflicts: Vec<&str> = plan
         .nodes
         .iter()
@@ -199,6 +207,7 @@ pub fn status(
         tainted,
         cordoned,
         draining,
+        quarantined_gpus,
         drifted_nodes,
         drifted_nodes_truncated: truncated,
     }

@@ -88,6 +88,8 @@ fn node(name: &str) -> NodeView {
         verdict: compliant(),
         conflicts: Vec::new(),
         last_heard: None,
+        gpus: Vec::new(),
+        devices: Default::default(),
     }
 }
 

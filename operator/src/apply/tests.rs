@@ -375,6 +375,9 @@ fn drifted_plan() -> NodePlan {
             drain: DrainStep::None,
         },
         next_change: None,
+        quarantines: Vec::new(),
+        escalation: None,
+        healthy_gpus: None,
     }
 }
 

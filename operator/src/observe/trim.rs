@@ -1,8 +1,8 @@
 //! What the operator's caches keep of each watched object. At 5,000 nodes the caches are most of
 //! the operator's memory, so fields no decision reads are dropped as objects arrive: managed
-//! fields everywhere; a Node's status except gpunode's own condition; a report's identifiers,
-//! power readings and counters that no check compares. `evaluate` on a trimmed report gives the
-//! same verdict as on the full one (a property test holds it to that).
+//! fields everywhere; a Node's status except gpunode's own condition; a report's identifiers
+//! (but the GPUs' UUIDs), power readings and counters that no check compares. `evaluate` on a
+//! trimmed report gives the same verdict as on the full one (a property test holds it to that).
 
 use gpunode_crds::GpuNodeReport;
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
@@ -38,7 +38,7 @@ pub fn report(r: &mut GpuNodeReport) {
     s.probe_version = None;
     s.boot_id = None;
     for g in &mut s.gpus {
-        g.uuid = None;
+        // The UUID stays: a GPU's quarantine finds its DRA device and its pods by it.
         g.pci_bus_id = None;
         g.power_watts = None;
         g.power_limit_watts = None;

@@ -1,0 +1,284 @@
+//! DRA devices: the GPUs a DRA driver publishes in ResourceSlices, trimmed to what a quarantine
+//! needs (node, driver, pool, device name, UUID), and gpunode's own DeviceTaintRules.
+//!
+//! The API group `resource.k8s.io` has served these kinds under several versions (v1alpha3,
+//! v1beta1, v1beta2, v1); the fields gpunode reads and writes have the same names in each, except
+//! that v1beta1 nests a device's attributes under `basic`. The version is discovered once at
+//! start; a cluster that serves neither kind has no DRA and every node is a device-plugin node.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::{
+    Client,
+    core::{ApiResource, NotUsed, Object},
+};
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use crate::plan::{DeviceRef, NodeDevices, PodRef};
+
+/// A ResourceSlice, as gpunode reads it.
+pub type ResourceSlice = Object<SliceSpec, NotUsed>;
+
+/// The parts of a ResourceSlice's spec gpunode reads.
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SliceSpec {
+    /// The driver that publishes it.
+    #[serde(default)]
+    pub driver: String,
+    /// The node its devices are on (slices of network-attached devices have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// Its pool.
+    #[serde(default)]
+    pub pool: SlicePool,
+    /// Its devices.
+    #[serde(default)]
+    pub devices: Vec<SliceDevice>,
+}
+
+/// A ResourceSlice's pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct SlicePool {
+    /// The pool's name.
+    #[serde(default)]
+    pub name: String,
+}
+
+/// One device of a ResourceSlice.
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct SliceDevice {
+    /// Its name in the pool.
+    #[serde(default)]
+    pub name: String,
+    /// Its attributes (v1, v1beta2).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub attributes: BTreeMap<String, Attribute>,
+    /// Its attributes under `basic` (v1beta1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic: Option<BasicDevice>,
+}
+
+/// v1beta1's `basic` device.
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct BasicDevice {
+    /// Its attributes.
+    #[serde(default)]
+    pub attributes: BTreeMap<String, Attribute>,
+}
+
+/// A device attribute; only string values matter here.
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct Attribute {
+    /// A string value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub string: Option<String>,
+}
+
+impl SliceDevice {
+    /// The device's UUID attribute: `uuid`, or qualified by the driver's name (`gpu.nvidia.com/uuid`).
+    pub fn uuid(&self, driver: &str) -> Option<&str> {
+        let qualified = format!("{driver}/uuid");
+        let attrs = [Some(&self.attributes), self.basic.as_ref().map(|b| &b.attributes)];
+        attrs.into_iter().flatten().find_map(|a| {
+            a.get("uuid")
+                .or_else(|| a.get(&qualified))
+                .and_then(|v| v.string.as_deref())
+        })
+    }
+}
+
+/// Keeps only what a quarantine needs: the devices' names and UUIDs.
+pub fn trim_slice(slice: &mut ResourceSlice) {
+    slice.metadata.managed_fields = None;
+    slice.metadata.annotations = None;
+    let driver = slice.spec.driver.clone();
+    for d in &mut slice.spec.devices {
+        let uuid = d.uuid(&driver).map(str::to_string);
+        d.basic = None;
+        d.attributes = uuid
+            .map(|u| BTreeMap::from([("uuid".to_string(), Attribute { string: Some(u) })]))
+            .unwrap_or_default();
+    }
+}
+
+/// The devices `driver` publishes for `node` in `slices`, by UUID; `None` when no slice of that
+/// driver names the node (a device-plugin node).
+pub fn node_devices<'a>(
+    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+    node: &str,
+    driver: &str,
+) -> Option<BTreeMap<String, DeviceRef>> {
+    let mut found = false;
+    let mut out = BTreeMap::new();
+    for s in slices {
+        if s.spec.driver != driver || s.spec.node_name.as_deref() != Some(node) {
+            continue;
+        }
+        found = true;
+        for d in &s.spec.devices {
+            if let Some(uuid) = d.uuid(driver) {
+                out.insert(
+                    uuid.to_string(),
+                    DeviceRef {
+                        driver: driver.to_string(),
+                        pool: s.spec.pool.name.clone(),
+                        device: d.name.clone(),
+                    },
+                );
+            }
+        }
+    }
+    found.then_some(out)
+}
+
+/// How a node's GPUs reach pods: its DRA devices when `driver` publishes any for it, otherwise
+/// the device plugin, with the pods the node's report says hold each GPU.
+pub fn devices_of(
+    dra: Option<BTreeMap<String, DeviceRef>>,
+    pods: Option<BTreeMap<String, Vec<PodRef>>>,
+) -> NodeDevices {
+    match dra {
+        Some(devices) => NodeDevices::Dra(devices),
+        None => NodeDevices::DevicePlugin(pods),
+    }
+}
+
+/// A DeviceTaintRule, as gpunode writes it.
+pub type DeviceTaintRule = Object<RuleSpec, serde_json::Value>;
+
+/// A DeviceTaintRule's spec.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleSpec {
+    /// Which device.
+    pub device_selector: RuleSelector,
+    /// The taint.
+    pub taint: RuleTaint,
+}
+
+/// The device a rule selects.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct RuleSelector {
+    /// The driver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    /// The pool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
+    /// The device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+}
+
+/// A device taint.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleTaint {
+    /// The key.
+    pub key: String,
+    /// The value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// `None`, `NoSchedule` or `NoExecute`.
+    pub effect: String,
+    /// When it was added (set by the API server when left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_added: Option<Time>,
+}
+
+/// Where the DRA kinds are served.
+#[derive(Clone, Debug)]
+pub struct Dra {
+    /// ResourceSlices.
+    pub slices: ApiResource,
+    /// DeviceTaintRules.
+    pub rules: ApiResource,
+}
+
+/// The versions gpunode understands, newest first.
+const VERSIONS: [&str; 4] = ["v1", "v1beta2", "v1beta1", "v1alpha3"];
+
+/// Where this cluster serves ResourceSlices and DeviceTaintRules (the newest version that serves
+/// both); `None` when it does not.
+pub async fn discover(client: &Client) -> Option<Dra> {
+    let group = match kube::discovery::group(client, "resource.k8s.io").await {
+        Ok(g) => g,
+        Err(e) => {
+            info!(reason = %e, "no DRA API (resource.k8s.io): every node is a device-plugin node");
+            return None;
+        }
+    };
+    for version in VERSIONS {
+        let resources = group.versioned_resources(version);
+        let find = |plural: &str| {
+            resources
+                .iter()
+                .find(|(r, _)| r.plural == plural)
+                .map(|(r, _)| r.clone())
+        };
+        if let (Some(slices), Some(rules)) = (find("resourceslices"), find("devicetaintrules")) {
+            info!(version, "DRA: ResourceSlices and DeviceTaintRules served");
+            return Some(Dra { slices, rules });
+        }
+    }
+    info!("resource.k8s.io serves no DeviceTaintRules: every node is a device-plugin node");
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(node: &str, driver: &str, devices: serde_json::Value) -> ResourceSlice {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{node}-{driver}")},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn devices_are_found_by_uuid_whatever_their_names_and_versions() {
+        let v1 = slice(
+            "n1",
+            "gpu.nvidia.com",
+            serde_json::json!([
+                {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-a"}, "index": {"int": 0}}},
+                {"name": "weird-name", "attributes": {"gpu.nvidia.com/uuid": {"string": "GPU-b"}}},
+                {"name": "no-uuid", "attributes": {"index": {"int": 2}}},
+            ]),
+        );
+        let beta1 = slice(
+            "n2",
+            "gpu.nvidia.com",
+            serde_json::json!([{"name": "gpu-0", "basic": {"attributes": {"uuid": {"string": "GPU-c"}}}}]),
+        );
+        let other = slice("n3", "other.example.com", serde_json::json!([]));
+        let mut trimmed = v1.clone();
+        trim_slice(&mut trimmed);
+        let all = [trimmed, beta1, other];
+        let n1 = node_devices(&all, "n1", "gpu.nvidia.com").unwrap_or_default();
+        assert_eq!(n1.len(), 2, "{n1:?}");
+        assert_eq!(n1["GPU-a"].device, "gpu-0");
+        assert_eq!(
+            n1["GPU-b"].device, "weird-name",
+            "matched on the UUID, not the name"
+        );
+        assert_eq!(n1["GPU-a"].pool, "n1");
+        assert_eq!(
+            node_devices(&all, "n2", "gpu.nvidia.com").map(|d| d.len()),
+            Some(1)
+        );
+        assert_eq!(
+            node_devices(&all, "n3", "gpu.nvidia.com"),
+            None,
+            "another driver's slice: a device-plugin node"
+        );
+        assert_eq!(node_devices(&all, "n9", "gpu.nvidia.com"), None);
+    }
+}

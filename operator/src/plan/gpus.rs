@@ -1,0 +1,365 @@
+//! Per-GPU quarantine, the part of the planner that acts on one GPU (`TaintDevice` rules).
+//! Pure, like the rest of the planner.
+//!
+//! - A class listed by a `TaintDevice` rule is *GPU-handled*: its drifts are tracked per GPU
+//!   (keyed by UUID, with the same hysteresis as the node's classes), and a GPU whose class has
+//!   lasted a rule's `after` is quarantined with the rule's effect (the strongest, when several
+//!   fire).
+//! - The node's other rules act on a GPU-handled class only once the node is *escalated*: more
+//!   GPUs due for quarantine than `quarantine.maxGpusPerNode`, or a GPU due for it that cannot be
+//!   quarantined on its own (no UUID, or not among the node's DRA devices). Such a GPU is named in
+//!   the condition and an event, never guessed.
+//! - A GPU's quarantine is undone once none of its classes has been active for `healthyFor`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpunode_crds::{
+    DriftClass, GpuNodePolicySpec,
+    policy::{RemediationAction, TaintEffect},
+};
+use jiff::Timestamp;
+
+use crate::markers::{GpuTrack, gpu_key};
+
+use super::{NodeView, elapsed, signed, track_set};
+
+/// One GPU of the node, as its report lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuView {
+    /// NVML's index.
+    pub index: u32,
+    /// NVML's UUID (`GPU-…`), if the probe read it.
+    pub uuid: Option<String>,
+}
+
+impl GpuView {
+    /// The GPU's key in the bookkeeping.
+    pub fn key(&self) -> String {
+        gpu_key(self.index, self.uuid.as_deref())
+    }
+}
+
+/// A device a DRA driver publishes in a ResourceSlice.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceRef {
+    /// The driver (`gpu.nvidia.com`).
+    pub driver: String,
+    /// The pool (the NVIDIA driver names it after the node).
+    pub pool: String,
+    /// The device's name in its pool (`gpu-5`).
+    pub device: String,
+}
+
+impl std::fmt::Display for DeviceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
+    }
+}
+
+/// A pod, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+/// How the node's GPUs are handed to pods, and so how one of them is quarantined.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum NodeDevices {
+    /// The node has ResourceSlices of the policy's DRA driver: its devices by GPU UUID.
+    Dra(BTreeMap<String, DeviceRef>),
+    /// No ResourceSlice of the driver names the node: GPUs go through the device plugin. The
+    /// pods the probe saw holding each GPU, by GPU UUID; `None` when its report does not say
+    /// (then a NoExecute quarantine cannot be done on its own).
+    DevicePlugin(Option<BTreeMap<String, Vec<PodRef>>>),
+    /// Not known (the planner's tests, `check` without a cluster): a device-plugin node whose
+    /// pods are not known.
+    #[default]
+    Unknown,
+}
+
+/// A GPU quarantine: which GPU and with what effect.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GpuTaint {
+    /// The GPU's key (its UUID, or `index-<i>`).
+    pub gpu: String,
+    /// Its index.
+    pub index: u32,
+    /// The effect.
+    pub effect: TaintEffect,
+}
+
+impl GpuTaint {
+    /// `gpu 5 (GPU-…)`.
+    pub fn subject(&self) -> String {
+        if self.gpu.starts_with("index-") {
+            format!("gpu {}", self.index)
+        } else {
+            format!("gpu {} ({})", self.index, self.gpu)
+        }
+    }
+}
+
+/// Where a planned quarantine goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QuarantineTarget {
+    /// A DeviceTaintRule on this device.
+    Dra(DeviceRef),
+    /// The `gpunode.dev/unhealthy-gpus` annotation, and these pods evicted (NoExecute only).
+    DevicePlugin {
+        /// The pods holding the GPU, to evict (empty unless the effect is NoExecute).
+        evict: Vec<PodRef>,
+    },
+}
+
+/// One quarantine of the plan, with where it goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quarantine {
+    /// The GPU and effect.
+    pub taint: GpuTaint,
+    /// Where.
+    pub target: QuarantineTarget,
+}
+
+/// Why a node's GPU faults went to the node's own rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Escalation {
+    /// More GPUs are due for quarantine than `quarantine.maxGpusPerNode`.
+    TooMany {
+        /// Their indexes.
+        due: Vec<u32>,
+        /// The limit.
+        max: u32,
+    },
+    /// A GPU due for quarantine cannot be quarantined on its own.
+    NotQuarantinable {
+        /// Its index.
+        index: u32,
+        /// Why, for example `the probe reports no UUID for it`.
+        why: String,
+    },
+}
+
+impl Escalation {
+    /// One line for the condition and the event.
+    pub fn describe(&self) -> String {
+        match self {
+            Escalation::TooMany { due, max } => {
+                let list: Vec<String> = due.iter().map(u32::to_string).collect();
+                format!(
+                    "{} GPUs are due for quarantine ({}), more than quarantine.maxGpusPerNode {max}: the node's rules act",
+                    due.len(),
+                    list.join(", ")
+                )
+            }
+            Escalation::NotQuarantinable { index, why } => {
+                format!("gpu {index} cannot be quarantined on its own ({why}): the node's rules act")
+            }
+        }
+    }
+}
+
+/// The classes the policy's `TaintDevice` rules handle per GPU.
+pub fn handled(policy: &GpuNodePolicySpec) -> BTreeSet<DriftClass> {
+    policy
+        .remediation
+        .iter()
+        .filter(|r| r.action == RemediationAction::TaintDevice)
+        .flat_map(|r| r.classes.iter().copied())
+        .filter(|c| c.is_gpu_scoped())
+        .collect()
+}
+
+/// Updates the per-GPU tracks from the node's verdict: each GPU's GPU-handled drifts start,
+/// resume or clear as the node's classes do. A GPU the report no longer lists is drifting in
+/// nothing (the node's Inventory check sees it missing). While some check of the node is unknown
+/// nothing new is considered cleared. Tracks with nothing active and no quarantine are dropped.
+pub fn track(
+    old: &BTreeMap<String, GpuTrack>,
+    node: &NodeView,
+    handled: &BTreeSet<DriftClass>,
+    healthy_for: jiff::SignedDuration,
+    now: Timestamp,
+) -> BTreeMap<String, GpuTrack> {
+    if handled.is_empty() && old.is_empty() {
+        return BTreeMap::new();
+    }
+    let evidence_of_health = node.verdict.unknowns.is_empty();
+    let mut drifting: BTreeMap<String, (u32, BTreeSet<DriftClass>)> = node
+        .gpus
+        .iter()
+        .map(|g| (g.key(), (g.index, BTreeSet::new())))
+        .collect();
+    let keys: BTreeMap<u32, String> = node.gpus.iter().map(|g| (g.index, g.key())).collect();
+    for d in &node.verdict.drifts {
+        let (Some(index), true) = (d.gpu, handled.contains(&d.class)) else {
+            continue;
+        };
+        let key = keys.get(&index).cloned().unwrap_or_else(|| gpu_key(index, None));
+        drifting
+            .entry(key)
+            .or_insert_with(|| (index, BTreeSet::new()))
+            .1
+            .insert(d.class);
+    }
+    for (key, g) in old {
+        drifting
+            .entry(key.clone())
+            .or_insert_with(|| (g.index, BTreeSet::new()));
+    }
+    let mut out = BTreeMap::new();
+    for (key, (index, classes)) in drifting {
+        let before = old.get(&key);
+        let tracks = track_set(
+            before.map(|g| &g.classes).unwrap_or(&BTreeMap::new()),
+            &classes,
+            evidence_of_health,
+            healthy_for,
+            now,
+        );
+        let quarantined = before.and_then(|g| g.quarantined);
+        if tracks.is_empty() && quarantined.is_none() {
+            continue;
+        }
+        out.insert(
+            key,
+            GpuTrack {
+                index,
+                classes: tracks,
+                quarantined,
+            },
+        );
+    }
+    out
+}
+
+/// The quarantine the `TaintDevice` rules ask for, per GPU key: the strongest effect of the
+/// rules with a class active on that GPU for the rule's `after`.
+pub fn wanted(
+    policy: &GpuNodePolicySpec,
+    tracks: &BTreeMap<String, GpuTrack>,
+    now: Timestamp,
+) -> BTreeMap<String, TaintEffect> {
+    let mut out: BTreeMap<String, TaintEffect> = BTreeMap::new();
+    for rule in policy
+        .remediation
+        .iter()
+        .filter(|r| r.action == RemediationAction::TaintDevice)
+    {
+        // Rejected by the API server; a rule that slipped through does nothing.
+        let Some(effect) = rule.effect.filter(|e| *e != TaintEffect::PreferNoSchedule) else {
+            continue;
+        };
+        let after = signed(rule.after);
+        for (key, track) in tracks {
+            let firing = rule.classes.iter().any(|c| {
+                track
+                    .classes
+                    .get(c)
+                    .is_some_and(|t| elapsed(now, t.since) >= after)
+            });
+            if firing {
+                let e = out.entry(key.clone()).or_insert(effect);
+                *e = (*e).max(effect);
+            }
+        }
+    }
+    out
+}
+
+/// Whether the GPU with this key can be quarantined on its own on this node, and where.
+pub fn target(
+    key: &str,
+    effect: TaintEffect,
+    devices: &NodeDevices,
+    driver: &str,
+) -> Result<QuarantineTarget, String> {
+    if key.starts_with("index-") {
+        return Err("the probe reports no UUID for it".to_string());
+    }
+    match devices {
+        NodeDevices::Dra(by_uuid) => by_uuid
+            .get(key)
+            .cloned()
+            .map(QuarantineTarget::Dra)
+            .ok_or_else(|| format!("no device with UUID {key} in the node's ResourceSlices of {driver}")),
+        NodeDevices::DevicePlugin(pods) => match (effect, pods) {
+            (TaintEffect::NoExecute, None) => Err(
+                "a device-plugin node whose report does not say which pods hold the GPU, so they cannot be evicted alone"
+                    .to_string(),
+            ),
+            (TaintEffect::NoExecute, Some(pods)) => Ok(QuarantineTarget::DevicePlugin {
+                evict: pods.get(key).cloned().unwrap_or_default(),
+            }),
+            _ => Ok(QuarantineTarget::DevicePlugin { evict: Vec::new() }),
+        },
+        NodeDevices::Unknown => Ok(QuarantineTarget::DevicePlugin { evict: Vec::new() }),
+    }
+}
+
+/// What the ladder wants for the node's GPUs: the quarantines it can take, and whether the node
+/// is escalated (and why).
+pub struct GpuWanted {
+    /// The quarantines, by GPU key.
+    pub taints: BTreeMap<String, GpuTaint>,
+    /// Why the node's own rules act on the GPU-handled classes, if they do.
+    pub escalation: Option<Escalation>,
+}
+
+/// The quarantines the rules want on a node with these tracks and devices, and its escalation.
+pub fn decide(
+    policy: &GpuNodePolicySpec,
+    tracks: &BTreeMap<String, GpuTrack>,
+    devices: &NodeDevices,
+    now: Timestamp,
+) -> GpuWanted {
+    let due = wanted(policy, tracks, now);
+    let driver = policy.quarantine.dra_driver.as_str();
+    let mut taints = BTreeMap::new();
+    let mut escalation = None;
+    for (key, effect) in &due {
+        let index = tracks.get(key).map_or(0, |t| t.index);
+        match target(key, *effect, devices, driver) {
+            Ok(_) => {
+                taints.insert(
+                    key.clone(),
+                    GpuTaint {
+                        gpu: key.clone(),
+                        index,
+                        effect: *effect,
+                    },
+                );
+            }
+            Err(why) => {
+                escalation.get_or_insert(Escalation::NotQuarantinable { index, why });
+            }
+        }
+    }
+    let max = policy.quarantine.max_gpus_per_node;
+    if u32::try_from(due.len()).unwrap_or(u32::MAX) > max {
+        let mut indexes: Vec<u32> = due.keys().map(|k| tracks.get(k).map_or(0, |t| t.index)).collect();
+        indexes.sort_unstable();
+        escalation = Some(Escalation::TooMany { due: indexes, max });
+    }
+    GpuWanted { taints, escalation }
+}
+
+/// How many of the node's GPUs neither drift in a GPU-scoped class nor are quarantined; `None`
+/// when the report lists no GPU.
+pub fn healthy(node: &NodeView, quarantined: &BTreeSet<u32>) -> Option<u32> {
+    if node.gpus.is_empty() {
+        return None;
+    }
+    let sick: BTreeSet<u32> = node
+        .verdict
+        .drifts
+        .iter()
+        .filter(|d| d.class.is_gpu_scoped())
+        .filter_map(|d| d.gpu)
+        .chain(quarantined.iter().copied())
+        .collect();
+    let healthy = node.gpus.iter().filter(|g| !sick.contains(&g.index)).count();
+    Some(u32::try_from(healthy).unwrap_or(u32::MAX))
+}
