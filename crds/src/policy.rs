@@ -530,16 +530,14 @@ pub enum RemediationAction {
 }
 
 fn gpu_scoped_list() -> String {
-    DriftClass::GPU_SCOPED
-        .iter()
+    DriftClass::gpu_scoped()
         .map(|c| format!("'{}'", c.as_str()))
         .collect::<Vec<_>>()
         .join(", ")
 }
 
 fn gpu_scoped_names() -> String {
-    DriftClass::GPU_SCOPED
-        .iter()
+    DriftClass::gpu_scoped()
         .map(|c| c.as_str())
         .collect::<Vec<_>>()
         .join(", ")

@@ -76,20 +76,23 @@ impl DriftClass {
         }
     }
 
-    /// The classes the evaluator attributes to one GPU, which `TaintDevice` rules may act on.
-    pub const GPU_SCOPED: [DriftClass; 6] = [
-        DriftClass::Memory,
-        DriftClass::Xid,
-        DriftClass::Pcie,
-        DriftClass::Nvlink,
-        DriftClass::Thermal,
-        DriftClass::Throttle,
-    ];
-
     /// Whether a drift of this class is a fault of one GPU (Memory, Xid, Pcie, Nvlink, Thermal,
     /// Throttle) rather than of the node.
     pub fn is_gpu_scoped(self) -> bool {
-        DriftClass::GPU_SCOPED.contains(&self)
+        matches!(
+            self,
+            DriftClass::Memory
+                | DriftClass::Xid
+                | DriftClass::Pcie
+                | DriftClass::Nvlink
+                | DriftClass::Thermal
+                | DriftClass::Throttle
+        )
+    }
+
+    /// The GPU-scoped classes, in ladder order.
+    pub fn gpu_scoped() -> impl Iterator<Item = DriftClass> {
+        DriftClass::ALL.into_iter().filter(|c| c.is_gpu_scoped())
     }
 
     /// The class as used in label keys and taint values (`thermal`).

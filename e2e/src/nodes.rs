@@ -45,6 +45,14 @@ pub fn render(name: &str, shape: &GpuNodeShape) -> Result<Node, Error> {
     Ok(serde_yaml::from_str(&yaml)?)
 }
 
+/// Creates (or updates) one fake GPU node of the default shape and returns it.
+pub async fn create_one(client: &Client, name: &str) -> Result<Node, Error> {
+    let mut nodes = create(client, &[name.to_string()], &GpuNodeShape::default()).await?;
+    nodes
+        .pop()
+        .ok_or_else(|| Error::Unexpected(format!("node {name} was not created")))
+}
+
 /// Creates (or updates) fake GPU nodes named `names` and returns them.
 pub async fn create(client: &Client, names: &[String], shape: &GpuNodeShape) -> Result<Vec<Node>, Error> {
     let api: Api<Node> = Api::all(client.clone());

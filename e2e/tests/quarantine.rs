@@ -171,13 +171,7 @@ async fn an_xid_on_gpu_5_quarantines_that_gpu_alone_and_recovery_gives_it_back()
     let operator_client = chart::operator_client(&client).await.unwrap();
     let id = format!("{:06x}", rand_suffix());
     let node = format!("quar-{id}");
-    nodes::create(
-        &client,
-        std::slice::from_ref(&node),
-        &nodes::GpuNodeShape::default(),
-    )
-    .await
-    .unwrap();
+    nodes::create_one(&client, &node).await.unwrap();
     let ns = Scratch::new(&client, "quarantine").await.unwrap();
     let class = format!("gpu-{id}");
     publish_devices(&client, &node, &class, &ns.name).await;

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_operator::{
     evaluate::evaluate,
-    markers::Markers,
     plan::{NodeView, plan},
 };
 use jiff::Timestamp;
@@ -59,20 +58,7 @@ fn main() {
         let views: Vec<NodeView> = reports
             .iter()
             .zip(verdicts)
-            .map(|(r, verdict)| NodeView {
-                name: r.metadata.name.clone().unwrap_or_default(),
-                skip: false,
-                unschedulable: false,
-                taints: Default::default(),
-                markers: Markers::default(),
-                current_state: None,
-                current_reason: None,
-                verdict,
-                conflicts: Vec::new(),
-                last_heard: None,
-                gpus: Vec::new(),
-                devices: Default::default(),
-            })
+            .map(|(r, verdict)| NodeView::new(&r.metadata.name.clone().unwrap_or_default(), verdict))
             .collect();
         let t = Instant::now();
         let p = plan("bench", &policy.spec, &views, now);

@@ -13,7 +13,6 @@ use serde::Serialize;
 
 use crate::{
     evaluate::evaluate,
-    markers::Markers,
     observe::gpu_views,
     plan::{self, Action, NodeDevices, NodeView},
     verdict::{NodeState, Verdict},
@@ -258,20 +257,9 @@ fn view(inputs: &Inputs, verdict: Verdict, last_heard: Option<Timestamp>) -> Nod
             .0
             .heard_at(last_heard)
             .with_gpus(gpu_views(Some(&inputs.report)), NodeDevices::Unknown),
-        None => NodeView {
-            name: inputs.report.metadata.name.clone().unwrap_or_default(),
-            skip: false,
-            unschedulable: false,
-            taints: Default::default(),
-            markers: Markers::default(),
-            current_state: None,
-            current_reason: None,
-            verdict,
-            conflicts: Vec::new(),
-            last_heard,
-            gpus: gpu_views(Some(&inputs.report)),
-            devices: NodeDevices::Unknown,
-        },
+        None => NodeView::new(&inputs.report.metadata.name.clone().unwrap_or_default(), verdict)
+            .heard_at(last_heard)
+            .with_gpus(gpu_views(Some(&inputs.report)), NodeDevices::Unknown),
     }
 }
 

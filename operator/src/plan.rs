@@ -122,6 +122,25 @@ impl NodeView {
         self
     }
 
+    /// A view of a node with nothing on it from gpunode, no GPUs listed and no conflict: the
+    /// starting point of the planner's tests, benchmarks and `check` without a node.
+    pub fn new(name: &str, verdict: Verdict) -> NodeView {
+        NodeView {
+            name: name.to_string(),
+            skip: false,
+            unschedulable: false,
+            taints: BTreeSet::new(),
+            markers: Markers::default(),
+            current_state: None,
+            current_reason: None,
+            verdict,
+            conflicts: Vec::new(),
+            last_heard: None,
+            gpus: Vec::new(),
+            devices: NodeDevices::Unknown,
+        }
+    }
+
     /// The same view, with through when its verdict holds.
     pub fn heard_at(mut self, last_heard: Option<Timestamp>) -> NodeView {
         self.last_heard = last_heard;

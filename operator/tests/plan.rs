@@ -12,12 +12,15 @@ use gpunode_crds::{
     policy::{RemediationAction, RemediationRule, TaintEffect},
 };
 use gpunode_operator::{
-    markers::{DriftTaint, Markers},
-    plan::{Action, Block, DrainStep, NodeView, PolicyPlan, plan},
+    markers::DriftTaint,
+    plan::{Action, Block, DrainStep, NodeView, plan},
     reasons::Reason,
     verdict::{Drift, NodeState, Unknown, Verdict},
 };
 use jiff::{SignedDuration, Timestamp};
+
+mod support;
+use support::{of, step};
 
 fn t0() -> Timestamp {
     Timestamp::from_second(1_790_000_000).unwrap()
@@ -77,20 +80,7 @@ fn stale() -> Verdict {
 }
 
 fn node(name: &str) -> NodeView {
-    NodeView {
-        name: name.to_string(),
-        skip: false,
-        unschedulable: false,
-        taints: BTreeSet::new(),
-        markers: Markers::default(),
-        current_state: None,
-        current_reason: None,
-        verdict: compliant(),
-        conflicts: Vec::new(),
-        last_heard: None,
-        gpus: Vec::new(),
-        devices: Default::default(),
-    }
+    NodeView::new(name, compliant())
 }
 
 fn no_schedule(class: &str) -> DriftTaint {
@@ -98,39 +88,6 @@ fn no_schedule(class: &str) -> DriftTaint {
         effect: TaintEffect::NoSchedule,
         value: class.to_string(),
     }
-}
-
-/// Applies a plan to the nodes as the apply step would.
-fn apply(nodes: &mut [NodeView], plan: &PolicyPlan) {
-    for p in &plan.nodes {
-        let Some(n) = nodes.iter_mut().find(|n| n.name == p.node) else {
-            panic!("plan for unknown node {}", p.node)
-        };
-        if !p.write {
-            continue;
-        }
-        n.taints = p.taints.clone();
-        n.markers = p.markers.clone();
-        if let Some(c) = p.cordon {
-            n.unschedulable = c;
-        }
-        n.current_state = Some(p.state);
-        n.current_reason = Some(p.condition.reason);
-    }
-}
-
-/// Plans and applies once.
-fn step(policy: &GpuNodePolicySpec, nodes: &mut [NodeView], now: Timestamp) -> PolicyPlan {
-    let p = plan("first", policy, nodes, now);
-    apply(nodes, &p);
-    p
-}
-
-fn of<'a>(p: &'a PolicyPlan, name: &str) -> &'a gpunode_operator::plan::NodePlan {
-    p.nodes
-        .iter()
-        .find(|n| n.node == name)
-        .unwrap_or_else(|| panic!("no plan for {name}"))
 }
 
 #[test]

@@ -8,15 +8,17 @@ use std::collections::BTreeMap;
 
 use gpunode_crds::{DriftClass, GpuNodePolicySpec, policy::TaintEffect};
 use gpunode_operator::{
-    markers::Markers,
     plan::{
         Action, Block, ChangeCause, DeviceRef, Escalation, GpuView, NodeDevices, NodePlan, NodeView, PodRef,
-        PolicyPlan, QuarantineTarget, plan,
+        QuarantineTarget,
     },
     reasons::Reason,
     verdict::{Drift, Verdict},
 };
 use jiff::{SignedDuration, Timestamp};
+
+mod support;
+use support::{of, step};
 
 fn at(secs: i64) -> Timestamp {
     Timestamp::from_second(1_790_000_000).unwrap() + SignedDuration::from_secs(secs)
@@ -91,52 +93,13 @@ fn dra_devices(node: &str, gpus: u32) -> NodeDevices {
 
 /// An 8-GPU DRA node, compliant.
 fn node(name: &str) -> NodeView {
-    NodeView {
-        name: name.to_string(),
-        skip: false,
-        unschedulable: false,
-        taints: Default::default(),
-        markers: Markers::default(),
-        current_state: None,
-        current_reason: None,
-        verdict: Verdict::new(Vec::new(), Vec::new()),
-        conflicts: Vec::new(),
-        last_heard: None,
-        gpus: (0..8)
-            .map(|i| GpuView {
-                index: i,
-                uuid: Some(uuid(i)),
-            })
-            .collect(),
-        devices: dra_devices(name, 8),
-    }
-}
-
-/// Applies a plan to the nodes as the apply step would.
-fn apply(nodes: &mut [NodeView], plan: &PolicyPlan) {
-    for p in &plan.nodes {
-        let n = nodes.iter_mut().find(|n| n.name == p.node).unwrap();
-        if !p.write {
-            continue;
-        }
-        n.taints = p.taints.clone();
-        n.markers = p.markers.clone();
-        if let Some(c) = p.cordon {
-            n.unschedulable = c;
-        }
-        n.current_state = Some(p.state);
-        n.current_reason = Some(p.condition.reason);
-    }
-}
-
-fn step(policy: &GpuNodePolicySpec, nodes: &mut [NodeView], now: Timestamp) -> PolicyPlan {
-    let p = plan("first", policy, nodes, now);
-    apply(nodes, &p);
-    p
-}
-
-fn of<'a>(p: &'a PolicyPlan, name: &str) -> &'a NodePlan {
-    p.nodes.iter().find(|n| n.node == name).unwrap()
+    let gpus = (0..8)
+        .map(|i| GpuView {
+            index: i,
+            uuid: Some(uuid(i)),
+        })
+        .collect();
+    NodeView::new(name, Verdict::new(Vec::new(), Vec::new())).with_gpus(gpus, dra_devices(name, 8))
 }
 
 fn quarantined(np: &NodePlan) -> Vec<(u32, TaintEffect)> {
