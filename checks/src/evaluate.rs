@@ -282,6 +282,7 @@ fn collector(name: CollectorName) -> &'static str {
         CollectorName::Nvml => "nvml",
         CollectorName::Cooling => "cooling",
         CollectorName::Network => "network",
+        CollectorName::PodResources => "podResources",
     }
 }
 

@@ -15,6 +15,8 @@ use crate::types::{EnabledState, ObservedTrust, ThrottleReason};
 pub const MAX_GPUS: usize = 64;
 /// Most XIDs kept per GPU (the newest).
 pub const MAX_XIDS_PER_GPU: usize = 32;
+/// Most pods listed as holding one GPU (time-sliced GPUs are shared by several).
+pub const MAX_PODS_PER_GPU: usize = 64;
 
 /// GpuNodeReport is the observed state of one GPU node, published by the gpunode node-probe
 /// running on it. Its name is the node's name.
@@ -134,6 +136,9 @@ pub enum CollectorName {
     Cooling,
     /// RDMA devices, DCB (PFC, trust) and ECN settings.
     Network,
+    /// Which pods hold which GPU, from the kubelet's PodResources API (device-plugin nodes).
+    #[serde(rename = "podResources")]
+    PodResources,
 }
 
 /// A field a collector could not read, and why.
@@ -231,6 +236,25 @@ pub struct GpuStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub errors: Vec<FieldError>,
+
+    /// The pods the device plugin allocated this GPU to, as the kubelet's PodResources API lists
+    /// them (empty: none). Absent when the probe does not read PodResources or could not (see
+    /// collectors[]): then gpunode cannot evict only this GPU's pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub pods: Option<Vec<PodName>>,
+}
+
+/// A pod, by namespace and name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodName {
+    /// The pod's namespace.
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: String,
+    /// The pod's name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// ECC error counts.

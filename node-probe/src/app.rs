@@ -16,6 +16,7 @@ use crate::cooling::CoolingCollector;
 use crate::metrics;
 use crate::network::NetworkCollector;
 use crate::nvml::{NvmlCollector, NvmlConfig};
+use crate::pods::PodResourcesCollector;
 use crate::policies::watch_policies;
 use crate::publish::{KubeSink, run_loop_with_policies};
 use crate::state::ProbeState;
@@ -23,6 +24,8 @@ use crate::xid_state::XidStore;
 
 /// How long `--once` waits for the XID thread to drain already-queued events.
 const ONCE_XID_WAIT: Duration = Duration::from_secs(2);
+/// The longest a PodResources call may take (the kubelet answers from memory in milliseconds).
+const POD_RESOURCES_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why the probe could not run.
 #[derive(Debug, thiserror::Error)]
@@ -79,11 +82,19 @@ pub fn build(config: &Config, node: &str) -> (Arc<Probe>, Arc<NvmlCollector>) {
         Some(dir) => NetworkCollector::with_fixtures(&config.sysfs_root, dir),
         None => NetworkCollector::real(&config.sysfs_root),
     };
-    let collectors: Vec<Arc<dyn Collector>> = vec![
+    let mut collectors: Vec<Arc<dyn Collector>> = vec![
         nvml.clone(),
         Arc::new(CoolingCollector::new(&config.sysfs_root)),
         Arc::new(network),
     ];
+    // After NVML: pods are attributed to the GPUs it listed.
+    if let Some(socket) = &config.pod_resources_socket {
+        collectors.push(Arc::new(PodResourcesCollector::new(
+            socket.clone(),
+            config.gpu_resources.clone(),
+            POD_RESOURCES_TIMEOUT,
+        )));
+    }
     (Arc::new(Probe::new(collectors, config.proc_root.clone())), nvml)
 }
 

@@ -354,6 +354,7 @@ fn gpu_changes(a: &GpuStatus, b: &GpuStatus, cfg: &ChangeConfig, out: &mut Vec<C
     changed("persistence mode", a.persistence_mode != b.persistence_mode);
     changed("MIG mode", a.mig_mode != b.mig_mode);
     changed("XIDs", a.xids != b.xids);
+    changed("pods", a.pods != b.pods);
     changed("field errors", error_fields(&a.errors) != error_fields(&b.errors));
     let margin = |g: &GpuStatus| Some(f64::from(g.slowdown_celsius? - g.temperature_celsius?));
     let edges: Vec<f64> = cfg.margin_edges.iter().map(|e| f64::from(*e)).collect();

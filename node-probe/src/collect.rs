@@ -32,6 +32,9 @@ pub enum CollectError {
     /// The network collector failed.
     #[error(transparent)]
     Network(#[from] crate::network::NetworkError),
+    /// The kubelet's PodResources API could not be read.
+    #[error(transparent)]
+    PodResources(#[from] crate::pods::PodResourcesError),
 }
 
 /// One source of observations.

@@ -81,6 +81,22 @@ pub struct Config {
     #[arg(long)]
     pub no_xid_events: bool,
 
+    /// The kubelet's PodResources socket (/var/lib/kubelet/pod-resources/kubelet.sock, mounted
+    /// read-only): the probe reports which pods hold each GPU, so that a per-GPU quarantine on a
+    /// device-plugin node evicts only those pods. Unset: not read, and such a quarantine with
+    /// NoExecute escalates to the node's rules.
+    #[arg(long, env = "GPUNODE_POD_RESOURCES_SOCKET", value_name = "PATH")]
+    pub pod_resources_socket: Option<PathBuf>,
+
+    /// The extended resources whose devices are GPUs in the PodResources answer.
+    #[arg(
+        long,
+        env = "GPUNODE_GPU_RESOURCES",
+        value_delimiter = ',',
+        default_value = crate::pods::DEFAULT_GPU_RESOURCES
+    )]
+    pub gpu_resources: Vec<String>,
+
     /// Keep the XIDs of the current boot in DIR/xids.json, so a restarted probe still reports
     /// them (the chart mounts the host's /var/lib/gpunode). Unset: in memory only, and a
     /// restarted probe forgets them (a warning says so).

@@ -2,7 +2,7 @@
 //! and publishes what it saw as that node's `GpuNodeReport`.
 //!
 //! * [`collect`]: the collector trait and the [`collect::Probe`] that runs them into a report.
-//! * [`nvml`], [`cooling`], [`network`]: the collectors.
+//! * [`nvml`], [`cooling`], [`network`], [`pods`]: the collectors.
 //! * [`limits`]: keeps a report inside the CRD schema's bounds.
 //! * [`change`]: whether an observation differs materially from the last published one (the
 //!   contract with the operator); [`policies`]: the GpuNodePolicies it decides by.
@@ -20,6 +20,7 @@ pub mod limits;
 pub mod metrics;
 pub mod network;
 pub mod nvml;
+pub mod pods;
 pub mod policies;
 pub mod publish;
 pub mod state;

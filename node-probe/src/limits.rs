@@ -1,7 +1,9 @@
 //! Keeps a report within the CRD schema's bounds (string lengths, list sizes), so garbage from
 //! a driver or sysfs can never get the whole report rejected by the API server.
 
-use gpunode_crds::report::{FieldError, GpuNodeReportStatus, MAX_GPUS, MAX_XIDS_PER_GPU, RdmaDevice};
+use gpunode_crds::report::{
+    FieldError, GpuNodeReportStatus, MAX_GPUS, MAX_PODS_PER_GPU, MAX_XIDS_PER_GPU, RdmaDevice,
+};
 
 use crate::sysfs::shorten;
 
@@ -69,6 +71,15 @@ pub fn fit(report: &mut GpuNodeReportStatus) {
         if gpu.xids.len() > MAX_XIDS_PER_GPU {
             let excess = gpu.xids.len() - MAX_XIDS_PER_GPU;
             gpu.xids.drain(..excess);
+        }
+        if gpu.pods.as_ref().is_some_and(|p| p.len() > MAX_PODS_PER_GPU) {
+            // A partial list would look complete: say "unknown" instead, so the operator does
+            // not evict only some of the GPU's pods.
+            gpu.pods = None;
+            gpu.errors.push(FieldError {
+                field: "pods".into(),
+                reason: format!("more than {MAX_PODS_PER_GPU} pods hold this GPU"),
+            });
         }
         cap_errors(&mut gpu.errors, 64);
     }

@@ -12,6 +12,10 @@
 //! - Drain: the Eviction API (PodDisruptionBudgets honoured; a refusal is retried on the next
 //!   reconcile); DaemonSet and mirror pods, pods in protected namespaces and terminating pods are
 //!   skipped, so a restarted operator resumes without evicting anything twice.
+//! - Per-GPU quarantine with NoExecute on a device-plugin node: the same Eviction API and rules,
+//!   for only the pods the node's report lists as holding the quarantined GPU, each with its uid
+//!   as a precondition and only if it existed when the probe saw it (a pod recreated under the
+//!   same name is not the one that held the GPU). The rest of the node stays schedulable.
 //!
 //! [`Applier::apply_policy`] writes a policy's plan: the nodes with something to do, many at
 //! once, each node's result ([`NodeResult`]) handed to the caller as it completes and all of them
@@ -48,7 +52,7 @@ use crate::{
     },
     metrics::{ErrorKind, WritePart},
     observe::POD_SELECTOR_FIELD,
-    plan::{DrainStep, InEffect, NodePlan, PolicyPlan},
+    plan::{DrainStep, InEffect, NodePlan, PolicyPlan, Quarantine, QuarantineTarget},
 };
 
 /// The field manager of every gpunode write.
@@ -187,6 +191,56 @@ impl PodSelection {
 pub fn to_evict<'a>(pods: &'a [Pod], policy: &DrainPolicy) -> Result<Vec<&'a Pod>, InvalidSelector> {
     let selection = PodSelection::of(policy)?;
     Ok(pods.iter().filter(|p| evictable(p, policy, &selection)).collect())
+}
+
+/// The pods per-GPU quarantines evict on a device-plugin node, in list order: those the node's
+/// report lists as holding a GPU quarantined with NoExecute that are still on the node (`pods`
+/// is the node's pod list), existed when the probe saw them there, and that a drain would evict.
+/// Fails closed like [`to_evict`].
+pub fn gpu_holders_to_evict<'a>(
+    pods: &'a [Pod],
+    quarantines: &[Quarantine],
+    policy: &DrainPolicy,
+) -> Result<Vec<&'a Pod>, InvalidSelector> {
+    let selection = PodSelection::of(policy)?;
+    let wanted: BTreeMap<(&str, &str), Option<Timestamp>> = quarantines
+        .iter()
+        .filter_map(|q| match &q.target {
+            QuarantineTarget::DevicePlugin { evict, observed_at } => Some((evict, *observed_at)),
+            QuarantineTarget::Dra(_) => None,
+        })
+        .flat_map(|(evict, seen)| {
+            evict
+                .iter()
+                .map(move |p| ((p.namespace.as_str(), p.name.as_str()), seen))
+        })
+        .collect();
+    Ok(pods
+        .iter()
+        .filter(|p| {
+            let ns = p.metadata.namespace.as_deref().unwrap_or_default();
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            let Some(seen) = wanted.get(&(ns, name)) else {
+                return false;
+            };
+            let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            let existed = match (seen, created) {
+                (Some(seen), Some(created)) => created <= *seen,
+                _ => true,
+            };
+            existed && evictable(p, policy, &selection)
+        })
+        .collect())
+}
+
+/// Whether the plan's GPU quarantines evict pods on their own (not while the node drains: the
+/// drain evicts them all).
+pub fn evicts_gpu_holders(plan: &NodePlan) -> bool {
+    !matches!(plan.drain, DrainStep::Run { .. })
+        && plan
+            .quarantines
+            .iter()
+            .any(|q| matches!(&q.target, QuarantineTarget::DevicePlugin { evict, .. } if !evict.is_empty()))
 }
 
 /// What one node's apply did.
@@ -513,6 +567,7 @@ impl Applier {
         plan.write
             && (!plan.events.is_empty()
                 || matches!(plan.drain, DrainStep::Run { .. })
+                || evicts_gpu_holders(plan)
                 || spec_change(
                     &plan.taints,
                     plan.cordon,
@@ -620,6 +675,11 @@ impl Applier {
         let (metadata, condition, written) = self.apply_record(policy, plan, observed, now).await?;
         (out.wrote_metadata, out.wrote_condition) = (metadata, condition);
         out.written = written.or(out.written);
+        if evicts_gpu_holders(plan) {
+            let (evicted, refused) = self.evict_gpu_holders(plan, drain).await?;
+            out.evicted = evicted;
+            out.refused = refused;
+        }
         if let DrainStep::Run { .. } = plan.drain {
             let (evicted, remaining, refused) = self.drain(&plan.node, drain).await?;
             out.evicted = evicted;
@@ -846,6 +906,60 @@ impl Applier {
             info!("released: gpunode's labels, taints, cordon and condition removed");
         }
         Ok(wrote)
+    }
+
+    /// One pass of evictions of the pods holding the node's quarantined GPUs; returns (evicted,
+    /// refused by a PodDisruptionBudget). The pods left are evicted by later passes while the
+    /// report still lists them.
+    async fn evict_gpu_holders(
+        &self,
+        plan: &NodePlan,
+        policy: &DrainPolicy,
+    ) -> Result<(u32, u32), ApplyError> {
+        let node = plan.node.as_str();
+        let list = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map_err(api_error(Step::ListPods, node))?;
+        let pods = gpu_holders_to_evict(&list.items, &plan.quarantines, policy).map_err(|source| {
+            ApplyError::InvalidSelector {
+                node: node.to_string(),
+                source,
+            }
+        })?;
+        let (mut evicted, mut refused) = (0, 0);
+        for pod in pods {
+            let ns = pod.metadata.namespace.clone().unwrap_or_default();
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let mut eviction = eviction(&ns, &name, policy.grace_period_seconds);
+            // Exactly the pod listed: not one recreated under its name meanwhile.
+            eviction["deleteOptions"]["preconditions"] = json!({"uid": pod.metadata.uid});
+            self.may_write(node)?;
+            match Api::<Pod>::namespaced(self.client.clone(), &ns)
+                .create_subresource::<_, serde_json::Value>(
+                    "eviction",
+                    &name,
+                    &PostParams::default(),
+                    &eviction,
+                )
+                .await
+            {
+                Ok(_) => {
+                    info!(pod = %format!("{ns}/{name}"), "evicted: it holds a quarantined GPU");
+                    evicted += 1;
+                }
+                Err(kube::Error::Api(s)) if s.code == 429 => {
+                    debug!(pod = %format!("{ns}/{name}"), "eviction refused by a PodDisruptionBudget");
+                    refused += 1;
+                }
+                // Gone, or replaced (the uid precondition): nothing to evict.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => {
+                    warn!(pod = %format!("{ns}/{name}"), error = %e, "eviction failed");
+                }
+            }
+        }
+        Ok((evicted, refused))
     }
 
     /// One pass of evictions; returns (evicted, remaining, refused).

@@ -39,7 +39,7 @@ use crate::{
     cache::{PolicyVerdicts, VerdictCache},
     markers,
     metrics::Metrics,
-    plan::{GpuView, NodeView, PodRef},
+    plan::{GpuPods, GpuView, NodeView, PodRef},
 };
 
 pub use heartbeats::Heartbeats;
@@ -179,12 +179,34 @@ pub fn gpu_views(report: Option<&GpuNodeReport>) -> Vec<GpuView> {
         .unwrap_or_default()
 }
 
-/// The pods a readable report says hold each GPU, by GPU UUID (the device plugin's view);
-/// `None` while reports do not carry them (the probe does not read the kubelet's PodResources
-/// API yet), so a NoExecute quarantine on a device-plugin node escalates instead.
-pub fn gpu_pods(report: Option<&GpuNodeReport>) -> Option<BTreeMap<String, Vec<PodRef>>> {
-    let _ = report;
-    None
+/// The pods a readable report says hold each GPU, by GPU UUID (the device plugin's view, from
+/// the kubelet's PodResources API); `None` when it lists them for no GPU (the probe does not read
+/// PodResources, or could not), so a NoExecute quarantine on a device-plugin node escalates
+/// instead. A GPU without a UUID or without a list is left out: its pods are not known.
+pub fn gpu_pods(report: Option<&GpuNodeReport>) -> Option<GpuPods> {
+    let status = report?.status.as_ref()?;
+    let by_gpu: BTreeMap<String, Vec<PodRef>> = status
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let pods = g.pods.as_ref()?;
+            let refs = pods
+                .iter()
+                .map(|p| PodRef {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                })
+                .collect();
+            Some((g.uuid.clone()?, refs))
+        })
+        .collect();
+    if by_gpu.is_empty() {
+        return None;
+    }
+    Some(GpuPods {
+        observed_at: status.observed_at.as_ref().map(|t| t.0),
+        by_gpu,
+    })
 }
 
 /// What the views of a policy's nodes are made from besides the nodes themselves.

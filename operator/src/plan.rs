@@ -41,7 +41,9 @@ use crate::{
     verdict::{NodeState, Verdict},
 };
 
-pub use gpus::{DeviceRef, Escalation, GpuTaint, GpuView, NodeDevices, PodRef, Quarantine, QuarantineTarget};
+pub use gpus::{
+    DeviceRef, Escalation, GpuPods, GpuTaint, GpuView, NodeDevices, PodRef, Quarantine, QuarantineTarget,
+};
 
 /// What the planner needs to know about one node selected by the policy.
 #[derive(Clone, Debug)]
@@ -448,10 +450,14 @@ pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
     let wait = plan.next_change().map_or(IDLE_REQUEUE, |c| {
         std::time::Duration::try_from(c.at.duration_since(now)).unwrap_or(IDLE_REQUEUE)
     });
-    let draining = plan
-        .nodes
-        .iter()
-        .any(|n| matches!(n.drain, DrainStep::Run { .. }));
+    // Evictions (a drain, or the pods of a quarantined GPU) are retried soon: a refusal by a
+    // PodDisruptionBudget lifts without any change gpunode watches.
+    let draining = plan.nodes.iter().any(|n| {
+        matches!(n.drain, DrainStep::Run { .. })
+            || n.quarantines.iter().any(
+                |q| matches!(&q.target, QuarantineTarget::DevicePlugin { evict, .. } if !evict.is_empty()),
+            )
+    });
     let cap = if draining { DRAIN_REQUEUE } else { IDLE_REQUEUE };
     // Just after: a change due exactly `now` has not happened yet.
     (wait + std::time::Duration::from_millis(100)).min(cap)
@@ -913,7 +919,7 @@ fn node_plan(
         &blocked,
         &pending,
     );
-    events.extend(gpu_events(node, &gpu_taints, escalation.as_ref()));
+    events.extend(gpu_events(node, &gpu_taints, &quarantines, escalation.as_ref()));
     let drifting = node.verdict.classes();
     let next_change = next_change(policy, &markers, &drain, node.last_heard, now);
     NodePlan {
@@ -944,6 +950,7 @@ fn node_plan(
 fn gpu_events(
     node: &NodeView,
     taints: &BTreeMap<&str, &GpuTaint>,
+    quarantines: &[Quarantine],
     escalation: Option<&Escalation>,
 ) -> Vec<PlannedEvent> {
     let mut out = Vec::new();
@@ -951,10 +958,24 @@ fn gpu_events(
         node.markers.quarantines().map(|(k, i, e)| (k, (i, e))).collect();
     for (key, t) in taints {
         if before.get(key).map(|(_, e)| *e) != Some(t.effect) {
+            let mut note = format!("quarantined {} with effect {}", t.subject(), t.effect.as_str());
+            let holders = quarantines.iter().find_map(|q| match &q.target {
+                QuarantineTarget::DevicePlugin { evict, .. } if q.taint.gpu == t.gpu && !evict.is_empty() => {
+                    Some(evict)
+                }
+                _ => None,
+            });
+            if let Some(pods) = holders {
+                let names: Vec<String> = pods
+                    .iter()
+                    .map(|p| format!("{}/{}", p.namespace, p.name))
+                    .collect();
+                note.push_str(&format!("; evicting the pods holding it: {}", names.join(", ")));
+            }
             out.push(PlannedEvent {
                 warning: true,
                 reason: Reason::GpuQuarantined,
-                note: format!("quarantined {} with effect {}", t.subject(), t.effect.as_str()),
+                note,
             });
         }
     }

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use gpunode_crds::{DriftClass, GpuNodePolicySpec, policy::TaintEffect};
 use gpunode_operator::{
     plan::{
-        Action, Block, ChangeCause, DeviceRef, Escalation, GpuView, NodeDevices, NodePlan, NodeView, PodRef,
-        QuarantineTarget,
+        Action, Block, ChangeCause, DeviceRef, Escalation, GpuPods, GpuView, NodeDevices, NodePlan, NodeView,
+        PodRef, QuarantineTarget,
     },
     reasons::Reason,
     verdict::{Drift, Verdict},
@@ -434,10 +434,11 @@ fn on_a_device_plugin_node_only_noexecute_evicts_the_pods_holding_the_gpu() {
             })
             .collect()
     };
-    let devices = NodeDevices::DevicePlugin(Some(BTreeMap::from([
+    let devices = NodeDevices::DevicePlugin(Some(GpuPods::new(BTreeMap::from([
         (uuid(5), pods(&["job-5"])),
         (uuid(6), pods(&["job-6"])),
-    ])));
+        (uuid(7), pods(&[])),
+    ]))));
     let mut nodes = vec![node("n1")];
     nodes[0].devices = devices.clone();
     nodes[0].verdict = xid_on(&[5]);
@@ -445,7 +446,8 @@ fn on_a_device_plugin_node_only_noexecute_evicts_the_pods_holding_the_gpu() {
     assert_eq!(
         of(&p, "n1").quarantines[0].target,
         QuarantineTarget::DevicePlugin {
-            evict: pods(&["job-5"])
+            evict: pods(&["job-5"]),
+            observed_at: None,
         },
         "only the pod on gpu 5"
     );
@@ -460,21 +462,44 @@ fn on_a_device_plugin_node_only_noexecute_evicts_the_pods_holding_the_gpu() {
     let p = step(&marking, &mut nodes, at(0));
     assert_eq!(
         of(&p, "n1").quarantines[0].target,
-        QuarantineTarget::DevicePlugin { evict: Vec::new() }
+        QuarantineTarget::DevicePlugin {
+            evict: Vec::new(),
+            observed_at: None,
+        }
     );
 
     // Without the pods in the report, NoExecute cannot be done to one GPU: the node's rules act.
+    // The same when the report lists pods for other GPUs but not for this one.
+    let partial =
+        NodeDevices::DevicePlugin(Some(GpuPods::new(BTreeMap::from([(uuid(6), pods(&["job-6"]))]))));
+    for devices in [NodeDevices::DevicePlugin(None), partial] {
+        let mut nodes = vec![node("n1")];
+        nodes[0].devices = devices;
+        nodes[0].verdict = xid_on(&[5]);
+        let p = step(&per_gpu(), &mut nodes, at(0));
+        let n1 = of(&p, "n1");
+        assert!(matches!(
+            n1.escalation,
+            Some(Escalation::NotQuarantinable { index: 5, .. })
+        ));
+        assert!(n1.actions.contains(&Action::Drain));
+        assert!(quarantined(n1).is_empty());
+    }
+
+    // A GPU nobody holds is quarantined with nothing to evict.
     let mut nodes = vec![node("n1")];
-    nodes[0].devices = NodeDevices::DevicePlugin(None);
-    nodes[0].verdict = xid_on(&[5]);
+    nodes[0].devices = NodeDevices::DevicePlugin(Some(GpuPods::new(BTreeMap::from([(uuid(7), pods(&[]))]))));
+    nodes[0].verdict = xid_on(&[7]);
     let p = step(&per_gpu(), &mut nodes, at(0));
     let n1 = of(&p, "n1");
-    assert!(matches!(
-        n1.escalation,
-        Some(Escalation::NotQuarantinable { index: 5, .. })
-    ));
-    assert!(n1.actions.contains(&Action::Drain));
-    assert!(quarantined(n1).is_empty());
+    assert_eq!(n1.escalation, None);
+    assert_eq!(
+        n1.quarantines[0].target,
+        QuarantineTarget::DevicePlugin {
+            evict: Vec::new(),
+            observed_at: None,
+        }
+    );
 }
 
 #[test]

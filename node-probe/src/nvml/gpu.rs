@@ -132,6 +132,8 @@ pub fn read_gpu(nvml: &Nvml, index: u32) -> GpuStatus {
         mig_mode: e.take("migMode", mig_mode(&device)),
         xids: Vec::new(),
         errors: Vec::new(),
+        // Filled by the PodResources collector, when it runs.
+        pods: None,
     };
     if let Some(pcie) = gpu.pcie.as_mut() {
         match device.pcie_replay_counter() {

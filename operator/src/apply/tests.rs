@@ -59,6 +59,108 @@ fn evicted(pods: &[Pod], policy: &DrainPolicy) -> Vec<String> {
         .collect()
 }
 
+/// A NoExecute quarantine of GPU `gpu` on a device-plugin node whose report, observed at
+/// `seen`, lists `holders` (`ns/name`) on it.
+fn holding(gpu: &str, holders: &[&str], seen: Option<&str>) -> crate::plan::Quarantine {
+    use crate::plan::{GpuTaint, PodRef, Quarantine, QuarantineTarget};
+    Quarantine {
+        taint: GpuTaint {
+            gpu: gpu.to_string(),
+            index: 5,
+            effect: TaintEffect::NoExecute,
+        },
+        target: QuarantineTarget::DevicePlugin {
+            evict: holders
+                .iter()
+                .map(|h| {
+                    let (ns, name) = h.split_once('/').unwrap();
+                    PodRef {
+                        namespace: ns.to_string(),
+                        name: name.to_string(),
+                    }
+                })
+                .collect(),
+            observed_at: seen.map(ts),
+        },
+    }
+}
+
+fn names(pods: Vec<&Pod>) -> Vec<String> {
+    pods.into_iter()
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p.metadata.namespace.as_deref().unwrap(),
+                p.metadata.name.as_deref().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_gpu_quarantine_evicts_only_the_pods_the_report_lists_on_that_gpu() {
+    let pods = [
+        pod(running("ml", "on-gpu-5")),
+        pod(running("ml", "on-gpu-3")),
+        pod(running("ml", "also-on-5")),
+    ];
+    let q = [holding(
+        "GPU-5",
+        &["ml/on-gpu-5", "ml/also-on-5", "ml/gone"],
+        None,
+    )];
+    let got = gpu_holders_to_evict(&pods, &q, &DrainPolicy::default()).unwrap();
+    assert_eq!(
+        names(got),
+        ["ml/on-gpu-5", "ml/also-on-5"],
+        "never the pod on gpu 3"
+    );
+}
+
+#[test]
+fn a_pod_created_after_the_probe_looked_is_not_the_one_that_held_the_gpu() {
+    let mut recreated = running("ml", "trainer-0");
+    recreated["metadata"]["creationTimestamp"] = json!("2026-11-29T12:00:05Z");
+    let mut old = running("ml", "trainer-1");
+    old["metadata"]["creationTimestamp"] = json!("2026-11-29T11:00:00Z");
+    let pods = [pod(recreated), pod(old)];
+    let q = [holding(
+        "GPU-5",
+        &["ml/trainer-0", "ml/trainer-1"],
+        Some("2026-11-29T12:00:00Z"),
+    )];
+    let got = gpu_holders_to_evict(&pods, &q, &DrainPolicy::default()).unwrap();
+    assert_eq!(names(got), ["ml/trainer-1"]);
+}
+
+#[test]
+fn a_gpu_quarantine_keeps_the_drains_rules() {
+    let mut ds = running("ml", "exporter");
+    ds["metadata"]["ownerReferences"] =
+        json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "x", "uid": "u", "controller": true}]);
+    let pods = [
+        pod(ds),
+        pod(running("kube-system", "sys")),
+        pod(running("ml", "job")),
+    ];
+    let policy = DrainPolicy {
+        protected_namespaces: vec!["kube-system".to_string()],
+        ..DrainPolicy::default()
+    };
+    let q = [holding(
+        "GPU-5",
+        &["ml/exporter", "kube-system/sys", "ml/job"],
+        None,
+    )];
+    assert_eq!(
+        names(gpu_holders_to_evict(&pods, &q, &policy).unwrap()),
+        ["ml/job"]
+    );
+    // An unusable pod selector evicts nothing.
+    let bad = selector(json!({"matchExpressions": [{"key": "app", "operator": "Bogus", "values": ["x"]}]}));
+    assert!(gpu_holders_to_evict(&pods, &q, &bad).is_err());
+}
+
 fn selector(v: Value) -> DrainPolicy {
     DrainPolicy {
         pod_selector: Some(serde_json::from_value(v).unwrap()),

@@ -16,7 +16,7 @@ use kube::{
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use crate::plan::{DeviceRef, NodeDevices, PodRef};
+use crate::plan::{DeviceRef, GpuPods, NodeDevices};
 
 /// A ResourceSlice, as gpunode reads it.
 pub type ResourceSlice = Object<SliceSpec, NotUsed>;
@@ -136,10 +136,7 @@ pub fn node_devices<'a>(
 
 /// How a node's GPUs reach pods: its DRA devices when `driver` publishes any for it, otherwise
 /// the device plugin, with the pods the node's report says hold each GPU.
-pub fn devices_of(
-    dra: Option<BTreeMap<String, DeviceRef>>,
-    pods: Option<BTreeMap<String, Vec<PodRef>>>,
-) -> NodeDevices {
+pub fn devices_of(dra: Option<BTreeMap<String, DeviceRef>>, pods: Option<GpuPods>) -> NodeDevices {
     match dra {
         Some(devices) => NodeDevices::Dra(devices),
         None => NodeDevices::DevicePlugin(pods),

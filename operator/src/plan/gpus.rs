@@ -65,15 +65,36 @@ pub struct PodRef {
     pub name: String,
 }
 
+/// The pods a node's report says hold each of its GPUs (the kubelet's PodResources API, read by
+/// the probe).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuPods {
+    /// When the probe observed them: a pod created later is not the one it saw, even with the
+    /// same name (a StatefulSet's pod recreated after its eviction).
+    pub observed_at: Option<Timestamp>,
+    /// The pods, by GPU UUID; a GPU the report gives no list for is not here (not known).
+    pub by_gpu: BTreeMap<String, Vec<PodRef>>,
+}
+
+impl GpuPods {
+    /// Pods by GPU UUID, observed at an unknown time.
+    pub fn new(by_gpu: BTreeMap<String, Vec<PodRef>>) -> Self {
+        GpuPods {
+            observed_at: None,
+            by_gpu,
+        }
+    }
+}
+
 /// How the node's GPUs are handed to pods, and so how one of them is quarantined.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum NodeDevices {
     /// The node has ResourceSlices of the policy's DRA driver: its devices by GPU UUID.
     Dra(BTreeMap<String, DeviceRef>),
     /// No ResourceSlice of the driver names the node: GPUs go through the device plugin. The
-    /// pods the probe saw holding each GPU, by GPU UUID; `None` when its report does not say
-    /// (then a NoExecute quarantine cannot be done on its own).
-    DevicePlugin(Option<BTreeMap<String, Vec<PodRef>>>),
+    /// pods the probe saw holding each GPU; `None` when its report does not say (then a
+    /// NoExecute quarantine cannot be done on its own).
+    DevicePlugin(Option<GpuPods>),
     /// Not known (the planner's tests, `check` without a cluster): a device-plugin node whose
     /// pods are not known.
     #[default]
@@ -111,6 +132,8 @@ pub enum QuarantineTarget {
     DevicePlugin {
         /// The pods holding the GPU, to evict (empty unless the effect is NoExecute).
         evict: Vec<PodRef>,
+        /// When the probe saw them there (pods created later are never evicted for it).
+        observed_at: Option<Timestamp>,
     },
 }
 
@@ -285,17 +308,24 @@ pub fn target(
             .cloned()
             .map(QuarantineTarget::Dra)
             .ok_or_else(|| format!("no device with UUID {key} in the node's ResourceSlices of {driver}")),
-        NodeDevices::DevicePlugin(pods) => match (effect, pods) {
-            (TaintEffect::NoExecute, None) => Err(
+        NodeDevices::DevicePlugin(pods) => match (effect, pods.as_ref().map(|p| (p.by_gpu.get(key), p))) {
+            (TaintEffect::NoExecute, None | Some((None, _))) => Err(
                 "a device-plugin node whose report does not say which pods hold the GPU, so they cannot be evicted alone"
                     .to_string(),
             ),
-            (TaintEffect::NoExecute, Some(pods)) => Ok(QuarantineTarget::DevicePlugin {
-                evict: pods.get(key).cloned().unwrap_or_default(),
+            (TaintEffect::NoExecute, Some((Some(evict), pods))) => Ok(QuarantineTarget::DevicePlugin {
+                evict: evict.clone(),
+                observed_at: pods.observed_at,
             }),
-            _ => Ok(QuarantineTarget::DevicePlugin { evict: Vec::new() }),
+            _ => Ok(QuarantineTarget::DevicePlugin {
+                evict: Vec::new(),
+                observed_at: None,
+            }),
         },
-        NodeDevices::Unknown => Ok(QuarantineTarget::DevicePlugin { evict: Vec::new() }),
+        NodeDevices::Unknown => Ok(QuarantineTarget::DevicePlugin {
+            evict: Vec::new(),
+            observed_at: None,
+        }),
     }
 }
 
