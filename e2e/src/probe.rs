@@ -124,6 +124,11 @@ impl Host {
     /// Starts the probe during boot `boot`, keeping XIDs in the state directory; its log lines
     /// go to the test's stderr too, prefixed with the node.
     pub fn start_probe(&self, boot: &str) -> Result<Probe, Error> {
+        self.start_probe_with(boot, &[])
+    }
+
+    /// [`Host::start_probe`] with more arguments (e.g. `--pod-resources-socket`).
+    pub fn start_probe_with(&self, boot: &str, extra: &[&std::ffi::OsStr]) -> Result<Probe, Error> {
         let tree = repo_root().join("node-probe/tests/fixtures/sysfs/lossless-8port");
         let mut child = Command::new(built("gpunode-probe")?)
             .arg("--node-name")
@@ -140,6 +145,7 @@ impl Host {
             .arg(self.dir.join("state"))
             .args(["--interval", "500ms", "--heartbeat", "1s"])
             .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(extra)
             .env("FAKE_NVML_FIXTURE", self.fixture())
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info")

@@ -150,6 +150,7 @@ async fn helm_lint_is_clean_and_the_values_schema_is_strict() {
         ("nodeProbe.reportRefresh=soon", "reportRefresh"),
         ("nodeProbe.xidState.hostPath=relative", "hostPath"),
         ("nodeProbe.xidState.enable=true", "enable"),
+        ("nodeProbe.podResources.gpuResources={gpu}", "gpuResources"),
         ("metrics.prometheusRule.for.drifted=soon", "drifted"),
         ("operator.image.pullPolicy=Sometimes", "pullPolicy"),
     ] {
@@ -408,6 +409,45 @@ async fn helm_template_defaults_and_each_toggle() {
         "/srv/gpunode"
     );
     assert!(args(ds).iter().any(|a| a == "--state-dir=/var/lib/gpunode"));
+
+    // Off by default: the probe stays uid 65532 and mounts nothing of the kubelet's.
+    assert!(
+        !args(one(&d, "DaemonSet", "-node-probe"))
+            .iter()
+            .any(|a| a.starts_with("--pod-resources"))
+    );
+    // On (device-plugin clusters): the kubelet's pod-resources directory read-only, the socket and
+    // GPU resources on the command line, uid 0 with every capability still dropped.
+    let pod_resources = render(&admin, &["nodeProbe.podResources.enabled=true"]).await;
+    let ds = one(&pod_resources, "DaemonSet", "-node-probe");
+    let pod = &ds.data["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"][2],
+        serde_json::json!({"name": "pod-resources",
+                           "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}})
+    );
+    assert_eq!(
+        container(ds)["volumeMounts"][2],
+        serde_json::json!({"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": true})
+    );
+    for want in [
+        "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+        "--gpu-resources=nvidia.com/gpu,nvidia.com/gpu.shared",
+    ] {
+        assert!(
+            args(ds).iter().any(|a| a == want),
+            "probe args {:?} lack {want}",
+            args(ds)
+        );
+    }
+    assert_eq!(pod["securityContext"]["runAsUser"], 0);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], false);
+    assert_eq!(pod["initContainers"][0]["args"][1], "--chown-state-dir=0:0");
+    let sc = &container(ds)["securityContext"];
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert!(sc["capabilities"].get("add").is_none(), "{sc}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
 
     let privileged = render(&admin, &["nodeProbe.privileged=true"]).await;
     let ds = one(&privileged, "DaemonSet", "-node-probe");
