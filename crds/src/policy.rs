@@ -488,8 +488,9 @@ pub struct RemediationRule {
     /// then evict pods through the Eviction API, honouring PodDisruptionBudgets), or TaintDevice
     /// (quarantine only the drifted GPU: on a node whose GPUs are published by a DRA driver, a
     /// DeviceTaintRule on that GPU's device with `effect`; on a device-plugin node, the
-    /// gpunode.dev/unhealthy-gpus annotation for a scheduler extension, and with NoExecute,
-    /// where the node's report does not list the pods holding each GPU, escalation). A class
+    /// gpunode.dev/unhealthy-gpus annotation for a scheduler extension, and with NoExecute the
+    /// eviction of exactly the pods the node's report lists on that GPU (the probe reads the
+    /// kubelet's PodResources API), or escalation where the report does not list them). A class
     /// listed by a TaintDevice rule is handled per GPU: the node's other rules act on it only
     /// once the node is escalated (see `quarantine.maxGpusPerNode`).
     pub action: RemediationAction,
