@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::{
     evaluate::evaluate,
-    observe::gpu_views,
+    observe::{gpu_pods, gpu_views},
     plan::{self, Action, NodeDevices, NodeView},
     verdict::{NodeState, Verdict},
 };
@@ -252,14 +252,18 @@ impl Outcome {
 }
 
 fn view(inputs: &Inputs, verdict: Verdict, last_heard: Option<Timestamp>) -> NodeView {
+    // Offline, DRA devices are not known; the pods holding each GPU are, where the report lists
+    // them (a device-plugin node whose probe reads PodResources).
+    let devices =
+        gpu_pods(Some(&inputs.report)).map_or(NodeDevices::Unknown, |p| NodeDevices::DevicePlugin(Some(p)));
     match &inputs.node {
         Some(node) => NodeView::observe(node, verdict, Vec::new())
             .0
             .heard_at(last_heard)
-            .with_gpus(gpu_views(Some(&inputs.report)), NodeDevices::Unknown),
+            .with_gpus(gpu_views(Some(&inputs.report)), devices),
         None => NodeView::new(&inputs.report.metadata.name.clone().unwrap_or_default(), verdict)
             .heard_at(last_heard)
-            .with_gpus(gpu_views(Some(&inputs.report)), NodeDevices::Unknown),
+            .with_gpus(gpu_views(Some(&inputs.report)), devices),
     }
 }
 
@@ -357,9 +361,23 @@ fn gpu_lines(p: &plan::NodePlan) -> Vec<String> {
                     Some(cleared) => format!("{} cleared at {cleared}", c.as_str()),
                 })
                 .collect();
-            let state = match g.quarantined {
-                Some(e) => format!("quarantined {}", e.as_str()),
-                None => "not quarantined".to_string(),
+            let evicts = p.quarantines.iter().find_map(|q| match &q.target {
+                plan::QuarantineTarget::DevicePlugin { evict, .. }
+                    if q.taint.gpu == *key && !evict.is_empty() =>
+                {
+                    Some(
+                        evict
+                            .iter()
+                            .map(|p| format!("{}/{}", p.namespace, p.name))
+                            .collect::<Vec<_>>(),
+                    )
+                }
+                _ => None,
+            });
+            let state = match (g.quarantined, evicts) {
+                (Some(e), Some(pods)) => format!("quarantined {}, evicting {}", e.as_str(), pods.join(", ")),
+                (Some(e), None) => format!("quarantined {}", e.as_str()),
+                (None, _) => "not quarantined".to_string(),
             };
             format!("{subject}: {}; {state}", classes.join(", "))
         })

@@ -109,3 +109,39 @@ fn a_missing_file_is_bad_input() {
     assert_eq!(o.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/policy.yaml"));
 }
+
+#[test]
+fn the_per_gpu_plan_names_the_pods_a_quarantine_evicts_on_a_device_plugin_node() {
+    // The healthy H100 report, with XID 79 on GPU 5 and the pods the kubelet says hold each GPU.
+    let text = std::fs::read_to_string(format!("{FIXTURES}/healthy-h100-report.yaml")).unwrap();
+    let mut report: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let gpus = report["status"]["gpus"].as_sequence_mut().unwrap();
+    for (i, gpu) in gpus.iter_mut().enumerate() {
+        let pods: serde_yaml::Value = if i == 5 {
+            serde_yaml::from_str("[{namespace: ml, name: trainer-0}]").unwrap()
+        } else {
+            serde_yaml::from_str("[]").unwrap()
+        };
+        gpu["pods"] = pods;
+    }
+    gpus[5]["xids"] = serde_yaml::from_str("[{xid: 79, at: '2026-11-29T12:00:05Z'}]").unwrap();
+    let file = std::env::temp_dir().join(format!("gpunode-check-pods-{}.yaml", std::process::id()));
+    std::fs::write(&file, serde_yaml::to_string(&report).unwrap()).unwrap();
+    let o = check(
+        &format!("{EXAMPLES}/h100-per-gpu.yaml"),
+        file.to_str().unwrap(),
+        &["--now", NOW],
+    );
+    let _ = std::fs::remove_file(&file);
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = stdout(&o);
+    let gpu_line = out
+        .lines()
+        .find(|l| l.starts_with("gpus:"))
+        .unwrap_or_else(|| panic!("no gpus line in {out}"));
+    assert!(
+        gpu_line.contains("gpu 5 (GPU-") && gpu_line.contains("quarantined NoExecute, evicting ml/trainer-0"),
+        "{out}"
+    );
+    assert!(!out.contains("escalated"), "{out}");
+}
