@@ -640,6 +640,8 @@ async fn every_rendered_manifest_is_accepted_by_the_api_server() {
             "operator.leaderElection.enabled=false",
             "--set",
             "nodeProbe.runtimeClassName=",
+            "--set",
+            "nodeProbe.podResources.enabled=true",
         ][..],
     ] {
         let objects = chart::template(&admin, "dry", &ns.name, sets).await.unwrap();
