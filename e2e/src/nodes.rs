@@ -6,7 +6,9 @@ use kube::{
     api::{Patch, PatchParams},
 };
 
-use crate::{Error, fixtures::repo_root};
+use std::time::Duration;
+
+use crate::{Error, fixtures::repo_root, wait};
 
 /// Shape of a fake GPU node.
 #[derive(Debug, Clone)]
@@ -71,4 +73,27 @@ pub fn is_ready(node: &Node) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The value of label `key` on `node`.
+pub fn label(node: &Node, key: &str) -> Option<String> {
+    node.metadata.labels.as_ref().and_then(|l| l.get(key).cloned())
+}
+
+/// Waits until node `name` carries every label of `want`, and returns it.
+pub async fn until_labelled(
+    client: &Client,
+    name: &str,
+    want: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<Node, Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    wait::until(&format!("node {name} labelled {want:?}"), timeout, || async {
+        let n = api.get(name).await?;
+        Ok(want
+            .iter()
+            .all(|(k, v)| label(&n, k).as_deref() == Some(*v))
+            .then_some(n))
+    })
+    .await
 }

@@ -34,3 +34,12 @@ pub async fn running(api: &Api<Pod>, name: &str, timeout: Duration) -> Result<Po
     })
     .await
 }
+
+/// Whether pod `name` exists, runs and is not being deleted (an eviction sets its deletion
+/// timestamp at once).
+pub async fn is_running(api: &Api<Pod>, name: &str) -> bool {
+    api.get_opt(name).await.ok().flatten().is_some_and(|p| {
+        p.metadata.deletion_timestamp.is_none()
+            && p.status.and_then(|s| s.phase).is_some_and(|ph| ph == "Running")
+    })
+}

@@ -141,11 +141,7 @@ async fn device_of(client: &Client, ns: &str, pod: &str) -> Option<String> {
 }
 
 async fn running(client: &Client, ns: &str, pod: &str) -> bool {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    pods.get_opt(pod).await.ok().flatten().is_some_and(|p| {
-        p.metadata.deletion_timestamp.is_none()
-            && p.status.and_then(|s| s.phase).is_some_and(|ph| ph == "Running")
-    })
+    gpunode_e2e::pods::is_running(&Api::namespaced(client.clone(), ns), pod).await
 }
 
 /// gpunode's DeviceTaintRules for `node`.
@@ -160,9 +156,7 @@ async fn our_rules(client: &Client, node: &str) -> Vec<DynamicObject> {
     .items
 }
 
-fn label(n: &Node, key: &str) -> Option<String> {
-    n.metadata.labels.as_ref().and_then(|l| l.get(key).cloned())
-}
+use gpunode_e2e::nodes::label;
 
 #[tokio::test]
 async fn an_xid_on_gpu_5_quarantines_that_gpu_alone_and_recovery_gives_it_back() {
@@ -233,15 +227,14 @@ async fn an_xid_on_gpu_5_quarantines_that_gpu_alone_and_recovery_gives_it_back()
     .unwrap();
     let node_api: Api<Node> = Api::all(client.clone());
     let first = InProcess::start(&operator_client, "e2e-quarantine");
-    wait::until(
-        "node labelled compliant with 8 healthy GPUs",
+    nodes::until_labelled(
+        &client,
+        &node,
+        &[
+            ("gpunode.dev/state", "compliant"),
+            ("gpunode.dev/healthy-gpus", "8"),
+        ],
         DEADLINE,
-        || async {
-            let n = node_api.get(&node).await?;
-            Ok((label(&n, "gpunode.dev/state").as_deref() == Some("compliant")
-                && label(&n, "gpunode.dev/healthy-gpus").as_deref() == Some("8"))
-            .then_some(()))
-        },
     )
     .await
     .unwrap();

@@ -13,6 +13,7 @@ use std::{
 };
 
 use gpunode_crds::GpuNodeReport;
+use gpunode_e2e::nodes::label;
 use gpunode_e2e::{
     chart, cluster::admin_client, crds, nodes, operator::InProcess, pods, probe::Host, scratch::Scratch,
     scratch::rand_suffix, wait,
@@ -21,10 +22,13 @@ use gpunode_podresources::{
     ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
     fake::{FakeKubelet, serve},
 };
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Node, Pod},
+    events::v1::Event,
+};
 use kube::{
     Api,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, ListParams, PostParams},
 };
 use serde_json::json;
 
@@ -45,19 +49,8 @@ fn holding(ns: &str, pod: &str, ids: &[String]) -> PodResources {
     }
 }
 
-async fn running(api: &Api<Pod>, pod: &str) -> bool {
-    api.get_opt(pod).await.ok().flatten().is_some_and(|p| {
-        p.metadata.deletion_timestamp.is_none()
-            && p.status.and_then(|s| s.phase).is_some_and(|ph| ph == "Running")
-    })
-}
-
 fn annotation(n: &Node, key: &str) -> Option<String> {
     n.metadata.annotations.as_ref().and_then(|a| a.get(key).cloned())
-}
-
-fn label(n: &Node, key: &str) -> Option<String> {
-    n.metadata.labels.as_ref().and_then(|l| l.get(key).cloned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,15 +148,14 @@ async fn an_xid_on_gpu_5_evicts_only_the_pod_holding_gpu_5() {
     .unwrap();
     let operator = InProcess::start(&operator_client, "e2e-quarantine-pods");
     let node_api: Api<Node> = Api::all(client.clone());
-    wait::until(
-        "node labelled compliant with 8 healthy GPUs",
+    nodes::until_labelled(
+        &client,
+        &node,
+        &[
+            ("gpunode.dev/state", "compliant"),
+            ("gpunode.dev/healthy-gpus", "8"),
+        ],
         DEADLINE,
-        || async {
-            let n = node_api.get(&node).await?;
-            Ok((label(&n, "gpunode.dev/state").as_deref() == Some("compliant")
-                && label(&n, "gpunode.dev/healthy-gpus").as_deref() == Some("8"))
-            .then_some(()))
-        },
     )
     .await
     .unwrap();
@@ -171,7 +163,7 @@ async fn an_xid_on_gpu_5_evicts_only_the_pod_holding_gpu_5() {
     // GPU 5 falls off the bus, under the running probe.
     host.inject_xid(5, 79).unwrap();
     wait::until("job-5 (holding GPU 5) evicted", DEADLINE, || async {
-        Ok((!running(&pod_api, "job-5").await).then_some(()))
+        Ok((!pods::is_running(&pod_api, "job-5").await).then_some(()))
     })
     .await
     .unwrap();
@@ -197,11 +189,32 @@ async fn an_xid_on_gpu_5_evicts_only_the_pod_holding_gpu_5() {
             .is_none_or(|t| !t.iter().any(|t| t.key.starts_with("gpunode.dev/"))),
         "no node taint"
     );
-    assert!(running(&pod_api, "job-0").await, "the pod on GPU 0 keeps running");
     assert!(
-        running(&pod_api, "no-gpu").await,
+        pods::is_running(&pod_api, "job-0").await,
+        "the pod on GPU 0 keeps running"
+    );
+    assert!(
+        pods::is_running(&pod_api, "no-gpu").await,
         "the pod without a GPU keeps running"
     );
+
+    // The event names the GPU and the pod evicted for it.
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let want = format!("; evicting the pods holding it: {}/job-5", ns.name);
+    wait::until("the GpuQuarantined event naming the pod", DEADLINE, || async {
+        let list = events.list(&ListParams::default()).await?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str()))
+            .filter(|e| e.reason.as_deref() == Some("GpuQuarantined"))
+            .find_map(|e| {
+                e.note
+                    .filter(|n| n.starts_with("quarantined gpu 5 (GPU-") && n.ends_with(&want))
+            }))
+    })
+    .await
+    .unwrap();
 
     // The kubelet forgets the evicted pod; a pod started meanwhile on GPU 3 is never touched.
     pod_api
@@ -237,7 +250,7 @@ async fn an_xid_on_gpu_5_evicts_only_the_pod_holding_gpu_5() {
         Some(uuid(5).as_str())
     );
     for name in ["job-0", "job-3", "no-gpu"] {
-        assert!(running(&pod_api, name).await, "{name} keeps running");
+        assert!(pods::is_running(&pod_api, name).await, "{name} keeps running");
     }
 
     operator.stop().await.unwrap();

@@ -908,6 +908,53 @@ impl Applier {
         Ok(wrote)
     }
 
+    /// The pods bound to `node`.
+    async fn pods_on(&self, node: &str) -> Result<Vec<Pod>, ApplyError> {
+        Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .map(|l| l.items)
+            .map_err(api_error(Step::ListPods, node))
+    }
+
+    /// Asks the Eviction API to evict `pod` of `node` with the drain's grace period; with
+    /// `exactly`, only this incarnation of it (its uid as a precondition).
+    async fn evict(
+        &self,
+        node: &str,
+        pod: &Pod,
+        grace: Option<i64>,
+        exactly: bool,
+    ) -> Result<Eviction, ApplyError> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let mut body = eviction(&ns, &name, grace);
+        if exactly {
+            body["deleteOptions"]["preconditions"] = json!({"uid": pod.metadata.uid});
+        }
+        self.may_write(node)?;
+        let result = Api::<Pod>::namespaced(self.client.clone(), &ns)
+            .create_subresource::<_, serde_json::Value>("eviction", &name, &PostParams::default(), &body)
+            .await;
+        let pod = format!("{ns}/{name}");
+        Ok(match result {
+            Ok(_) => {
+                info!(pod = %pod, "evicted");
+                Eviction::Done
+            }
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                debug!(pod = %pod, "eviction refused by a PodDisruptionBudget");
+                Eviction::Refused
+            }
+            // Gone, or (with the uid precondition) replaced: nothing to evict.
+            Err(kube::Error::Api(s)) if s.code == 404 || (exactly && s.code == 409) => Eviction::Gone,
+            Err(e) => {
+                warn!(pod = %pod, error = %e, "eviction failed");
+                Eviction::Failed
+            }
+        })
+    }
+
     /// One pass of evictions of the pods holding the node's quarantined GPUs; returns (evicted,
     /// refused by a PodDisruptionBudget). The pods left are evicted by later passes while the
     /// report still lists them.
@@ -917,46 +964,20 @@ impl Applier {
         policy: &DrainPolicy,
     ) -> Result<(u32, u32), ApplyError> {
         let node = plan.node.as_str();
-        let list = Api::<Pod>::all(self.client.clone())
-            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-            .await
-            .map_err(api_error(Step::ListPods, node))?;
-        let pods = gpu_holders_to_evict(&list.items, &plan.quarantines, policy).map_err(|source| {
+        let pods = self.pods_on(node).await?;
+        let holders = gpu_holders_to_evict(&pods, &plan.quarantines, policy).map_err(|source| {
             ApplyError::InvalidSelector {
                 node: node.to_string(),
                 source,
             }
         })?;
         let (mut evicted, mut refused) = (0, 0);
-        for pod in pods {
-            let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            let mut eviction = eviction(&ns, &name, policy.grace_period_seconds);
-            // Exactly the pod listed: not one recreated under its name meanwhile.
-            eviction["deleteOptions"]["preconditions"] = json!({"uid": pod.metadata.uid});
-            self.may_write(node)?;
-            match Api::<Pod>::namespaced(self.client.clone(), &ns)
-                .create_subresource::<_, serde_json::Value>(
-                    "eviction",
-                    &name,
-                    &PostParams::default(),
-                    &eviction,
-                )
-                .await
-            {
-                Ok(_) => {
-                    info!(pod = %format!("{ns}/{name}"), "evicted: it holds a quarantined GPU");
-                    evicted += 1;
-                }
-                Err(kube::Error::Api(s)) if s.code == 429 => {
-                    debug!(pod = %format!("{ns}/{name}"), "eviction refused by a PodDisruptionBudget");
-                    refused += 1;
-                }
-                // Gone, or replaced (the uid precondition): nothing to evict.
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(e) => {
-                    warn!(pod = %format!("{ns}/{name}"), error = %e, "eviction failed");
-                }
+        for pod in holders {
+            // Exactly the pod the probe saw: not one recreated under its name meanwhile.
+            match self.evict(node, pod, policy.grace_period_seconds, true).await? {
+                Eviction::Done => evicted += 1,
+                Eviction::Refused => refused += 1,
+                Eviction::Gone | Eviction::Failed => {}
             }
         }
         Ok((evicted, refused))
@@ -964,48 +985,38 @@ impl Applier {
 
     /// One pass of evictions; returns (evicted, remaining, refused).
     async fn drain(&self, node: &str, policy: &DrainPolicy) -> Result<(u32, u32, u32), ApplyError> {
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let list = pods
-            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-            .await
-            .map_err(api_error(Step::ListPods, node))?;
-        let pods = to_evict(&list.items, policy).map_err(|source| ApplyError::InvalidSelector {
+        let pods = self.pods_on(node).await?;
+        let pods = to_evict(&pods, policy).map_err(|source| ApplyError::InvalidSelector {
             node: node.to_string(),
             source,
         })?;
         let (mut evicted, mut remaining, mut refused) = (0, 0, 0);
         for pod in pods {
-            let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            let eviction = eviction(&ns, &name, policy.grace_period_seconds);
-            self.may_write(node)?;
-            match Api::<Pod>::namespaced(self.client.clone(), &ns)
-                .create_subresource::<_, serde_json::Value>(
-                    "eviction",
-                    &name,
-                    &PostParams::default(),
-                    &eviction,
-                )
-                .await
-            {
-                Ok(_) => {
-                    info!(pod = %format!("{ns}/{name}"), "evicted");
-                    evicted += 1;
-                }
-                Err(kube::Error::Api(s)) if s.code == 429 => {
-                    debug!(pod = %format!("{ns}/{name}"), "eviction refused by a PodDisruptionBudget");
+            match self.evict(node, pod, policy.grace_period_seconds, false).await? {
+                Eviction::Done => evicted += 1,
+                Eviction::Refused => {
                     refused += 1;
                     remaining += 1;
                 }
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => {
-                    warn!(pod = %format!("{ns}/{name}"), error = %e, "eviction failed");
-                    remaining += 1;
-                }
+                Eviction::Gone => {}
+                Eviction::Failed => remaining += 1,
             }
         }
         Ok((evicted, remaining, refused))
     }
+}
+
+/// How one eviction request went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Eviction {
+    /// The pod is being evicted.
+    Done,
+    /// A PodDisruptionBudget refused it for now.
+    Refused,
+    /// The pod is gone (or was replaced).
+    Gone,
+    /// Another error, logged; the next pass tries again.
+    Failed,
 }
 
 /// The body of a pod's Eviction, with the policy's grace period as its `deleteOptions`. Written

@@ -902,7 +902,14 @@ fn node_plan(
     if !gpu_taints.is_empty() {
         let list: Vec<String> = gpu_taints
             .values()
-            .map(|t| format!("{} {}", t.subject(), t.effect.as_str()))
+            .map(|t| {
+                format!(
+                    "{} {}{}",
+                    t.subject(),
+                    t.effect.as_str(),
+                    on_device(&quarantines, t)
+                )
+            })
             .collect();
         condition.message = format!("{}; quarantined: {}", condition.message, list.join(", "));
     }
@@ -946,6 +953,17 @@ fn node_plan(
     }
 }
 
+/// ` on device <driver>/<pool>/<device>` when the GPU's quarantine is a DRA device taint.
+fn on_device(quarantines: &[Quarantine], t: &GpuTaint) -> String {
+    quarantines
+        .iter()
+        .find_map(|q| match &q.target {
+            QuarantineTarget::Dra(device) if q.taint.gpu == t.gpu => Some(format!(" on device {device}")),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
 /// Events for the GPUs: quarantines added and lifted, and an escalation that begins.
 fn gpu_events(
     node: &NodeView,
@@ -958,7 +976,12 @@ fn gpu_events(
         node.markers.quarantines().map(|(k, i, e)| (k, (i, e))).collect();
     for (key, t) in taints {
         if before.get(key).map(|(_, e)| *e) != Some(t.effect) {
-            let mut note = format!("quarantined {} with effect {}", t.subject(), t.effect.as_str());
+            let mut note = format!(
+                "quarantined {}{} with effect {}",
+                t.subject(),
+                on_device(quarantines, t),
+                t.effect.as_str()
+            );
             let holders = quarantines.iter().find_map(|q| match &q.target {
                 QuarantineTarget::DevicePlugin { evict, .. } if q.taint.gpu == t.gpu && !evict.is_empty() => {
                     Some(evict)

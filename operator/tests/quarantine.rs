@@ -141,12 +141,23 @@ fn one_bad_gpu_is_quarantined_alone_and_the_node_stays_in_service() {
         "matched on the UUID, found in the node's ResourceSlices"
     );
     assert!(reasons(n1).contains(&Reason::GpuQuarantined));
+    // The condition and the event name the GPU by index and UUID, and its device.
     assert!(
-        n1.condition
-            .message
-            .contains(&format!("gpu 5 ({}) NoExecute", uuid(5))),
+        n1.condition.message.contains(&format!(
+            "gpu 5 ({}) NoExecute on device gpu.nvidia.com/n1/gpu-5",
+            uuid(5)
+        )),
         "{}",
         n1.condition.message
+    );
+    assert!(
+        n1.events.iter().any(|e| e.note
+            == format!(
+                "quarantined gpu 5 ({}) on device gpu.nvidia.com/n1/gpu-5 with effect NoExecute",
+                uuid(5)
+            )),
+        "{:?}",
+        n1.events
     );
     assert_eq!(
         p.budget_in_use, 1,

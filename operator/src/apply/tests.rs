@@ -46,17 +46,7 @@ fn running(ns: &str, name: &str) -> Value {
 
 /// `ns/name` of the pods a drain pass with `policy` evicts.
 fn evicted(pods: &[Pod], policy: &DrainPolicy) -> Vec<String> {
-    to_evict(pods, policy)
-        .unwrap()
-        .into_iter()
-        .map(|p| {
-            format!(
-                "{}/{}",
-                p.metadata.namespace.as_deref().unwrap(),
-                p.metadata.name.as_deref().unwrap()
-            )
-        })
-        .collect()
+    names(to_evict(pods, policy).unwrap())
 }
 
 /// A NoExecute quarantine of GPU `gpu` on a device-plugin node whose report, observed at
@@ -85,6 +75,7 @@ fn holding(gpu: &str, holders: &[&str], seen: Option<&str>) -> crate::plan::Quar
     }
 }
 
+/// `ns/name` of each pod.
 fn names(pods: Vec<&Pod>) -> Vec<String> {
     pods.into_iter()
         .map(|p| {
