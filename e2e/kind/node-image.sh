@@ -128,11 +128,9 @@ docker rm -f gpunode-node-preload >/dev/null 2>&1 || true
 # --init: a process that reaps containerd once it is stopped.
 docker run -d --init --name gpunode-node-preload --privileged --network none --entrypoint /bin/sleep "$NODE_IMAGE-raw" infinity >/dev/null
 docker exec gpunode-node-preload sh -c 'containerd >/var/log/preload-containerd.log 2>&1 &'
-deadline=$((SECONDS + 60))
-until docker exec gpunode-node-preload ctr version >/dev/null 2>&1; do
-	((SECONDS < deadline)) || die "containerd did not start in the preload container"
-	sleep 0.5 # containerd's socket
-done
+# ctr's dial waits for the socket to answer, at most --connect-timeout.
+docker exec gpunode-node-preload ctr --connect-timeout 60s version >/dev/null ||
+	die "containerd did not start in the preload container"
 docker save "${IMAGES[@]}" | docker exec -i gpunode-node-preload ctr -n k8s.io images import --all-platforms --no-unpack - >/dev/null
 listed=$(docker exec gpunode-node-preload ctr -n k8s.io images ls -q)
 for i in "${IMAGES[@]}"; do

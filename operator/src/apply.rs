@@ -233,16 +233,6 @@ pub fn gpu_holders_to_evict<'a>(
         .collect())
 }
 
-/// Whether the plan's GPU quarantines evict pods on their own (not while the node drains: the
-/// drain evicts them all).
-pub fn evicts_gpu_holders(plan: &NodePlan) -> bool {
-    !matches!(plan.drain, DrainStep::Run { .. })
-        && plan
-            .quarantines
-            .iter()
-            .any(|q| matches!(&q.target, QuarantineTarget::DevicePlugin { evict, .. } if !evict.is_empty()))
-}
-
 /// What one node's apply did.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct NodeOutcome {
@@ -567,7 +557,7 @@ impl Applier {
         plan.write
             && (!plan.events.is_empty()
                 || matches!(plan.drain, DrainStep::Run { .. })
-                || evicts_gpu_holders(plan)
+                || plan.evicts_gpu_holders()
                 || spec_change(
                     &plan.taints,
                     plan.cordon,
@@ -675,7 +665,7 @@ impl Applier {
         let (metadata, condition, written) = self.apply_record(policy, plan, observed, now).await?;
         (out.wrote_metadata, out.wrote_condition) = (metadata, condition);
         out.written = written.or(out.written);
-        if evicts_gpu_holders(plan) {
+        if plan.evicts_gpu_holders() {
             let (evicted, refused) = self.evict_gpu_holders(plan, drain).await?;
             out.evicted = evicted;
             out.refused = refused;

@@ -361,21 +361,9 @@ fn gpu_lines(p: &plan::NodePlan) -> Vec<String> {
                     Some(cleared) => format!("{} cleared at {cleared}", c.as_str()),
                 })
                 .collect();
-            let evicts = p.quarantines.iter().find_map(|q| match &q.target {
-                plan::QuarantineTarget::DevicePlugin { evict, .. }
-                    if q.taint.gpu == *key && !evict.is_empty() =>
-                {
-                    Some(
-                        evict
-                            .iter()
-                            .map(|p| format!("{}/{}", p.namespace, p.name))
-                            .collect::<Vec<_>>(),
-                    )
-                }
-                _ => None,
-            });
+            let evicts = plan::quarantine_of(&p.quarantines, key).filter(|q| !q.evicts().is_empty());
             let state = match (g.quarantined, evicts) {
-                (Some(e), Some(pods)) => format!("quarantined {}, evicting {}", e.as_str(), pods.join(", ")),
+                (Some(e), Some(q)) => format!("quarantined {}, evicting {}", e.as_str(), q.evicted_names()),
                 (Some(e), None) => format!("quarantined {}", e.as_str()),
                 (None, _) => "not quarantined".to_string(),
             };

@@ -43,6 +43,7 @@ use crate::{
 
 pub use gpus::{
     DeviceRef, Escalation, GpuPods, GpuTaint, GpuView, NodeDevices, PodRef, Quarantine, QuarantineTarget,
+    quarantine_of,
 };
 
 /// What the planner needs to know about one node selected by the policy.
@@ -289,6 +290,13 @@ pub struct NodePlan {
 }
 
 impl NodePlan {
+    /// Whether its GPU quarantines evict pods on their own (not while the node drains: the
+    /// drain evicts them all).
+    pub fn evicts_gpu_holders(&self) -> bool {
+        !matches!(self.drain, DrainStep::Run { .. })
+            && self.quarantines.iter().any(|q| !q.evicts().is_empty())
+    }
+
     /// What gpunode has in effect on the node once this plan is written.
     pub fn after(&self) -> InEffect {
         InEffect {
@@ -452,12 +460,10 @@ pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
     });
     // Evictions (a drain, or the pods of a quarantined GPU) are retried soon: a refusal by a
     // PodDisruptionBudget lifts without any change gpunode watches.
-    let draining = plan.nodes.iter().any(|n| {
-        matches!(n.drain, DrainStep::Run { .. })
-            || n.quarantines.iter().any(
-                |q| matches!(&q.target, QuarantineTarget::DevicePlugin { evict, .. } if !evict.is_empty()),
-            )
-    });
+    let draining = plan
+        .nodes
+        .iter()
+        .any(|n| matches!(n.drain, DrainStep::Run { .. }) || n.evicts_gpu_holders());
     let cap = if draining { DRAIN_REQUEUE } else { IDLE_REQUEUE };
     // Just after: a change due exactly `now` has not happened yet.
     (wait + std::time::Duration::from_millis(100)).min(cap)
@@ -955,13 +961,10 @@ fn node_plan(
 
 /// ` on device <driver>/<pool>/<device>` when the GPU's quarantine is a DRA device taint.
 fn on_device(quarantines: &[Quarantine], t: &GpuTaint) -> String {
-    quarantines
-        .iter()
-        .find_map(|q| match &q.target {
-            QuarantineTarget::Dra(device) if q.taint.gpu == t.gpu => Some(format!(" on device {device}")),
-            _ => None,
-        })
-        .unwrap_or_default()
+    match quarantine_of(quarantines, &t.gpu).map(|q| &q.target) {
+        Some(QuarantineTarget::Dra(device)) => format!(" on device {device}"),
+        _ => String::new(),
+    }
 }
 
 /// Events for the GPUs: quarantines added and lifted, and an escalation that begins.
@@ -982,18 +985,8 @@ fn gpu_events(
                 on_device(quarantines, t),
                 t.effect.as_str()
             );
-            let holders = quarantines.iter().find_map(|q| match &q.target {
-                QuarantineTarget::DevicePlugin { evict, .. } if q.taint.gpu == t.gpu && !evict.is_empty() => {
-                    Some(evict)
-                }
-                _ => None,
-            });
-            if let Some(pods) = holders {
-                let names: Vec<String> = pods
-                    .iter()
-                    .map(|p| format!("{}/{}", p.namespace, p.name))
-                    .collect();
-                note.push_str(&format!("; evicting the pods holding it: {}", names.join(", ")));
+            if let Some(q) = quarantine_of(quarantines, &t.gpu).filter(|q| !q.evicts().is_empty()) {
+                note.push_str(&format!("; evicting the pods holding it: {}", q.evicted_names()));
             }
             out.push(PlannedEvent {
                 warning: true,

@@ -86,6 +86,12 @@ impl GpuPods {
     }
 }
 
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
 /// How the node's GPUs are handed to pods, and so how one of them is quarantined.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum NodeDevices {
@@ -144,6 +150,28 @@ pub struct Quarantine {
     pub taint: GpuTaint,
     /// Where.
     pub target: QuarantineTarget,
+}
+
+impl Quarantine {
+    /// The pods this quarantine evicts on its own (a NoExecute quarantine on a device-plugin
+    /// node); empty otherwise.
+    pub fn evicts(&self) -> &[PodRef] {
+        match &self.target {
+            QuarantineTarget::DevicePlugin { evict, .. } => evict,
+            QuarantineTarget::Dra(_) => &[],
+        }
+    }
+
+    /// `ns/a, ns/b`: the pods it evicts.
+    pub fn evicted_names(&self) -> String {
+        let names: Vec<String> = self.evicts().iter().map(PodRef::to_string).collect();
+        names.join(", ")
+    }
+}
+
+/// The quarantine of GPU `gpu` (its key) among `quarantines`.
+pub fn quarantine_of<'a>(quarantines: &'a [Quarantine], gpu: &str) -> Option<&'a Quarantine> {
+    quarantines.iter().find(|q| q.taint.gpu == gpu)
 }
 
 /// Why a node's GPU faults went to the node's own rules.
