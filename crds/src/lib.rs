@@ -9,6 +9,7 @@ pub mod duration;
 pub mod generate;
 pub mod heartbeat;
 pub mod policy;
+pub mod repair;
 pub mod report;
 pub mod rules;
 pub mod selector;

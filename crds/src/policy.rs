@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     budget::MaxUnavailable,
     duration::Duration,
+    repair::RepairPolicy,
     rules,
     types::{DriftClass, EnabledState, PortState, ThrottleReason, TrustMode},
     version::VersionRange,
@@ -123,6 +124,12 @@ pub struct GpuNodePolicySpec {
     #[serde(default)]
     pub recovery: RecoveryPolicy,
 
+    /// What gpunode does to a drained node that is still drifted: steps with timeouts (hand-off
+    /// to a remediator that reboots or replaces the node), and how many it may start per node
+    /// within a window. Omit to leave drained nodes cordoned until they recover on their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repair: Option<RepairPolicy>,
+
     /// A report older than this makes its node Unknown (drift class Stale). At least 60s, since
     /// the probe sends a heartbeat once a minute. Defaults to 3m.
     #[serde(default = "default_stale_after")]
@@ -151,6 +158,7 @@ impl Default for GpuNodePolicySpec {
             quarantine: QuarantinePolicy::default(),
             disruption: DisruptionPolicy::default(),
             recovery: RecoveryPolicy::default(),
+            repair: None,
             stale_after: default_stale_after(),
             dry_run: false,
             paused: false,
@@ -798,6 +806,13 @@ pub struct GpuNodePolicyStatus {
     /// GPUs of the selected nodes that gpunode quarantines on their own (TaintDevice).
     #[serde(default)]
     pub quarantined_gpus: u32,
+    /// Selected nodes with a repair step running (`spec.repair`).
+    #[serde(default)]
+    pub repairing: u32,
+    /// Selected nodes whose repair stopped and that need a person (condition reason
+    /// NeedsHuman): every step was tried, or the node used its attempts within the window.
+    #[serde(default)]
+    pub needs_human: u32,
 
     /// The drifted and unknown nodes, at most 50, oldest drift first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

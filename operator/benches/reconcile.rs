@@ -138,6 +138,7 @@ fn main() {
             heartbeats: &heartbeats,
             index: &index,
             slices: None,
+            repair_objects: Default::default(),
         };
         let plan = plan(
             &name,
@@ -183,6 +184,7 @@ fn main() {
             heartbeats: &heartbeats,
             index: &index,
             slices: None,
+            repair_objects: Default::default(),
         };
         let _ = views(&policy, &nodes, &inputs, &mut pv, now);
     }

@@ -53,6 +53,7 @@ use crate::{
     metrics::{ErrorKind, WritePart},
     observe::POD_SELECTOR_FIELD,
     plan::{DrainStep, InEffect, NodePlan, PolicyPlan, Quarantine, QuarantineTarget},
+    remediators::Remediators,
 };
 
 /// The field manager of every gpunode write.
@@ -93,6 +94,14 @@ pub enum ApplyError {
         /// Why.
         source: devices::SyncError,
     },
+    /// A repair step's object could not be made or deleted.
+    #[error("node {node}: repair: {source}")]
+    Repair {
+        /// The node.
+        node: String,
+        /// Why.
+        source: crate::remediators::RemediatorError,
+    },
     /// The drain's pod selector cannot be used: nothing is evicted.
     #[error("node {node}: nothing evicted: {source}")]
     InvalidSelector {
@@ -110,6 +119,7 @@ impl ApplyError {
             ApplyError::Api { step, .. } => step.kind(),
             ApplyError::Conflict(_) => ErrorKind::Conflict,
             ApplyError::Devices { .. } => ErrorKind::Taints,
+            ApplyError::Repair { .. } => ErrorKind::Repair,
             ApplyError::NotLeader(_) | ApplyError::InvalidSelector { .. } => ErrorKind::Other,
         }
     }
@@ -517,6 +527,8 @@ pub struct Applier {
     gate: Option<Leadership>,
     /// The DeviceTaintRule writer, on a cluster that serves DRA.
     devices: Option<devices::DeviceWriter>,
+    /// The repair steps' objects.
+    remediators: Remediators,
 }
 
 impl Applier {
@@ -525,10 +537,16 @@ impl Applier {
     pub fn new(client: Client) -> Self {
         Applier {
             nodes: Api::all(client.clone()),
+            remediators: Remediators::new(client.clone()),
             client,
             gate: None,
             devices: None,
         }
+    }
+
+    /// The writer of repair steps' objects (shared with the reads before planning).
+    pub fn remediators(&self) -> &Remediators {
+        &self.remediators
     }
 
     /// Writes GPU quarantines on DRA nodes as DeviceTaintRules through `devices`.
@@ -558,6 +576,8 @@ impl Applier {
             && (!plan.events.is_empty()
                 || matches!(plan.drain, DrainStep::Run { .. })
                 || plan.evicts_gpu_holders()
+                || plan.repair.ensure.is_some()
+                || !plan.repair.delete.is_empty()
                 || spec_change(
                     &plan.taints,
                     plan.cordon,
@@ -658,6 +678,17 @@ impl Applier {
             })?;
             out.device_rules = written + deleted;
         }
+        // A repair that is over: its objects go before the bookkeeping forgets them.
+        for object in &plan.repair.delete {
+            self.may_write(&plan.node)?;
+            self.remediators
+                .delete(object)
+                .await
+                .map_err(|source| ApplyError::Repair {
+                    node: plan.node.clone(),
+                    source,
+                })?;
+        }
         if let Some(n) = self.apply_spec(plan, observed, now).await? {
             out.wrote_spec = true;
             out.written = Some(n);
@@ -665,6 +696,29 @@ impl Applier {
         let (metadata, condition, written) = self.apply_record(policy, plan, observed, now).await?;
         (out.wrote_metadata, out.wrote_condition) = (metadata, condition);
         out.written = written.or(out.written);
+        // A repair step's object is made only once its start is recorded on the node, and its
+        // making is recorded as soon as it exists: a new leader resumes the step, never makes
+        // it twice, and tells its remediator deleting it from it not being made yet.
+        if let Some(e) = &plan.repair.ensure {
+            self.may_write(&plan.node)?;
+            let exists = self
+                .remediators
+                .ensure(policy, &plan.node, e)
+                .await
+                .map_err(|source| ApplyError::Repair {
+                    node: plan.node.clone(),
+                    source,
+                })?;
+            if exists {
+                let mut made = plan.clone();
+                if let Some(step) = made.markers.repair.step.as_mut() {
+                    step.created = true;
+                }
+                let (metadata, _, written) = self.apply_record(policy, &made, observed, now).await?;
+                out.wrote_metadata |= metadata;
+                out.written = written.or(out.written);
+            }
+        }
         if plan.evicts_gpu_holders() {
             let (evicted, refused) = self.evict_gpu_holders(plan, drain).await?;
             out.evicted = evicted;
@@ -861,6 +915,20 @@ impl Applier {
                 .await
                 .map_err(api_error(Step::DeviceTaints, &name))?
                 > 0;
+        }
+        // The objects of its repair go first: its bookkeeping is what names them.
+        let (recorded, _) =
+            markers::Markers::from_annotations(meta.annotations.as_ref().unwrap_or(&BTreeMap::new()));
+        for object in &recorded.repair.objects {
+            self.may_write(&name)?;
+            self.remediators
+                .delete(object)
+                .await
+                .map_err(|source| ApplyError::Repair {
+                    node: name.clone(),
+                    source,
+                })?;
+            wrote = true;
         }
         wrote |= self
             .write_spec(&name, &BTreeSet::new(), Some(false), false, observed, now)

@@ -381,11 +381,14 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     release_nodes(ctx.caches.orphans(&name, &index), &ctx, &why).await?;
     let now = Timestamp::now();
     let snapshot = ctx.caches.snapshot(&selector, index);
+    // The running repair steps' objects (no watch: their kinds are the policy's to name).
+    let repair_objects = observe::repair_objects(ctx.applier.remediators(), &policy, &snapshot.nodes).await;
     // Plan (the views are dropped with this block: each write job keeps only its own node).
     let plan = {
         let verdicts = ctx.verdicts.policy(&name);
         let mut verdicts = verdicts.lock().unwrap_or_else(PoisonError::into_inner);
-        let inputs = ctx.caches.inputs(&snapshot.index);
+        let mut inputs = ctx.caches.inputs(&snapshot.index);
+        inputs.repair_objects = repair_objects;
         let views = observe::views(&policy, &snapshot.nodes, &inputs, &mut verdicts, now);
         let (reused, evaluated) = verdicts.stats();
         ctx.metrics.verdicts(reused, evaluated);

@@ -14,6 +14,7 @@
 //! Around it: [`controller`] (the driver: the reconcile, releases, the sweep, the watches wired
 //! to the kube-runtime controller), [`markers`] (gpunode's labels, annotations, taint and
 //! condition on a node), [`reasons`] (Event and condition reasons, policy condition types),
+//! [`remediators`] (the objects of repair steps, read before planning and written by apply),
 //! [`events`] (Events, published off the reconcile path), [`sweep`] (nodes no policy governs),
 //! [`leader`] (leader election and the write fence), [`metrics`] and [`server`] (`/metrics`,
 //! probes), [`check`] (`gpunode-operator check`: one node offline), [`crdgen`] (the CRDs).
@@ -30,6 +31,7 @@ pub mod metrics;
 pub mod observe;
 pub mod plan;
 pub mod reasons;
+pub mod remediators;
 pub mod server;
 pub mod status;
 pub mod sweep;

@@ -16,6 +16,7 @@
 //! | annotation `gpunode.dev/unhealthy-gpus` | the UUIDs of the GPUs gpunode quarantines, comma-separated (for a scheduler extension or Kueue) |
 //! | label `gpunode.dev/healthy-gpus` | how many of the node's GPUs neither drift nor are quarantined |
 //! | DeviceTaintRule labelled `gpunode.dev/node=<node>` | the quarantine of one GPU on a DRA node |
+//! | annotation `gpunode.dev/repair` | the repair of a drained node: the step running or last run, the objects it created, the step starts within the window, and whether it needs a person (JSON) |
 
 use std::collections::BTreeMap;
 
@@ -54,6 +55,9 @@ pub const ESCALATED_ANNOTATION: &str = "gpunode.dev/escalated";
 pub const UNHEALTHY_GPUS_ANNOTATION: &str = "gpunode.dev/unhealthy-gpus";
 /// How many GPUs neither drift nor are quarantined.
 pub const HEALTHY_GPUS_LABEL: &str = "gpunode.dev/healthy-gpus";
+/// The repair of a drained node (JSON). Removing it (`kubectl annotate node <n>
+/// gpunode.dev/repair-`) forgets the attempts and lets the ladder start again.
+pub const REPAIR_ANNOTATION: &str = "gpunode.dev/repair";
 
 /// The drift label key of a class.
 pub fn drift_label(class: DriftClass) -> String {
@@ -85,6 +89,114 @@ pub struct GpuTrack {
     pub quarantined: Option<TaintEffect>,
 }
 
+/// The repair of one drained node (`spec.repair`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RepairTrack {
+    /// When each step was started, within the policy's window (the attempts).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<Timestamp>,
+    /// The step running, or the last one run in this repair.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<StepRun>,
+    /// The objects the steps of this repair created, deleted once the node recovers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<StepObjectRef>,
+    /// The repair stopped and needs a person: when, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs_human: Option<NeedsHuman>,
+}
+
+/// Why a repair stopped.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct NeedsHuman {
+    /// When it stopped.
+    pub at: Timestamp,
+    /// Why, in one line.
+    pub why: String,
+}
+
+impl RepairTrack {
+    /// Nothing worth storing.
+    pub fn is_empty(&self) -> bool {
+        self == &RepairTrack::default()
+    }
+}
+
+/// One run of one step.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StepRun {
+    /// The step's name.
+    pub name: String,
+    /// When it started.
+    pub started: Timestamp,
+    /// Its object exists (its creation was seen); until then a missing object is created, after
+    /// it a missing object was deleted by its remediator, which means finished.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub created: bool,
+    /// How it ended, once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<StepEnd>,
+}
+
+/// How a step ended.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StepEnd {
+    /// When.
+    pub at: Timestamp,
+    /// How.
+    pub outcome: StepOutcome,
+}
+
+/// The outcome of a step.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StepOutcome {
+    /// It finished; the probe's next report says whether the node is repaired.
+    Succeeded,
+    /// It reported failure.
+    Failed,
+    /// It ran past its timeout.
+    TimedOut,
+}
+
+impl StepOutcome {
+    /// As metrics and events spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepOutcome::Succeeded => "Succeeded",
+            StepOutcome::Failed => "Failed",
+            StepOutcome::TimedOut => "TimedOut",
+        }
+    }
+}
+
+/// An object a repair step created.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "camelCase")]
+pub struct StepObjectRef {
+    /// Its apiVersion.
+    pub api_version: String,
+    /// Its kind.
+    pub kind: String,
+    /// Its namespace, if namespaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Its name.
+    pub name: String,
+}
+
+impl std::fmt::Display for StepObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
 /// A GPU's key in the bookkeeping: its UUID, or `index-<i>` for a GPU reported without one.
 pub fn gpu_key(index: u32, uuid: Option<&str>) -> String {
     match uuid {
@@ -110,6 +222,8 @@ pub struct Markers {
     pub gpus: BTreeMap<String, GpuTrack>,
     /// The node's GPU faults went to its node rules then.
     pub escalated: Option<Timestamp>,
+    /// The repair of the drained node.
+    pub repair: RepairTrack,
 }
 
 /// A marker gpunode could not read back (hand-edited or corrupted); it is ignored and
@@ -136,6 +250,16 @@ impl Markers {
                 Ok(classes) => markers.classes = classes,
                 Err(e) => errors.push(MarkerError {
                     key: CLASSES_ANNOTATION,
+                    value: v.clone(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        if let Some(v) = annotations.get(REPAIR_ANNOTATION) {
+            match serde_json::from_str(v) {
+                Ok(repair) => markers.repair = repair,
+                Err(e) => errors.push(MarkerError {
+                    key: REPAIR_ANNOTATION,
                     value: v.clone(),
                     reason: e.to_string(),
                 }),
@@ -201,6 +325,11 @@ impl Markers {
         }
         if let Some(t) = self.escalated {
             out.insert(ESCALATED_ANNOTATION.to_string(), t.to_string());
+        }
+        if !self.repair.is_empty()
+            && let Ok(json) = serde_json::to_string(&self.repair)
+        {
+            out.insert(REPAIR_ANNOTATION.to_string(), json);
         }
         let unhealthy: Vec<&str> = self
             .gpus
@@ -310,6 +439,28 @@ mod tests {
                 },
             )]),
             escalated: Some(ts("2026-11-29T10:02:00Z")),
+            repair: RepairTrack {
+                attempts: vec![ts("2026-11-29T10:04:00Z")],
+                step: Some(StepRun {
+                    name: "reboot".to_string(),
+                    started: ts("2026-11-29T10:04:00Z"),
+                    created: true,
+                    ended: Some(StepEnd {
+                        at: ts("2026-11-29T10:09:00Z"),
+                        outcome: StepOutcome::TimedOut,
+                    }),
+                }),
+                objects: vec![StepObjectRef {
+                    api_version: "remediation.example.com/v1".to_string(),
+                    kind: "Reboot".to_string(),
+                    namespace: Some("ops".to_string()),
+                    name: "node-1".to_string(),
+                }],
+                needs_human: Some(NeedsHuman {
+                    at: ts("2026-11-29T10:09:00Z"),
+                    why: "every step was tried".to_string(),
+                }),
+            },
         };
         let annotations = markers.to_annotations();
         assert_eq!(
@@ -326,6 +477,12 @@ mod tests {
             annotations.get(CLASSES_ANNOTATION).map(String::as_str),
             Some(
                 r#"{"Xid":{"since":"2026-11-29T09:00:00Z","clearedAt":"2026-11-29T09:30:00Z"},"Thermal":{"since":"2026-11-29T10:00:00Z"}}"#
+            )
+        );
+        assert_eq!(
+            annotations.get(REPAIR_ANNOTATION).map(String::as_str),
+            Some(
+                r#"{"attempts":["2026-11-29T10:04:00Z"],"step":{"name":"reboot","started":"2026-11-29T10:04:00Z","created":true,"ended":{"at":"2026-11-29T10:09:00Z","outcome":"TimedOut"}},"objects":[{"apiVersion":"remediation.example.com/v1","kind":"Reboot","namespace":"ops","name":"node-1"}],"needsHuman":{"at":"2026-11-29T10:09:00Z","why":"every step was tried"}}"#
             )
         );
         let (back, errors) = Markers::from_annotations(&annotations);

@@ -60,13 +60,15 @@ pub enum ErrorKind {
     Conflict,
     /// An object could not be decoded or is invalid.
     InvalidObject,
+    /// Making or deleting a repair step's object failed.
+    Repair,
     /// Anything else.
     Other,
 }
 
 impl ErrorKind {
     /// Every kind, for exhaustive tests and dashboards.
-    pub const ALL: [ErrorKind; 10] = [
+    pub const ALL: [ErrorKind; 11] = [
         ErrorKind::Read,
         ErrorKind::Labels,
         ErrorKind::Taints,
@@ -76,6 +78,7 @@ impl ErrorKind {
         ErrorKind::Event,
         ErrorKind::Conflict,
         ErrorKind::InvalidObject,
+        ErrorKind::Repair,
         ErrorKind::Other,
     ];
 
@@ -91,6 +94,7 @@ impl ErrorKind {
             ErrorKind::Event => "event",
             ErrorKind::Conflict => "conflict",
             ErrorKind::InvalidObject => "invalid_object",
+            ErrorKind::Repair => "repair",
             ErrorKind::Other => "other",
         }
     }
@@ -122,11 +126,15 @@ pub enum ActionKind {
     Quarantine,
     /// A GPU's quarantine lifted.
     Unquarantine,
+    /// A repair step started on a drained node.
+    RepairStart,
+    /// A node's repair stopped and needs a person.
+    NeedsHuman,
 }
 
 impl ActionKind {
     /// Every action.
-    pub const ALL: [ActionKind; 11] = [
+    pub const ALL: [ActionKind; 13] = [
         ActionKind::Label,
         ActionKind::Taint,
         ActionKind::Untaint,
@@ -138,6 +146,8 @@ impl ActionKind {
         ActionKind::Release,
         ActionKind::Quarantine,
         ActionKind::Unquarantine,
+        ActionKind::RepairStart,
+        ActionKind::NeedsHuman,
     ];
 
     /// The label value.
@@ -154,6 +164,8 @@ impl ActionKind {
             ActionKind::Release => "release",
             ActionKind::Quarantine => "quarantine",
             ActionKind::Unquarantine => "unquarantine",
+            ActionKind::RepairStart => "repair_start",
+            ActionKind::NeedsHuman => "needs_human",
         }
     }
 }

@@ -39,7 +39,8 @@ use crate::{
     cache::{PolicyVerdicts, VerdictCache},
     markers,
     metrics::Metrics,
-    plan::{GpuPods, GpuView, NodeView, PodRef},
+    plan::{GpuPods, GpuView, NodeView, PodRef, StepObject},
+    remediators::Remediators,
 };
 
 pub use heartbeats::Heartbeats;
@@ -150,6 +151,7 @@ impl Caches {
             heartbeats: &self.heartbeats,
             index,
             slices: self.dra.as_ref().map(DraCaches::by_node),
+            repair_objects: HashMap::new(),
         }
     }
 }
@@ -209,6 +211,46 @@ pub fn gpu_pods(report: Option<&GpuNodeReport>) -> Option<GpuPods> {
     })
 }
 
+/// The objects of the repair steps running on `nodes` under `policy`, by node: one request
+/// each (their kinds have no watch), only for nodes whose bookkeeping shows a step running. A
+/// node whose object could not be read is left out, and its step waits for the next look.
+pub async fn repair_objects(
+    remediators: &Remediators,
+    policy: &GpuNodePolicy,
+    nodes: &[Arc<Node>],
+) -> HashMap<String, StepObject> {
+    let Some(repair) = policy.spec.repair.as_ref() else {
+        return HashMap::new();
+    };
+    let running: Vec<(String, gpunode_crds::repair::RemediatorTemplate, jiff::Timestamp)> = nodes
+        .iter()
+        .filter_map(|n| {
+            let raw = n.annotations().get(markers::REPAIR_ANNOTATION)?;
+            let track: markers::RepairTrack = serde_json::from_str(raw).ok()?;
+            let step = track.step.filter(|s| s.ended.is_none())?;
+            let (_, spec) = repair.step(&step.name)?;
+            Some((n.name_any(), spec.remediator.clone()?, step.started))
+        })
+        .collect();
+    futures::stream::iter(running)
+        .map(|(node, template, started)| async move {
+            let seen = remediators.look(&template, &node, started).await;
+            (node, seen)
+        })
+        .buffer_unordered(16)
+        .filter_map(|(node, seen)| async move {
+            match seen {
+                Ok(o) => Some((node, o)),
+                Err(e) => {
+                    warn!(node = %node, error = %e, "reading a repair step's object");
+                    None
+                }
+            }
+        })
+        .collect()
+        .await
+}
+
 /// What the views of a policy's nodes are made from besides the nodes themselves.
 pub struct Inputs<'a> {
     /// Reports.
@@ -219,6 +261,8 @@ pub struct Inputs<'a> {
     pub index: &'a SelectorIndex,
     /// On a DRA cluster, the ResourceSlices by node.
     pub slices: Option<HashMap<String, Vec<Arc<devices::ResourceSlice>>>>,
+    /// The running repair steps' objects, by node ([`repair_objects`]).
+    pub repair_objects: HashMap<String, StepObject>,
 }
 
 /// Every node's view under `policy`: what gpunode has in effect on it, its verdict (reused from
@@ -254,7 +298,12 @@ pub fn views(
                 devices::node_devices(slices.iter().map(AsRef::as_ref), name, driver)
             });
             let devices = devices::devices_of(dra, gpu_pods(readable));
-            view.heard_at(last_heard).with_gpus(gpu_views(readable), devices)
+            view.heard_at(last_heard)
+                .with_gpus(gpu_views(readable), devices)
+                .with_repair(
+                    observed_at(report.as_deref()),
+                    inputs.repair_objects.get(name).cloned(),
+                )
         })
         .collect();
     verdicts.end();

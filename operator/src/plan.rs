@@ -24,6 +24,7 @@
 //!   the node has recovered.
 
 pub mod gpus;
+pub mod repair;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -45,6 +46,7 @@ pub use gpus::{
     DeviceRef, Escalation, GpuPods, GpuTaint, GpuView, NodeDevices, PodRef, Quarantine, QuarantineTarget,
     quarantine_of,
 };
+pub use repair::{EnsureObject, RepairPlan, RepairState, StepObject};
 
 /// What the planner needs to know about one node selected by the policy.
 #[derive(Clone, Debug)]
@@ -74,6 +76,11 @@ pub struct NodeView {
     pub gpus: Vec<GpuView>,
     /// How the node's GPUs reach pods (DRA devices or the device plugin).
     pub devices: NodeDevices,
+    /// When the node's probe observed what its report says (`observedAt`; a heartbeat renews
+    /// `last_heard`, not this).
+    pub reported_at: Option<Timestamp>,
+    /// The running repair step's object, as looked at before planning.
+    pub repair_object: Option<StepObject>,
 }
 
 impl NodeView {
@@ -114,6 +121,8 @@ impl NodeView {
             last_heard: None,
             gpus: Vec::new(),
             devices: NodeDevices::Unknown,
+            reported_at: None,
+            repair_object: None,
         };
         (view, errors)
     }
@@ -141,12 +150,21 @@ impl NodeView {
             last_heard: None,
             gpus: Vec::new(),
             devices: NodeDevices::Unknown,
+            reported_at: None,
+            repair_object: None,
         }
     }
 
     /// The same view, with through when its verdict holds.
     pub fn heard_at(mut self, last_heard: Option<Timestamp>) -> NodeView {
         self.last_heard = last_heard;
+        self
+    }
+
+    /// The same view, with when its report was observed and its repair step's object.
+    pub fn with_repair(mut self, reported_at: Option<Timestamp>, object: Option<StepObject>) -> NodeView {
+        self.reported_at = reported_at;
+        self.repair_object = object;
         self
     }
 }
@@ -287,6 +305,8 @@ pub struct NodePlan {
     pub escalation: Option<Escalation>,
     /// For the `gpunode.dev/healthy-gpus` label: GPUs neither drifting nor quarantined.
     pub healthy_gpus: Option<u32>,
+    /// The repair of the drained node: its step, objects to make and delete.
+    pub repair: RepairPlan,
 }
 
 impl NodePlan {
@@ -304,6 +324,30 @@ impl NodePlan {
             tainted: !self.taints.is_empty(),
             cordoned: self.markers.cordoned_by_us,
             drain: self.drain,
+            repair: RepairInEffect::of(&self.markers.repair),
+        }
+    }
+}
+
+/// Where a node's repair stands, as its bookkeeping records it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RepairInEffect {
+    /// The step running, if any.
+    pub running: Option<String>,
+    /// The repair stopped and needs a person.
+    pub needs_human: bool,
+}
+
+impl RepairInEffect {
+    /// What `track` records.
+    pub fn of(track: &markers::RepairTrack) -> RepairInEffect {
+        RepairInEffect {
+            running: track
+                .step
+                .as_ref()
+                .filter(|s| s.ended.is_none())
+                .map(|s| s.name.clone()),
+            needs_human: track.needs_human.is_some(),
         }
     }
 }
@@ -319,6 +363,8 @@ pub struct InEffect {
     pub cordoned: bool,
     /// The drain.
     pub drain: DrainStep,
+    /// The repair.
+    pub repair: RepairInEffect,
 }
 
 /// When a plan changes with time alone.
@@ -360,6 +406,8 @@ pub enum ChangeCause {
         /// The class.
         class: DriftClass,
     },
+    /// A repair step (or the wait for a report after it) reaches its timeout.
+    RepairTimeout,
 }
 
 impl std::fmt::Display for NextChange {
@@ -391,6 +439,7 @@ impl std::fmt::Display for NextChange {
                 self.at,
                 class.as_str()
             ),
+            ChangeCause::RepairTimeout => write!(f, "{}: the repair step reaches its timeout", self.at),
         }
     }
 }
@@ -459,11 +508,12 @@ pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
         std::time::Duration::try_from(c.at.duration_since(now)).unwrap_or(IDLE_REQUEUE)
     });
     // Evictions (a drain, or the pods of a quarantined GPU) are retried soon: a refusal by a
-    // PodDisruptionBudget lifts without any change gpunode watches.
+    // PodDisruptionBudget lifts without any change gpunode watches. A repair step's object has
+    // no watch either: it is looked at as often.
     let draining = plan
         .nodes
         .iter()
-        .any(|n| matches!(n.drain, DrainStep::Run { .. }) || n.evicts_gpu_holders());
+        .any(|n| matches!(n.drain, DrainStep::Run { .. }) || n.evicts_gpu_holders() || n.repair.polls());
     let cap = if draining { DRAIN_REQUEUE } else { IDLE_REQUEUE };
     // Just after: a change due exactly `now` has not happened yet.
     (wait + std::time::Duration::from_millis(100)).min(cap)
@@ -732,6 +782,11 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
     let mut plans = Vec::with_capacity(work.len());
     for (w, kept) in work.into_iter().zip(kept) {
         let node = w.node;
+        // What keeps a repair step from starting: what keeps any disruption from starting,
+        // except the budget (a drained node already holds its slot).
+        let repair_gate = passive(node)
+            .or_else(|| (!node.conflicts.is_empty()).then(|| Block::Conflict(node.conflicts.clone())))
+            .or_else(|| circuit_open.then_some(Block::CircuitOpen));
         let additions: Vec<Action> = w.wanted.difference(&kept).cloned().collect();
         let (effective, pending, blocked) = if let Some(b) = passive(node) {
             (kept, additions, Some(b))
@@ -781,7 +836,10 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
             w.since,
             effective,
             pending,
-            blocked,
+            Gates {
+                blocked,
+                repair: repair_gate,
+            },
             now,
         ));
     }
@@ -794,6 +852,12 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         circuit_open,
         recently_drifted,
     }
+}
+
+/// Why wanted actions wait, and what keeps a repair step from starting.
+struct Gates {
+    blocked: Option<Block>,
+    repair: Option<Block>,
 }
 
 /// A node's tracks after this plan: its classes, its GPUs, and its escalation.
@@ -813,9 +877,10 @@ fn node_plan(
     since: Option<Timestamp>,
     effective: BTreeSet<Action>,
     pending: Vec<Action>,
-    blocked: Option<Block>,
+    gates: Gates,
     now: Timestamp,
 ) -> NodePlan {
+    let blocked = gates.blocked;
     let defer_to = node.conflicts.iter().filter(|c| c.as_str() < name).min().cloned();
     let write = defer_to.is_none() && !matches!(blocked, Some(Block::Skip | Block::Paused));
     let taints: BTreeSet<DriftTaint> = effective
@@ -857,6 +922,7 @@ fn node_plan(
         tainted: !node.taints.is_empty(),
         cordoned: node.markers.cordoned_by_us && node.unschedulable,
         drain: drain_step(node.markers.drain_started, node.markers.drained, timeout, now),
+        repair: RepairInEffect::of(&node.markers.repair),
     };
     let drained = match drain {
         DrainStep::Done { finished, .. } => Some(finished),
@@ -893,6 +959,21 @@ fn node_plan(
     let escalation = tracks.escalation;
     let escalated = escalation.as_ref().map(|_| node.markers.escalated.unwrap_or(now));
 
+    let state = node.verdict.state;
+    let drifting = node.verdict.classes();
+    let repair = repair::decide(repair::RepairInput {
+        policy: policy.repair.as_ref(),
+        node: &node.name,
+        track: &node.markers.repair,
+        drain: &drain,
+        state,
+        drifting: &drifting,
+        reported_at: node.reported_at,
+        object: node.repair_object.as_ref(),
+        gate: gates.repair.as_ref(),
+        now,
+    });
+
     let markers = Markers {
         classes: tracks.classes,
         cordoned_by_us,
@@ -901,10 +982,11 @@ fn node_plan(
         user_uncordoned,
         gpus: gpu_tracks,
         escalated,
+        repair: repair.track.clone(),
     };
 
-    let state = node.verdict.state;
     let mut condition = condition(node, &drain, &blocked, &pending);
+    repair_condition(&mut condition, &repair.state);
     if !gpu_taints.is_empty() {
         let list: Vec<String> = gpu_taints
             .values()
@@ -933,8 +1015,15 @@ fn node_plan(
         &pending,
     );
     events.extend(gpu_events(node, &gpu_taints, &quarantines, escalation.as_ref()));
-    let drifting = node.verdict.classes();
+    events.extend(repair.events.iter().cloned());
     let next_change = next_change(policy, &markers, &drain, node.last_heard, now);
+    let next_change = match repair.deadline.filter(|d| *d > now) {
+        Some(at) if next_change.is_none_or(|c| at < c.at) => Some(NextChange {
+            at,
+            cause: ChangeCause::RepairTimeout,
+        }),
+        _ => next_change,
+    };
     NodePlan {
         node: node.name.clone(),
         write,
@@ -956,6 +1045,35 @@ fn node_plan(
         quarantines,
         escalation,
         healthy_gpus,
+        repair,
+    }
+}
+
+/// The node condition while a repair runs, waits or has stopped.
+fn repair_condition(condition: &mut NodeCondition, state: &RepairState) {
+    match state {
+        RepairState::Idle => {}
+        RepairState::Running { step, since } => {
+            condition.reason = Reason::Repairing;
+            condition.message = format!("{}; repair step {step} running since {since}", condition.message);
+        }
+        RepairState::AwaitingReport { step } => {
+            condition.message = format!(
+                "{}; repair step {step} finished, waiting for the probe's next report",
+                condition.message
+            );
+        }
+        RepairState::Waiting { step, block } => {
+            condition.message = format!(
+                "{}; repair step {step} waiting ({})",
+                condition.message,
+                block.describe()
+            );
+        }
+        RepairState::NeedsHuman(why) => {
+            condition.reason = Reason::NeedsHuman;
+            condition.message = format!("{}; repair stopped, needs a person: {why}", condition.message);
+        }
     }
 }
 
@@ -1243,7 +1361,13 @@ fn events(
                 note: "drain has run past its timeout; still retrying, never forcing".to_string(),
             })
         }
-        (Some(_), DrainStep::Done { .. }) if node.current_reason != Some(Reason::Drained) => {
+        // Once: the condition says Drained from then on, or what the repair after it says.
+        (Some(_), DrainStep::Done { .. })
+            if !matches!(
+                node.current_reason,
+                Some(Reason::Drained | Reason::Repairing | Reason::NeedsHuman)
+            ) =>
+        {
             out.push(PlannedEvent {
                 warning: false,
                 reason: Reason::Drained,

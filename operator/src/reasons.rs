@@ -45,11 +45,23 @@ pub enum Reason {
     GpuReleased,
     /// The node's GPU faults went to the node's own rules (event).
     Escalated,
+    /// A repair step runs on the drained node (condition).
+    Repairing,
+    /// A repair step started (event).
+    RepairStarted,
+    /// A repair step finished (event).
+    RepairSucceeded,
+    /// A repair step reported failure (event).
+    RepairFailed,
+    /// A repair step ran past its timeout (event).
+    RepairTimedOut,
+    /// The repair stopped: every step was tried or the attempts are used (event; condition).
+    NeedsHuman,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 18] = [
+    pub const ALL: [Reason; 24] = [
         Reason::Compliant,
         Reason::Drifted,
         Reason::Unknown,
@@ -68,6 +80,12 @@ impl Reason {
         Reason::GpuQuarantined,
         Reason::GpuReleased,
         Reason::Escalated,
+        Reason::Repairing,
+        Reason::RepairStarted,
+        Reason::RepairSucceeded,
+        Reason::RepairFailed,
+        Reason::RepairTimedOut,
+        Reason::NeedsHuman,
     ];
 
     /// As written (CamelCase).
@@ -91,6 +109,12 @@ impl Reason {
             Reason::GpuQuarantined => "GpuQuarantined",
             Reason::GpuReleased => "GpuReleased",
             Reason::Escalated => "Escalated",
+            Reason::Repairing => "Repairing",
+            Reason::RepairStarted => "RepairStarted",
+            Reason::RepairSucceeded => "RepairSucceeded",
+            Reason::RepairFailed => "RepairFailed",
+            Reason::RepairTimedOut => "RepairTimedOut",
+            Reason::NeedsHuman => "NeedsHuman",
         }
     }
 
@@ -117,7 +141,13 @@ impl Reason {
             Reason::Released => Some(ActionKind::Release),
             Reason::GpuQuarantined => Some(ActionKind::Quarantine),
             Reason::GpuReleased => Some(ActionKind::Unquarantine),
+            Reason::RepairStarted => Some(ActionKind::RepairStart),
+            Reason::NeedsHuman => Some(ActionKind::NeedsHuman),
             Reason::Escalated
+            | Reason::Repairing
+            | Reason::RepairSucceeded
+            | Reason::RepairFailed
+            | Reason::RepairTimedOut
             | Reason::Draining
             | Reason::Drained
             | Reason::RemediationWaiting

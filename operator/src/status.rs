@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::{
     apply::Applied,
-    plan::{Action, Block, DrainStep, InEffect, NodePlan, PolicyPlan},
+    plan::{Action, Block, DrainStep, InEffect, NodePlan, PolicyPlan, RepairState},
     reasons::{PolicyCondition, PolicyReason},
     verdict::NodeState,
 };
@@ -65,6 +65,8 @@ pub fn status(
     let cordoned = count(&|_, e| e.cordoned);
     let draining = count(&|_, e| matches!(e.drain, DrainStep::Run { .. }));
     let stuck = count(&|_, e| matches!(e.drain, DrainStep::Run { stuck: true, .. }));
+    let repairing = count(&|_, e| e.repair.running.is_some());
+    let needs_human = count(&|_, e| e.repair.needs_human);
     let quarantined_gpus = u32::try_from(
         nodes
             .iter()
@@ -95,8 +97,21 @@ pub fn status(
             node: n.node.clone(),
             classes: n.drifting.iter().copied().collect(),
             since: n.since.map(Time),
-            actions: effect.actions.iter().map(Action::describe).collect(),
-            pending_actions: n.pending.iter().map(Action::describe).collect(),
+            actions: effect
+                .actions
+                .iter()
+                .map(Action::describe)
+                .chain(effect.repair.running.iter().map(|s| format!("Repair {s}")))
+                .collect(),
+            pending_actions: n
+                .pending
+                .iter()
+                .map(Action::describe)
+                .chain(match &n.repair.state {
+                    RepairState::Waiting { step, .. } => Some(format!("Repair {step}")),
+                    _ => None,
+                })
+                .collect(),
             message: n.condition.message.clone(),
         })
         .collect();
@@ -208,6 +223,8 @@ pub fn status(
         cordoned,
         draining,
         quarantined_gpus,
+        repairing,
+        needs_human,
         drifted_nodes,
         drifted_nodes_truncated: truncated,
     }

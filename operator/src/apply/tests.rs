@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::{
     markers::{ClassTrack, Markers},
-    plan::{InEffect, NodeCondition, NodePlan},
+    plan::{InEffect, NodeCondition, NodePlan, RepairInEffect, RepairPlan},
     reasons::Reason,
     verdict::NodeState,
 };
@@ -466,11 +466,13 @@ fn drifted_plan() -> NodePlan {
             tainted: true,
             cordoned: true,
             drain: DrainStep::None,
+            repair: RepairInEffect::default(),
         },
         next_change: None,
         quarantines: Vec::new(),
         escalation: None,
         healthy_gpus: None,
+        repair: RepairPlan::default(),
     }
 }
 

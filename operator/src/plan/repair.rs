@@ -1,0 +1,442 @@
+//! The repair ladder after a drain (`spec.repair`). Pure: the step objects' state is observed
+//! before planning and passed in; what to create and delete is handed to the applier.
+//!
+//! - A repair begins once a drain has evicted everything it may ([`DrainStep::Done`]) and the
+//!   node still drifts; it ends (its objects are deleted, the step forgotten) once the drain is
+//!   no longer in effect: the node recovered, or a person uncordoned it.
+//! - One step at a time. A step starts only when nothing gates disruption on the node (pause,
+//!   dry run, skip, a conflict, the circuit breaker) and the node has attempts left in the
+//!   window; it is recorded on the node before its object is created, and its object is created
+//!   once (by name), so a new leader resumes it and never runs it twice.
+//! - A step ends when its object reports its completion condition (True: succeeded, False:
+//!   failed), is deleted by its remediator (succeeded), cannot be made (failed), or at its
+//!   timeout. Failed and timed out move to the next step at once; succeeded waits for the
+//!   probe's next report after it (within the same timeout): still drifted moves on, compliant
+//!   lets the node recover as usual.
+//! - No step left, or no attempt left: `NeedsHuman`, kept until the node recovers or a person
+//!   removes the `gpunode.dev/repair` annotation.
+
+use std::collections::BTreeSet;
+
+use gpunode_crds::{
+    DriftClass,
+    repair::{RemediatorTemplate, RepairAction, RepairPolicy, RepairStep},
+};
+use jiff::{SignedDuration, Timestamp};
+
+use super::{Block, DrainStep, PlannedEvent, signed};
+use crate::{
+    markers::{NeedsHuman, REPAIR_ANNOTATION, RepairTrack, StepEnd, StepObjectRef, StepOutcome, StepRun},
+    reasons::Reason,
+    verdict::NodeState,
+};
+
+/// What the running step's object looks like, as observed before planning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StepObject {
+    /// It does not exist.
+    Absent,
+    /// It exists and has not finished.
+    Running,
+    /// Its completion condition is True.
+    Succeeded,
+    /// Its completion condition is False: the message says why.
+    Failed(String),
+    /// It cannot be made or read for good: its template is missing, or its kind is not served.
+    Unavailable(String),
+}
+
+/// An object a step needs, to be created if it does not exist.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EnsureObject {
+    /// The step.
+    pub step: String,
+    /// The template it is made from.
+    pub template: RemediatorTemplate,
+    /// The object.
+    pub object: StepObjectRef,
+    /// When the step started (written on the object, so a leftover of an earlier run is told
+    /// apart).
+    pub started: Timestamp,
+}
+
+/// Where a node's repair stands after this plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RepairState {
+    /// No repair (none configured, not drained, or the node does not drift).
+    Idle,
+    /// A step runs.
+    Running {
+        /// The step.
+        step: String,
+        /// Since when.
+        since: Timestamp,
+    },
+    /// A step succeeded; the probe's next report decides.
+    AwaitingReport {
+        /// The step.
+        step: String,
+    },
+    /// The next step waits for what blocks disruption.
+    Waiting {
+        /// The step.
+        step: String,
+        /// Why.
+        block: Block,
+    },
+    /// The repair stopped.
+    NeedsHuman(String),
+}
+
+/// The repair part of a node's plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RepairPlan {
+    /// The bookkeeping after this plan.
+    pub track: RepairTrack,
+    /// The object the running step needs.
+    pub ensure: Option<EnsureObject>,
+    /// Objects of a repair that is over.
+    pub delete: Vec<StepObjectRef>,
+    /// Where it stands.
+    pub state: RepairState,
+    /// Events.
+    pub events: Vec<PlannedEvent>,
+    /// A step that ended in this plan: its name, outcome and how long it ran (for metrics).
+    pub ended: Option<(String, StepOutcome, SignedDuration)>,
+    /// When the running step (or the wait for a report after it) times out.
+    pub deadline: Option<Timestamp>,
+}
+
+impl Default for RepairPlan {
+    /// No repair: nothing to make, delete or say.
+    fn default() -> Self {
+        RepairPlan::idle(RepairTrack::default())
+    }
+}
+
+impl RepairPlan {
+    fn idle(track: RepairTrack) -> RepairPlan {
+        RepairPlan {
+            track,
+            ensure: None,
+            delete: Vec::new(),
+            state: RepairState::Idle,
+            events: Vec::new(),
+            ended: None,
+            deadline: None,
+        }
+    }
+
+    /// A step's object is looked at again soon: it has no watch.
+    pub fn polls(&self) -> bool {
+        matches!(self.state, RepairState::Running { .. })
+    }
+}
+
+/// What [`decide`] needs to know about one node.
+#[derive(Clone, Copy, Debug)]
+pub struct RepairInput<'a> {
+    /// `spec.repair`.
+    pub policy: Option<&'a RepairPolicy>,
+    /// The node's name (the name of the objects).
+    pub node: &'a str,
+    /// The bookkeeping as read from the node.
+    pub track: &'a RepairTrack,
+    /// The drain after this plan.
+    pub drain: &'a DrainStep,
+    /// The verdict's state.
+    pub state: NodeState,
+    /// The classes drifting now.
+    pub drifting: &'a BTreeSet<DriftClass>,
+    /// When the node's report was observed by its probe.
+    pub reported_at: Option<Timestamp>,
+    /// The running step's object, if one was looked at.
+    pub object: Option<&'a StepObject>,
+    /// What blocks disruption on the node, if anything.
+    pub gate: Option<&'a Block>,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// The object a step creates on `node`.
+pub fn object_of(template: &RemediatorTemplate, node: &str) -> StepObjectRef {
+    StepObjectRef {
+        api_version: template.api_version.clone(),
+        kind: template.created_kind().to_string(),
+        namespace: template.namespace.clone(),
+        name: node.to_string(),
+    }
+}
+
+fn ensure_of(step: &RepairStep, node: &str, started: Timestamp) -> Option<EnsureObject> {
+    match step.action {
+        RepairAction::Remediator => step.remediator.as_ref().map(|t| EnsureObject {
+            step: step.name.clone(),
+            template: t.clone(),
+            object: object_of(t, node),
+            started,
+        }),
+    }
+}
+
+fn add(at: Timestamp, d: SignedDuration) -> Timestamp {
+    at.checked_add(d).unwrap_or(Timestamp::MAX)
+}
+
+fn human(d: SignedDuration) -> String {
+    let secs = d.as_secs();
+    if secs >= 3600 && secs % 3600 == 0 {
+        format!("{}h", secs / 3600)
+    } else if secs >= 60 && secs % 60 == 0 {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
+    }
+}
+
+/// Plans the repair of one node.
+pub fn decide(input: RepairInput<'_>) -> RepairPlan {
+    let now = input.now;
+    let mut track = input.track.clone();
+    let Some(policy) = input.policy else {
+        // No repair configured (or it was removed): whatever an earlier one made goes.
+        let delete = std::mem::take(&mut track.objects);
+        let mut plan = RepairPlan::idle(RepairTrack::default());
+        plan.delete = delete;
+        return plan;
+    };
+    let window = signed(policy.window);
+    track.attempts.retain(|t| now.duration_since(*t) < window);
+    match input.drain {
+        DrainStep::None => {
+            // The drain is over (the node recovered, or a person uncordoned it): so is the repair.
+            let delete = std::mem::take(&mut track.objects);
+            track.step = None;
+            track.needs_human = None;
+            let mut plan = RepairPlan::idle(track);
+            plan.delete = delete;
+            return plan;
+        }
+        DrainStep::Run { .. } => return RepairPlan::idle(track),
+        DrainStep::Done { .. } => {}
+    }
+    let mut plan = RepairPlan::idle(track);
+    if running(&mut plan, policy, &input) {
+        return plan;
+    }
+    next(plan, policy, &input)
+}
+
+/// Follows the running step, if one runs: true while it still runs.
+fn running(plan: &mut RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) -> bool {
+    let now = input.now;
+    let Some(step) = plan.track.step.as_mut().filter(|s| s.ended.is_none()) else {
+        return false;
+    };
+    let spec = policy.step(&step.name).map(|(_, s)| s);
+    let object = spec.and_then(|s| ensure_of(s, input.node, step.started));
+    let finished = match (spec, input.object) {
+        (None, _) => Some((
+            StepOutcome::Failed,
+            "the step is no longer in spec.repair".to_string(),
+        )),
+        (Some(_), Some(StepObject::Succeeded)) => Some((
+            StepOutcome::Succeeded,
+            object.as_ref().map_or_else(String::new, |o| {
+                format!("{} reports {}=True", o.object, o.template.completion_condition)
+            }),
+        )),
+        (Some(_), Some(StepObject::Failed(m) | StepObject::Unavailable(m))) => {
+            Some((StepOutcome::Failed, m.clone()))
+        }
+        (Some(_), Some(StepObject::Absent)) if step.created => Some((
+            StepOutcome::Succeeded,
+            object.as_ref().map_or_else(String::new, |o| {
+                format!("{} was deleted by its remediator", o.object)
+            }),
+        )),
+        (Some(_), Some(StepObject::Running)) => {
+            // Made by a leader that stopped before recording it: adopted, never made twice.
+            step.created = true;
+            None
+        }
+        (Some(_), Some(StepObject::Absent) | None) => None,
+    };
+    let timeout = spec.map_or(SignedDuration::ZERO, |s| signed(s.timeout));
+    let deadline = add(step.started, timeout);
+    let finished = finished.or_else(|| {
+        (now >= deadline).then(|| {
+            (
+                StepOutcome::TimedOut,
+                format!("it ran past its timeout of {}", human(timeout)),
+            )
+        })
+    });
+    match finished {
+        Some((outcome, why)) => {
+            let ran = now.duration_since(step.started);
+            step.ended = Some(StepEnd { at: now, outcome });
+            let name = step.name.clone();
+            plan.events.push(ended_event(&name, outcome, ran, &why));
+            plan.ended = Some((name, outcome, ran));
+            false
+        }
+        None => {
+            let (name, since, created) = (step.name.clone(), step.started, step.created);
+            plan.ensure = object.filter(|_| !created);
+            plan.state = RepairState::Running { step: name, since };
+            plan.deadline = Some(deadline);
+            true
+        }
+    }
+}
+
+fn ended_event(step: &str, outcome: StepOutcome, ran: SignedDuration, why: &str) -> PlannedEvent {
+    let (warning, reason, what) = match outcome {
+        StepOutcome::Succeeded => (
+            false,
+            Reason::RepairSucceeded,
+            "finished; the probe's next report decides whether the node is repaired",
+        ),
+        StepOutcome::Failed => (true, Reason::RepairFailed, "failed"),
+        StepOutcome::TimedOut => (true, Reason::RepairTimedOut, "timed out"),
+    };
+    PlannedEvent {
+        warning,
+        reason,
+        note: format!("repair step {step} {what} after {}: {why}", human(ran)),
+    }
+}
+
+/// After the last step (or before the first): wait for the report, start the next step, or
+/// stop.
+fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) -> RepairPlan {
+    let now = input.now;
+    if let Some(h) = &plan.track.needs_human {
+        plan.state = RepairState::NeedsHuman(h.why.clone());
+        return plan;
+    }
+    if let Some(step) = plan.track.step.as_mut()
+        && let Some(end) = step.ended.as_mut()
+        && end.outcome == StepOutcome::Succeeded
+        && input.reported_at.is_none_or(|r| r <= end.at)
+    {
+        let timeout = policy
+            .step(&step.name)
+            .map_or(SignedDuration::ZERO, |(_, s)| signed(s.timeout));
+        let deadline = add(step.started, timeout);
+        if now < deadline {
+            plan.state = RepairState::AwaitingReport {
+                step: step.name.clone(),
+            };
+            plan.deadline = Some(deadline);
+            return plan;
+        }
+        // No report since it finished: not shown to have repaired anything.
+        end.outcome = StepOutcome::TimedOut;
+        let ran = now.duration_since(step.started);
+        plan.events.push(ended_event(
+            &step.name,
+            StepOutcome::TimedOut,
+            ran,
+            &format!(
+                "the probe sent no report within its timeout of {} after it finished",
+                human(timeout)
+            ),
+        ));
+    }
+    if input.state != NodeState::Drifted {
+        return plan;
+    }
+    let from = plan
+        .track
+        .step
+        .as_ref()
+        .and_then(|s| policy.step(&s.name))
+        .map_or(0, |(i, _)| i + 1);
+    let candidate = policy
+        .steps
+        .iter()
+        .skip(from)
+        .find(|s| s.classes.iter().any(|c| input.drifting.contains(c)));
+    let stop = |plan: &mut RepairPlan, why: String| {
+        plan.events.push(PlannedEvent {
+            warning: true,
+            reason: Reason::NeedsHuman,
+            note: format!(
+                "{why}; the node stays cordoned. To start its repair again: kubectl annotate node {} {REPAIR_ANNOTATION}-",
+                input.node
+            ),
+        });
+        plan.track.needs_human = Some(NeedsHuman {
+            at: now,
+            why: why.clone(),
+        });
+        plan.state = RepairState::NeedsHuman(why);
+    };
+    let Some(step) = candidate else {
+        let classes: Vec<&str> = input.drifting.iter().map(|c| c.as_str()).collect();
+        let why = if from == 0 {
+            format!("no repair step repairs {}", classes.join(", "))
+        } else {
+            format!("every repair step for {} was tried", classes.join(", "))
+        };
+        stop(&mut plan, why);
+        return plan;
+    };
+    if let Some(block) = input.gate {
+        plan.state = RepairState::Waiting {
+            step: step.name.clone(),
+            block: block.clone(),
+        };
+        return plan;
+    }
+    let used = u32::try_from(plan.track.attempts.len()).unwrap_or(u32::MAX);
+    if used >= policy.max_attempts {
+        stop(
+            &mut plan,
+            format!(
+                "the node used its {} repair attempts within {}",
+                policy.max_attempts,
+                human(signed(policy.window))
+            ),
+        );
+        return plan;
+    }
+    // Start it: recorded on the node before its object is made.
+    let ensure = ensure_of(step, input.node, now);
+    plan.track.attempts.push(now);
+    plan.track.step = Some(StepRun {
+        name: step.name.clone(),
+        started: now,
+        created: false,
+        ended: None,
+    });
+    if let Some(e) = &ensure
+        && !plan.track.objects.contains(&e.object)
+    {
+        plan.track.objects.push(e.object.clone());
+    }
+    let what = ensure
+        .as_ref()
+        .map_or_else(String::new, |e| format!(": creating {}", e.object));
+    plan.events.push(PlannedEvent {
+        warning: true,
+        reason: Reason::RepairStarted,
+        note: format!(
+            "repair step {} started{what} (attempt {} of {} within {}; timeout {})",
+            step.name,
+            used + 1,
+            policy.max_attempts,
+            human(signed(policy.window)),
+            human(signed(step.timeout))
+        ),
+    });
+    plan.ensure = ensure;
+    plan.state = RepairState::Running {
+        step: step.name.clone(),
+        since: now,
+    };
+    plan.deadline = Some(add(now, signed(step.timeout)));
+    plan
+}

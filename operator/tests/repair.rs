@@ -1,0 +1,479 @@
+//! The repair ladder after a drain (`spec.repair`), one behaviour per test, through the same
+//! apply-back loop as the planner's tests, plus what the applier records: a drain that found
+//! nothing left to evict, and a step's object once it exists.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use gpunode_crds::{DriftClass, GpuNodePolicySpec};
+use gpunode_operator::{
+    markers::{REPAIR_ANNOTATION, StepOutcome},
+    plan::{ChangeCause, DrainStep, NodeView, PolicyPlan, RepairState, StepObject, plan},
+    reasons::Reason,
+    verdict::{Drift, Verdict},
+};
+use jiff::{SignedDuration, Timestamp};
+
+mod support;
+use support::{of, step};
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_790_000_000).unwrap() + SignedDuration::from_secs(secs)
+}
+
+fn policy(extra: &str) -> GpuNodePolicySpec {
+    let yaml = format!(
+        r#"
+remediation:
+  - {{classes: [Xid, Memory, Driver], action: Drain}}
+disruption:
+  maxUnavailable: 1
+  circuitBreaker: {{maxDriftedPercent: 100}}
+recovery: {{healthyFor: 60s}}
+repair:
+  steps:
+    - name: reboot
+      action: Remediator
+      classes: [Xid, Memory]
+      timeout: 10m
+      remediator: {{apiVersion: remediation.example.com/v1, kind: RebootTemplate, name: reboot, namespace: ops}}
+    - name: replace
+      action: Remediator
+      classes: [Xid, Memory]
+      timeout: 30m
+      remediator: {{apiVersion: remediation.example.com/v1, kind: ReplaceTemplate, name: replace, namespace: ops}}
+{extra}"#
+    );
+    serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("policy fixture: {e}\n{yaml}"))
+}
+
+fn drifted(class: DriftClass) -> Verdict {
+    Verdict::new(
+        vec![Drift {
+            class,
+            check: "gpu.xid".to_string(),
+            expected: "none".to_string(),
+            actual: "79".to_string(),
+            gpu: Some(0),
+            device: None,
+        }],
+        Vec::new(),
+    )
+}
+
+/// A node with a report observed at `reported`.
+fn node(verdict: Verdict, reported: Timestamp) -> NodeView {
+    NodeView::new("gpu-1", verdict).with_repair(Some(reported), None)
+}
+
+/// Plans once and applies it back as the applier does: a drain that runs finds nothing left
+/// to evict, and a step's object that is made is recorded as made.
+fn pass(policy: &GpuNodePolicySpec, nodes: &mut [NodeView], now: Timestamp) -> PolicyPlan {
+    let p = step(policy, nodes, now);
+    let np = of(&p, "gpu-1");
+    let n = &mut nodes[0];
+    if np.write && matches!(np.drain, DrainStep::Run { .. }) {
+        n.markers.drained = Some(now);
+    }
+    if np.write
+        && np.repair.ensure.is_some()
+        && let Some(s) = n.markers.repair.step.as_mut()
+    {
+        s.created = true;
+    }
+    p
+}
+
+/// Drifts and is drained at 0: the first step starts at the next pass.
+fn drained(policy: &GpuNodePolicySpec) -> Vec<NodeView> {
+    let mut nodes = vec![node(drifted(DriftClass::Xid), at(0))];
+    let p = pass(policy, &mut nodes, at(0));
+    assert!(
+        matches!(of(&p, "gpu-1").drain, DrainStep::Run { .. }),
+        "not draining"
+    );
+    assert!(nodes[0].markers.drained.is_some(), "not drained");
+    nodes
+}
+
+fn look(nodes: &mut [NodeView], object: StepObject) {
+    nodes[0].repair_object = Some(object);
+}
+
+fn events(p: &PolicyPlan) -> Vec<(Reason, String)> {
+    of(p, "gpu-1")
+        .events
+        .iter()
+        .map(|e| (e.reason, e.note.clone()))
+        .collect()
+}
+
+#[test]
+fn a_drained_node_that_still_drifts_starts_the_first_step_and_makes_its_object_once() {
+    let policy = policy("");
+    let mut nodes = vec![node(drifted(DriftClass::Xid), at(0))];
+    let p = pass(&policy, &mut nodes, at(0));
+    assert_eq!(
+        of(&p, "gpu-1").repair.state,
+        RepairState::Idle,
+        "no step while draining"
+    );
+    assert!(of(&p, "gpu-1").repair.ensure.is_none());
+
+    let p = pass(&policy, &mut nodes, at(2));
+    let np = of(&p, "gpu-1");
+    assert_eq!(
+        np.repair.state,
+        RepairState::Running {
+            step: "reboot".to_string(),
+            since: at(2)
+        }
+    );
+    let e = np.repair.ensure.as_ref().expect("the step's object is made");
+    assert_eq!(e.object.to_string(), "Reboot ops/gpu-1");
+    assert_eq!(e.started, at(2));
+    assert_eq!(np.condition.reason, Reason::Repairing);
+    assert!(
+        np.condition.message.contains("repair step reboot running since"),
+        "{}",
+        np.condition.message
+    );
+    let started = events(&p);
+    assert!(
+        started.iter().any(|(r, n)| *r == Reason::RepairStarted
+            && n.contains("creating Reboot ops/gpu-1 (attempt 1 of 2 within 24h; timeout 10m)")),
+        "{started:?}"
+    );
+    assert!(np.markers.to_annotations().contains_key(REPAIR_ANNOTATION));
+    assert_eq!(
+        np.next_change.map(|c| (c.at, c.cause)),
+        Some((at(2 + 600), ChangeCause::RepairTimeout))
+    );
+
+    // Made and running: nothing is made again, no event repeats.
+    look(&mut nodes, StepObject::Running);
+    let p = pass(&policy, &mut nodes, at(30));
+    let np = of(&p, "gpu-1");
+    assert!(np.repair.ensure.is_none());
+    assert!(np.events.is_empty(), "{:?}", np.events);
+    assert!(np.repair.polls());
+}
+
+#[test]
+fn a_step_recorded_but_not_made_is_made_and_one_made_by_a_stopped_leader_is_adopted() {
+    let policy = policy("");
+    let mut nodes = drained(&policy);
+    // The step's start was recorded; the leader stopped before making the object.
+    let p = plan("p", &policy, &nodes, at(2));
+    support::apply(&mut nodes, &p);
+    assert!(!nodes[0].markers.repair.step.as_ref().unwrap().created);
+    look(&mut nodes, StepObject::Absent);
+    let p = plan("p", &policy, &nodes, at(5));
+    let np = of(&p, "gpu-1");
+    assert!(np.repair.ensure.is_some(), "an object never made is made");
+    assert!(
+        !events(&p).iter().any(|(r, _)| *r == Reason::RepairStarted),
+        "not a second start"
+    );
+    assert_eq!(np.markers.repair.attempts.len(), 1, "not a second attempt");
+
+    // It was made, but the leader stopped before recording that: adopted.
+    look(&mut nodes, StepObject::Running);
+    let p = pass(&policy, &mut nodes, at(6));
+    let np = of(&p, "gpu-1");
+    assert!(np.repair.ensure.is_none(), "never made twice");
+    assert!(np.markers.repair.step.as_ref().unwrap().created);
+}
+
+#[test]
+fn a_succeeded_step_waits_for_a_report_after_it_then_moves_on_while_the_node_still_drifts() {
+    let policy = policy("");
+    let mut nodes = drained(&policy);
+    pass(&policy, &mut nodes, at(2));
+    look(&mut nodes, StepObject::Succeeded);
+    let p = pass(&policy, &mut nodes, at(40));
+    let np = of(&p, "gpu-1");
+    assert_eq!(
+        np.repair.state,
+        RepairState::AwaitingReport {
+            step: "reboot".to_string()
+        }
+    );
+    assert_eq!(
+        np.repair.ended.as_ref().map(|e| e.1),
+        Some(StepOutcome::Succeeded)
+    );
+    assert!(
+        events(&p)
+            .iter()
+            .any(|(r, n)| *r == Reason::RepairSucceeded
+                && n.contains("Reboot ops/gpu-1 reports Succeeded=True")),
+        "{:?}",
+        events(&p)
+    );
+    assert_eq!(np.condition.reason, Reason::Drained);
+
+    // The report from before the step says nothing; a later one that still drifts moves on.
+    nodes[0].repair_object = None;
+    let p = pass(&policy, &mut nodes, at(45));
+    assert!(matches!(
+        of(&p, "gpu-1").repair.state,
+        RepairState::AwaitingReport { .. }
+    ));
+    nodes[0].reported_at = Some(at(50));
+    let p = pass(&policy, &mut nodes, at(51));
+    let np = of(&p, "gpu-1");
+    assert_eq!(
+        np.repair.state,
+        RepairState::Running {
+            step: "replace".to_string(),
+            since: at(51)
+        }
+    );
+    assert_eq!(
+        np.repair.ensure.as_ref().unwrap().object.to_string(),
+        "Replace ops/gpu-1"
+    );
+}
+
+#[test]
+fn a_repaired_node_recovers_as_usual_and_its_objects_are_deleted() {
+    let policy = policy("");
+    let mut nodes = drained(&policy);
+    pass(&policy, &mut nodes, at(2));
+    look(&mut nodes, StepObject::Absent);
+    let p = pass(&policy, &mut nodes, at(40));
+    assert!(
+        events(&p)
+            .iter()
+            .any(|(r, n)| *r == Reason::RepairSucceeded && n.contains("was deleted by its remediator")),
+        "deleted by its remediator counts as finished: {:?}",
+        events(&p)
+    );
+    nodes[0].repair_object = None;
+    nodes[0].verdict = Verdict::new(Vec::new(), Vec::new());
+    nodes[0].reported_at = Some(at(50));
+    let p = pass(&policy, &mut nodes, at(50));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.repair.state, RepairState::Idle, "compliant: no next step");
+    assert!(np.markers.cordoned_by_us, "still cordoned until healthyFor");
+    assert!(np.repair.delete.is_empty());
+
+    let p = pass(&policy, &mut nodes, at(111));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.cordon, Some(false), "released after healthyFor");
+    assert_eq!(
+        np.repair
+            .delete
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        vec!["Reboot ops/gpu-1"]
+    );
+    assert!(np.markers.repair.step.is_none());
+    assert_eq!(
+        np.markers.repair.attempts,
+        vec![at(2)],
+        "attempts are kept for the window"
+    );
+}
+
+#[test]
+fn a_failed_step_moves_to_the_next_at_once() {
+    let policy = policy("");
+    let mut nodes = drained(&policy);
+    pass(&policy, &mut nodes, at(2));
+    look(
+        &mut nodes,
+        StepObject::Failed("Reboot gpu-1 reports Succeeded=False: BMC unreachable".to_string()),
+    );
+    let p = pass(&policy, &mut nodes, at(20));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.repair.ended.as_ref().map(|e| e.1), Some(StepOutcome::Failed));
+    assert!(matches!(&np.repair.state, RepairState::Running { step, .. } if step == "replace"));
+    let seen = events(&p);
+    assert!(
+        seen.iter()
+            .any(|(r, n)| *r == Reason::RepairFailed && n.contains("BMC unreachable")),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|(r, n)| *r == Reason::RepairStarted && n.contains("attempt 2 of 2"))
+    );
+}
+
+#[test]
+fn a_template_that_cannot_be_used_fails_its_step() {
+    let policy = policy("");
+    let mut nodes = drained(&policy);
+    pass(&policy, &mut nodes, at(2));
+    look(
+        &mut nodes,
+        StepObject::Unavailable("the template RebootTemplate ops/reboot does not exist".to_string()),
+    );
+    let p = pass(&policy, &mut nodes, at(3));
+    assert!(
+        events(&p)
+            .iter()
+            .any(|(r, n)| *r == Reason::RepairFailed && n.contains("does not exist")),
+        "{:?}",
+        events(&p)
+    );
+}
+
+#[test]
+fn a_step_that_never_finishes_times_out_and_the_next_starts() {
+    let policy = policy("");
+    let mut nodes = drained(&policy);
+    pass(&policy, &mut nodes, at(2));
+    look(&mut nodes, StepObject::Running);
+    let p = pass(&policy, &mut nodes, at(2 + 599));
+    assert!(matches!(&of(&p, "gpu-1").repair.state, RepairState::Running { step, .. } if step == "reboot"));
+    let p = pass(&policy, &mut nodes, at(2 + 600));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.repair.ended.as_ref().map(|e| e.1), Some(StepOutcome::TimedOut));
+    assert!(
+        events(&p)
+            .iter()
+            .any(|(r, n)| *r == Reason::RepairTimedOut && n.contains("timeout of 10m")),
+        "{:?}",
+        events(&p)
+    );
+    assert!(matches!(&np.repair.state, RepairState::Running { step, .. } if step == "replace"));
+}
+
+#[test]
+fn a_succeeded_step_without_a_report_before_its_timeout_counts_as_timed_out() {
+    let policy = policy("");
+    let mut nodes = drained(&policy);
+    pass(&policy, &mut nodes, at(2));
+    look(&mut nodes, StepObject::Succeeded);
+    pass(&policy, &mut nodes, at(40));
+    nodes[0].repair_object = None;
+    let p = pass(&policy, &mut nodes, at(2 + 600));
+    let np = of(&p, "gpu-1");
+    assert!(
+        events(&p)
+            .iter()
+            .any(|(r, n)| *r == Reason::RepairTimedOut && n.contains("no report")),
+        "{:?}",
+        events(&p)
+    );
+    assert!(matches!(&np.repair.state, RepairState::Running { step, .. } if step == "replace"));
+}
+
+#[test]
+fn a_node_that_used_its_attempts_needs_a_person_and_stays_cordoned() {
+    let policy = policy("  maxAttempts: 1\n  window: 1h\n");
+    let mut nodes = drained(&policy);
+    pass(&policy, &mut nodes, at(2));
+    look(&mut nodes, StepObject::Failed("no".to_string()));
+    let p = pass(&policy, &mut nodes, at(10));
+    let np = of(&p, "gpu-1");
+    assert!(
+        matches!(&np.repair.state, RepairState::NeedsHuman(why) if why.contains("used its 1 repair attempts within 1h"))
+    );
+    assert_eq!(np.condition.reason, Reason::NeedsHuman);
+    assert!(np.markers.cordoned_by_us);
+    assert!(np.repair.ensure.is_none());
+    assert!(
+        events(&p).iter().any(|(r, n)| *r == Reason::NeedsHuman
+            && n.contains("kubectl annotate node gpu-1 gpunode.dev/repair-")),
+        "{:?}",
+        events(&p)
+    );
+    // It stays so, with no second event.
+    nodes[0].repair_object = None;
+    let p = pass(&policy, &mut nodes, at(4000));
+    assert_eq!(of(&p, "gpu-1").condition.reason, Reason::NeedsHuman);
+    assert!(events(&p).is_empty(), "{:?}", events(&p));
+}
+
+#[test]
+fn a_node_whose_steps_were_all_tried_needs_a_person() {
+    let policy = policy("  maxAttempts: 5\n");
+    let mut nodes = drained(&policy);
+    pass(&policy, &mut nodes, at(2));
+    look(&mut nodes, StepObject::Failed("no".to_string()));
+    pass(&policy, &mut nodes, at(3));
+    look(&mut nodes, StepObject::Failed("no".to_string()));
+    let p = pass(&policy, &mut nodes, at(4));
+    assert!(
+        matches!(&of(&p, "gpu-1").repair.state, RepairState::NeedsHuman(why) if why.contains("every repair step for Xid was tried")),
+        "{:?}",
+        of(&p, "gpu-1").repair.state
+    );
+}
+
+#[test]
+fn only_steps_that_repair_the_drifting_class_run() {
+    let policy = policy("");
+    let mut nodes = vec![node(drifted(DriftClass::Driver), at(0))];
+    pass(&policy, &mut nodes, at(0));
+    let p = pass(&policy, &mut nodes, at(1));
+    let np = of(&p, "gpu-1");
+    assert!(
+        matches!(&np.repair.state, RepairState::NeedsHuman(why) if why == "no repair step repairs Driver"),
+        "{:?}",
+        np.repair.state
+    );
+    assert!(np.repair.ensure.is_none());
+    assert!(np.markers.repair.attempts.is_empty());
+}
+
+#[test]
+fn pause_and_an_open_breaker_hold_the_next_step_and_say_so() {
+    let mut paused = policy("");
+    let mut nodes = drained(&paused);
+    paused.paused = true;
+    let p = pass(&paused, &mut nodes, at(2));
+    let np = of(&p, "gpu-1");
+    assert!(!np.write);
+    assert!(matches!(&np.repair.state, RepairState::Waiting { step, .. } if step == "reboot"));
+
+    let open = policy("");
+    let mut nodes = drained(&open);
+    let mut breaker = open.clone();
+    breaker.disruption.circuit_breaker.max_drifted_percent = 0;
+    let mut other = node(drifted(DriftClass::Xid), at(0));
+    other.name = "gpu-2".to_string();
+    nodes.push(other);
+    let p = plan("p", &breaker, &nodes, at(2));
+    let np = of(&p, "gpu-1");
+    assert!(p.circuit_open);
+    assert!(np.repair.ensure.is_none());
+    assert!(
+        np.condition
+            .message
+            .contains("repair step reboot waiting (circuit breaker open)"),
+        "{}",
+        np.condition.message
+    );
+}
+
+#[test]
+fn attempts_outside_the_window_are_forgotten() {
+    let policy = policy("  maxAttempts: 1\n  window: 1h\n");
+    let mut nodes = drained(&policy);
+    nodes[0].markers.repair.attempts = vec![at(-3600)];
+    let p = pass(&policy, &mut nodes, at(2));
+    assert!(matches!(
+        &of(&p, "gpu-1").repair.state,
+        RepairState::Running { .. }
+    ));
+    assert_eq!(of(&p, "gpu-1").markers.repair.attempts, vec![at(2)]);
+}
+
+#[test]
+fn a_person_who_uncordons_ends_the_repair_and_its_objects_go() {
+    let policy = policy("");
+    let mut nodes = drained(&policy);
+    pass(&policy, &mut nodes, at(2));
+    nodes[0].unschedulable = false;
+    look(&mut nodes, StepObject::Running);
+    let p = pass(&policy, &mut nodes, at(10));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.repair.state, RepairState::Idle);
+    assert_eq!(np.repair.delete.len(), 1);
+    assert!(np.repair.ensure.is_none());
+}
