@@ -278,6 +278,50 @@ pub async fn install_accounts(admin: &Client) -> Result<Accounts, Error> {
     Ok(acc)
 }
 
+/// Grants the operator's ServiceAccount the remediation kinds `remediators` (the chart's
+/// `operator.remediators` value, as JSON): renders the chart's remediator ClusterRole and its
+/// binding with that value, applies them, and waits until the operator may create `resource`
+/// (`group/plural`) in `namespace`.
+pub async fn grant_remediators(
+    admin: &Client,
+    remediators: &serde_json::Value,
+    resource: &str,
+    namespace: &str,
+) -> Result<(), Error> {
+    let acc = install_accounts(admin).await?;
+    let set = format!("operator.remediators={remediators}");
+    let objects = template(
+        admin,
+        RELEASE,
+        NAMESPACE,
+        &["--show-only", "templates/rbac-operator.yaml", "--set-json", &set],
+    )
+    .await?;
+    let ours: Vec<DynamicObject> = objects
+        .into_iter()
+        .filter(|o| {
+            o.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.ends_with("-remediators"))
+        })
+        .collect();
+    if ours.len() != 2 {
+        return Err(Error::Unexpected(format!(
+            "the chart rendered {} remediator RBAC objects, not a ClusterRole and its binding",
+            ours.len()
+        )));
+    }
+    apply(admin, &ours, NAMESPACE, false).await?;
+    let op = acc.operator_user();
+    wait::until("the remediator RBAC to take effect", SETUP_TIMEOUT, || async {
+        Ok(can_i(admin, &op, "create", resource, Some(namespace), None)
+            .await?
+            .then_some(()))
+    })
+    .await
+}
+
 /// Asks the API server whether `user` may `verb` `resource` (SubjectAccessReview, as `kubectl
 /// auth can-i --as` does). `resource` is `[group/]resource[/subresource]`.
 pub async fn can_i(

@@ -17,6 +17,7 @@ pub mod nodes;
 pub mod operator;
 pub mod pods;
 pub mod probe;
+pub mod remediator;
 pub mod reports;
 pub mod scratch;
 pub mod tools;

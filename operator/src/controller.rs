@@ -494,6 +494,10 @@ fn record_actions(ctx: &Context, np: &plan::NodePlan, node: &Node) {
     for _ in &np.pending {
         ctx.metrics.action(ActionKind::Label, ActionResult::Blocked);
     }
+    if let Some((step, outcome, ran)) = &np.repair.ended {
+        let ran = Duration::try_from(*ran).unwrap_or_default();
+        ctx.metrics.repair_step(step, outcome.as_str(), ran);
+    }
     let changed_state = np.events.iter().any(|e| e.reason.is_state_change());
     if changed_state
         && let Some(observed) = observe::observed_at(ctx.caches.report(&node.name_any()).as_deref())

@@ -11,6 +11,8 @@
 //! | `gpunode_actions_total` | counter | `action` ([`ActionKind`]), `result` ([`ActionResult`]) |
 //! | `gpunode_nodes` | gauge | `policy`, `state` (`compliant`, `drifted`, `unknown`) |
 //! | `gpunode_quarantined_gpus` | gauge (GPUs quarantined on their own) | `policy` |
+//! | `gpunode_repair_steps_total` | counter (repair steps that ended) | `step` (the policy's step name), `outcome` (`Succeeded`, `Failed`, `TimedOut`) |
+//! | `gpunode_repair_step_duration_seconds` | histogram (start to end of a repair step) | `outcome` |
 //! | `gpunode_reconcile_duration_seconds` | histogram | |
 //! | `gpunode_reaction_seconds` | histogram (report observed → action applied) | |
 //! | `gpunode_leader` | gauge (1 while this replica leads) | |
@@ -306,7 +308,23 @@ pub struct Metrics {
     verdicts: Family<VerdictLabels, Counter>,
     policy_conditions: Family<ConditionLabels, Gauge>,
     quarantined_gpus: Family<PolicyLabels, Gauge>,
+    repair_steps: Family<StepLabels, Counter>,
+    repair_duration: Family<OutcomeLabels, Histogram>,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StepLabels {
+    step: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+/// Buckets of the repair step histogram: 10 s to 4 h (reboots, replacements).
+pub const REPAIR_BUCKETS: [f64; 10] = [10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 14400.0];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -330,6 +348,9 @@ impl Metrics {
         let verdicts = Family::<VerdictLabels, Counter>::default();
         let policy_conditions = Family::<ConditionLabels, Gauge>::default();
         let quarantined_gpus = Family::<PolicyLabels, Gauge>::default();
+        let repair_steps = Family::<StepLabels, Counter>::default();
+        let repair_duration =
+            Family::<OutcomeLabels, Histogram>::new_with_constructor(|| Histogram::new(REPAIR_BUCKETS));
         for part in WritePart::ALL {
             let _ = node_writes.get_or_create(&PartLabels { part: part.as_str() });
         }
@@ -375,6 +396,17 @@ impl Metrics {
             "GPUs of each policy's nodes quarantined on their own (TaintDevice)",
             quarantined_gpus.clone(),
         );
+        registry.register(
+            "repair_steps",
+            "Repair steps (spec.repair) that ended, by step and outcome",
+            repair_steps.clone(),
+        );
+        registry.register_with_unit(
+            "repair_step_duration",
+            "Time from a repair step's start to its end, by outcome",
+            Unit::Seconds,
+            repair_duration.clone(),
+        );
         registry.register_with_unit(
             "reconcile_duration",
             "Time a reconcile of a GpuNodePolicy took",
@@ -414,6 +446,8 @@ impl Metrics {
         );
         Metrics {
             quarantined_gpus,
+            repair_steps,
+            repair_duration,
             node_writes,
             watch_events,
             verdicts,
@@ -452,6 +486,19 @@ impl Metrics {
     /// Counts an action on a node.
     pub fn action(&self, action: ActionKind, result: ActionResult) {
         self.actions.get_or_create(&ActionLabels { action, result }).inc();
+    }
+
+    /// Counts a repair step that ended, with how long it ran.
+    pub fn repair_step(&self, step: &str, outcome: &'static str, ran: Duration) {
+        self.repair_steps
+            .get_or_create(&StepLabels {
+                step: step.to_string(),
+                outcome,
+            })
+            .inc();
+        self.repair_duration
+            .get_or_create(&OutcomeLabels { outcome })
+            .observe(ran.as_secs_f64());
     }
 
     /// Sets how many of `policy`'s nodes are in `state`.

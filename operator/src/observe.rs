@@ -300,10 +300,7 @@ pub fn views(
             let devices = devices::devices_of(dra, gpu_pods(readable));
             view.heard_at(last_heard)
                 .with_gpus(gpu_views(readable), devices)
-                .with_repair(
-                    observed_at(report.as_deref()),
-                    inputs.repair_objects.get(name).cloned(),
-                )
+                .with_repair(inputs.repair_objects.get(name).cloned())
         })
         .collect();
     verdicts.end();

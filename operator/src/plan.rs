@@ -76,9 +76,6 @@ pub struct NodeView {
     pub gpus: Vec<GpuView>,
     /// How the node's GPUs reach pods (DRA devices or the device plugin).
     pub devices: NodeDevices,
-    /// When the node's probe observed what its report says (`observedAt`; a heartbeat renews
-    /// `last_heard`, not this).
-    pub reported_at: Option<Timestamp>,
     /// The running repair step's object, as looked at before planning.
     pub repair_object: Option<StepObject>,
 }
@@ -121,7 +118,6 @@ impl NodeView {
             last_heard: None,
             gpus: Vec::new(),
             devices: NodeDevices::Unknown,
-            reported_at: None,
             repair_object: None,
         };
         (view, errors)
@@ -150,7 +146,6 @@ impl NodeView {
             last_heard: None,
             gpus: Vec::new(),
             devices: NodeDevices::Unknown,
-            reported_at: None,
             repair_object: None,
         }
     }
@@ -161,9 +156,8 @@ impl NodeView {
         self
     }
 
-    /// The same view, with when its report was observed and its repair step's object.
-    pub fn with_repair(mut self, reported_at: Option<Timestamp>, object: Option<StepObject>) -> NodeView {
-        self.reported_at = reported_at;
+    /// The same view, with its repair step's object as looked at.
+    pub fn with_repair(mut self, object: Option<StepObject>) -> NodeView {
         self.repair_object = object;
         self
     }
@@ -968,7 +962,7 @@ fn node_plan(
         drain: &drain,
         state,
         drifting: &drifting,
-        reported_at: node.reported_at,
+        last_heard: node.last_heard,
         object: node.repair_object.as_ref(),
         gate: gates.repair.as_ref(),
         now,

@@ -301,7 +301,9 @@ pub fn completion(obj: &DynamicObject, condition: &str) -> StepObject {
         });
     let field = |c: &Value, k: &str| c.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
     match found {
-        Some(c) if field(c, "status") == "True" => StepObject::Succeeded,
+        Some(c) if field(c, "status") == "True" => {
+            StepObject::Succeeded(field(c, "lastTransitionTime").parse::<Timestamp>().ok())
+        }
         Some(c) if field(c, "status") == "False" => {
             let (reason, message) = (field(c, "reason"), field(c, "message"));
             StepObject::Failed(format!(

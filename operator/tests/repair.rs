@@ -60,9 +60,9 @@ fn drifted(class: DriftClass) -> Verdict {
     )
 }
 
-/// A node with a report observed at `reported`.
-fn node(verdict: Verdict, reported: Timestamp) -> NodeView {
-    NodeView::new("gpu-1", verdict).with_repair(Some(reported), None)
+/// A node whose probe was last heard from at `heard`.
+fn node(verdict: Verdict, heard: Timestamp) -> NodeView {
+    NodeView::new("gpu-1", verdict).heard_at(Some(heard))
 }
 
 /// Plans once and applies it back as the applier does: a drain that runs finds nothing left
@@ -144,8 +144,13 @@ fn a_drained_node_that_still_drifts_starts_the_first_step_and_makes_its_object_o
         "{started:?}"
     );
     assert!(np.markers.to_annotations().contains_key(REPAIR_ANNOTATION));
+    assert_eq!(np.repair.deadline, Some(at(2 + 600)));
+    // The report goes stale first (180 s after the probe was heard from at 0).
+    assert_eq!(np.next_change.map(|c| c.cause), Some(ChangeCause::Stale));
+    nodes[0].last_heard = Some(at(590));
+    let p = plan("p", &policy, &nodes, at(595));
     assert_eq!(
-        np.next_change.map(|c| (c.at, c.cause)),
+        of(&p, "gpu-1").next_change.map(|c| (c.at, c.cause)),
         Some((at(2 + 600), ChangeCause::RepairTimeout))
     );
 
@@ -189,7 +194,7 @@ fn a_succeeded_step_waits_for_a_report_after_it_then_moves_on_while_the_node_sti
     let policy = policy("");
     let mut nodes = drained(&policy);
     pass(&policy, &mut nodes, at(2));
-    look(&mut nodes, StepObject::Succeeded);
+    look(&mut nodes, StepObject::Succeeded(None));
     let p = pass(&policy, &mut nodes, at(40));
     let np = of(&p, "gpu-1");
     assert_eq!(
@@ -219,7 +224,7 @@ fn a_succeeded_step_waits_for_a_report_after_it_then_moves_on_while_the_node_sti
         of(&p, "gpu-1").repair.state,
         RepairState::AwaitingReport { .. }
     ));
-    nodes[0].reported_at = Some(at(50));
+    nodes[0].last_heard = Some(at(50));
     let p = pass(&policy, &mut nodes, at(51));
     let np = of(&p, "gpu-1");
     assert_eq!(
@@ -251,7 +256,7 @@ fn a_repaired_node_recovers_as_usual_and_its_objects_are_deleted() {
     );
     nodes[0].repair_object = None;
     nodes[0].verdict = Verdict::new(Vec::new(), Vec::new());
-    nodes[0].reported_at = Some(at(50));
+    nodes[0].last_heard = Some(at(50));
     let p = pass(&policy, &mut nodes, at(50));
     let np = of(&p, "gpu-1");
     assert_eq!(np.repair.state, RepairState::Idle, "compliant: no next step");
@@ -347,7 +352,7 @@ fn a_succeeded_step_without_a_report_before_its_timeout_counts_as_timed_out() {
     let policy = policy("");
     let mut nodes = drained(&policy);
     pass(&policy, &mut nodes, at(2));
-    look(&mut nodes, StepObject::Succeeded);
+    look(&mut nodes, StepObject::Succeeded(None));
     pass(&policy, &mut nodes, at(40));
     nodes[0].repair_object = None;
     let p = pass(&policy, &mut nodes, at(2 + 600));
@@ -476,4 +481,21 @@ fn a_person_who_uncordons_ends_the_repair_and_its_objects_go() {
     assert_eq!(np.repair.state, RepairState::Idle);
     assert_eq!(np.repair.delete.len(), 1);
     assert!(np.repair.ensure.is_none());
+}
+
+#[test]
+fn a_report_between_the_remediators_success_and_the_next_look_counts_as_after_it() {
+    let policy = policy("");
+    let mut nodes = drained(&policy);
+    pass(&policy, &mut nodes, at(2));
+    // Succeeded at 35 by its own clock; the rebooted node reported at 38; looked at at 40.
+    look(&mut nodes, StepObject::Succeeded(Some(at(35))));
+    nodes[0].last_heard = Some(at(38));
+    let p = pass(&policy, &mut nodes, at(40));
+    let np = of(&p, "gpu-1");
+    assert!(
+        matches!(&np.repair.state, RepairState::Running { step, .. } if step == "replace"),
+        "still drifted after the report that followed the step: {:?}",
+        np.repair.state
+    );
 }

@@ -38,8 +38,8 @@ pub enum StepObject {
     Absent,
     /// It exists and has not finished.
     Running,
-    /// Its completion condition is True.
-    Succeeded,
+    /// Its completion condition is True, since then (its lastTransitionTime, if it has one).
+    Succeeded(Option<Timestamp>),
     /// Its completion condition is False: the message says why.
     Failed(String),
     /// It cannot be made or read for good: its template is missing, or its kind is not served.
@@ -148,8 +148,9 @@ pub struct RepairInput<'a> {
     pub state: NodeState,
     /// The classes drifting now.
     pub drifting: &'a BTreeSet<DriftClass>,
-    /// When the node's report was observed by its probe.
-    pub reported_at: Option<Timestamp>,
+    /// When the node's probe was last heard from: its report holds through then (the probe
+    /// publishes every change, and renews a heartbeat while nothing changes).
+    pub last_heard: Option<Timestamp>,
     /// The running step's object, if one was looked at.
     pub object: Option<&'a StepObject>,
     /// What blocks disruption on the node, if anything.
@@ -235,25 +236,32 @@ fn running(plan: &mut RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>
     };
     let spec = policy.step(&step.name).map(|(_, s)| s);
     let object = spec.and_then(|s| ensure_of(s, input.node, step.started));
+    // How it ended, and when: a remediator's own time of success (so a report sent between it
+    // and this look counts as after it), else now.
+    let started = step.started;
+    let at = |t: Option<Timestamp>| t.unwrap_or(now).clamp(started, now);
     let finished = match (spec, input.object) {
         (None, _) => Some((
             StepOutcome::Failed,
             "the step is no longer in spec.repair".to_string(),
+            now,
         )),
-        (Some(_), Some(StepObject::Succeeded)) => Some((
+        (Some(_), Some(StepObject::Succeeded(t))) => Some((
             StepOutcome::Succeeded,
             object.as_ref().map_or_else(String::new, |o| {
                 format!("{} reports {}=True", o.object, o.template.completion_condition)
             }),
+            at(*t),
         )),
         (Some(_), Some(StepObject::Failed(m) | StepObject::Unavailable(m))) => {
-            Some((StepOutcome::Failed, m.clone()))
+            Some((StepOutcome::Failed, m.clone(), now))
         }
         (Some(_), Some(StepObject::Absent)) if step.created => Some((
             StepOutcome::Succeeded,
             object.as_ref().map_or_else(String::new, |o| {
                 format!("{} was deleted by its remediator", o.object)
             }),
+            now,
         )),
         (Some(_), Some(StepObject::Running)) => {
             // Made by a leader that stopped before recording it: adopted, never made twice.
@@ -269,13 +277,14 @@ fn running(plan: &mut RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>
             (
                 StepOutcome::TimedOut,
                 format!("it ran past its timeout of {}", human(timeout)),
+                now,
             )
         })
     });
     match finished {
-        Some((outcome, why)) => {
-            let ran = now.duration_since(step.started);
-            step.ended = Some(StepEnd { at: now, outcome });
+        Some((outcome, why, at)) => {
+            let ran = at.duration_since(step.started);
+            step.ended = Some(StepEnd { at, outcome });
             let name = step.name.clone();
             plan.events.push(ended_event(&name, outcome, ran, &why));
             plan.ended = Some((name, outcome, ran));
@@ -319,7 +328,7 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
     if let Some(step) = plan.track.step.as_mut()
         && let Some(end) = step.ended.as_mut()
         && end.outcome == StepOutcome::Succeeded
-        && input.reported_at.is_none_or(|r| r <= end.at)
+        && input.last_heard.is_none_or(|r| r <= end.at)
     {
         let timeout = policy
             .step(&step.name)
