@@ -263,6 +263,10 @@ pub struct NodeOutcome {
     pub refused: u32,
     /// DeviceTaintRules written or deleted.
     pub device_rules: u32,
+    /// A repair step's object could not be made after the node's record (the step's start) was
+    /// written: the plan took effect, and the next pass makes the object (its events are
+    /// published, since the start they announce is recorded).
+    pub repair_failed: Option<String>,
 }
 
 impl NodeOutcome {
@@ -701,14 +705,17 @@ impl Applier {
         // it twice, and tells its remediator deleting it from it not being made yet.
         if let Some(e) = &plan.repair.ensure {
             self.may_write(&plan.node)?;
-            let exists = self
-                .remediators
-                .ensure(policy, &plan.node, e)
-                .await
-                .map_err(|source| ApplyError::Repair {
-                    node: plan.node.clone(),
-                    source,
-                })?;
+            let exists = match self.remediators.ensure(policy, &plan.node, e).await {
+                Ok(exists) => exists,
+                Err(source) => {
+                    let e = ApplyError::Repair {
+                        node: plan.node.clone(),
+                        source,
+                    };
+                    out.repair_failed = Some(e.to_string());
+                    false
+                }
+            };
             if exists {
                 let mut made = plan.clone();
                 if let Some(step) = made.markers.repair.step.as_mut() {

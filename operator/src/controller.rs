@@ -461,6 +461,10 @@ fn node_done(ctx: &Context, np: &plan::NodePlan, node: &Node, result: &mut NodeR
     for part in outcome.parts_written() {
         ctx.metrics.node_write(part);
     }
+    if let Some(e) = &outcome.repair_failed {
+        warn!(node = %np.node, error = %e, "making a repair step's object failed; retrying");
+        ctx.metrics.reconcile_error(ErrorKind::Repair);
+    }
     // Events are writes too: none from a replica whose term passed during the apply.
     if np.write && ctx.leadership.is_leader() {
         record_actions(ctx, np, node);

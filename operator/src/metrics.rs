@@ -324,7 +324,9 @@ struct OutcomeLabels {
 }
 
 /// Buckets of the repair step histogram: 10 s to 4 h (reboots, replacements).
-pub const REPAIR_BUCKETS: [f64; 10] = [10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 14400.0];
+pub const REPAIR_BUCKETS: [f64; 10] = [
+    10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0, 14400.0,
+];
 
 impl Default for Metrics {
     fn default() -> Self {

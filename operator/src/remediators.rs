@@ -324,3 +324,60 @@ pub fn completion(obj: &DynamicObject, condition: &str) -> StepObject {
         _ => StepObject::Running,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(status: serde_json::Value) -> DynamicObject {
+        let ar = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("remediation.example.com", "v1", "Reboot"),
+            "reboots",
+        );
+        DynamicObject::new("gpu-1", &ar).data(json!({"spec": {}, "status": status}))
+    }
+
+    #[test]
+    fn the_completion_condition_says_how_a_remediation_went() {
+        let done = object(json!({"conditions": [
+            {"type": "Processing", "status": "False"},
+            {"type": "Succeeded", "status": "True", "lastTransitionTime": "2026-12-02T05:00:00Z"},
+        ]}));
+        assert_eq!(
+            completion(&done, "Succeeded"),
+            StepObject::Succeeded("2026-12-02T05:00:00Z".parse().ok())
+        );
+        let failed = object(json!({"conditions": [
+            {"type": "Succeeded", "status": "False", "reason": "BmcUnreachable", "message": "no answer"},
+        ]}));
+        assert_eq!(
+            completion(&failed, "Succeeded"),
+            StepObject::Failed("gpu-1 reports Succeeded=False (BmcUnreachable): no answer".to_string())
+        );
+        for running in [
+            object(json!({})),
+            object(json!({"conditions": [{"type": "Succeeded", "status": "Unknown"}]})),
+            object(json!({"conditions": [{"type": "Done", "status": "True"}]})),
+        ] {
+            assert_eq!(completion(&running, "Succeeded"), StepObject::Running);
+        }
+        assert_eq!(
+            completion(&done, "Done"),
+            StepObject::Running,
+            "only the policy's condition type counts"
+        );
+    }
+
+    #[test]
+    fn an_object_belongs_to_the_run_that_made_it() {
+        let started: Timestamp = "2026-12-02T05:00:00Z".parse().unwrap_or(Timestamp::UNIX_EPOCH);
+        let mut o = object(json!({}));
+        assert!(!made_at(&o, started), "no annotation: a leftover");
+        o.metadata.annotations = Some(BTreeMap::from([(
+            STARTED_ANNOTATION.to_string(),
+            started.to_string(),
+        )]));
+        assert!(made_at(&o, started));
+        assert!(!made_at(&o, started + jiff::SignedDuration::from_secs(1)));
+    }
+}
