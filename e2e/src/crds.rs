@@ -14,21 +14,27 @@ use crate::Error;
 
 /// Applies every generated CRD (server-side) and waits until each is Established.
 pub async fn install(client: &Client) -> Result<(), Error> {
+    for (_, crd) in generate::crds() {
+        apply_established(client, &crd).await?;
+    }
+    Ok(())
+}
+
+/// Applies `crd` (server-side) and waits until it is Established.
+pub async fn apply_established(client: &Client, crd: &CustomResourceDefinition) -> Result<(), Error> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let pp = PatchParams::apply("gpunode-e2e").force();
-    for (_, crd) in generate::crds() {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        api.patch(&name, &pp, &Patch::Apply(&crd)).await?;
-        let established = await_condition(api.clone(), &name, is_crd_established());
-        tokio::time::timeout(Duration::from_secs(30), established)
-            .await
-            .map_err(|_| Error::Timeout {
-                what: format!("CRD {name} to become Established"),
-                after: Duration::from_secs(30),
-                last: "not established".to_string(),
-            })?
-            .map_err(|e| Error::Unexpected(format!("watching CRD {name}: {e}")))?;
-    }
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    api.patch(&name, &pp, &Patch::Apply(crd)).await?;
+    let established = await_condition(api.clone(), &name, is_crd_established());
+    tokio::time::timeout(Duration::from_secs(30), established)
+        .await
+        .map_err(|_| Error::Timeout {
+            what: format!("CRD {name} to become Established"),
+            after: Duration::from_secs(30),
+            last: "not established".to_string(),
+        })?
+        .map_err(|e| Error::Unexpected(format!("watching CRD {name}: {e}")))?;
     Ok(())
 }
 

@@ -8,18 +8,14 @@
 //! - `Fail`: sets `Succeeded=False` (reason `BmcUnreachable`) at once;
 //! - `Hang`: never does anything.
 
-use std::{collections::BTreeSet, future::Future, time::Duration};
+use std::{collections::BTreeSet, future::Future};
 
 use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client, ResourceExt,
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
-    runtime::{
-        WatchStreamExt,
-        wait::{await_condition, conditions::is_crd_established},
-        watcher,
-    },
+    runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
 
@@ -83,25 +79,11 @@ pub async fn install(admin: &Client) -> Result<(), Error> {
         "type": "object",
         "properties": {"template": {"type": "object", "properties": {"spec": behavior}}},
     });
-    let api: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    let pp = PatchParams::apply("gpunode-e2e").force();
     for c in [
         crd("FakeReboot", "fakereboots", behavior)?,
         crd("FakeRebootTemplate", "fakereboottemplates", template)?,
     ] {
-        let name = c.metadata.name.clone().unwrap_or_default();
-        api.patch(&name, &pp, &Patch::Apply(&c)).await?;
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            await_condition(api.clone(), &name, is_crd_established()),
-        )
-        .await
-        .map_err(|_| Error::Timeout {
-            what: format!("CRD {name} to become Established"),
-            after: Duration::from_secs(30),
-            last: "not established".to_string(),
-        })?
-        .map_err(|e| Error::Unexpected(format!("watching CRD {name}: {e}")))?;
+        crate::crds::apply_established(admin, &c).await?;
     }
     Ok(())
 }
