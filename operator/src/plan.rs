@@ -965,6 +965,7 @@ fn node_plan(
         last_heard: node.last_heard,
         object: node.repair_object.as_ref(),
         gate: gates.repair.as_ref(),
+        drain_pending: pending.contains(&Action::Drain),
         now,
     });
 

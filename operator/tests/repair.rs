@@ -499,3 +499,23 @@ fn a_report_between_the_remediators_success_and_the_next_look_counts_as_after_it
         np.repair.state
     );
 }
+
+#[test]
+fn a_dry_run_lists_the_step_that_would_follow_the_drain() {
+    let mut policy = policy("");
+    policy.dry_run = true;
+    let mut nodes = vec![node(drifted(DriftClass::Xid), at(0))];
+    let p = pass(&policy, &mut nodes, at(0));
+    let np = of(&p, "gpu-1");
+    assert!(np.pending.contains(&gpunode_operator::plan::Action::Drain));
+    assert!(
+        matches!(&np.repair.state, RepairState::Waiting { step, block: gpunode_operator::plan::Block::DryRun } if step == "reboot"),
+        "{:?}",
+        np.repair.state
+    );
+    assert!(np.repair.ensure.is_none());
+    assert!(
+        np.markers.repair.attempts.is_empty(),
+        "nothing is started in a dry run"
+    );
+}

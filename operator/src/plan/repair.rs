@@ -155,6 +155,9 @@ pub struct RepairInput<'a> {
     pub object: Option<&'a StepObject>,
     /// What blocks disruption on the node, if anything.
     pub gate: Option<&'a Block>,
+    /// The drain is wanted but held back (dry run, pause, ...): the step that would follow it
+    /// is listed as waiting too.
+    pub drain_pending: bool,
     /// Now.
     pub now: Timestamp,
 }
@@ -184,15 +187,9 @@ fn add(at: Timestamp, d: SignedDuration) -> Timestamp {
     at.checked_add(d).unwrap_or(Timestamp::MAX)
 }
 
+/// As policies write durations (`1m30s`, `500ms`).
 fn human(d: SignedDuration) -> String {
-    let secs = d.as_secs();
-    if secs >= 3600 && secs % 3600 == 0 {
-        format!("{}h", secs / 3600)
-    } else if secs >= 60 && secs % 60 == 0 {
-        format!("{}m", secs / 60)
-    } else {
-        format!("{secs}s")
-    }
+    gpunode_crds::Duration::from(std::time::Duration::try_from(d).unwrap_or_default()).to_string()
 }
 
 /// Plans the repair of one node.
@@ -216,6 +213,17 @@ pub fn decide(input: RepairInput<'_>) -> RepairPlan {
             track.needs_human = None;
             let mut plan = RepairPlan::idle(track);
             plan.delete = delete;
+            // A dry run (or a pause, a conflict) lists the step that would follow the drain.
+            if input.drain_pending
+                && input.state == NodeState::Drifted
+                && let Some(block) = input.gate
+                && let Some(step) = first_for(policy, 0, input.drifting)
+            {
+                plan.state = RepairState::Waiting {
+                    step: step.name.clone(),
+                    block: block.clone(),
+                };
+            }
             return plan;
         }
         DrainStep::Run { .. } => return RepairPlan::idle(track),
@@ -317,6 +325,19 @@ fn ended_event(step: &str, outcome: StepOutcome, ran: SignedDuration, why: &str)
     }
 }
 
+/// The first step from position `from` on that repairs one of `drifting`.
+fn first_for<'p>(
+    policy: &'p RepairPolicy,
+    from: usize,
+    drifting: &BTreeSet<DriftClass>,
+) -> Option<&'p RepairStep> {
+    policy
+        .steps
+        .iter()
+        .skip(from)
+        .find(|s| s.classes.iter().any(|c| drifting.contains(c)))
+}
+
 /// After the last step (or before the first): wait for the report, start the next step, or
 /// stop.
 fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) -> RepairPlan {
@@ -363,11 +384,7 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         .as_ref()
         .and_then(|s| policy.step(&s.name))
         .map_or(0, |(i, _)| i + 1);
-    let candidate = policy
-        .steps
-        .iter()
-        .skip(from)
-        .find(|s| s.classes.iter().any(|c| input.drifting.contains(c)));
+    let candidate = first_for(policy, from, input.drifting);
     let stop = |plan: &mut RepairPlan, why: String| {
         plan.events.push(PlannedEvent {
             warning: true,
