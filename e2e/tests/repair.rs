@@ -207,7 +207,15 @@ async fn a_drained_node_is_handed_to_a_remediator_and_returned_and_a_failing_lad
     assert!(cordoned(&n));
     assert_eq!(condition_reason(&n).as_deref(), Some("Repairing"));
 
-    // Killed mid-step: the next operator resumes the same step.
+    // Killed mid-step: the next operator resumes the same step. (Events are published in the
+    // background and a killed operator loses those still queued: wait until both nodes' starts
+    // are out, so the counts below are about the steps, not about the kill.)
+    wait::until("both nodes' first steps announced", DEADLINE, || async {
+        let (a, b) = (events_of(&client, &good).await, events_of(&client, &stuck).await);
+        Ok((count(&a, "RepairStarted") == 1 && count(&b, "RepairStarted") >= 1).then_some(()))
+    })
+    .await
+    .unwrap();
     first.kill().await;
     let second = InProcess::start(&operator_client, "e2e-repair");
     remediator::go(&client, &ns.name, &good).await.unwrap();

@@ -187,9 +187,15 @@ fn add(at: Timestamp, d: SignedDuration) -> Timestamp {
     at.checked_add(d).unwrap_or(Timestamp::MAX)
 }
 
-/// As policies write durations (`1m30s`, `500ms`).
+/// As policies write durations (`1m30s`, `500ms`), to the second (to the millisecond below one).
 fn human(d: SignedDuration) -> String {
-    gpunode_crds::Duration::from(std::time::Duration::try_from(d).unwrap_or_default()).to_string()
+    let d = std::time::Duration::try_from(d).unwrap_or_default();
+    let d = if d.as_secs() > 0 {
+        std::time::Duration::from_secs(d.as_secs())
+    } else {
+        std::time::Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(0))
+    };
+    gpunode_crds::Duration::from(d).to_string()
 }
 
 /// Plans the repair of one node.
