@@ -17,6 +17,12 @@
 //!   XID events"), then append `{"id": N, "xid": 79}` to a device's `events` or swap in a fixture
 //!   that lists it. Rewriting the list with the same ids delivers nothing; dropping an id and
 //!   listing it again later makes it happen again.
+//! * **GPU reset, as NVML does it:** `nvmlDeviceModifyDrainState` (drain on), then
+//!   `nvmlDeviceRemoveGpu_v2` (refused with InUse unless drained; afterwards every call on the
+//!   device is GpuIsLost), then `nvmlDeviceDiscoverGpus` brings it back reset: its volatile ECC
+//!   counters and its pending row remap read as cleared until the fixture shows new values. Like
+//!   hardware, this outlives the process: it is kept in `<fixture>.hardware`. Each of the three
+//!   fails on demand through the device's `errors` (by symbol name).
 //! * **Errors:** `init_error` makes `nvmlInit_v2` fail with that code; per-device `errors` maps a C
 //!   symbol (or `"*"`) to the code it returns; top-level `errors` does the same for calls without
 //!   a device.
@@ -149,6 +155,40 @@ fn global_call(symbol: &str, f: impl FnOnce(&mut state::State) -> Return) -> Ret
     with_state(|s| match s.global_error(symbol) {
         Some(code) => code,
         None => f(s),
+    })
+    .unwrap_or(code::UNINITIALIZED)
+}
+
+/// The bus id a caller's `nvmlPciInfo_t` names.
+unsafe fn bus_id_of(pci: *const PciInfo) -> Option<String> {
+    if pci.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a live nvmlPciInfo_t (NVML's contract); bus_id is a fixed array.
+    let raw = unsafe { &(*pci).bus_id };
+    let bytes: Vec<u8> = raw.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8(bytes).ok()
+}
+
+/// Runs `f` on the device at the bus id `pci` names (its index), unless the fixture configures
+/// an error for `symbol` on it.
+fn pci_call(
+    pci: *const PciInfo,
+    symbol: &str,
+    f: impl FnOnce(&mut state::State, usize, String) -> Return,
+) -> Return {
+    // SAFETY: forwarded from the C caller.
+    let Some(bus) = (unsafe { bus_id_of(pci) }) else {
+        return code::INVALID_ARGUMENT;
+    };
+    with_state(|s| {
+        let Some(index) = s.index_by_bus_id(&bus) else {
+            return code::NOT_FOUND;
+        };
+        if let Some(code) = s.fixture.devices.get(index).and_then(|d| d.errors.get(symbol)) {
+            return *code;
+        }
+        f(s, index, bus)
     })
     .unwrap_or(code::UNINITIALIZED)
 }
@@ -791,6 +831,59 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         // real NVML never costs; 100 ms keeps injected XIDs far inside the 2 s publish target.
         std::thread::sleep((deadline - now).min(POLL_INTERVAL));
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU reset: drain, remove, discover
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceModifyDrainState(pci: *mut PciInfo, new_state: c_uint) -> Return {
+    pci_call(pci, "nvmlDeviceModifyDrainState", |s, _, bus| {
+        if new_state == 0 {
+            s.hardware.drained.remove(&bus);
+        } else {
+            s.hardware.drained.insert(bus);
+        }
+        s.save_hardware();
+        code::SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceQueryDrainState(pci: *mut PciInfo, current: *mut c_uint) -> Return {
+    pci_call(pci, "nvmlDeviceQueryDrainState", |s, _, bus| {
+        // SAFETY: the caller passes a writable unsigned int.
+        unsafe { put(current, c_uint::from(s.hardware.drained.contains(&bus))) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceRemoveGpu_v2(
+    pci: *mut PciInfo,
+    _gpu_state: c_uint,
+    _link_state: c_uint,
+) -> Return {
+    pci_call(pci, "nvmlDeviceRemoveGpu_v2", |s, _, bus| {
+        // NVML removes only a drained GPU: new work could land on it otherwise.
+        if !s.hardware.drained.contains(&bus) {
+            return code::IN_USE;
+        }
+        s.hardware.removed.insert(bus);
+        s.save_hardware();
+        code::SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceDiscoverGpus(pci: *mut PciInfo) -> Return {
+    pci_call(pci, "nvmlDeviceDiscoverGpus", |s, index, bus| {
+        if s.hardware.removed.remove(&bus) {
+            s.hardware.drained.remove(&bus);
+            s.reset(index);
+            s.save_hardware();
+        }
+        code::SUCCESS
+    })
 }
 
 #[cfg(test)]

@@ -14,8 +14,11 @@ pub mod code {
     pub const UNINITIALIZED: u32 = 1;
     pub const INVALID_ARGUMENT: u32 = 2;
     pub const NOT_SUPPORTED: u32 = 3;
+    pub const NOT_FOUND: u32 = 6;
     pub const INSUFFICIENT_SIZE: u32 = 7;
     pub const TIMEOUT: u32 = 10;
+    pub const GPU_IS_LOST: u32 = 15;
+    pub const IN_USE: u32 = 19;
     pub const ARGUMENT_VERSION_MISMATCH: u32 = 25;
     pub const UNKNOWN: u32 = 999;
 }
@@ -39,6 +42,46 @@ pub struct State {
     /// (device index, event id) of every event in the fixture as last read: an event "happens"
     /// when a re-read shows one that is not in here.
     seen: HashSet<(usize, u64)>,
+    /// What the GPUs' own state holds (drain, removal, resets).
+    pub hardware: Hardware,
+}
+
+/// The state of the GPUs themselves. Like hardware, it outlives the process: it is kept in a file
+/// next to the fixture (`<fixture>.hardware`), written on every change and read at
+/// initialisation, so a restarted probe sees a GPU it reset still reset.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+pub struct Hardware {
+    /// Bus ids whose drain state is on (`nvmlDeviceModifyDrainState`).
+    pub drained: HashSet<String>,
+    /// Bus ids removed (`nvmlDeviceRemoveGpu_v2`) and not yet discovered again.
+    pub removed: HashSet<String>,
+    /// Per device index: what its last reset cleared, as the fixture showed it then.
+    resets: HashMap<usize, Cleared>,
+}
+
+impl Hardware {
+    fn path(fixture: &Path) -> PathBuf {
+        let mut p = fixture.as_os_str().to_owned();
+        p.push(".hardware");
+        PathBuf::from(p)
+    }
+
+    /// The hardware state last saved next to `fixture` (none saved: a fresh machine).
+    fn load(fixture: &Path) -> Hardware {
+        std::fs::read_to_string(Self::path(fixture))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// What a GPU reset cleared: the volatile ECC counters and the pending row remap, as the fixture
+/// showed them. A re-read fixture that still shows those values shows them cleared (the reset
+/// happened to that hardware state); one that shows other values describes new errors.
+#[derive(Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Cleared {
+    vol: (i64, i64),
+    remap_pending: i64,
 }
 
 /// One `nvmlEventSet_t`.
@@ -112,6 +155,7 @@ pub fn init() -> u32 {
     // Events already in the fixture happened before this process could register for them: like
     // the real library, they are never delivered.
     let seen = event_ids(&fixture);
+    let hardware = Hardware::load(&path);
     *guard = Some(State {
         fixture,
         path,
@@ -120,7 +164,11 @@ pub fn init() -> u32 {
         event_sets: HashMap::new(),
         next_event_set: 1,
         seen,
+        hardware,
     });
+    if let Some(state) = guard.as_mut() {
+        state.apply_resets();
+    }
     code::SUCCESS
 }
 
@@ -176,6 +224,45 @@ impl State {
         self.seen = ids;
         self.fixture = fixture;
         self.stamp = Some(stamp);
+        self.apply_resets();
+    }
+
+    /// Clears in a freshly read fixture what earlier resets cleared, where it still shows the
+    /// values they cleared; forgets the resets it no longer shows.
+    fn apply_resets(&mut self) {
+        let devices = &mut self.fixture.devices;
+        self.hardware
+            .resets
+            .retain(|&index, cleared| devices.get_mut(index).is_some_and(|d| clear(d, *cleared)));
+    }
+
+    /// The index of the device at PCI bus id `bus_id`.
+    pub fn index_by_bus_id(&self, bus_id: &str) -> Option<usize> {
+        self.fixture
+            .devices
+            .iter()
+            .position(|d| d.pci.bus_id.eq_ignore_ascii_case(bus_id))
+    }
+
+    /// A GPU reset of device `index`: its volatile ECC counters and pending row remap are
+    /// cleared (a pending remap is applied by a reset), until the fixture shows new values.
+    pub fn reset(&mut self, index: usize) {
+        if let Some(d) = self.fixture.devices.get_mut(index) {
+            let cleared = Cleared {
+                vol: (d.ecc.vol.corr, d.ecc.vol.unc),
+                remap_pending: d.remapped_rows.pending,
+            };
+            clear(d, cleared);
+            self.hardware.resets.insert(index, cleared);
+        }
+    }
+
+    /// Saves the hardware state next to the fixture (best effort: a fake that cannot write it
+    /// forgets it at the next process, as a fixture-only fake would).
+    pub fn save_hardware(&self) {
+        if let Ok(json) = serde_json::to_string(&self.hardware) {
+            let _ = std::fs::write(Hardware::path(&self.path), json);
+        }
     }
 
     /// The device behind a handle, with the error code configured for `symbol` if any.
@@ -193,6 +280,10 @@ impl State {
         if let Some(code) = device.errors.get(symbol).or(wildcard) {
             return Err(*code);
         }
+        // Removed from the bus and not discovered again: gone, like a GPU that fell off it.
+        if self.hardware.removed.contains(&device.pci.bus_id) && symbol != "nvmlDeviceGetHandleByIndex_v2" {
+            return Err(code::GPU_IS_LOST);
+        }
         Ok(device)
     }
 
@@ -200,6 +291,21 @@ impl State {
     pub fn global_error(&self, symbol: &str) -> Option<u32> {
         self.fixture.errors.get(symbol).copied()
     }
+}
+
+/// Clears on `d` what a reset cleared, where it still shows the values it had then; whether any
+/// did (the reset still applies to this fixture).
+fn clear(d: &mut Device, cleared: Cleared) -> bool {
+    let mut applies = false;
+    if (d.ecc.vol.corr, d.ecc.vol.unc) == cleared.vol {
+        d.ecc.vol = Default::default();
+        applies = true;
+    }
+    if d.remapped_rows.pending == cleared.remap_pending {
+        d.remapped_rows.pending = 0;
+        applies = true;
+    }
+    applies
 }
 
 /// The fixture path: `FAKE_NVML_FIXTURE`, else a sidecar `<this library's path>.json`. The
