@@ -183,3 +183,45 @@ fn each_step_of_a_reset_can_be_made_to_fail() {
         }
     }
 }
+
+#[test]
+fn a_gpu_with_processes_lists_them_and_cannot_be_removed() {
+    let fake = faulty();
+    fake.edit(|f| {
+        f["devices"][5]["processes"] = serde_json::json!([
+            {"pid": 4242, "used_memory": 1073741824u64},
+            {"pid": 77, "used_memory": 4096, "graphics": true},
+        ]);
+    });
+    let nvml = open(&fake);
+    let mut device = nvml.device_by_index(5).unwrap();
+    let compute: Vec<u32> = device
+        .running_compute_processes()
+        .unwrap()
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(compute, [4242]);
+    let graphics: Vec<u32> = device
+        .running_graphics_processes()
+        .unwrap()
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    assert_eq!(graphics, [77]);
+    assert!(
+        nvml.device_by_index(4)
+            .unwrap()
+            .running_compute_processes()
+            .unwrap()
+            .is_empty(),
+        "an idle GPU lists none"
+    );
+    let pci = device.pci_info().unwrap();
+    device.set_drain(true, pci.clone()).unwrap();
+    let (refused, _) = device.remove(pci, DetachGpuState::Remove, PcieLinkState::ShutDown);
+    assert!(
+        matches!(refused.map_err(|e| e.error), Err(NvmlError::InUse)),
+        "a drained GPU that a process still uses is in use"
+    );
+}

@@ -77,6 +77,10 @@ pub struct Device {
     pub supported_events: u64,
     /// Events to deliver through event sets registered on this device (see [`Event`]).
     pub events: Vec<Event>,
+    /// Processes with a context on the GPU: `nvmlDeviceGetComputeRunningProcesses_v3` lists the
+    /// compute ones, `nvmlDeviceGetGraphicsRunningProcesses_v3` the graphics ones. A GPU with any
+    /// is in use: `nvmlDeviceRemoveGpu_v2` refuses it.
+    pub processes: Vec<Process>,
     /// Return codes by C symbol name, checked before anything else. `"*"` applies to every
     /// call on the device except getting its handle (a GPU that fell off the bus: `{"*": 15}`); `"field:<id>"` fails one
     /// field-value sample.
@@ -110,9 +114,21 @@ impl Default for Device {
             mig: Mig::default(),
             supported_events: 0x1 | 0x2 | 0x8 | 0x10 | 0x100,
             events: Vec::new(),
+            processes: Vec::new(),
             errors: HashMap::new(),
         }
     }
+}
+
+/// A process using a GPU.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct Process {
+    pub pid: u32,
+    /// Bytes of GPU memory it uses.
+    pub used_memory: u64,
+    /// A graphics context rather than a compute one.
+    pub graphics: bool,
 }
 
 /// PCI identity.

@@ -18,7 +18,8 @@
 //!   that lists it. Rewriting the list with the same ids delivers nothing; dropping an id and
 //!   listing it again later makes it happen again.
 //! * **GPU reset, as NVML does it:** `nvmlDeviceModifyDrainState` (drain on), then
-//!   `nvmlDeviceRemoveGpu_v2` (refused with InUse unless drained; afterwards every call on the
+//!   `nvmlDeviceRemoveGpu_v2` (refused with InUse unless drained and free of the device's
+//!   `processes`, which the running-process queries list; afterwards every call on the
 //!   device is GpuIsLost), then `nvmlDeviceDiscoverGpus` brings it back reset: its volatile ECC
 //!   counters and its pending row remap read as cleared until the fixture shows new values. Like
 //!   hardware, this outlives the process: it is kept in `<fixture>.hardware`. Each of the three
@@ -70,6 +71,15 @@ pub struct MemoryV2 {
 
 /// The version word nvml-wrapper presets for `nvmlMemory_v2_t`: size | 2 << 24.
 const MEMORY_V2_VERSION: c_uint = (std::mem::size_of::<MemoryV2>() as c_uint) | (2 << 24);
+
+/// `nvmlProcessInfo_t` (v2 layout, what the `_v3` process queries fill).
+#[repr(C)]
+pub struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
 
 /// `nvmlEventData_t`.
 #[repr(C)]
@@ -834,6 +844,82 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Processes
+
+/// The compute (or graphics) processes of a device, as NVML lists them: `*count` in is the room
+/// in `infos`, out the number of processes; InsufficientSize when they do not fit (a null
+/// `infos` with room 0 asks for the count).
+unsafe fn processes(
+    device: DeviceHandle,
+    symbol: &str,
+    graphics: bool,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> Return {
+    device_call(device, symbol, |d| {
+        if count.is_null() {
+            return code::INVALID_ARGUMENT;
+        }
+        let list: Vec<_> = d.processes.iter().filter(|p| p.graphics == graphics).collect();
+        // SAFETY: checked non-null; the caller passes a readable, writable unsigned int.
+        let room = unsafe { count.read() } as usize;
+        // SAFETY: as above.
+        unsafe { count.write(list.len() as c_uint) };
+        if list.len() > room || (infos.is_null() && !list.is_empty()) {
+            return code::INSUFFICIENT_SIZE;
+        }
+        for (i, p) in list.iter().enumerate() {
+            // SAFETY: `infos` holds `room` >= list.len() entries (NVML's contract).
+            unsafe {
+                infos.add(i).write(ProcessInfo {
+                    pid: p.pid,
+                    used_gpu_memory: p.used_memory,
+                    gpu_instance_id: c_uint::MAX,
+                    compute_instance_id: c_uint::MAX,
+                })
+            };
+        }
+        code::SUCCESS
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: DeviceHandle,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> Return {
+    // SAFETY: forwarded from the C caller.
+    unsafe {
+        processes(
+            device,
+            "nvmlDeviceGetComputeRunningProcesses_v3",
+            false,
+            count,
+            infos,
+        )
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: DeviceHandle,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> Return {
+    // SAFETY: forwarded from the C caller.
+    unsafe {
+        processes(
+            device,
+            "nvmlDeviceGetGraphicsRunningProcesses_v3",
+            true,
+            count,
+            infos,
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // GPU reset: drain, remove, discover
 
 #[unsafe(no_mangle)]
@@ -863,9 +949,15 @@ pub unsafe extern "C" fn nvmlDeviceRemoveGpu_v2(
     _gpu_state: c_uint,
     _link_state: c_uint,
 ) -> Return {
-    pci_call(pci, "nvmlDeviceRemoveGpu_v2", |s, _, bus| {
-        // NVML removes only a drained GPU: new work could land on it otherwise.
-        if !s.hardware.drained.contains(&bus) {
+    pci_call(pci, "nvmlDeviceRemoveGpu_v2", |s, index, bus| {
+        // NVML removes only a drained GPU (new work could land on it otherwise) that no process
+        // uses.
+        let busy = s
+            .fixture
+            .devices
+            .get(index)
+            .is_some_and(|d| !d.processes.is_empty());
+        if !s.hardware.drained.contains(&bus) || busy {
             return code::IN_USE;
         }
         s.hardware.removed.insert(bus);
