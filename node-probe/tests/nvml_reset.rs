@@ -1,6 +1,7 @@
 //! A GPU reset the way NVML does one (drain on, remove from the bus, discover again), through
 //! the real nvml-wrapper calls against the fake library: what it clears, what the collector
-//! then reports, and how each of the three calls fails.
+//! then reports, how each of the three calls fails, and the probe's `reset_gpu`, which refuses
+//! a GPU that is not the one asked for or that a process uses.
 
 // clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
 // test the same way (a panic naming what broke), so the allow covers the whole test crate.
@@ -11,7 +12,10 @@ mod common;
 use common::FakeNvml;
 use gpunode_crds::report::{EccCounters, GpuNodeReportStatus, RemappedRows};
 use gpunode_probe::collect::Collector;
-use gpunode_probe::nvml::{NvmlCollector, NvmlConfig};
+use gpunode_probe::nvml::{
+    NvmlCollector, NvmlConfig,
+    reset::{ResetError, reset_gpu},
+};
 use nvml_wrapper::{
     Nvml,
     enum_wrappers::device::{DetachGpuState, PcieLinkState},
@@ -224,4 +228,71 @@ fn a_gpu_with_processes_lists_them_and_cannot_be_removed() {
         matches!(refused.map_err(|e| e.error), Err(NvmlError::InUse)),
         "a drained GPU that a process still uses is in use"
     );
+}
+
+fn uuid(fake: &FakeNvml, index: usize) -> String {
+    fake.json()["devices"][index]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn the_probe_resets_only_the_gpu_asked_for_and_only_when_idle() {
+    let fake = faulty();
+    let nvml = open(&fake);
+    let five = uuid(&fake, 5);
+    assert_eq!(
+        reset_gpu(&nvml, 5, &uuid(&fake, 4)),
+        Err(ResetError::OtherGpu {
+            index: 5,
+            wanted: uuid(&fake, 4),
+            found: five.clone()
+        }),
+        "an index that names another GPU now"
+    );
+    fake.edit(|f| {
+        f["devices"][5]["processes"] = serde_json::json!([{"pid": 9}, {"pid": 3, "graphics": true}])
+    });
+    assert_eq!(
+        reset_gpu(&nvml, 5, &five),
+        Err(ResetError::InUse {
+            index: 5,
+            pids: vec![3, 9]
+        })
+    );
+    assert_eq!(
+        collect(&fake).gpus[5].remapped_rows.as_ref().map(|r| r.pending),
+        Some(true),
+        "nothing was reset"
+    );
+    fake.edit(|f| f["devices"][5]["processes"] = serde_json::json!([]));
+    reset_gpu(&nvml, 5, &five).expect("an idle GPU is reset");
+    assert_eq!(
+        collect(&fake).gpus[5].remapped_rows.as_ref().map(|r| r.pending),
+        Some(false)
+    );
+}
+
+#[test]
+fn a_failed_remove_leaves_the_gpu_undrained_and_a_failed_discover_says_so() {
+    let fake = faulty();
+    fake.edit(|f| f["devices"][5]["errors"]["nvmlDeviceRemoveGpu_v2"] = 999.into());
+    let nvml = open(&fake);
+    let five = uuid(&fake, 5);
+    let err = reset_gpu(&nvml, 5, &five).unwrap_err();
+    assert!(matches!(err, ResetError::Nvml { step: "remove", .. }), "{err:?}");
+    let device = nvml.device_by_index(5).unwrap();
+    let pci = device.pci_info().unwrap();
+    assert!(!device.is_drain_enabled(pci).unwrap(), "the drain was undone");
+
+    let fake = faulty();
+    fake.edit(|f| f["devices"][5]["errors"]["nvmlDeviceDiscoverGpus"] = 999.into());
+    let nvml = open(&fake);
+    let err = reset_gpu(&nvml, 5, &uuid(&fake, 5)).unwrap_err();
+    assert!(
+        matches!(err, ResetError::Nvml { step: "discover", .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("GPU 5: discover failed"), "{err}");
 }

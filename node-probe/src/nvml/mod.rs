@@ -6,6 +6,7 @@
 
 pub mod gpu;
 mod raw;
+pub mod reset;
 pub mod xid;
 
 use std::ffi::OsString;
