@@ -4,7 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{GpuNodePolicy, GpuNodeReport};
+use crate::{GpuNodePolicy, GpuNodeReport, GpuResetRequest};
 
 /// First lines of every generated file.
 pub const HEADER: &str = "# Generated from the Rust types in crds/ by `gpunode-operator crds`. Do not edit:\n\
@@ -72,7 +72,7 @@ fn without_unknown_formats(crd: CustomResourceDefinition) -> CustomResourceDefin
 
 /// Every CRD with the file name it is committed under.
 pub fn crds() -> Vec<(String, CustomResourceDefinition)> {
-    [GpuNodePolicy::crd(), GpuNodeReport::crd()]
+    [GpuNodePolicy::crd(), GpuNodeReport::crd(), GpuResetRequest::crd()]
         .into_iter()
         .map(without_unknown_formats)
         .map(|crd| {

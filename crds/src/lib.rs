@@ -1,4 +1,4 @@
-//! gpunode API types (`gpunode.dev/v1alpha1`): [`GpuNodePolicy`] and [`GpuNodeReport`], the
+//! gpunode API types (`gpunode.dev/v1alpha1`): [`GpuNodePolicy`], [`GpuNodeReport`] and [`GpuResetRequest`], the
 //! value types they use, and the generation of their CustomResourceDefinitions.
 //!
 //! This crate does no I/O; the operator and the node-probe depend on it.
@@ -11,6 +11,7 @@ pub mod heartbeat;
 pub mod policy;
 pub mod repair;
 pub mod report;
+pub mod reset;
 pub mod rules;
 pub mod selector;
 pub mod types;
@@ -20,6 +21,7 @@ pub use budget::MaxUnavailable;
 pub use duration::Duration;
 pub use policy::{GpuNodePolicy, GpuNodePolicySpec, GpuNodePolicyStatus};
 pub use report::{GpuNodeReport, GpuNodeReportSpec, GpuNodeReportStatus};
+pub use reset::{GpuResetRequest, GpuResetRequestSpec, GpuResetRequestStatus};
 pub use types::{DriftClass, EnabledState, ObservedTrust, PortState, ThrottleReason, TrustMode};
 pub use version::{Version, VersionRange};
 

@@ -1,5 +1,6 @@
-//! `spec.repair`: the steps gpunode takes after a drain, to bring a drained node back (hand-off to
-//! a remediator that reboots or replaces it), with timeouts and a limit on attempts per window.
+//! `spec.repair`: the steps gpunode takes after a drain, to bring a drained node back (a GPU reset
+//! by the node's probe, a hand-off to a remediator that reboots or replaces it), with timeouts and
+//! a limit on attempts per window.
 //!
 //! Field docs are the text `kubectl explain gpunodepolicy.spec.repair...` prints: they are user
 //! docs.
@@ -61,15 +62,24 @@ fn default_window() -> Duration {
 #[x_kube(validation = Rule::new("self.action != 'Remediator' || has(self.remediator)")
     .message("remediator is required when action is Remediator: the template gpunode copies")
     .field_path(".remediator"))]
+#[x_kube(validation = Rule::new("self.action != 'GpuReset' || !has(self.remediator)")
+    .message("remediator is only for action Remediator: a GpuReset step is done by the node's probe")
+    .field_path(".remediator"))]
 pub struct RepairStep {
     /// The step's name (a DNS label, unique in the list): it names the step in events, the
     /// node's condition, the policy status and the metrics.
     #[schemars(length(min = 1, max = 63), regex(pattern = STEP_NAME_RE))]
     pub name: String,
 
-    /// What the step does. Remediator: create a custom resource from `remediator`'s template
-    /// (medik8s Self Node Remediation, a machine deletion, Cluster API, Metal3, a cloud's repair
-    /// controller), and wait for it to finish.
+    /// What the step does.
+    /// - GpuReset: the node's probe resets, through NVML, each GPU that drifts in one of the
+    ///   step's `classes` (a GpuResetRequest per GPU; the chart's `nodeProbe.gpuReset.enabled`
+    ///   must be on). A reset applies a pending row remap and clears volatile ECC counters and
+    ///   the GPU's XIDs; it is refused while any process uses the GPU. A node with no such GPU
+    ///   (a node-wide drift) skips the step.
+    /// - Remediator: create a custom resource from `remediator`'s template (medik8s Self Node
+    ///   Remediation, a machine deletion, Cluster API, Metal3, a cloud's repair controller), and
+    ///   wait for it to finish.
     pub action: RepairAction,
 
     /// The drift classes this step can repair (at least one): the step runs only on a node that
@@ -84,7 +94,7 @@ pub struct RepairStep {
     #[serde(default = "default_timeout")]
     pub timeout: Duration,
 
-    /// The template a Remediator step copies.
+    /// The template a Remediator step copies (only for action Remediator).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remediator: Option<RemediatorTemplate>,
 }
@@ -99,6 +109,8 @@ fn default_timeout() -> Duration {
 )]
 #[schemars(transform = crate::types::without_description)]
 pub enum RepairAction {
+    /// Reset the node's drifting GPUs through NVML, by its probe.
+    GpuReset,
     /// Hand the node to a remediator through a custom resource made from a template.
     Remediator,
 }

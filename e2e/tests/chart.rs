@@ -812,7 +812,11 @@ async fn helm_install_upgrade_and_uninstall_leave_only_the_crds() {
     .unwrap();
     assert!(left.is_empty());
     let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    for name in ["gpunodepolicies.gpunode.dev", "gpunodereports.gpunode.dev"] {
+    for name in [
+        "gpunodepolicies.gpunode.dev",
+        "gpunodereports.gpunode.dev",
+        "gpuresetrequests.gpunode.dev",
+    ] {
         assert!(
             crds.get_opt(name).await.unwrap().is_some(),
             "CRD {name} was removed by helm uninstall"

@@ -580,7 +580,7 @@ impl Applier {
             && (!plan.events.is_empty()
                 || matches!(plan.drain, DrainStep::Run { .. })
                 || plan.evicts_gpu_holders()
-                || plan.repair.ensure.is_some()
+                || !plan.repair.ensure.is_empty()
                 || !plan.repair.delete.is_empty()
                 || spec_change(
                     &plan.taints,
@@ -703,19 +703,22 @@ impl Applier {
         // A repair step's object is made only once its start is recorded on the node, and its
         // making is recorded as soon as it exists: a new leader resumes the step, never makes
         // it twice, and tells its remediator deleting it from it not being made yet.
-        if let Some(e) = &plan.repair.ensure {
+        if !plan.repair.ensure.is_empty() {
             self.may_write(&plan.node)?;
-            let exists = match self.remediators.ensure(policy, &plan.node, e).await {
-                Ok(exists) => exists,
-                Err(source) => {
-                    let e = ApplyError::Repair {
-                        node: plan.node.clone(),
-                        source,
-                    };
-                    out.repair_failed = Some(e.to_string());
-                    false
+            let mut exists = true;
+            for e in &plan.repair.ensure {
+                match self.remediators.ensure(policy, &plan.node, e).await {
+                    Ok(made) => exists &= made,
+                    Err(source) => {
+                        let e = ApplyError::Repair {
+                            node: plan.node.clone(),
+                            source,
+                        };
+                        out.repair_failed = Some(e.to_string());
+                        exists = false;
+                    }
                 }
-            };
+            }
             if exists {
                 let mut made = plan.clone();
                 if let Some(step) = made.markers.repair.step.as_mut() {

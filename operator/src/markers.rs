@@ -139,6 +139,19 @@ pub struct StepRun {
     /// How it ended, once it has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<StepEnd>,
+    /// The GPUs a GpuReset step resets, chosen when it started (what drifted then).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<ResetGpu>,
+}
+
+/// A GPU a GpuReset step resets.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "camelCase")]
+pub struct ResetGpu {
+    /// NVML's index.
+    pub index: u32,
+    /// NVML's UUID.
+    pub uuid: String,
 }
 
 /// How a step ended.
@@ -449,6 +462,10 @@ mod tests {
                         at: ts("2026-11-29T10:09:00Z"),
                         outcome: StepOutcome::TimedOut,
                     }),
+                    gpus: vec![ResetGpu {
+                        index: 5,
+                        uuid: "GPU-5".to_string(),
+                    }],
                 }),
                 objects: vec![StepObjectRef {
                     api_version: "remediation.example.com/v1".to_string(),
@@ -482,7 +499,7 @@ mod tests {
         assert_eq!(
             annotations.get(REPAIR_ANNOTATION).map(String::as_str),
             Some(
-                r#"{"attempts":["2026-11-29T10:04:00Z"],"step":{"name":"reboot","started":"2026-11-29T10:04:00Z","created":true,"ended":{"at":"2026-11-29T10:09:00Z","outcome":"TimedOut"}},"objects":[{"apiVersion":"remediation.example.com/v1","kind":"Reboot","namespace":"ops","name":"node-1"}],"needsHuman":{"at":"2026-11-29T10:09:00Z","why":"every step was tried"}}"#
+                r#"{"attempts":["2026-11-29T10:04:00Z"],"step":{"name":"reboot","started":"2026-11-29T10:04:00Z","created":true,"ended":{"at":"2026-11-29T10:09:00Z","outcome":"TimedOut"},"gpus":[{"index":5,"uuid":"GPU-5"}]},"objects":[{"apiVersion":"remediation.example.com/v1","kind":"Reboot","namespace":"ops","name":"node-1"}],"needsHuman":{"at":"2026-11-29T10:09:00Z","why":"every step was tried"}}"#
             )
         );
         let (back, errors) = Markers::from_annotations(&annotations);

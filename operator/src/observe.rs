@@ -212,7 +212,7 @@ pub fn gpu_pods(report: Option<&GpuNodeReport>) -> Option<GpuPods> {
 }
 
 /// The objects of the repair steps running on `nodes` under `policy`, by node: one request
-/// each (their kinds have no watch), only for nodes whose bookkeeping shows a step running. A
+/// per object (their kinds have no watch), only for nodes whose bookkeeping shows a step running. A
 /// node whose object could not be read is left out, and its step waits for the next look.
 pub async fn repair_objects(
     remediators: &Remediators,
@@ -222,19 +222,21 @@ pub async fn repair_objects(
     let Some(repair) = policy.spec.repair.as_ref() else {
         return HashMap::new();
     };
-    let running: Vec<(String, gpunode_crds::repair::RemediatorTemplate, jiff::Timestamp)> = nodes
+    let running: Vec<(String, Vec<crate::plan::EnsureObject>)> = nodes
         .iter()
         .filter_map(|n| {
             let raw = n.annotations().get(markers::REPAIR_ANNOTATION)?;
             let track: markers::RepairTrack = serde_json::from_str(raw).ok()?;
             let step = track.step.filter(|s| s.ended.is_none())?;
             let (_, spec) = repair.step(&step.name)?;
-            Some((n.name_any(), spec.remediator.clone()?, step.started))
+            let node = n.name_any();
+            let objects = crate::plan::repair::step_objects(spec, &node, &step);
+            Some((node, objects))
         })
         .collect();
     futures::stream::iter(running)
-        .map(|(node, template, started)| async move {
-            let seen = remediators.look(&template, &node, started).await;
+        .map(|(node, objects)| async move {
+            let seen = remediators.look_all(&objects).await;
             (node, seen)
         })
         .buffer_unordered(16)

@@ -46,7 +46,7 @@ pub use gpus::{
     DeviceRef, Escalation, GpuPods, GpuTaint, GpuView, NodeDevices, PodRef, Quarantine, QuarantineTarget,
     quarantine_of,
 };
-pub use repair::{EnsureObject, RepairPlan, RepairState, StepObject};
+pub use repair::{EnsureObject, MadeFrom, RepairPlan, RepairState, StepObject};
 
 /// What the planner needs to know about one node selected by the policy.
 #[derive(Clone, Debug)]
@@ -964,6 +964,7 @@ fn node_plan(
         drifting: &drifting,
         last_heard: node.last_heard,
         object: node.repair_object.as_ref(),
+        drifting_gpus: &drifting_gpus(node),
         gate: gates.repair.as_ref(),
         drain_pending: pending.contains(&Action::Drain),
         now,
@@ -1042,6 +1043,27 @@ fn node_plan(
         healthy_gpus,
         repair,
     }
+}
+
+/// The node's drifting GPUs by class, those with a UUID (a GpuReset step's targets).
+fn drifting_gpus(node: &NodeView) -> BTreeMap<DriftClass, BTreeSet<markers::ResetGpu>> {
+    let uuids: BTreeMap<u32, &str> = node
+        .gpus
+        .iter()
+        .filter_map(|g| Some((g.index, g.uuid.as_deref()?)))
+        .collect();
+    let mut out: BTreeMap<DriftClass, BTreeSet<markers::ResetGpu>> = BTreeMap::new();
+    for d in &node.verdict.drifts {
+        if let Some(index) = d.gpu
+            && let Some(uuid) = uuids.get(&index)
+        {
+            out.entry(d.class).or_default().insert(markers::ResetGpu {
+                index,
+                uuid: (*uuid).to_string(),
+            });
+        }
+    }
+    out
 }
 
 /// The node condition while a repair runs, waits or has stopped.

@@ -1,6 +1,6 @@
 //! The objects of repair steps (`spec.repair`): remediation custom resources made from a
-//! template the policy names (the NodeHealthCheck convention), read before planning and
-//! created or deleted by the applier. Their kinds are only known at run time, so they are
+//! template the policy names (the NodeHealthCheck convention) and the GpuResetRequests of GPU
+//! resets, read before planning and created or deleted by the applier. Their kinds are only known at run time, so they are
 //! reached through discovery (cached per kind) as dynamic objects.
 
 use std::{
@@ -8,7 +8,7 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use gpunode_crds::repair::RemediatorTemplate;
+use gpunode_crds::{GpuResetRequestSpec, repair::RemediatorTemplate};
 use jiff::Timestamp;
 use kube::{
     Api, Client,
@@ -20,11 +20,11 @@ use tracing::{info, warn};
 
 use crate::{
     markers::{POLICY_LABEL, StepObjectRef},
-    plan::{EnsureObject, StepObject},
+    plan::{EnsureObject, MadeFrom, StepObject, repair::fold},
 };
 
-/// Label naming the node a step's object repairs.
-pub const NODE_LABEL: &str = "gpunode.dev/node";
+/// Label naming the node a step's object repairs (the probe finds its GpuResetRequests by it).
+pub use gpunode_crds::reset::NODE_LABEL;
 /// Annotation naming the step that made an object.
 pub const STEP_ANNOTATION: &str = "gpunode.dev/repair-step";
 /// Annotation with when that step started: an object with another time is a leftover.
@@ -107,43 +107,56 @@ impl Remediators {
         }
     }
 
-    /// What the object of the step that started at `started` on `node` says now.
-    pub async fn look(
-        &self,
-        template: &RemediatorTemplate,
-        node: &str,
-        started: Timestamp,
-    ) -> Result<StepObject, RemediatorError> {
-        let what = |w: &str| format!("{w} {} for node {node}", template.created_kind());
+    /// What the objects of a running step say now, together ([`fold`]).
+    pub async fn look_all(&self, objects: &[EnsureObject]) -> Result<StepObject, RemediatorError> {
+        let mut seen = Vec::with_capacity(objects.len());
+        for e in objects {
+            let o = self.look(e).await?;
+            // One failure decides the step: the others need not be read.
+            let failed = matches!(o, StepObject::Failed(_) | StepObject::Unavailable(_));
+            seen.push(o);
+            if failed {
+                break;
+            }
+        }
+        Ok(fold(seen))
+    }
+
+    /// What one object of a running step says now.
+    async fn look(&self, e: &EnsureObject) -> Result<StepObject, RemediatorError> {
+        let what = |w: &str| format!("{w} {}", e.object);
         let err = |w: &str| {
             let what = what(w);
             move |source| RemediatorError::Api { what, source }
         };
         let (ar, scope) = match self
-            .resolve(&template.api_version, template.created_kind())
+            .resolve(&e.object.api_version, &e.object.kind)
             .await
             .map_err(err("discovering"))?
         {
             Ok(found) => found,
             Err(NotServed(why)) => return Ok(StepObject::Unavailable(why)),
         };
-        if let Some(why) = scope_mismatch(&scope, template) {
+        if let Some(why) = scope_mismatch(&scope, &e.object) {
             return Ok(StepObject::Unavailable(why));
         }
-        let api = self.api(&ar, &scope, template.namespace.as_deref());
-        let Some(obj) = api.get_opt(node).await.map_err(err("reading"))? else {
+        let api = self.api(&ar, &scope, e.object.namespace.as_deref());
+        let Some(obj) = api.get_opt(&e.object.name).await.map_err(err("reading"))? else {
             // Absent: created next (or, once created, deleted by its remediator). A template
             // that is gone makes the step fail rather than wait for its timeout.
-            return match self.template(template).await? {
-                Ok(_) => Ok(StepObject::Absent),
-                Err(why) => Ok(StepObject::Unavailable(why)),
+            return match &e.made_from {
+                MadeFrom::Template(template) => match self.template(template).await? {
+                    Ok(_) => Ok(StepObject::Absent),
+                    Err(why) => Ok(StepObject::Unavailable(why)),
+                },
+                MadeFrom::GpuReset(_) => Ok(StepObject::Absent),
             };
         };
-        if !made_at(&obj, started) {
+        if !made_at(&obj, e.started) {
             // A leftover of an earlier run: replaced when the step's object is made.
             return Ok(StepObject::Absent);
         }
-        Ok(completion(&obj, &template.completion_condition))
+        Ok(completion(&obj, e.completion_condition()))
     }
 
     /// The template's `spec.template.spec`, or why it cannot be used.
@@ -198,12 +211,20 @@ impl Remediators {
             // Not served: the next look says so and the step fails.
             return Ok(false);
         };
-        let spec = match self.template(&e.template).await? {
-            Ok(spec) => spec,
-            Err(why) => {
-                warn!(node, step = %e.step, "{why}");
-                return Ok(false);
-            }
+        let spec = match &e.made_from {
+            MadeFrom::Template(template) => match self.template(template).await? {
+                Ok(spec) => spec,
+                Err(why) => {
+                    warn!(node, step = %e.step, "{why}");
+                    return Ok(false);
+                }
+            },
+            MadeFrom::GpuReset(gpu) => serde_json::to_value(GpuResetRequestSpec {
+                node_name: node.to_string(),
+                index: gpu.index,
+                uuid: gpu.uuid.clone(),
+            })
+            .unwrap_or_default(),
         };
         let api = self.api(&ar, &scope, e.object.namespace.as_deref());
         let mut obj = DynamicObject::new(&e.object.name, &ar).data(json!({ "spec": spec }));
@@ -269,11 +290,11 @@ impl Remediators {
     }
 }
 
-fn scope_mismatch(scope: &Scope, template: &RemediatorTemplate) -> Option<String> {
-    match (scope, &template.namespace) {
+fn scope_mismatch(scope: &Scope, object: &StepObjectRef) -> Option<String> {
+    match (scope, &object.namespace) {
         (Scope::Namespaced, None) => Some(format!(
             "{} is namespaced, but the template names no namespace",
-            template.created_kind()
+            object.kind
         )),
         _ => None,
     }

@@ -57,5 +57,5 @@ fn crds_subcommand_prints_every_crd() {
                 .to_string()
         })
         .collect();
-    assert_eq!(kinds, ["GpuNodePolicy", "GpuNodeReport"]);
+    assert_eq!(kinds, ["GpuNodePolicy", "GpuNodeReport", "GpuResetRequest"]);
 }

@@ -6,8 +6,11 @@
 
 use gpunode_crds::{DriftClass, GpuNodePolicySpec};
 use gpunode_operator::{
-    markers::{REPAIR_ANNOTATION, StepOutcome},
-    plan::{ChangeCause, DrainStep, NodeView, PolicyPlan, RepairState, StepObject, plan},
+    markers::{REPAIR_ANNOTATION, ResetGpu, StepOutcome},
+    plan::{
+        ChangeCause, DrainStep, GpuView, MadeFrom, NodeDevices, NodeView, PolicyPlan, RepairState,
+        StepObject, plan, repair::fold,
+    },
     reasons::Reason,
     verdict::{Drift, Verdict},
 };
@@ -75,7 +78,7 @@ fn pass(policy: &GpuNodePolicySpec, nodes: &mut [NodeView], now: Timestamp) -> P
         n.markers.drained = Some(now);
     }
     if np.write
-        && np.repair.ensure.is_some()
+        && !np.repair.ensure.is_empty()
         && let Some(s) = n.markers.repair.step.as_mut()
     {
         s.created = true;
@@ -117,7 +120,7 @@ fn a_drained_node_that_still_drifts_starts_the_first_step_and_makes_its_object_o
         RepairState::Idle,
         "no step while draining"
     );
-    assert!(of(&p, "gpu-1").repair.ensure.is_none());
+    assert!(of(&p, "gpu-1").repair.ensure.is_empty());
 
     let p = pass(&policy, &mut nodes, at(2));
     let np = of(&p, "gpu-1");
@@ -128,7 +131,7 @@ fn a_drained_node_that_still_drifts_starts_the_first_step_and_makes_its_object_o
             since: at(2)
         }
     );
-    let e = np.repair.ensure.as_ref().expect("the step's object is made");
+    let e = np.repair.ensure.first().expect("the step's object is made");
     assert_eq!(e.object.to_string(), "Reboot ops/gpu-1");
     assert_eq!(e.started, at(2));
     assert_eq!(np.condition.reason, Reason::Repairing);
@@ -158,7 +161,7 @@ fn a_drained_node_that_still_drifts_starts_the_first_step_and_makes_its_object_o
     look(&mut nodes, StepObject::Running);
     let p = pass(&policy, &mut nodes, at(30));
     let np = of(&p, "gpu-1");
-    assert!(np.repair.ensure.is_none());
+    assert!(np.repair.ensure.is_empty());
     assert!(np.events.is_empty(), "{:?}", np.events);
     assert!(np.repair.polls());
 }
@@ -174,7 +177,7 @@ fn a_step_recorded_but_not_made_is_made_and_one_made_by_a_stopped_leader_is_adop
     look(&mut nodes, StepObject::Absent);
     let p = plan("p", &policy, &nodes, at(5));
     let np = of(&p, "gpu-1");
-    assert!(np.repair.ensure.is_some(), "an object never made is made");
+    assert!(!np.repair.ensure.is_empty(), "an object never made is made");
     assert!(
         !events(&p).iter().any(|(r, _)| *r == Reason::RepairStarted),
         "not a second start"
@@ -185,7 +188,7 @@ fn a_step_recorded_but_not_made_is_made_and_one_made_by_a_stopped_leader_is_adop
     look(&mut nodes, StepObject::Running);
     let p = pass(&policy, &mut nodes, at(6));
     let np = of(&p, "gpu-1");
-    assert!(np.repair.ensure.is_none(), "never made twice");
+    assert!(np.repair.ensure.is_empty(), "never made twice");
     assert!(np.markers.repair.step.as_ref().unwrap().created);
 }
 
@@ -235,7 +238,7 @@ fn a_succeeded_step_waits_for_a_report_after_it_then_moves_on_while_the_node_sti
         }
     );
     assert_eq!(
-        np.repair.ensure.as_ref().unwrap().object.to_string(),
+        np.repair.ensure.first().unwrap().object.to_string(),
         "Replace ops/gpu-1"
     );
 }
@@ -380,7 +383,7 @@ fn a_node_that_used_its_attempts_needs_a_person_and_stays_cordoned() {
     );
     assert_eq!(np.condition.reason, Reason::NeedsHuman);
     assert!(np.markers.cordoned_by_us);
-    assert!(np.repair.ensure.is_none());
+    assert!(np.repair.ensure.is_empty());
     assert!(
         events(&p).iter().any(|(r, n)| *r == Reason::NeedsHuman
             && n.contains("kubectl annotate node gpu-1 gpunode.dev/repair-")),
@@ -422,7 +425,7 @@ fn only_steps_that_repair_the_drifting_class_run() {
         "{:?}",
         np.repair.state
     );
-    assert!(np.repair.ensure.is_none());
+    assert!(np.repair.ensure.is_empty());
     assert!(np.markers.repair.attempts.is_empty());
 }
 
@@ -446,7 +449,7 @@ fn pause_and_an_open_breaker_hold_the_next_step_and_say_so() {
     let p = plan("p", &breaker, &nodes, at(2));
     let np = of(&p, "gpu-1");
     assert!(p.circuit_open);
-    assert!(np.repair.ensure.is_none());
+    assert!(np.repair.ensure.is_empty());
     assert!(
         np.condition
             .message
@@ -480,7 +483,7 @@ fn a_person_who_uncordons_ends_the_repair_and_its_objects_go() {
     let np = of(&p, "gpu-1");
     assert_eq!(np.repair.state, RepairState::Idle);
     assert_eq!(np.repair.delete.len(), 1);
-    assert!(np.repair.ensure.is_none());
+    assert!(np.repair.ensure.is_empty());
 }
 
 #[test]
@@ -513,9 +516,209 @@ fn a_dry_run_lists_the_step_that_would_follow_the_drain() {
         "{:?}",
         np.repair.state
     );
-    assert!(np.repair.ensure.is_none());
+    assert!(np.repair.ensure.is_empty());
     assert!(
         np.markers.repair.attempts.is_empty(),
         "nothing is started in a dry run"
+    );
+}
+
+/// A ladder that resets the drifting GPUs first, then hands the node to a remediator.
+fn reset_policy() -> GpuNodePolicySpec {
+    policy("").tap_steps(|steps| {
+        let reset: gpunode_crds::repair::RepairStep =
+            serde_yaml::from_str("{name: gpu-reset, action: GpuReset, classes: [Xid, Memory], timeout: 5m}")
+                .unwrap();
+        steps.insert(0, reset);
+    })
+}
+
+trait TapSteps {
+    fn tap_steps(self, f: impl FnOnce(&mut Vec<gpunode_crds::repair::RepairStep>)) -> Self;
+}
+
+impl TapSteps for GpuNodePolicySpec {
+    fn tap_steps(mut self, f: impl FnOnce(&mut Vec<gpunode_crds::repair::RepairStep>)) -> Self {
+        f(&mut self.repair.as_mut().unwrap().steps);
+        self
+    }
+}
+
+fn with_gpus(mut nodes: Vec<NodeView>) -> Vec<NodeView> {
+    let gpus = (0..4)
+        .map(|index| GpuView {
+            index,
+            uuid: Some(format!("GPU-0000000{index}")),
+        })
+        .collect();
+    nodes[0] = nodes[0].clone().with_gpus(gpus, NodeDevices::Unknown);
+    nodes
+}
+
+#[test]
+fn a_gpu_reset_step_asks_the_probe_to_reset_each_drifting_gpu_by_index_and_uuid() {
+    let policy = reset_policy();
+    let mut nodes = with_gpus(drained(&policy));
+    let mut verdict = drifted(DriftClass::Xid);
+    verdict.drifts.push(Drift {
+        class: DriftClass::Memory,
+        check: "gpu.rowRemapPending".to_string(),
+        expected: "false".to_string(),
+        actual: "true".to_string(),
+        gpu: Some(2),
+        device: None,
+    });
+    // Not a class the step repairs: GPU 3's throttle is left alone.
+    verdict.drifts.push(Drift {
+        class: DriftClass::Thermal,
+        check: "cooling.forbiddenThrottleReasons".to_string(),
+        expected: "none".to_string(),
+        actual: "HwThermalSlowdown".to_string(),
+        gpu: Some(3),
+        device: None,
+    });
+    nodes[0].verdict = verdict;
+    let p = pass(&policy, &mut nodes, at(2));
+    let np = of(&p, "gpu-1");
+    assert_eq!(
+        np.repair.state,
+        RepairState::Running {
+            step: "gpu-reset".to_string(),
+            since: at(2)
+        }
+    );
+    let made: Vec<String> = np.repair.ensure.iter().map(|e| e.object.to_string()).collect();
+    assert_eq!(
+        made,
+        ["GpuResetRequest gpu-1-gpu-0", "GpuResetRequest gpu-1-gpu-2"]
+    );
+    assert_eq!(
+        np.repair
+            .ensure
+            .iter()
+            .map(|e| e.made_from.clone())
+            .collect::<Vec<_>>(),
+        [0, 2]
+            .map(|index| MadeFrom::GpuReset(ResetGpu {
+                index,
+                uuid: format!("GPU-0000000{index}")
+            }))
+            .to_vec()
+    );
+    let run = np.markers.repair.step.as_ref().unwrap();
+    assert_eq!(
+        run.gpus.iter().map(|g| g.index).collect::<Vec<_>>(),
+        [0, 2],
+        "the GPUs are chosen once, at the start"
+    );
+    assert!(
+        events(&p).iter().any(|(r, n)| *r == Reason::RepairStarted
+            && n.contains(
+                "repair step gpu-reset started: creating GpuResetRequest gpu-1-gpu-0, gpu-1-gpu-2"
+            )),
+        "{:?}",
+        events(&p)
+    );
+
+    // The probe failed one: the step fails at once, and the remediator is next.
+    look(
+        &mut nodes,
+        StepObject::Failed("gpu-1-gpu-2 reports Succeeded=False (InUse): GPU 2 is in use".to_string()),
+    );
+    let p = pass(&policy, &mut nodes, at(20));
+    let np = of(&p, "gpu-1");
+    assert!(
+        events(&p)
+            .iter()
+            .any(|(r, n)| *r == Reason::RepairFailed && n.contains("in use")),
+        "{:?}",
+        events(&p)
+    );
+    assert_eq!(
+        np.repair.state,
+        RepairState::Running {
+            step: "reboot".to_string(),
+            since: at(20)
+        }
+    );
+}
+
+#[test]
+fn a_reset_request_deleted_under_the_step_fails_it() {
+    let policy = reset_policy();
+    let mut nodes = with_gpus(drained(&policy));
+    pass(&policy, &mut nodes, at(2));
+    look(&mut nodes, StepObject::Absent);
+    let p = pass(&policy, &mut nodes, at(30));
+    assert!(
+        events(&p).iter().any(|(r, n)| *r == Reason::RepairFailed
+            && n.contains("GpuResetRequest gpu-1-gpu-0 was deleted before the probe finished")),
+        "{:?}",
+        events(&p)
+    );
+}
+
+#[test]
+fn a_node_wide_drift_or_a_gpu_without_uuid_skips_the_gpu_reset_step() {
+    let policy = reset_policy();
+    // GPU 0 drifts, but the report gives it no UUID: never reset by index alone.
+    let mut nodes = drained(&policy);
+    let p = pass(&policy, &mut nodes, at(2));
+    assert_eq!(
+        of(&p, "gpu-1").repair.state,
+        RepairState::Running {
+            step: "reboot".to_string(),
+            since: at(2)
+        }
+    );
+    // A node-wide drift (no GPU) in a class the reset lists.
+    let mut verdict = drifted(DriftClass::Xid);
+    verdict.drifts[0].gpu = None;
+    let mut nodes = with_gpus(drained(&policy));
+    nodes[0].verdict = verdict;
+    let p = pass(&policy, &mut nodes, at(2));
+    assert!(matches!(
+        &of(&p, "gpu-1").repair.state,
+        RepairState::Running { step, .. } if step == "reboot"
+    ));
+}
+
+#[test]
+fn the_objects_of_a_step_stand_together() {
+    let t = |s: i64| Some(at(s));
+    assert_eq!(fold(Vec::new()), StepObject::Absent);
+    assert_eq!(
+        fold(vec![StepObject::Succeeded(t(5)), StepObject::Succeeded(t(9))]),
+        StepObject::Succeeded(t(9)),
+        "succeeded when the last did"
+    );
+    assert_eq!(
+        fold(vec![StepObject::Succeeded(t(5)), StepObject::Succeeded(None)]),
+        StepObject::Succeeded(None),
+        "a success without a time is now"
+    );
+    assert_eq!(
+        fold(vec![StepObject::Succeeded(t(5)), StepObject::Running]),
+        StepObject::Running
+    );
+    assert_eq!(
+        fold(vec![StepObject::Running, StepObject::Absent]),
+        StepObject::Absent,
+        "one not made yet is made"
+    );
+    assert_eq!(
+        fold(vec![
+            StepObject::Failed("a".into()),
+            StepObject::Absent,
+            StepObject::Failed("b".into())
+        ]),
+        StepObject::Failed("a; b".into())
+    );
+    assert_eq!(
+        fold(vec![
+            StepObject::Failed("a".into()),
+            StepObject::Unavailable("gone".into())
+        ]),
+        StepObject::Unavailable("gone".into())
     );
 }

@@ -16,17 +16,21 @@
 //! - No step left, or no attempt left: `NeedsHuman`, kept until the node recovers or a person
 //!   removes the `gpunode.dev/repair` annotation.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpunode_crds::{
-    DriftClass,
+    DriftClass, GpuResetRequest,
     repair::{RemediatorTemplate, RepairAction, RepairPolicy, RepairStep},
+    reset::{SUCCEEDED, request_name},
 };
 use jiff::{SignedDuration, Timestamp};
+use kube::Resource;
 
 use super::{Block, DrainStep, PlannedEvent, signed};
 use crate::{
-    markers::{NeedsHuman, REPAIR_ANNOTATION, RepairTrack, StepEnd, StepObjectRef, StepOutcome, StepRun},
+    markers::{
+        NeedsHuman, REPAIR_ANNOTATION, RepairTrack, ResetGpu, StepEnd, StepObjectRef, StepOutcome, StepRun,
+    },
     reasons::Reason,
     verdict::NodeState,
 };
@@ -51,13 +55,65 @@ pub enum StepObject {
 pub struct EnsureObject {
     /// The step.
     pub step: String,
-    /// The template it is made from.
-    pub template: RemediatorTemplate,
+    /// What it is made from.
+    pub made_from: MadeFrom,
     /// The object.
     pub object: StepObjectRef,
     /// When the step started (written on the object, so a leftover of an earlier run is told
     /// apart).
     pub started: Timestamp,
+}
+
+/// What a step's object is made from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MadeFrom {
+    /// A remediator's template (a Remediator step).
+    Template(RemediatorTemplate),
+    /// A GpuResetRequest for this GPU (a GpuReset step).
+    GpuReset(ResetGpu),
+}
+
+impl EnsureObject {
+    /// The condition type that says the object finished.
+    pub fn completion_condition(&self) -> &str {
+        match &self.made_from {
+            MadeFrom::Template(t) => &t.completion_condition,
+            MadeFrom::GpuReset(_) => SUCCEEDED,
+        }
+    }
+}
+
+/// How the objects of one step stand together: failed as soon as one failed, running while one
+/// is absent or running, succeeded (at the latest time) once all did. No object: absent.
+pub fn fold(objects: Vec<StepObject>) -> StepObject {
+    let mut failed = Vec::new();
+    let (mut absent, mut running, mut latest) = (false, false, Some(None::<Timestamp>));
+    let empty = objects.is_empty();
+    for o in objects {
+        match o {
+            StepObject::Unavailable(m) => return StepObject::Unavailable(m),
+            StepObject::Failed(m) => failed.push(m),
+            StepObject::Absent => absent = true,
+            StepObject::Running => running = true,
+            // A success without a time counts as now: the latest of all.
+            StepObject::Succeeded(t) => {
+                latest = match (latest, t) {
+                    (Some(Some(a)), Some(b)) => Some(Some(a.max(b))),
+                    (Some(None), Some(b)) => Some(Some(b)),
+                    (Some(_), None) | (None, _) => None,
+                }
+            }
+        }
+    }
+    if !failed.is_empty() {
+        StepObject::Failed(failed.join("; "))
+    } else if empty || absent {
+        StepObject::Absent
+    } else if running {
+        StepObject::Running
+    } else {
+        StepObject::Succeeded(latest.flatten())
+    }
 }
 
 /// Where a node's repair stands after this plan.
@@ -93,8 +149,8 @@ pub enum RepairState {
 pub struct RepairPlan {
     /// The bookkeeping after this plan.
     pub track: RepairTrack,
-    /// The object the running step needs.
-    pub ensure: Option<EnsureObject>,
+    /// The objects the running step needs.
+    pub ensure: Vec<EnsureObject>,
     /// Objects of a repair that is over.
     pub delete: Vec<StepObjectRef>,
     /// Where it stands.
@@ -118,7 +174,7 @@ impl RepairPlan {
     fn idle(track: RepairTrack) -> RepairPlan {
         RepairPlan {
             track,
-            ensure: None,
+            ensure: Vec::new(),
             delete: Vec::new(),
             state: RepairState::Idle,
             events: Vec::new(),
@@ -151,8 +207,11 @@ pub struct RepairInput<'a> {
     /// When the node's probe was last heard from: its report holds through then (the probe
     /// publishes every change, and renews a heartbeat while nothing changes).
     pub last_heard: Option<Timestamp>,
-    /// The running step's object, if one was looked at.
+    /// The running step's objects, as looked at together ([`fold`]), if they were.
     pub object: Option<&'a StepObject>,
+    /// The node's GPUs that drift, by class (only those with a UUID: a GPU is reset only by
+    /// its UUID).
+    pub drifting_gpus: &'a BTreeMap<DriftClass, BTreeSet<ResetGpu>>,
     /// What blocks disruption on the node, if anything.
     pub gate: Option<&'a Block>,
     /// The drain is wanted but held back (dry run, pause, ...): the step that would follow it
@@ -172,14 +231,74 @@ pub fn object_of(template: &RemediatorTemplate, node: &str) -> StepObjectRef {
     }
 }
 
-fn ensure_of(step: &RepairStep, node: &str, started: Timestamp) -> Option<EnsureObject> {
+/// The request that resets `gpu` of `node` (none when its name would be too long).
+pub fn reset_request_of(node: &str, gpu: &ResetGpu) -> Option<StepObjectRef> {
+    Some(StepObjectRef {
+        api_version: GpuResetRequest::api_version(&()).into_owned(),
+        kind: GpuResetRequest::kind(&()).into_owned(),
+        namespace: None,
+        name: request_name(node, gpu.index)?,
+    })
+}
+
+/// The objects of `run` of `step` on `node`.
+pub fn step_objects(step: &RepairStep, node: &str, run: &StepRun) -> Vec<EnsureObject> {
+    let ensure = |made_from: MadeFrom, object: StepObjectRef| EnsureObject {
+        step: step.name.clone(),
+        made_from,
+        object,
+        started: run.started,
+    };
     match step.action {
-        RepairAction::Remediator => step.remediator.as_ref().map(|t| EnsureObject {
-            step: step.name.clone(),
-            template: t.clone(),
-            object: object_of(t, node),
-            started,
-        }),
+        RepairAction::Remediator => step
+            .remediator
+            .iter()
+            .map(|t| ensure(MadeFrom::Template(t.clone()), object_of(t, node)))
+            .collect(),
+        RepairAction::GpuReset => run
+            .gpus
+            .iter()
+            .filter_map(|g| Some(ensure(MadeFrom::GpuReset(g.clone()), reset_request_of(node, g)?)))
+            .collect(),
+    }
+}
+
+/// The GPUs a GpuReset step would reset now: those drifting in one of its classes.
+fn reset_targets(
+    step: &RepairStep,
+    drifting_gpus: &BTreeMap<DriftClass, BTreeSet<ResetGpu>>,
+) -> Vec<ResetGpu> {
+    let gpus: BTreeSet<&ResetGpu> = step
+        .classes
+        .iter()
+        .filter_map(|c| drifting_gpus.get(c))
+        .flatten()
+        .collect();
+    gpus.into_iter().cloned().collect()
+}
+
+/// Whether `step` has something to do on the node: a GpuReset step needs a drifting GPU.
+fn applies(step: &RepairStep, drifting_gpus: &BTreeMap<DriftClass, BTreeSet<ResetGpu>>) -> bool {
+    match step.action {
+        RepairAction::Remediator => true,
+        RepairAction::GpuReset => !reset_targets(step, drifting_gpus).is_empty(),
+    }
+}
+
+/// The objects, as events name them.
+fn names(objects: &[EnsureObject]) -> String {
+    match objects {
+        [] => "no object".to_string(),
+        [one] => one.object.to_string(),
+        [first, ..] => format!(
+            "{} {}",
+            first.object.kind,
+            objects
+                .iter()
+                .map(|o| o.object.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 
@@ -223,7 +342,7 @@ pub fn decide(input: RepairInput<'_>) -> RepairPlan {
             if input.drain_pending
                 && input.state == NodeState::Drifted
                 && let Some(block) = input.gate
-                && let Some(step) = first_for(policy, 0, input.drifting)
+                && let Some(step) = first_for(policy, 0, &input)
             {
                 plan.state = RepairState::Waiting {
                     step: step.name.clone(),
@@ -249,7 +368,10 @@ fn running(plan: &mut RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>
         return false;
     };
     let spec = policy.step(&step.name).map(|(_, s)| s);
-    let object = spec.and_then(|s| ensure_of(s, input.node, step.started));
+    let objects = spec
+        .map(|s| step_objects(s, input.node, step))
+        .unwrap_or_default();
+    let reset = spec.is_some_and(|s| s.action == RepairAction::GpuReset);
     // How it ended, and when: a remediator's own time of success (so a report sent between it
     // and this look counts as after it), else now.
     let started = step.started;
@@ -262,19 +384,23 @@ fn running(plan: &mut RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>
         )),
         (Some(_), Some(StepObject::Succeeded(t))) => Some((
             StepOutcome::Succeeded,
-            object.as_ref().map_or_else(String::new, |o| {
-                format!("{} reports {}=True", o.object, o.template.completion_condition)
+            objects.first().map_or_else(String::new, |o| {
+                format!("{} reports {}=True", names(&objects), o.completion_condition())
             }),
             at(*t),
         )),
         (Some(_), Some(StepObject::Failed(m) | StepObject::Unavailable(m))) => {
             Some((StepOutcome::Failed, m.clone(), now))
         }
+        // A reset request deleted by someone else tells nothing of the reset.
+        (Some(_), Some(StepObject::Absent)) if step.created && reset => Some((
+            StepOutcome::Failed,
+            format!("{} was deleted before the probe finished", names(&objects)),
+            now,
+        )),
         (Some(_), Some(StepObject::Absent)) if step.created => Some((
             StepOutcome::Succeeded,
-            object.as_ref().map_or_else(String::new, |o| {
-                format!("{} was deleted by its remediator", o.object)
-            }),
+            format!("{} was deleted by its remediator", names(&objects)),
             now,
         )),
         (Some(_), Some(StepObject::Running)) => {
@@ -306,7 +432,9 @@ fn running(plan: &mut RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>
         }
         None => {
             let (name, since, created) = (step.name.clone(), step.started, step.created);
-            plan.ensure = object.filter(|_| !created);
+            if !created {
+                plan.ensure = objects;
+            }
             plan.state = RepairState::Running { step: name, since };
             plan.deadline = Some(deadline);
             true
@@ -331,17 +459,14 @@ fn ended_event(step: &str, outcome: StepOutcome, ran: SignedDuration, why: &str)
     }
 }
 
-/// The first step from position `from` on that repairs one of `drifting`.
-fn first_for<'p>(
-    policy: &'p RepairPolicy,
-    from: usize,
-    drifting: &BTreeSet<DriftClass>,
-) -> Option<&'p RepairStep> {
+/// The first step from position `from` on that repairs one of the node's drifting classes and
+/// has something to do on it.
+fn first_for<'p>(policy: &'p RepairPolicy, from: usize, input: &RepairInput<'_>) -> Option<&'p RepairStep> {
     policy
         .steps
         .iter()
         .skip(from)
-        .find(|s| s.classes.iter().any(|c| drifting.contains(c)))
+        .find(|s| s.classes.iter().any(|c| input.drifting.contains(c)) && applies(s, input.drifting_gpus))
 }
 
 /// After the last step (or before the first): wait for the report, start the next step, or
@@ -390,7 +515,7 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         .as_ref()
         .and_then(|s| policy.step(&s.name))
         .map_or(0, |(i, _)| i + 1);
-    let candidate = first_for(policy, from, input.drifting);
+    let candidate = first_for(policy, from, input);
     let stop = |plan: &mut RepairPlan, why: String| {
         plan.events.push(PlannedEvent {
             warning: true,
@@ -435,23 +560,30 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         );
         return plan;
     }
-    // Start it: recorded on the node before its object is made.
-    let ensure = ensure_of(step, input.node, now);
-    plan.track.attempts.push(now);
-    plan.track.step = Some(StepRun {
+    // Start it: recorded on the node before its objects are made.
+    let run = StepRun {
         name: step.name.clone(),
         started: now,
         created: false,
         ended: None,
-    });
-    if let Some(e) = &ensure
-        && !plan.track.objects.contains(&e.object)
-    {
-        plan.track.objects.push(e.object.clone());
+        gpus: match step.action {
+            RepairAction::GpuReset => reset_targets(step, input.drifting_gpus),
+            RepairAction::Remediator => Vec::new(),
+        },
+    };
+    let ensure = step_objects(step, input.node, &run);
+    plan.track.attempts.push(now);
+    plan.track.step = Some(run);
+    for e in &ensure {
+        if !plan.track.objects.contains(&e.object) {
+            plan.track.objects.push(e.object.clone());
+        }
     }
-    let what = ensure
-        .as_ref()
-        .map_or_else(String::new, |e| format!(": creating {}", e.object));
+    let what = if ensure.is_empty() {
+        String::new()
+    } else {
+        format!(": creating {}", names(&ensure))
+    };
     plan.events.push(PlannedEvent {
         warning: true,
         reason: Reason::RepairStarted,
