@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use gpunode_crds::{GpuNodeReport, heartbeat::LEASE_PREFIX};
+use gpunode_crds::{GpuNodeReport, GpuResetRequest, heartbeat::LEASE_PREFIX};
 use k8s_openapi::api::{
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
     coordination::v1::Lease,
@@ -45,6 +45,15 @@ pub const ACCOUNT_TEMPLATES: [&str; 4] = [
     "templates/rbac-node-probe.yaml",
     "templates/admission-policy.yaml",
 ];
+
+/// Release the GPU-reset probe accounts are rendered with ([`install_reset_accounts`]): the
+/// chart's probe pieces with `nodeProbe.gpuReset.enabled=true`, beside the default release, so
+/// the default probe account keeps exactly the default permissions.
+pub const RESET_RELEASE: &str = "gpunode-reset";
+/// The GPU-reset probe's ServiceAccount.
+pub const RESET_PROBE_SA: &str = "gpunode-reset-node-probe";
+/// Part of the reset admission policy's message for a write to another node's request.
+pub const RESET_OTHER_NODE_MESSAGE: &str = "may write only its own node's GpuResetRequests";
 
 /// Part of the admission policy's message for a write to another node's report.
 pub const OTHER_NODE_MESSAGE: &str = "may write only its own node's GpuNodeReport, not the one of node";
@@ -322,6 +331,110 @@ pub async fn grant_remediators(
     .await
 }
 
+/// Installs the probe accounts of the chart rendered with `nodeProbe.gpuReset.enabled=true` as
+/// release [`RESET_RELEASE`] (ServiceAccount, RBAC, admission policies), and waits until its
+/// RBAC and the reset admission policy are enforced. Returns the probe's user name.
+pub async fn install_reset_accounts(admin: &Client) -> Result<String, Error> {
+    static DONE: tokio::sync::Mutex<bool> = tokio::sync::Mutex::const_new(false);
+    let user = format!("system:serviceaccount:{NAMESPACE}:{RESET_PROBE_SA}");
+    let mut done = DONE.lock().await;
+    if *done {
+        return Ok(user);
+    }
+    install_accounts(admin).await?;
+    let mut extra = vec!["--set", "nodeProbe.gpuReset.enabled=true"];
+    for t in [
+        "templates/serviceaccounts.yaml",
+        "templates/rbac-node-probe.yaml",
+        "templates/admission-policy.yaml",
+    ] {
+        extra.push("--show-only");
+        extra.push(t);
+    }
+    let probe_objects: Vec<DynamicObject> = template(admin, RESET_RELEASE, NAMESPACE, &extra)
+        .await?
+        .into_iter()
+        .filter(|o| {
+            o.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(RESET_PROBE_SA))
+        })
+        .collect();
+    apply(admin, &probe_objects, NAMESPACE, false).await?;
+    wait::until(
+        "the GPU-reset probe's RBAC to take effect",
+        SETUP_TIMEOUT,
+        || async {
+            let ok = can_i(
+                admin,
+                &user,
+                "patch",
+                "gpunode.dev/gpuresetrequests/status",
+                None,
+                None,
+            )
+            .await?
+                && can_i(admin, &user, "watch", "gpunode.dev/gpuresetrequests", None, None).await?
+                && can_i(
+                    admin,
+                    &user,
+                    "patch",
+                    "gpunode.dev/gpunodereports/status",
+                    None,
+                    None,
+                )
+                .await?;
+            Ok(ok.then_some(()))
+        },
+    )
+    .await?;
+    // A request of a node no probe runs on; a status write to it by a token without a node
+    // claim is refused once the policy is enforced (a dry run: nothing is stored).
+    let requests: Api<DynamicObject> =
+        Api::all_with(admin.clone(), &ApiResource::erase::<GpuResetRequest>(&()));
+    let canary = "gpunode-e2e-reset-canary";
+    let name = format!("{canary}-gpu-0");
+    let request = json!({
+        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuResetRequest",
+        "metadata": {"name": name},
+        "spec": {"nodeName": canary, "index": 0, "uuid": "GPU-00000000-0000-0000-0000-000000000000"},
+    });
+    requests
+        .patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&request),
+        )
+        .await?;
+    let token = accounts::client_for(admin, NAMESPACE, RESET_PROBE_SA, None).await?;
+    let as_probe: Api<DynamicObject> = Api::all_with(token, &ApiResource::erase::<GpuResetRequest>(&()));
+    let pp = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let status = json!({"status": {"phase": "Succeeded"}});
+    wait::until(
+        "the GPU-reset admission policy to be enforced",
+        SETUP_TIMEOUT,
+        || async {
+            match as_probe.patch_status(&name, &pp, &Patch::Merge(&status)).await {
+                Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(RESET_OTHER_NODE_MESSAGE) => {
+                    Ok(Some(()))
+                }
+                Ok(_) => Err(Error::Unexpected(format!(
+                    "a probe's status write to {name} without a node claim was admitted"
+                ))),
+                Err(kube::Error::Api(s)) if s.code == 403 => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        },
+    )
+    .await?;
+    *done = true;
+    Ok(user)
+}
+
 /// Asks the API server whether `user` may `verb` `resource` (SubjectAccessReview, as `kubectl
 /// auth can-i --as` does). `resource` is `[group/]resource[/subresource]`.
 pub async fn can_i(
@@ -502,7 +615,12 @@ pub fn probe_pod_name(node: &str) -> String {
 /// nodes kwok only marks it Running. Created if missing; returns the stored pod (with its uid).
 pub async fn probe_pod(admin: &Client, node: &str) -> Result<Pod, Error> {
     install_accounts(admin).await?;
-    let name = probe_pod_name(node);
+    probe_pod_as(admin, node, PROBE_SA, &probe_pod_name(node)).await
+}
+
+/// [`probe_pod`] of ServiceAccount `sa`, named `name`.
+pub async fn probe_pod_as(admin: &Client, node: &str, sa: &str, name: &str) -> Result<Pod, Error> {
+    let name = name.to_string();
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
@@ -512,7 +630,7 @@ pub async fn probe_pod(admin: &Client, node: &str) -> Result<Pod, Error> {
         },
         "spec": {
             "nodeName": node,
-            "serviceAccountName": PROBE_SA,
+            "serviceAccountName": sa,
             // The test process uses its own token; this pod only anchors it to the node.
             "automountServiceAccountToken": false,
             "tolerations": [{"operator": "Exists"}],
@@ -529,8 +647,13 @@ pub async fn probe_pod(admin: &Client, node: &str) -> Result<Pod, Error> {
 
 /// Deletes the stand-in probe pod of `node` (its tokens stop working).
 pub async fn delete_probe_pod(admin: &Client, node: &str) -> Result<(), Error> {
+    delete_pod(admin, &probe_pod_name(node)).await
+}
+
+/// Deletes the stand-in probe pod `name`.
+pub async fn delete_pod(admin: &Client, name: &str) -> Result<(), Error> {
     let api: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
-    match api.delete(&probe_pod_name(node), &Default::default()).await {
+    match api.delete(name, &Default::default()).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
         Err(e) => Err(e.into()),
@@ -562,7 +685,12 @@ pub async fn write_kubeconfig(token: &str, path: &Path) -> Result<(), Error> {
 
 /// A kubeconfig at `path` for the probe's ServiceAccount with a token bound to `pod`.
 pub async fn write_probe_kubeconfig(admin: &Client, pod: &Pod, path: &Path) -> Result<(), Error> {
-    let token = accounts::token(admin, NAMESPACE, PROBE_SA, Some(pod)).await?;
+    write_kubeconfig_as(admin, PROBE_SA, pod, path).await
+}
+
+/// A kubeconfig at `path` for ServiceAccount `sa` with a token bound to `pod`.
+pub async fn write_kubeconfig_as(admin: &Client, sa: &str, pod: &Pod, path: &Path) -> Result<(), Error> {
+    let token = accounts::token(admin, NAMESPACE, sa, Some(pod)).await?;
     write_kubeconfig(&token, path).await
 }
 

@@ -82,22 +82,37 @@ pub struct Host {
     /// The node.
     pub node: String,
     kubeconfig: PathBuf,
+    /// The stand-in pod its token is bound to.
+    pod: String,
 }
 
 impl Host {
     /// Prepares `node`'s files under the temp dir, a healthy 8×H100 fixture, and the probe's
     /// account and pod-bound token.
     pub async fn prepare(admin: &Client, node: &str) -> Result<Host, Error> {
+        chart::install_accounts(admin).await?;
+        Host::prepare_as(admin, node, chart::PROBE_SA, &chart::probe_pod_name(node)).await
+    }
+
+    /// [`Host::prepare`] with the GPU-reset probe's account ([`chart::install_reset_accounts`]),
+    /// for a probe started with `--gpu-reset`.
+    pub async fn prepare_for_resets(admin: &Client, node: &str) -> Result<Host, Error> {
+        chart::install_reset_accounts(admin).await?;
+        let pod = format!("node-probe-reset-{node}");
+        Host::prepare_as(admin, node, chart::RESET_PROBE_SA, &pod).await
+    }
+
+    async fn prepare_as(admin: &Client, node: &str, sa: &str, pod_name: &str) -> Result<Host, Error> {
         let dir = std::env::temp_dir().join(format!("gpunode-e2e-{node}"));
         std::fs::create_dir_all(&dir).map_err(io(dir.display()))?;
-        chart::install_accounts(admin).await?;
-        let pod = chart::probe_pod(admin, node).await?;
+        let pod = chart::probe_pod_as(admin, node, sa, pod_name).await?;
         let kubeconfig = dir.join("probe.kubeconfig");
-        chart::write_probe_kubeconfig(admin, &pod, &kubeconfig).await?;
+        chart::write_kubeconfig_as(admin, sa, &pod, &kubeconfig).await?;
         let host = Host {
             dir,
             node: node.to_string(),
             kubeconfig,
+            pod: pod_name.to_string(),
         };
         std::fs::copy(
             repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"),
@@ -173,18 +188,40 @@ impl Host {
 
     /// An XID happens on GPU `gpu`: written into the fixture of a running probe (atomically).
     pub fn inject_xid(&self, gpu: usize, xid: u32) -> Result<(), Error> {
+        self.edit_fixture(|f| f["devices"][gpu]["events"] = json!([{"id": 1, "type": 8, "xid": xid}]))
+    }
+
+    /// Changes the NVML fixture of a running probe (atomically): the fake library reads it on
+    /// every call.
+    pub fn edit_fixture(&self, edit: impl FnOnce(&mut serde_json::Value)) -> Result<(), Error> {
         let path = self.fixture();
         let text = std::fs::read_to_string(&path).map_err(io(path.display()))?;
         let mut fixture: serde_json::Value = serde_json::from_str(&text)?;
-        fixture["devices"][gpu]["events"] = json!([{"id": 1, "type": 8, "xid": xid}]);
+        edit(&mut fixture);
         let tmp = self.dir.join("nvml.json.tmp");
         std::fs::write(&tmp, fixture.to_string()).map_err(io(tmp.display()))?;
         std::fs::rename(&tmp, &path).map_err(io(path.display()))
     }
 
+    /// A reboot under the probe started during boot `running`: the boot id in its proc root
+    /// becomes `boot` (what a reboot changes in its report), and the GPUs come back healthy (a
+    /// reboot applies pending remaps and clears volatile state).
+    pub fn reboot(&self, running: &str, boot: &str) -> Result<(), Error> {
+        let random = self.dir.join(format!("proc-{running}")).join("sys/kernel/random");
+        std::fs::write(random.join("boot_id"), format!("{boot}\n")).map_err(io("boot_id"))?;
+        let _ = std::fs::remove_file(self.dir.join("nvml.json.hardware"));
+        std::fs::copy(
+            repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"),
+            self.dir.join("nvml.json.tmp"),
+        )
+        .map_err(io("copy the NVML fixture"))?;
+        std::fs::rename(self.dir.join("nvml.json.tmp"), self.fixture())
+            .map_err(io("replace the NVML fixture"))
+    }
+
     /// Removes its files and the probe's pod (best effort).
     pub async fn cleanup(&self, admin: &Client) {
-        let _ = chart::delete_probe_pod(admin, &self.node).await;
+        let _ = chart::delete_pod(admin, &self.pod).await;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

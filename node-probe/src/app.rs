@@ -175,6 +175,14 @@ pub async fn run(
 
     let policies = (!config.no_policy_watch)
         .then(|| watch_policies(client.clone(), state.clone(), stopped(stop_rx.clone())));
+    if config.gpu_reset {
+        crate::resets::watch_resets(
+            client.clone(),
+            node.clone(),
+            nvml.clone(),
+            stopped(stop_rx.clone()),
+        );
+    }
     let mut sink =
         KubeSink::new(client, &node).with_heartbeat_lease(&config.lease_namespace, config.heartbeat);
     run_loop_with_policies(

@@ -131,6 +131,13 @@ pub struct Config {
     #[arg(long)]
     pub no_policy_watch: bool,
 
+    /// Answer this node's GpuResetRequests: reset the GPU a request names through NVML (only if
+    /// its UUID matches and no process uses it) and write the outcome to the request's status.
+    /// Needs the NVML privileges of a GPU reset (root, a writable /sys: the chart's
+    /// nodeProbe.gpuReset.enabled grants them).
+    #[arg(long, env = "GPUNODE_GPU_RESET")]
+    pub gpu_reset: bool,
+
     /// Namespace of the heartbeat Lease `gpunode-probe-<node>` (the release namespace).
     #[arg(long, env = "GPUNODE_LEASE_NAMESPACE", default_value = "gpunode-system")]
     pub lease_namespace: String,
@@ -188,6 +195,7 @@ mod tests {
         assert_eq!(c.lease_namespace, "gpunode-system");
         assert_eq!(c.recovery_gap, Duration::from_secs(120));
         assert!(!c.no_policy_watch);
+        assert!(!c.gpu_reset, "GPU resets are off unless asked for");
         assert_eq!(c.metrics_addr.port(), 9400);
         assert_eq!(c.margin_bands, vec![0, 3, 5, 10, 15]);
         let c = Config::try_parse_from([

@@ -9,6 +9,7 @@
 //! * [`publish`]: the publish loop and the server-side-apply sink; [`metrics`]: `/metrics`,
 //!   `/healthz`; [`app`]: wiring for the binary (`--once` and [`app::run`]).
 //! * [`xid_state`]: the XIDs of the current boot, kept across probe restarts.
+//! * [`resets`]: `--gpu-reset`, the GPU resets the operator requests (GpuResetRequest).
 #![warn(missing_docs)]
 
 pub mod app;
@@ -23,6 +24,7 @@ pub mod nvml;
 pub mod pods;
 pub mod policies;
 pub mod publish;
+pub mod resets;
 pub mod state;
 pub mod sysfs;
 pub mod xid_state;

@@ -185,16 +185,18 @@ impl KubeSink {
         })
     }
 
-    /// Renews the heartbeat Lease (creating it the first time).
-    async fn renew_lease(&self, leases: &Api<Lease>, name: &str) -> Result<(), kube::Error> {
+    /// Renews the heartbeat Lease (creating it the first time) as of `observed`: the time of
+    /// the observation that found nothing to publish, not of the write. The operator takes the
+    /// published report as holding through the renewal, so it must not count a write that lags
+    /// its observation (a retry, a GPU reset in between) as newer than it is.
+    async fn renew_lease(
+        &self,
+        leases: &Api<Lease>,
+        name: &str,
+        observed: jiff::Timestamp,
+    ) -> Result<(), kube::Error> {
         let owner = self.node_uid.as_deref().map(|uid| (self.node.as_str(), uid));
-        let lease = heartbeat::lease(
-            name,
-            &self.node,
-            owner,
-            self.lease_seconds,
-            MicroTime(jiff::Timestamp::now()),
-        );
+        let lease = heartbeat::lease(name, &self.node, owner, self.lease_seconds, MicroTime(observed));
         leases.patch(name, &Self::params(), &Patch::Apply(&lease)).await?;
         Ok(())
     }
@@ -262,7 +264,11 @@ impl ReportSink for KubeSink {
 
     async fn heartbeat(&mut self, status: &GpuNodeReportStatus) -> Result<Beat, PublishError> {
         if let Some((leases, name)) = &self.lease {
-            match self.renew_lease(leases, name).await {
+            let observed = status
+                .observed_at
+                .as_ref()
+                .map_or_else(jiff::Timestamp::now, |t| t.0);
+            match self.renew_lease(leases, name, observed).await {
                 Ok(()) => return Ok(Beat::Lease),
                 // No RBAC for Leases (a chart older than the probe) or no namespace: still
                 // heartbeat, with the whole report, as before Leases.

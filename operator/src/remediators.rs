@@ -310,6 +310,17 @@ fn made_at(obj: &DynamicObject, started: Timestamp) -> bool {
         == Some(started)
 }
 
+/// The latest instant a condition time can stand for. The API server keeps
+/// `lastTransitionTime` to the second, cut off: 08:00:05Z was written at some time in
+/// [08:00:05, 08:00:06), so only a report observed from 08:00:06 on is surely after it.
+fn end_of_second(t: Timestamp) -> Timestamp {
+    if t.subsec_nanosecond() == 0 {
+        t.checked_add(jiff::SignedDuration::from_secs(1)).unwrap_or(t)
+    } else {
+        t
+    }
+}
+
 /// What the object's completion condition says.
 pub fn completion(obj: &DynamicObject, condition: &str) -> StepObject {
     let found = obj
@@ -322,9 +333,12 @@ pub fn completion(obj: &DynamicObject, condition: &str) -> StepObject {
         });
     let field = |c: &Value, k: &str| c.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
     match found {
-        Some(c) if field(c, "status") == "True" => {
-            StepObject::Succeeded(field(c, "lastTransitionTime").parse::<Timestamp>().ok())
-        }
+        Some(c) if field(c, "status") == "True" => StepObject::Succeeded(
+            field(c, "lastTransitionTime")
+                .parse::<Timestamp>()
+                .ok()
+                .map(end_of_second),
+        ),
         Some(c) if field(c, "status") == "False" => {
             let (reason, message) = (field(c, "reason"), field(c, "message"));
             StepObject::Failed(format!(
@@ -366,7 +380,8 @@ mod tests {
         ]}));
         assert_eq!(
             completion(&done, "Succeeded"),
-            StepObject::Succeeded("2026-12-02T05:00:00Z".parse().ok())
+            StepObject::Succeeded("2026-12-02T05:00:01Z".parse().ok()),
+            "the end of the second the API server cut it to"
         );
         let failed = object(json!({"conditions": [
             {"type": "Succeeded", "status": "False", "reason": "BmcUnreachable", "message": "no answer"},

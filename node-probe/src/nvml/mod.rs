@@ -10,7 +10,7 @@ pub mod reset;
 pub mod xid;
 
 use std::ffi::OsString;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use gpunode_crds::report::{CollectorName, FieldError, GpuNodeReportStatus, MAX_GPUS};
@@ -88,6 +88,9 @@ pub struct NvmlCollector {
     config: NvmlConfig,
     xids: Arc<XidLog>,
     loaded: Mutex<Loaded>,
+    /// Held for reading by each collection and for writing by a reset, so that no report shows
+    /// a GPU in the middle of its reset (off the bus between remove and discover).
+    resetting: RwLock<()>,
 }
 
 impl NvmlCollector {
@@ -101,6 +104,7 @@ impl NvmlCollector {
             config,
             xids: Arc::new(xids),
             loaded: Mutex::default(),
+            resetting: RwLock::new(()),
         }
     }
 
@@ -153,6 +157,34 @@ impl NvmlCollector {
             .watcher
             .as_ref()
             .is_some_and(|w| w.wait_ready(timeout))
+    }
+
+    /// Resets GPU `index` if it is the GPU `uuid` and no process uses it ([`reset::reset_gpu`]).
+    /// After a reset its XIDs are forgotten, and the XID thread starts again at the next
+    /// collection (NVML's device handles, the event set's included, are not valid after a
+    /// discovery).
+    pub fn reset(&self, index: u32, uuid: &str) -> Result<(), reset::ResetError> {
+        let _exclusive = self
+            .resetting
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let nvml = self.ensure_loaded().map_err(|e| reset::ResetError::Nvml {
+            index,
+            step: "load",
+            reason: e.to_string(),
+        })?;
+        let result = reset::reset_gpu(&nvml, index, uuid);
+        if result.is_ok() {
+            self.xids.forget_gpu(index);
+        }
+        if !matches!(
+            result,
+            Err(reset::ResetError::OtherGpu { .. } | reset::ResetError::InUse { .. })
+        ) {
+            // Removed (and maybe discovered again): the event set's handles are stale.
+            self.lock().watcher = None;
+        }
+        result
     }
 
     /// Stops the XID thread and unloads the library.
@@ -220,6 +252,10 @@ impl Collector for NvmlCollector {
     }
 
     fn collect(&self, report: &mut GpuNodeReportStatus) -> Result<Outcome, crate::collect::CollectError> {
+        let _shared = self
+            .resetting
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         Ok(self.collect_gpus(report)?)
     }
 }

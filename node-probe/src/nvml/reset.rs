@@ -46,6 +46,17 @@ pub enum ResetError {
     },
 }
 
+impl ResetError {
+    /// A condition reason (CamelCase) for the request's status.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ResetError::OtherGpu { .. } => "OtherGpu",
+            ResetError::InUse { .. } => "InUse",
+            ResetError::Nvml { .. } => "NvmlError",
+        }
+    }
+}
+
 /// Resets GPU `index` if it is the GPU with `uuid` and no process uses it.
 pub fn reset_gpu(nvml: &Nvml, index: u32, uuid: &str) -> Result<(), ResetError> {
     let failed = |step: &'static str| {

@@ -199,6 +199,27 @@ impl XidLog {
             .unwrap_or_default()
     }
 
+    /// Forgets the XIDs of GPU `index` (its metric counts stay): a GPU that was reset starts
+    /// afresh, as it would after a reboot. Saved at once, so a restarted probe does not bring
+    /// them back.
+    pub fn forget_gpu(&self, index: u32) {
+        {
+            let mut inner = self.lock();
+            if inner.per_gpu.remove(&index).is_none() {
+                return;
+            }
+            inner.dirty = true;
+        }
+        self.save(true);
+    }
+
+    /// Wakes whoever waits on [`XidLog::subscribe`] without an XID: the publisher observes and
+    /// publishes at once (after a GPU reset, whose outcome the operator judges by the next
+    /// report).
+    pub fn wake(&self) {
+        self.notify.send_modify(|_| {});
+    }
+
     /// How many XIDs were received in total.
     pub fn total(&self) -> u64 {
         self.lock().total

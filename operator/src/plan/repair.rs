@@ -480,7 +480,7 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
     if let Some(step) = plan.track.step.as_mut()
         && let Some(end) = step.ended.as_mut()
         && end.outcome == StepOutcome::Succeeded
-        && input.last_heard.is_none_or(|r| r <= end.at)
+        && input.last_heard.is_none_or(|r| r < end.at)
     {
         let timeout = policy
             .step(&step.name)
