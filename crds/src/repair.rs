@@ -76,7 +76,8 @@ pub struct RepairStep {
     ///   step's `classes` (a GpuResetRequest per GPU; the chart's `nodeProbe.gpuReset.enabled`
     ///   must be on). A reset applies a pending row remap and clears volatile ECC counters and
     ///   the GPU's XIDs; it is refused while any process uses the GPU. A node with no such GPU
-    ///   (a node-wide drift) skips the step.
+    ///   (a node-wide drift) skips the step. GpuReset steps also run without a drain, for GPUs
+    ///   under a TaintDevice NoExecute quarantine once the node's report lists no pod on them.
     /// - Remediator: create a custom resource from `remediator`'s template (medik8s Self Node
     ///   Remediation, a machine deletion, Cluster API, Metal3, a cloud's repair controller), and
     ///   wait for it to finish.

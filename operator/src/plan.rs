@@ -965,6 +965,7 @@ fn node_plan(
         last_heard: node.last_heard,
         object: node.repair_object.as_ref(),
         drifting_gpus: &drifting_gpus(node),
+        quarantined: &quarantines.iter().filter_map(Quarantine::idle_gpu).collect(),
         gate: gates.repair.as_ref(),
         drain_pending: pending.contains(&Action::Drain),
         now,

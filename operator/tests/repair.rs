@@ -8,8 +8,8 @@ use gpunode_crds::{DriftClass, GpuNodePolicySpec};
 use gpunode_operator::{
     markers::{REPAIR_ANNOTATION, ResetGpu, StepOutcome},
     plan::{
-        ChangeCause, DrainStep, GpuView, MadeFrom, NodeDevices, NodeView, PolicyPlan, RepairState,
-        StepObject, plan, repair::fold,
+        ChangeCause, DrainStep, GpuPods, GpuView, MadeFrom, NodeDevices, NodeView, PodRef, PolicyPlan,
+        RepairState, StepObject, plan, repair::fold,
     },
     reasons::Reason,
     verdict::{Drift, Verdict},
@@ -721,4 +721,153 @@ fn the_objects_of_a_step_stand_together() {
         ]),
         StepObject::Unavailable("gone".into())
     );
+}
+
+/// GPU 5's fatal XID quarantines the GPU (NoExecute) instead of draining the node; a driver
+/// mismatch drains it. Device-plugin node: the report says which pods hold each GPU.
+fn quarantine_policy(steps: &str) -> GpuNodePolicySpec {
+    let yaml = format!(
+        r#"
+remediation:
+  - {{classes: [Xid, Memory], action: TaintDevice, effect: NoExecute}}
+  - {{classes: [Driver], action: Drain}}
+quarantine: {{maxGpusPerNode: 2}}
+disruption:
+  maxUnavailable: 1
+  circuitBreaker: {{maxDriftedPercent: 100}}
+recovery: {{healthyFor: 60s}}
+repair:
+  steps:
+{steps}
+"#
+    );
+    serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("policy fixture: {e}\n{yaml}"))
+}
+
+const RESET_THEN_REBOOT: &str = r#"    - {name: gpu-reset, action: GpuReset, classes: [Xid, Memory], timeout: 5m}
+    - name: reboot
+      action: Remediator
+      classes: [Xid, Memory]
+      remediator: {apiVersion: remediation.example.com/v1, kind: RebootTemplate, name: reboot, namespace: ops}"#;
+
+/// An 8-GPU device-plugin node whose GPU 5 has a fatal XID; `holders` hold GPU 5.
+fn quarantine_node(holders: Vec<PodRef>) -> Vec<NodeView> {
+    let uuid = |i: u32| format!("GPU-0000000{i}");
+    let gpus = (0..8)
+        .map(|index| GpuView {
+            index,
+            uuid: Some(uuid(index)),
+        })
+        .collect();
+    let by_gpu = (0..8)
+        .map(|i| (uuid(i), if i == 5 { holders.clone() } else { Vec::new() }))
+        .collect();
+    let mut verdict = drifted(DriftClass::Xid);
+    verdict.drifts[0].gpu = Some(5);
+    vec![node(verdict, at(0)).with_gpus(gpus, NodeDevices::DevicePlugin(Some(GpuPods::new(by_gpu))))]
+}
+
+#[test]
+fn a_quarantined_gpu_no_pod_holds_is_reset_in_place_and_the_node_is_never_drained_for_it() {
+    let policy = quarantine_policy(RESET_THEN_REBOOT);
+    let mut nodes = quarantine_node(Vec::new());
+    let p = pass(&policy, &mut nodes, at(0));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.drain, DrainStep::None, "a GPU fault does not drain the node");
+    assert_ne!(np.cordon, Some(true));
+    let made: Vec<String> = np.repair.ensure.iter().map(|e| e.object.to_string()).collect();
+    assert_eq!(
+        made,
+        ["GpuResetRequest gpu-1-gpu-5"],
+        "only the quarantined GPU is reset"
+    );
+    assert!(matches!(&np.repair.state, RepairState::Running { step, .. } if step == "gpu-reset"));
+
+    // The reset fails: the reboot is for a drained node, so the quarantine stays and a person
+    // is asked for; the node is still not cordoned.
+    look(&mut nodes, StepObject::Failed("GPU 5 is in use".to_string()));
+    let p = pass(&policy, &mut nodes, at(10));
+    let np = of(&p, "gpu-1");
+    assert!(
+        matches!(&np.repair.state, RepairState::NeedsHuman(why) if why.contains("every repair step for Xid was tried")),
+        "{:?}",
+        np.repair.state
+    );
+    assert_ne!(np.cordon, Some(true));
+    assert!(np.repair.ensure.is_empty());
+    assert!(
+        events(&p)
+            .iter()
+            .any(|(r, n)| *r == Reason::NeedsHuman && n.contains("its quarantined GPUs stay quarantined")),
+        "{:?}",
+        events(&p)
+    );
+}
+
+#[test]
+fn a_quarantined_gpu_that_recovers_after_its_reset_ends_the_repair() {
+    let policy = quarantine_policy(RESET_THEN_REBOOT);
+    let mut nodes = quarantine_node(Vec::new());
+    pass(&policy, &mut nodes, at(0));
+    look(&mut nodes, StepObject::Succeeded(Some(at(5))));
+    let p = pass(&policy, &mut nodes, at(6));
+    assert!(matches!(
+        &of(&p, "gpu-1").repair.state,
+        RepairState::AwaitingReport { .. }
+    ));
+    // The probe's report after the reset: the GPU is clean.
+    nodes[0].repair_object = None;
+    nodes[0].verdict = Verdict::new(Vec::new(), Vec::new());
+    nodes[0].last_heard = Some(at(8));
+    let p = pass(&policy, &mut nodes, at(8));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.repair.state, RepairState::Idle, "nothing left to repair");
+    assert!(!events(&p).iter().any(|(r, _)| *r == Reason::NeedsHuman));
+    // The quarantine goes after healthyFor; with it the request.
+    let p = pass(&policy, &mut nodes, at(80));
+    let np = of(&p, "gpu-1");
+    assert!(np.quarantines.is_empty(), "{:?}", np.quarantines);
+    assert_eq!(
+        np.repair
+            .delete
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["GpuResetRequest gpu-1-gpu-5"]
+    );
+}
+
+#[test]
+fn a_quarantined_gpu_a_pod_still_holds_or_a_ladder_without_a_reset_leaves_the_quarantine_alone() {
+    let held = vec![PodRef {
+        namespace: "train".to_string(),
+        name: "job-0".to_string(),
+    }];
+    let policy = quarantine_policy(RESET_THEN_REBOOT);
+    let mut nodes = quarantine_node(held);
+    let p = pass(&policy, &mut nodes, at(0));
+    let np = of(&p, "gpu-1");
+    assert!(!np.quarantines.is_empty());
+    assert_eq!(
+        np.repair.state,
+        RepairState::Idle,
+        "not while a pod holds the GPU"
+    );
+    assert!(np.repair.ensure.is_empty());
+
+    let reboot_only = quarantine_policy(
+        r#"    - name: reboot
+      action: Remediator
+      classes: [Xid, Memory]
+      remediator: {apiVersion: remediation.example.com/v1, kind: RebootTemplate, name: reboot, namespace: ops}"#,
+    );
+    let mut nodes = quarantine_node(Vec::new());
+    let p = pass(&reboot_only, &mut nodes, at(0));
+    let np = of(&p, "gpu-1");
+    assert_eq!(
+        np.repair.state,
+        RepairState::Idle,
+        "no NeedsHuman for a plain quarantine"
+    );
+    assert!(np.events.iter().all(|e| e.reason != Reason::NeedsHuman));
 }

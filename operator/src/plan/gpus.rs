@@ -153,6 +153,19 @@ pub struct Quarantine {
 }
 
 impl Quarantine {
+    /// The GPU it quarantines, as a GPU reset names it, once it is idle: a NoExecute
+    /// quarantine on a device-plugin node whose report lists no pod holding the GPU any more,
+    /// of a GPU with a UUID. On a DRA node gpunode does not see which pods hold a device, so a
+    /// quarantined GPU there is reset only after a drain.
+    pub fn idle_gpu(&self) -> Option<crate::markers::ResetGpu> {
+        let idle = self.taint.effect == TaintEffect::NoExecute
+            && matches!(&self.target, QuarantineTarget::DevicePlugin { evict, .. } if evict.is_empty());
+        (idle && !self.taint.gpu.starts_with("index-")).then(|| crate::markers::ResetGpu {
+            index: self.taint.index,
+            uuid: self.taint.gpu.clone(),
+        })
+    }
+
     /// The pods this quarantine evicts on its own (a NoExecute quarantine on a device-plugin
     /// node); empty otherwise.
     pub fn evicts(&self) -> &[PodRef] {

@@ -4,6 +4,9 @@
 //! - A repair begins once a drain has evicted everything it may ([`DrainStep::Done`]) and the
 //!   node still drifts; it ends (its objects are deleted, the step forgotten) once the drain is
 //!   no longer in effect: the node recovered, or a person uncordoned it.
+//! - A node that is not drained but has GPUs under a NoExecute quarantine that no pod holds
+//!   any more gets a GPU-scoped repair: only GpuReset steps, only of those GPUs; it ends when
+//!   the quarantines do.
 //! - One step at a time. A step starts only when nothing gates disruption on the node (pause,
 //!   dry run, skip, a conflict, the circuit breaker) and the node has attempts left in the
 //!   window; it is recorded on the node before its object is created, and its object is created
@@ -212,6 +215,9 @@ pub struct RepairInput<'a> {
     /// The node's GPUs that drift, by class (only those with a UUID: a GPU is reset only by
     /// its UUID).
     pub drifting_gpus: &'a BTreeMap<DriftClass, BTreeSet<ResetGpu>>,
+    /// The node's GPUs under a NoExecute quarantine that no pod holds any more: on a node that
+    /// is not drained, the GpuReset steps repair these.
+    pub quarantined: &'a BTreeSet<ResetGpu>,
     /// What blocks disruption on the node, if anything.
     pub gate: Option<&'a Block>,
     /// The drain is wanted but held back (dry run, pause, ...): the step that would follow it
@@ -277,12 +283,36 @@ fn reset_targets(
     gpus.into_iter().cloned().collect()
 }
 
-/// Whether `step` has something to do on the node: a GpuReset step needs a drifting GPU.
-fn applies(step: &RepairStep, drifting_gpus: &BTreeMap<DriftClass, BTreeSet<ResetGpu>>) -> bool {
+/// Whether `step` has something to do on the node: a GpuReset step needs a drifting GPU; a
+/// Remediator step needs the node drained (not just GPUs quarantined).
+fn applies(step: &RepairStep, input: &RepairInput<'_>) -> bool {
     match step.action {
-        RepairAction::Remediator => true,
-        RepairAction::GpuReset => !reset_targets(step, drifting_gpus).is_empty(),
+        RepairAction::Remediator => !gpu_scoped(input),
+        RepairAction::GpuReset => !reset_targets(step, input.drifting_gpus).is_empty(),
     }
+}
+
+/// The repair is of quarantined GPUs only (the node is not drained, and some of its GPUs are
+/// quarantined and idle).
+fn gpu_scoped(input: &RepairInput<'_>) -> bool {
+    matches!(input.drain, DrainStep::None) && !input.quarantined.is_empty()
+}
+
+/// The drifting GPUs among `quarantined`, by class.
+fn gpu_scope(
+    drifting: &BTreeMap<DriftClass, BTreeSet<ResetGpu>>,
+    quarantined: &BTreeSet<ResetGpu>,
+) -> BTreeMap<DriftClass, BTreeSet<ResetGpu>> {
+    drifting
+        .iter()
+        .map(|(c, gpus)| {
+            (
+                *c,
+                gpus.intersection(quarantined).cloned().collect::<BTreeSet<_>>(),
+            )
+        })
+        .filter(|(_, gpus)| !gpus.is_empty())
+        .collect()
 }
 
 /// The objects, as events name them.
@@ -330,6 +360,22 @@ pub fn decide(input: RepairInput<'_>) -> RepairPlan {
     };
     let window = signed(policy.window);
     track.attempts.retain(|t| now.duration_since(*t) < window);
+    // A node that is not drained but has idle quarantined GPUs: only those GPUs are repaired,
+    // and only by GpuReset steps (a reboot is for a drained node).
+    if gpu_scoped(&input) {
+        let scoped_gpus = gpu_scope(input.drifting_gpus, input.quarantined);
+        let scoped_classes: BTreeSet<DriftClass> = scoped_gpus.keys().copied().collect();
+        let input = RepairInput {
+            drifting: &scoped_classes,
+            drifting_gpus: &scoped_gpus,
+            ..input
+        };
+        let mut plan = RepairPlan::idle(track);
+        if running(&mut plan, policy, &input) {
+            return plan;
+        }
+        return next(plan, policy, &input);
+    }
     match input.drain {
         DrainStep::None => {
             // The drain is over (the node recovered, or a person uncordoned it): so is the repair.
@@ -466,7 +512,7 @@ fn first_for<'p>(policy: &'p RepairPolicy, from: usize, input: &RepairInput<'_>)
         .steps
         .iter()
         .skip(from)
-        .find(|s| s.classes.iter().any(|c| input.drifting.contains(c)) && applies(s, input.drifting_gpus))
+        .find(|s| s.classes.iter().any(|c| input.drifting.contains(c)) && applies(s, input))
 }
 
 /// After the last step (or before the first): wait for the report, start the next step, or
@@ -506,7 +552,8 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
             ),
         ));
     }
-    if input.state != NodeState::Drifted {
+    // Nothing (left) to repair: in a GPU-scoped repair, the quarantined GPUs no longer drift.
+    if input.state != NodeState::Drifted || input.drifting.is_empty() {
         return plan;
     }
     let from = plan
@@ -516,12 +563,17 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         .and_then(|s| policy.step(&s.name))
         .map_or(0, |(i, _)| i + 1);
     let candidate = first_for(policy, from, input);
+    let stays = if gpu_scoped(input) {
+        "its quarantined GPUs stay quarantined"
+    } else {
+        "the node stays cordoned"
+    };
     let stop = |plan: &mut RepairPlan, why: String| {
         plan.events.push(PlannedEvent {
             warning: true,
             reason: Reason::NeedsHuman,
             note: format!(
-                "{why}; the node stays cordoned. To start its repair again: kubectl annotate node {} {REPAIR_ANNOTATION}-",
+                "{why}; {stays}. To start its repair again: kubectl annotate node {} {REPAIR_ANNOTATION}-",
                 input.node
             ),
         });
@@ -532,6 +584,10 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         plan.state = RepairState::NeedsHuman(why);
     };
     let Some(step) = candidate else {
+        if gpu_scoped(input) && from == 0 {
+            // No GpuReset step for these quarantines: they stay, as without a repair.
+            return plan;
+        }
         let classes: Vec<&str> = input.drifting.iter().map(|c| c.as_str()).collect();
         let why = if from == 0 {
             format!("no repair step repairs {}", classes.join(", "))
