@@ -88,6 +88,19 @@ pub async fn install(admin: &Client) -> Result<(), Error> {
     Ok(())
 }
 
+/// Installs both kinds, and grants the operator's ServiceAccount the fake remediation kind in
+/// `namespace` through the chart's `operator.remediators` value.
+pub async fn install_and_grant(admin: &Client, namespace: &str) -> Result<(), Error> {
+    install(admin).await?;
+    crate::chart::grant_remediators(
+        admin,
+        &json!([{"apiGroup": GROUP, "resources": ["fakereboots"], "templates": ["fakereboottemplates"]}]),
+        &format!("{GROUP}/fakereboots"),
+        namespace,
+    )
+    .await
+}
+
 /// Creates the template `name` in `namespace` with `behavior`.
 pub async fn create_template(
     admin: &Client,

@@ -115,16 +115,8 @@ async fn a_pending_row_remap_is_repaired_by_the_probes_gpu_reset_and_a_failed_re
         .try_init();
     let client = admin_client().await.unwrap();
     crds::install(&client).await.unwrap();
-    remediator::install(&client).await.unwrap();
     let ns = Scratch::new(&client, "gpu-reset").await.unwrap();
-    chart::grant_remediators(
-        &client,
-        &json!([{"apiGroup": remediator::GROUP, "resources": ["fakereboots"], "templates": ["fakereboottemplates"]}]),
-        &format!("{}/fakereboots", remediator::GROUP),
-        &ns.name,
-    )
-    .await
-    .unwrap();
+    remediator::install_and_grant(&client, &ns.name).await.unwrap();
     remediator::create_template(&client, &ns.name, "reboot", "Succeed")
         .await
         .unwrap();

@@ -111,16 +111,8 @@ fn cordoned(n: &Node) -> bool {
 async fn a_drained_node_is_handed_to_a_remediator_and_returned_and_a_failing_ladder_stops_for_a_person() {
     let client = admin_client().await.unwrap();
     crds::install(&client).await.unwrap();
-    remediator::install(&client).await.unwrap();
     let ns = Scratch::new(&client, "repair").await.unwrap();
-    chart::grant_remediators(
-        &client,
-        &json!([{"apiGroup": remediator::GROUP, "resources": ["fakereboots"], "templates": ["fakereboottemplates"]}]),
-        &format!("{}/fakereboots", remediator::GROUP),
-        &ns.name,
-    )
-    .await
-    .unwrap();
+    remediator::install_and_grant(&client, &ns.name).await.unwrap();
     let operator_client = chart::operator_client(&client).await.unwrap();
     for (name, behavior) in [("reboot", "Succeed"), ("hang", "Hang"), ("fail", "Fail")] {
         remediator::create_template(&client, &ns.name, name, behavior)
