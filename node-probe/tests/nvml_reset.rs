@@ -40,10 +40,12 @@ fn open(fake: &FakeNvml) -> Nvml {
         .expect("init the fake NVML")
 }
 
-/// Drain on, remove, discover: the reset sequence of `nvidia-smi drain` and the GPU Operator.
+/// Persistence off, drain on, remove, discover: the reset sequence of `nvidia-smi drain` and
+/// the GPU Operator.
 fn reset(nvml: &Nvml, index: u32) -> Result<(), NvmlError> {
     let mut device = nvml.device_by_index(index)?;
     let pci = device.pci_info()?;
+    device.set_persistent(false)?;
     device.set_drain(true, pci.clone())?;
     let (removed, _) = device.remove(pci.clone(), DetachGpuState::Remove, PcieLinkState::ShutDown);
     removed.map_err(|e| e.error)?;
@@ -135,6 +137,7 @@ fn a_gpu_is_removed_only_once_drained_and_is_lost_until_discovered() {
         "a GPU not drained is in use"
     );
     let mut device = device.expect("the device is handed back after a failed remove");
+    device.set_persistent(false).unwrap();
     device.set_drain(true, pci.clone()).unwrap();
     assert!(device.is_drain_enabled(pci.clone()).unwrap());
     let (removed, _) = device.remove(pci.clone(), DetachGpuState::Remove, PcieLinkState::ShutDown);
@@ -222,12 +225,45 @@ fn a_gpu_with_processes_lists_them_and_cannot_be_removed() {
         "an idle GPU lists none"
     );
     let pci = device.pci_info().unwrap();
+    device.set_persistent(false).unwrap();
     device.set_drain(true, pci.clone()).unwrap();
     let (refused, _) = device.remove(pci, DetachGpuState::Remove, PcieLinkState::ShutDown);
     assert!(
         matches!(refused.map_err(|e| e.error), Err(NvmlError::InUse)),
         "a drained GPU that a process still uses is in use"
     );
+}
+
+#[test]
+fn persistence_mode_holds_a_gpu_and_the_probe_turns_it_off_for_the_reset_and_back_on() {
+    let fake = faulty();
+    let nvml = open(&fake);
+    let mut device = nvml.device_by_index(5).unwrap();
+    assert!(
+        device.is_in_persistent_mode().unwrap(),
+        "the fixture's GPUs are persistent"
+    );
+    let pci = device.pci_info().unwrap();
+    assert!(
+        matches!(device.set_drain(true, pci), Err(NvmlError::InUse)),
+        "NVML drains a GPU only with persistence mode off"
+    );
+    reset_gpu(&nvml, 5, &uuid(&fake, 5)).expect("the probe's reset handles persistence mode");
+    assert_eq!(
+        collect(&fake).gpus[5].remapped_rows.as_ref().map(|r| r.pending),
+        Some(false)
+    );
+    assert!(
+        nvml.device_by_index(5).unwrap().is_in_persistent_mode().unwrap(),
+        "persistence mode is back on, as it was"
+    );
+
+    // A reset that fails leaves persistence mode as it was too.
+    let fake = faulty();
+    fake.edit(|f| f["devices"][5]["errors"]["nvmlDeviceRemoveGpu_v2"] = 999.into());
+    let nvml = open(&fake);
+    assert!(reset_gpu(&nvml, 5, &uuid(&fake, 5)).is_err());
+    assert!(nvml.device_by_index(5).unwrap().is_in_persistent_mode().unwrap());
 }
 
 fn uuid(fake: &FakeNvml, index: usize) -> String {

@@ -17,13 +17,15 @@
 //!   XID events"), then append `{"id": N, "xid": 79}` to a device's `events` or swap in a fixture
 //!   that lists it. Rewriting the list with the same ids delivers nothing; dropping an id and
 //!   listing it again later makes it happen again.
-//! * **GPU reset, as NVML does it:** `nvmlDeviceModifyDrainState` (drain on), then
+//! * **GPU reset, as NVML does it:** `nvmlDeviceModifyDrainState` (drain on; refused with InUse
+//!   while persistence mode is on, which `nvmlDeviceSetPersistenceMode` turns off), then
 //!   `nvmlDeviceRemoveGpu_v2` (refused with InUse unless drained and free of the device's
-//!   `processes`, which the running-process queries list; afterwards every call on the
-//!   device is GpuIsLost), then `nvmlDeviceDiscoverGpus` brings it back reset: its volatile ECC
-//!   counters and its pending row remap read as cleared until the fixture shows new values. Like
-//!   hardware, this outlives the process: it is kept in `<fixture>.hardware`. Each of the three
-//!   fails on demand through the device's `errors` (by symbol name).
+//!   `processes`, which the running-process queries list, and of persistence mode; afterwards
+//!   every call on the device is GpuIsLost), then `nvmlDeviceDiscoverGpus` brings it back reset,
+//!   persistence mode off: its volatile ECC counters and its pending row remap read as cleared
+//!   until the fixture shows new values. Like hardware, this outlives the process: it is kept in
+//!   `<fixture>.hardware`. Each call fails on demand through the device's `errors` (by symbol
+//!   name).
 //! * **Errors:** `init_error` makes `nvmlInit_v2` fail with that code; per-device `errors` maps a C
 //!   symbol (or `"*"`) to the code it returns; top-level `errors` does the same for calls without
 //!   a device.
@@ -679,9 +681,30 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(device: DeviceHandle, mode: *mut c_uint) -> Return {
-    device_call(device, "nvmlDeviceGetPersistenceMode", |d| unsafe {
-        put(mode, d.persistence as c_uint)
+    with_state(
+        |s| match s.device(device as usize, "nvmlDeviceGetPersistenceMode") {
+            // SAFETY: the caller passes a writable unsigned int.
+            Ok(_) => unsafe { put(mode, c_uint::from(s.persistent(device as usize - 1))) },
+            Err(code) => code,
+        },
+    )
+    .unwrap_or(code::UNINITIALIZED)
+}
+
+/// Persistence mode on or off (root only on real NVML); kept like hardware, and off again on
+/// a GPU discovered after its removal (nvidia-persistenced would turn it back on).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetPersistenceMode(device: DeviceHandle, mode: c_uint) -> Return {
+    with_state(|s| {
+        let bus = match s.device(device as usize, "nvmlDeviceSetPersistenceMode") {
+            Ok(d) => d.pci.bus_id.clone(),
+            Err(code) => return code,
+        };
+        s.hardware.persistence.insert(bus, mode != 0);
+        s.save_hardware();
+        code::SUCCESS
     })
+    .unwrap_or(code::UNINITIALIZED)
 }
 
 #[unsafe(no_mangle)]
@@ -924,9 +947,13 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceModifyDrainState(pci: *mut PciInfo, new_state: c_uint) -> Return {
-    pci_call(pci, "nvmlDeviceModifyDrainState", |s, _, bus| {
+    pci_call(pci, "nvmlDeviceModifyDrainState", |s, index, bus| {
         if new_state == 0 {
             s.hardware.drained.remove(&bus);
+        } else if s.persistent(index) {
+            // NVML: persistence mode must be turned off before a GPU is drained; it counts as
+            // an attachment to the GPU.
+            return code::IN_USE;
         } else {
             s.hardware.drained.insert(bus);
         }
@@ -951,12 +978,13 @@ pub unsafe extern "C" fn nvmlDeviceRemoveGpu_v2(
 ) -> Return {
     pci_call(pci, "nvmlDeviceRemoveGpu_v2", |s, index, bus| {
         // NVML removes only a drained GPU (new work could land on it otherwise) that no process
-        // uses.
+        // uses; persistence mode counts as one.
         let busy = s
             .fixture
             .devices
             .get(index)
-            .is_some_and(|d| !d.processes.is_empty());
+            .is_some_and(|d| !d.processes.is_empty())
+            || s.persistent(index);
         if !s.hardware.drained.contains(&bus) || busy {
             return code::IN_USE;
         }
@@ -971,6 +999,7 @@ pub unsafe extern "C" fn nvmlDeviceDiscoverGpus(pci: *mut PciInfo) -> Return {
     pci_call(pci, "nvmlDeviceDiscoverGpus", |s, index, bus| {
         if s.hardware.removed.remove(&bus) {
             s.hardware.drained.remove(&bus);
+            s.hardware.persistence.insert(bus.clone(), false);
             s.reset(index);
             s.save_hardware();
         }

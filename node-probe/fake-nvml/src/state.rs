@@ -55,6 +55,9 @@ pub struct Hardware {
     pub drained: HashSet<String>,
     /// Bus ids removed (`nvmlDeviceRemoveGpu_v2`) and not yet discovered again.
     pub removed: HashSet<String>,
+    /// Persistence mode set by `nvmlDeviceSetPersistenceMode`, by bus id (over the fixture's).
+    #[serde(default)]
+    pub persistence: HashMap<String, bool>,
     /// Per device index: what its last reset cleared, as the fixture showed it then.
     resets: HashMap<usize, Cleared>,
 }
@@ -285,6 +288,17 @@ impl State {
             return Err(code::GPU_IS_LOST);
         }
         Ok(device)
+    }
+
+    /// Whether persistence mode is on for device `index`: as last set, else as the fixture says.
+    pub fn persistent(&self, index: usize) -> bool {
+        self.fixture.devices.get(index).is_some_and(|d| {
+            self.hardware
+                .persistence
+                .get(&d.pci.bus_id)
+                .copied()
+                .unwrap_or(d.persistence != 0)
+        })
     }
 
     /// The error configured for a call that takes no device.

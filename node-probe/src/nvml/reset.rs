@@ -34,12 +34,13 @@ pub enum ResetError {
         pids: Vec<u32>,
     },
     /// A step failed. After `discover` failed the GPU is off the bus until a reboot; after
-    /// `drain` or `remove` failed it was left as it was (undrained).
+    /// `persistence`, `drain` or `remove` failed it was left as it was (undrained, persistence
+    /// mode as before).
     #[error("GPU {index}: {step} failed: {reason}")]
     Nvml {
         /// The index.
         index: u32,
-        /// `read`, `drain`, `remove` or `discover`.
+        /// `load`, `read`, `persistence`, `drain`, `remove` or `discover`.
         step: &'static str,
         /// NVML's error.
         reason: String,
@@ -88,14 +89,39 @@ pub fn reset_gpu(nvml: &Nvml, index: u32, uuid: &str) -> Result<(), ResetError> 
         return Err(ResetError::InUse { index, pids });
     }
     let pci = device.pci_info().map_err(failed("read"))?;
-    device.set_drain(true, pci.clone()).map_err(failed("drain"))?;
+    // Persistence mode counts as an attachment: NVML drains and removes a GPU only without it.
+    // It is turned back on once the GPU is back, as it was.
+    let persistent = device.is_in_persistent_mode().map_err(failed("read"))?;
+    if persistent {
+        device.set_persistent(false).map_err(failed("persistence"))?;
+    }
+    let restore = |d: &mut nvml_wrapper::Device<'_>| {
+        if persistent && let Err(e) = d.set_persistent(true) {
+            tracing::warn!(index, error = %nvml_reason(&e), "cannot turn persistence mode back on");
+        }
+    };
+    if let Err(e) = device.set_drain(true, pci.clone()) {
+        restore(&mut device);
+        return Err(failed("drain")(e));
+    }
     let (removed, back) = device.remove(pci.clone(), DetachGpuState::Remove, PcieLinkState::ShutDown);
     if let Err(e) = removed {
         // Still on the bus: undo the drain, so it takes work again as before.
         if let Some(mut d) = back {
             let _ = d.set_drain(false, pci);
+            restore(&mut d);
         }
         return Err(failed("remove")(e.error));
     }
-    nvml.discover_gpus(pci).map_err(failed("discover"))
+    nvml.discover_gpus(pci).map_err(failed("discover"))?;
+    // Handles from before the discovery are not valid any more: find the GPU again.
+    if persistent {
+        match nvml.device_by_uuid(uuid) {
+            Ok(mut d) => restore(&mut d),
+            Err(e) => {
+                tracing::warn!(index, error = %nvml_reason(&e), "cannot find the GPU again to turn persistence mode back on")
+            }
+        }
+    }
+    Ok(())
 }
