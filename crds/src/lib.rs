@@ -8,6 +8,7 @@ pub mod budget;
 pub mod duration;
 pub mod generate;
 pub mod heartbeat;
+pub mod maintenance;
 pub mod policy;
 pub mod repair;
 pub mod report;

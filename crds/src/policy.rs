@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     budget::MaxUnavailable,
     duration::Duration,
+    maintenance::MaintenancePolicy,
     repair::RepairPolicy,
     rules,
     types::{DriftClass, EnabledState, PortState, ThrottleReason, TrustMode},
@@ -130,6 +131,11 @@ pub struct GpuNodePolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repair: Option<RepairPolicy>,
 
+    /// When disruptive actions may start: weekly windows in a time zone, and the drift classes
+    /// that act at once regardless. Omit to act as soon as a rule fires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<MaintenancePolicy>,
+
     /// A report older than this makes its node Unknown (drift class Stale). At least 60s, since
     /// the probe sends a heartbeat once a minute. Defaults to 3m.
     #[serde(default = "default_stale_after")]
@@ -159,6 +165,7 @@ impl Default for GpuNodePolicySpec {
             disruption: DisruptionPolicy::default(),
             recovery: RecoveryPolicy::default(),
             repair: None,
+            maintenance: None,
             stale_after: default_stale_after(),
             dry_run: false,
             paused: false,

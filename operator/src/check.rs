@@ -187,6 +187,10 @@ pub struct Outcome {
     /// rules take over (escalation).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<String>,
+    /// Where the policy's maintenance windows stand (only with `spec.maintenance`): open,
+    /// closed until the next opens, or unreadable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<String>,
 }
 
 impl Outcome {
@@ -241,6 +245,9 @@ impl Outcome {
         if let Some(b) = &self.blocked {
             let _ = writeln!(s, "waiting:    {b}");
         }
+        if let Some(m) = &self.maintenance {
+            let _ = writeln!(s, "windows:    {m}");
+        }
         for g in &self.gpus {
             let _ = writeln!(s, "gpus:       {g}");
         }
@@ -291,6 +298,13 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
     let mut node = view(inputs, verdict.clone(), observed_at);
     let policy = inputs.policy.metadata.name.clone().unwrap_or_default();
     let first = plan::plan(&policy, spec, std::slice::from_ref(&node), now);
+    let maintenance = spec.maintenance.as_ref().map(|_| match &first.window {
+        plan::windows::WindowState::Open => "a window is open: disruptive actions may start".to_string(),
+        plan::windows::WindowState::Closed { opens } => {
+            format!("outside the windows: disruptive actions wait until {opens}, unless urgent")
+        }
+        plan::windows::WindowState::Invalid(why) => format!("every window stays closed: {why}"),
+    });
     let p = first.nodes.into_iter().next()?;
     // Replay the plan as if applied, then look again once the longest `after` has passed.
     node.markers = p.markers.clone();
@@ -335,6 +349,7 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
         blocked: p.blocked.as_ref().map(|b| b.describe()),
         changes_at: p.next_change.map(|c| c.to_string()),
         gpus: gpu_lines(&p),
+        maintenance,
         verdict,
     })
 }

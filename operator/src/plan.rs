@@ -25,6 +25,7 @@
 
 pub mod gpus;
 pub mod repair;
+pub mod windows;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -213,6 +214,13 @@ pub enum Block {
     CircuitOpen,
     /// `maxUnavailable` nodes are already disrupted.
     Budget,
+    /// Outside the policy's maintenance windows (`spec.maintenance`).
+    OutsideWindow {
+        /// When the next window opens.
+        opens: Timestamp,
+    },
+    /// A maintenance window cannot be read: every window stays closed.
+    InvalidWindow(String),
 }
 
 impl Block {
@@ -225,6 +233,10 @@ impl Block {
             Block::Conflict(others) => format!("node also selected by {}", others.join(", ")),
             Block::CircuitOpen => "circuit breaker open".to_string(),
             Block::Budget => "disruption budget exhausted".to_string(),
+            Block::OutsideWindow { opens } => {
+                format!("outside the maintenance windows; the next opens at {opens}")
+            }
+            Block::InvalidWindow(why) => format!("no maintenance window can open: {why}"),
         }
     }
 }
@@ -402,6 +414,8 @@ pub enum ChangeCause {
     },
     /// A repair step (or the wait for a report after it) reaches its timeout.
     RepairTimeout,
+    /// A maintenance window opens, and what waits for it may start.
+    WindowOpens,
 }
 
 impl std::fmt::Display for NextChange {
@@ -434,6 +448,7 @@ impl std::fmt::Display for NextChange {
                 class.as_str()
             ),
             ChangeCause::RepairTimeout => write!(f, "{}: the repair step reaches its timeout", self.at),
+            ChangeCause::WindowOpens => write!(f, "{}: a maintenance window opens", self.at),
         }
     }
 }
@@ -475,6 +490,8 @@ pub struct PolicyPlan {
     pub circuit_open: bool,
     /// Nodes that began drifting within the breaker window.
     pub recently_drifted: u32,
+    /// Where the maintenance windows stand.
+    pub window: windows::WindowState,
 }
 
 impl PolicyPlan {
@@ -772,15 +789,30 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
     let threshold = (u64::from(pct) * u64::from(matched) / 100).max(1);
     let circuit_open = pct < 100 && u64::from(recently_drifted) > threshold;
 
+    let window_state = windows::state(policy.maintenance.as_ref(), now);
     let mut queued = 0;
     let mut plans = Vec::with_capacity(work.len());
     for (w, kept) in work.into_iter().zip(kept) {
         let node = w.node;
+        // Outside the windows, disruption waits unless the node drifts in an urgent class.
+        let active = w
+            .tracks
+            .iter()
+            .chain(w.gpu_tracks.values().flat_map(|g| g.classes.iter()))
+            .filter(|(_, t)| t.cleared_at.is_none())
+            .map(|(c, _)| c);
+        let window_block = match &window_state {
+            _ if windows::urgent(policy.maintenance.as_ref(), active) => None,
+            windows::WindowState::Open => None,
+            windows::WindowState::Closed { opens } => Some(Block::OutsideWindow { opens: *opens }),
+            windows::WindowState::Invalid(why) => Some(Block::InvalidWindow(why.clone())),
+        };
         // What keeps a repair step from starting: what keeps any disruption from starting,
         // except the budget (a drained node already holds its slot).
         let repair_gate = passive(node)
             .or_else(|| (!node.conflicts.is_empty()).then(|| Block::Conflict(node.conflicts.clone())))
-            .or_else(|| circuit_open.then_some(Block::CircuitOpen));
+            .or_else(|| circuit_open.then_some(Block::CircuitOpen))
+            .or_else(|| window_block.clone());
         let additions: Vec<Action> = w.wanted.difference(&kept).cloned().collect();
         let (effective, pending, blocked) = if let Some(b) = passive(node) {
             (kept, additions, Some(b))
@@ -792,6 +824,8 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
                 Some(Block::Conflict(node.conflicts.clone()))
             } else if circuit_open {
                 Some(Block::CircuitOpen)
+            } else if let Some(b) = window_block.clone() {
+                Some(b)
             } else if !is_disrupted(&kept) && !is_disrupted(&w.current) && in_use >= budget_allowed {
                 Some(Block::Budget)
             } else {
@@ -845,6 +879,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         budget_queued: queued,
         circuit_open,
         recently_drifted,
+        window: window_state,
     }
 }
 
@@ -1018,6 +1053,21 @@ fn node_plan(
         Some(at) if next_change.is_none_or(|c| at < c.at) => Some(NextChange {
             at,
             cause: ChangeCause::RepairTimeout,
+        }),
+        _ => next_change,
+    };
+    // What waits for a window is planned again when it opens.
+    let window_opens = [blocked.as_ref(), gates.repair.as_ref()]
+        .into_iter()
+        .flatten()
+        .find_map(|b| match b {
+            Block::OutsideWindow { opens } if *opens > now => Some(*opens),
+            _ => None,
+        });
+    let next_change = match window_opens {
+        Some(at) if next_change.is_none_or(|c| at < c.at) => Some(NextChange {
+            at,
+            cause: ChangeCause::WindowOpens,
         }),
         _ => next_change,
     };
@@ -1291,7 +1341,13 @@ fn condition(
         && !pending.is_empty()
     {
         let actions: Vec<String> = pending.iter().map(Action::describe).collect();
-        message = format!("{message}; waiting ({}): {}", b.describe(), actions.join(", "));
+        message = match b {
+            Block::OutsideWindow { opens } => format!(
+                "{message}; waiting for the maintenance window that opens at {opens}: {}",
+                actions.join(", ")
+            ),
+            _ => format!("{message}; waiting ({}): {}", b.describe(), actions.join(", ")),
+        };
     }
     NodeCondition {
         status,

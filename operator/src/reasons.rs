@@ -219,6 +219,8 @@ pub enum PolicyReason {
     InvalidSelector,
     /// Degraded: drains have run past their timeout.
     DrainStuck,
+    /// Degraded: a maintenance window cannot be read, so every window stays closed.
+    InvalidMaintenanceWindow,
     /// Degraded: nothing needs a person.
     AsExpected,
     /// BudgetExhausted: nodes wait.
@@ -246,6 +248,7 @@ impl PolicyReason {
             PolicyReason::Reconciled => "Reconciled",
             PolicyReason::InvalidSelector => "InvalidSelector",
             PolicyReason::DrainStuck => "DrainStuck",
+            PolicyReason::InvalidMaintenanceWindow => "InvalidMaintenanceWindow",
             PolicyReason::AsExpected => "AsExpected",
             PolicyReason::NodesQueued => "NodesQueued",
             PolicyReason::WithinBudget => "WithinBudget",

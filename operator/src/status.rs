@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::{
     apply::Applied,
-    plan::{Action, Block, DrainStep, InEffect, NodePlan, PolicyPlan, RepairState},
+    plan::{Action, Block, DrainStep, InEffect, NodePlan, PolicyPlan, RepairState, windows::WindowState},
     reasons::{PolicyCondition, PolicyReason},
     verdict::NodeState,
 };
@@ -116,6 +116,10 @@ pub fn status(
         })
         .collect();
 
+    let invalid_window = match &plan.window {
+        WindowState::Invalid(why) => Some(why),
+        _ => None,
+    };
     let g = generation;
     let conditions = vec![
         condition(
@@ -129,16 +133,18 @@ pub fn status(
         ),
         condition(
             PolicyCondition::Degraded,
-            stuck > 0,
-            if stuck > 0 {
+            stuck > 0 || invalid_window.is_some(),
+            if invalid_window.is_some() {
+                PolicyReason::InvalidMaintenanceWindow
+            } else if stuck > 0 {
                 PolicyReason::DrainStuck
             } else {
                 PolicyReason::AsExpected
             },
-            if stuck > 0 {
-                format!("{stuck} drains have run past their timeout")
-            } else {
-                "no stuck drains".to_string()
+            match invalid_window {
+                Some(why) => format!("every maintenance window stays closed: {why}"),
+                None if stuck > 0 => format!("{stuck} drains have run past their timeout"),
+                None => "no stuck drains".to_string(),
             },
             g,
             old_conditions,
