@@ -490,6 +490,9 @@ fn default_device_pattern() -> String {
     "TaintDevice acts on one GPU, so its classes must be GPU-scoped: {}",
     gpu_scoped_names()
 ).as_str()).field_path(".classes"))]
+#[x_kube(validation = Rule::new("!has(self.requireApproval) || !self.requireApproval || self.action in ['Taint', 'Cordon', 'Drain']")
+    .message("requireApproval is for Taint, Cordon and Drain rules: a Label rule disrupts nothing, and a TaintDevice quarantine cannot wait for a person")
+    .field_path(".requireApproval"))]
 pub struct RemediationRule {
     /// Drift classes this rule acts on (at least one): Inventory, Driver, Config, Memory, Xid,
     /// Pcie, Nvlink, Thermal, Throttle, Cooling, Network, Stale. Listing Stale is the only way
@@ -520,7 +523,19 @@ pub struct RemediationRule {
     /// Defaults to 0s (immediately).
     #[serde(default)]
     pub after: Duration,
+
+    /// Take the action only once a person approved it on the node: the annotation
+    /// gpunode.dev/approve lists the rule's action (Taint, Cordon or Drain), for example
+    /// `kubectl annotate --overwrite node NODE gpunode.dev/approve=Drain`. Until then the action
+    /// is pending (the node's condition, an AwaitingApproval event and the policy status print
+    /// that command). Labels and the condition never wait. Defaults to false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_approval: bool,
 }
+
+/// The node annotation through which a person approves rungs that require it: a
+/// comma-separated list of rule actions (Taint, Cordon, Drain) and repair step names.
+pub const APPROVE_ANNOTATION: &str = "gpunode.dev/approve";
 
 impl RemediationRule {
     /// The classes as a set.

@@ -95,6 +95,14 @@ pub struct RepairStep {
     #[serde(default = "default_timeout")]
     pub timeout: Duration,
 
+    /// Start the step only once a person approved it on the node: the annotation
+    /// gpunode.dev/approve lists the step's name, for example
+    /// `kubectl annotate --overwrite node NODE gpunode.dev/approve=replace`. Until then the step
+    /// waits (the node's condition, an AwaitingApproval event and the policy status print that
+    /// command). Defaults to false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_approval: bool,
+
     /// The template a Remediator step copies (only for action Remediator).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remediator: Option<RemediatorTemplate>,

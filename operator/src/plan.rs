@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpunode_crds::{
     DriftClass, GpuNodePolicySpec,
-    policy::{RemediationAction, TaintEffect},
+    policy::{APPROVE_ANNOTATION, RemediationAction, TaintEffect},
 };
 use jiff::{SignedDuration, Timestamp};
 
@@ -79,6 +79,9 @@ pub struct NodeView {
     pub devices: NodeDevices,
     /// The running repair step's object, as looked at before planning.
     pub repair_object: Option<StepObject>,
+    /// The rungs a person approved on the node (annotation `gpunode.dev/approve`): rule actions
+    /// (`Taint`, `Cordon`, `Drain`) and repair step names.
+    pub approved: BTreeSet<String>,
 }
 
 impl NodeView {
@@ -120,6 +123,13 @@ impl NodeView {
             gpus: Vec::new(),
             devices: NodeDevices::Unknown,
             repair_object: None,
+            approved: node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(APPROVE_ANNOTATION))
+                .map(|v| approvals(v))
+                .unwrap_or_default(),
         };
         (view, errors)
     }
@@ -148,6 +158,7 @@ impl NodeView {
             gpus: Vec::new(),
             devices: NodeDevices::Unknown,
             repair_object: None,
+            approved: BTreeSet::new(),
         }
     }
 
@@ -221,6 +232,13 @@ pub enum Block {
     },
     /// A maintenance window cannot be read: every window stays closed.
     InvalidWindow(String),
+    /// A rung requires a person's approval (`requireApproval`).
+    Approval {
+        /// The rungs awaiting it.
+        rungs: Vec<String>,
+        /// The command that approves them.
+        command: String,
+    },
 }
 
 impl Block {
@@ -237,6 +255,9 @@ impl Block {
                 format!("outside the maintenance windows; the next opens at {opens}")
             }
             Block::InvalidWindow(why) => format!("no maintenance window can open: {why}"),
+            Block::Approval { rungs, command } => {
+                format!("waiting for approval of {}: {command}", rungs.join(", "))
+            }
         }
     }
 }
@@ -610,9 +631,15 @@ fn wanted(
     gpu_handled: &BTreeSet<DriftClass>,
     escalated: bool,
     now: Timestamp,
-) -> BTreeSet<Action> {
+) -> (BTreeSet<Action>, BTreeMap<Action, String>) {
     let mut taints: BTreeMap<TaintEffect, DriftClass> = BTreeMap::new();
     let mut out = BTreeSet::new();
+    // Actions only rules that require approval want, with the rung that approves them; and
+    // what rules without approval want (those need none).
+    let mut gated: BTreeMap<Action, String> = BTreeMap::new();
+    let mut free: BTreeSet<Action> = BTreeSet::new();
+    let mut taint_gated: BTreeSet<TaintEffect> = BTreeSet::new();
+    let mut taint_free: BTreeSet<TaintEffect> = BTreeSet::new();
     for rule in &policy.remediation {
         let after = signed(rule.after);
         let firing: Vec<DriftClass> = rule
@@ -625,32 +652,84 @@ fn wanted(
         let Some(first) = firing.iter().min().copied() else {
             continue;
         };
+        let mut mark = |action: Action| {
+            if rule.require_approval {
+                gated
+                    .entry(action.clone())
+                    .or_insert_with(|| rung(rule.action).to_string());
+            } else {
+                free.insert(action.clone());
+            }
+            out.insert(action);
+        };
         match (rule.action, rule.effect) {
             (RemediationAction::Label, _) => {}
             (RemediationAction::Taint, Some(effect)) => {
                 let e = taints.entry(effect).or_insert(first);
                 *e = (*e).min(first);
+                if rule.require_approval {
+                    taint_gated.insert(effect);
+                } else {
+                    taint_free.insert(effect);
+                }
             }
             // Rejected by the API server; a rule that slipped through does nothing.
             (RemediationAction::Taint, None) => {}
-            (RemediationAction::Cordon, _) => {
-                out.insert(Action::Cordon);
-            }
+            (RemediationAction::Cordon, _) => mark(Action::Cordon),
             (RemediationAction::Drain, _) => {
-                out.insert(Action::Cordon);
-                out.insert(Action::Drain);
+                mark(Action::Cordon);
+                mark(Action::Drain);
             }
             // Planned per GPU (`gpus::decide`).
             (RemediationAction::TaintDevice, _) => {}
         }
     }
-    out.extend(taints.into_iter().map(|(effect, class)| {
-        Action::Taint(DriftTaint {
+    for (effect, class) in taints {
+        let action = Action::Taint(DriftTaint {
             effect,
             value: class.label(),
-        })
-    }));
-    out
+        });
+        if taint_gated.contains(&effect) && !taint_free.contains(&effect) {
+            gated.insert(action.clone(), rung(RemediationAction::Taint).to_string());
+        }
+        out.insert(action);
+    }
+    gated.retain(|a, _| !free.contains(a));
+    (out, gated)
+}
+
+/// The name a person approves a rule's action by.
+fn rung(action: RemediationAction) -> &'static str {
+    match action {
+        RemediationAction::Label => "Label",
+        RemediationAction::Taint => "Taint",
+        RemediationAction::Cordon => "Cordon",
+        RemediationAction::Drain => "Drain",
+        RemediationAction::TaintDevice => "TaintDevice",
+    }
+}
+
+/// The rungs an approval annotation lists (comma-separated, blanks ignored).
+pub fn approvals(value: &str) -> BTreeSet<String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The command that approves `rungs` on `node`, keeping what is approved already.
+pub fn approve_command(node: &str, approved: &BTreeSet<String>, rungs: &[String]) -> String {
+    let all: BTreeSet<&str> = approved
+        .iter()
+        .map(String::as_str)
+        .chain(rungs.iter().map(String::as_str))
+        .collect();
+    format!(
+        "kubectl annotate --overwrite node {node} {APPROVE_ANNOTATION}={}",
+        all.into_iter().collect::<Vec<_>>().join(",")
+    )
 }
 
 /// What gpunode has in effect on a node now.
@@ -692,6 +771,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         since: Option<Timestamp>,
         gpu_tracks: BTreeMap<String, GpuTrack>,
         escalation: Option<Escalation>,
+        awaiting: BTreeMap<Action, String>,
     }
     let mut work: Vec<Work> = nodes
         .iter()
@@ -699,9 +779,17 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
             let tracks = track_classes(&node.markers.classes, &node.verdict, healthy_for, now);
             let gpu_tracks = gpus::track(&node.markers.gpus, node, &gpu_handled, healthy_for, now);
             let gpu = gpus::decide(policy, &gpu_tracks, &node.devices, now);
-            let mut wanted = wanted(policy, &tracks, &gpu_handled, gpu.escalation.is_some(), now);
+            let (mut wanted, gated) = wanted(policy, &tracks, &gpu_handled, gpu.escalation.is_some(), now);
             wanted.extend(gpu.taints.into_values().map(Action::TaintDevice));
             let mut current = current(node);
+            // A rung a person has not approved yet is not taken; what is in effect already stays.
+            let awaiting: BTreeMap<Action, String> = gated
+                .into_iter()
+                .filter(|(a, rung)| !current.contains(a) && !node.approved.contains(rung))
+                .collect();
+            for a in awaiting.keys() {
+                wanted.remove(a);
+            }
             // A person uncordoned what gpunode cordoned: cancel, and hold off until recovery.
             let mut user_uncordoned = node.markers.user_uncordoned;
             if node.markers.cordoned_by_us && !node.unschedulable {
@@ -734,6 +822,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
                 since,
                 gpu_tracks,
                 escalation: gpu.escalation,
+                awaiting,
             }
         })
         .collect();
@@ -850,6 +939,22 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
                     (eff, held, Some(gate))
                 }
             }
+        };
+        // What awaits a person's approval waits too, and says how to give it.
+        let (pending, blocked) = if w.awaiting.is_empty() {
+            (pending, blocked)
+        } else {
+            let mut pending = pending;
+            pending.extend(w.awaiting.keys().cloned());
+            let rungs: Vec<String> = w
+                .awaiting
+                .values()
+                .cloned()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let command = approve_command(&node.name, &node.approved, &rungs);
+            (pending, blocked.or(Some(Block::Approval { rungs, command })))
         };
         plans.push(node_plan(
             name,
@@ -1000,6 +1105,7 @@ fn node_plan(
         last_heard: node.last_heard,
         object: node.repair_object.as_ref(),
         drifting_gpus: &drifting_gpus(node),
+        approved: &node.approved,
         quarantined: &quarantines.iter().filter_map(Quarantine::idle_gpu).collect(),
         gate: gates.repair.as_ref(),
         drain_pending: pending.contains(&Action::Drain),
@@ -1019,6 +1125,21 @@ fn node_plan(
 
     let mut condition = condition(node, &drain, &blocked, &pending);
     repair_condition(&mut condition, &repair.state);
+    // A rung waits for a person: the condition says so, and how to approve it.
+    let approval = match (&blocked, &repair.state) {
+        (Some(Block::Approval { command, .. }), _)
+        | (
+            _,
+            RepairState::Waiting {
+                block: Block::Approval { command, .. },
+                ..
+            },
+        ) => Some(command.clone()),
+        _ => None,
+    };
+    if approval.is_some() && matches!(condition.reason, Reason::Drifted | Reason::Drained) {
+        condition.reason = Reason::AwaitingApproval;
+    }
     if !gpu_taints.is_empty() {
         let list: Vec<String> = gpu_taints
             .values()
@@ -1048,6 +1169,16 @@ fn node_plan(
     );
     events.extend(gpu_events(node, &gpu_taints, &quarantines, escalation.as_ref()));
     events.extend(repair.events.iter().cloned());
+    if let Some(command) = approval
+        && condition.reason == Reason::AwaitingApproval
+        && node.current_reason != Some(Reason::AwaitingApproval)
+    {
+        events.push(PlannedEvent {
+            warning: true,
+            reason: Reason::AwaitingApproval,
+            note: format!("a rung of the policy requires a person's approval; to approve it: {command}"),
+        });
+    }
     let next_change = next_change(policy, &markers, &drain, node.last_heard, now);
     let next_change = match repair.deadline.filter(|d| *d > now) {
         Some(at) if next_change.is_none_or(|c| at < c.at) => Some(NextChange {
@@ -1057,7 +1188,11 @@ fn node_plan(
         _ => next_change,
     };
     // What waits for a window is planned again when it opens.
-    let window_opens = [blocked.as_ref(), gates.repair.as_ref()]
+    let repair_waits = match &repair.state {
+        RepairState::Waiting { block, .. } => Some(block),
+        _ => None,
+    };
+    let window_opens = [blocked.as_ref().filter(|_| !pending.is_empty()), repair_waits]
         .into_iter()
         .flatten()
         .find_map(|b| match b {
@@ -1346,6 +1481,11 @@ fn condition(
                 "{message}; waiting for the maintenance window that opens at {opens}: {}",
                 actions.join(", ")
             ),
+            Block::Approval { rungs, command } => format!(
+                "{message}; {} waiting for approval of {} ({command})",
+                actions.join(", "),
+                rungs.join(", ")
+            ),
             _ => format!("{message}; waiting ({}): {}", b.describe(), actions.join(", ")),
         };
     }
@@ -1439,7 +1579,7 @@ fn events(
         (Some(_), DrainStep::Done { .. })
             if !matches!(
                 node.current_reason,
-                Some(Reason::Drained | Reason::Repairing | Reason::NeedsHuman)
+                Some(Reason::Drained | Reason::Repairing | Reason::NeedsHuman | Reason::AwaitingApproval)
             ) =>
         {
             out.push(PlannedEvent {

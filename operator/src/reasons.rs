@@ -57,11 +57,14 @@ pub enum Reason {
     RepairTimedOut,
     /// The repair stopped: every step was tried or the attempts are used (event; condition).
     NeedsHuman,
+    /// A rung that requires a person's approval waits for it (condition; event printing the
+    /// command that approves it).
+    AwaitingApproval,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 24] = [
+    pub const ALL: [Reason; 25] = [
         Reason::Compliant,
         Reason::Drifted,
         Reason::Unknown,
@@ -86,6 +89,7 @@ impl Reason {
         Reason::RepairFailed,
         Reason::RepairTimedOut,
         Reason::NeedsHuman,
+        Reason::AwaitingApproval,
     ];
 
     /// As written (CamelCase).
@@ -115,6 +119,7 @@ impl Reason {
             Reason::RepairFailed => "RepairFailed",
             Reason::RepairTimedOut => "RepairTimedOut",
             Reason::NeedsHuman => "NeedsHuman",
+            Reason::AwaitingApproval => "AwaitingApproval",
         }
     }
 
@@ -151,6 +156,7 @@ impl Reason {
             | Reason::Draining
             | Reason::Drained
             | Reason::RemediationWaiting
+            | Reason::AwaitingApproval
             | Reason::DrainCancelled
             | Reason::DrainEnded => None,
         }

@@ -325,6 +325,7 @@ fn a_drain_a_person_cancelled_takes_no_budget_and_gives_none() {
         action: RemediationAction::Cordon,
         effect: None,
         after: gpunode_crds::Duration::from_secs(0),
+        require_approval: false,
     });
     let cancelled = |name: &str, class: DriftClass| {
         let mut n = node(name);
@@ -592,6 +593,7 @@ fn policy_with_stale_rule() -> GpuNodePolicySpec {
         action: RemediationAction::Cordon,
         effect: None,
         after: gpunode_crds::Duration::from_secs(300),
+        require_approval: false,
     });
     p
 }

@@ -141,3 +141,11 @@ fn an_unknown_time_zone_keeps_every_window_closed() {
     );
     assert!(matches!(p.window, WindowState::Invalid(_)));
 }
+
+#[test]
+fn a_node_with_nothing_waiting_is_not_planned_again_for_a_window() {
+    let policy = policy("Europe/Berlin");
+    let nodes = vec![NodeView::new("gpu-1", Verdict::new(Vec::new(), Vec::new()))];
+    let p = plan("p", &policy, &nodes, ts(WEDNESDAY));
+    assert_eq!(of(&p, "gpu-1").next_change, None);
+}

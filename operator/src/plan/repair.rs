@@ -218,6 +218,8 @@ pub struct RepairInput<'a> {
     /// The node's GPUs under a NoExecute quarantine that no pod holds any more: on a node that
     /// is not drained, the GpuReset steps repair these.
     pub quarantined: &'a BTreeSet<ResetGpu>,
+    /// The rungs a person approved on the node (step names among them).
+    pub approved: &'a BTreeSet<String>,
     /// What blocks disruption on the node, if anything.
     pub gate: Option<&'a Block>,
     /// The drain is wanted but held back (dry run, pause, ...): the step that would follow it
@@ -601,6 +603,17 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         plan.state = RepairState::Waiting {
             step: step.name.clone(),
             block: block.clone(),
+        };
+        return plan;
+    }
+    if step.require_approval && !input.approved.contains(&step.name) {
+        let rungs = vec![step.name.clone()];
+        plan.state = RepairState::Waiting {
+            step: step.name.clone(),
+            block: Block::Approval {
+                command: super::approve_command(input.node, input.approved, &rungs),
+                rungs,
+            },
         };
         return plan;
     }
