@@ -1,6 +1,7 @@
 //! Manual approval on the real API server: a drain that requires approval waits, the node's
 //! condition and an AwaitingApproval event print the command, and once a person runs it (the
-//! annotation `gpunode.dev/approve`) the node is cordoned and drained.
+//! annotation `gpunode.dev/approve`) the node is cordoned and drained; once it recovers it is
+//! uncordoned and the approval removed.
 //!
 //! (A separate test binary: one operator per process.)
 
@@ -73,6 +74,7 @@ async fn a_drain_that_requires_approval_waits_for_the_annotation_the_event_print
             "gpu": {"driverVersion": ">=550"},
             "remediation": [{"classes": ["Driver"], "action": "Drain", "requireApproval": true}],
             "disruption": {"maxUnavailable": 1, "circuitBreaker": {"maxDriftedPercent": 100}},
+            "recovery": {"healthyFor": "2s"},
             "staleAfter": "5m",
         }),
     )
@@ -121,6 +123,26 @@ async fn a_drain_that_requires_approval_waits_for_the_annotation_the_event_print
         let n = api.get(&node).await?;
         Ok((cordoned(&n) && condition(&n).0 == "Drained").then_some(()))
     })
+    .await
+    .unwrap();
+
+    // Recovered: uncordoned after healthyFor, and the approval goes with the incident.
+    reports::publish(&client, &node, report("550.54.15"))
+        .await
+        .unwrap();
+    wait::until(
+        "the recovered node uncordoned and its approval removed",
+        DEADLINE,
+        || async {
+            let n = api.get(&node).await?;
+            let approved = n
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("gpunode.dev/approve"));
+            Ok((!cordoned(&n) && !approved).then_some(()))
+        },
+    )
     .await
     .unwrap();
 

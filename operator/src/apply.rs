@@ -580,6 +580,7 @@ impl Applier {
             && (!plan.events.is_empty()
                 || matches!(plan.drain, DrainStep::Run { .. })
                 || plan.evicts_gpu_holders()
+                || plan.forget_approval
                 || !plan.repair.ensure.is_empty()
                 || !plan.repair.delete.is_empty()
                 || spec_change(
@@ -728,6 +729,19 @@ impl Applier {
                 out.wrote_metadata |= metadata;
                 out.written = written.or(out.written);
             }
+        }
+        if plan.forget_approval {
+            // A merge patch: the annotation is a person's (kubectl's field manager), not in
+            // gpunode's server-side apply. No precondition: at worst an approval given in the
+            // same instant to a compliant node is dropped, and the next drift asks again.
+            self.may_write(&plan.node)?;
+            let patch =
+                json!({"metadata": {"annotations": {gpunode_crds::policy::APPROVE_ANNOTATION: null}}});
+            self.nodes
+                .patch(&plan.node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(api_error(Step::LabelsAndCondition, &plan.node))?;
+            info!(node = %plan.node, "the node recovered: its approvals removed");
         }
         if plan.evicts_gpu_holders() {
             let (evicted, refused) = self.evict_gpu_holders(plan, drain).await?;

@@ -328,6 +328,10 @@ pub struct NodePlan {
     pub next_change: Option<NextChange>,
     /// The GPU quarantines in effect after this plan, each with where it goes.
     pub quarantines: Vec<Quarantine>,
+    /// The node recovered with nothing of gpunode's in effect: a person's approvals on it
+    /// (`gpunode.dev/approve`) were for this incident and are removed, so the next drift asks
+    /// again.
+    pub forget_approval: bool,
     /// Why the node's own rules act on its GPU faults, if they do.
     pub escalation: Option<Escalation>,
     /// For the `gpunode.dev/healthy-gpus` label: GPUs neither drifting nor quarantined.
@@ -1017,6 +1021,7 @@ fn node_plan(
     let blocked = gates.blocked;
     let defer_to = node.conflicts.iter().filter(|c| c.as_str() < name).min().cloned();
     let write = defer_to.is_none() && !matches!(blocked, Some(Block::Skip | Block::Paused));
+    let disrupted_after = is_disrupted(&effective);
     let taints: BTreeSet<DriftTaint> = effective
         .iter()
         .filter_map(|a| match a {
@@ -1224,6 +1229,11 @@ fn node_plan(
         since,
         before,
         next_change,
+        forget_approval: !node.approved.is_empty()
+            && state == NodeState::Compliant
+            && !disrupted_after
+            && drain == DrainStep::None
+            && repair.state == RepairState::Idle,
         quarantines,
         escalation,
         healthy_gpus,

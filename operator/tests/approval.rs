@@ -119,6 +119,33 @@ fn a_drain_that_requires_approval_waits_says_how_to_approve_it_and_acts_once_app
 }
 
 #[test]
+fn an_approval_is_for_one_incident_and_is_removed_once_the_node_recovered() {
+    let policy = policy(
+        "  - {classes: [Driver], action: Drain, requireApproval: true}",
+        "",
+    );
+    let mut nodes = vec![NodeView::new("gpu-1", drifted(DriftClass::Driver))];
+    approve(&mut nodes[0], "Drain");
+    let p = step(&policy, &mut nodes, at(0));
+    assert_eq!(of(&p, "gpu-1").cordon, Some(true));
+    assert!(
+        !of(&p, "gpu-1").forget_approval,
+        "not while the drain is in effect"
+    );
+    nodes[0].markers.drained = Some(at(0));
+    nodes[0].verdict = Verdict::new(Vec::new(), Vec::new());
+    let p = step(&policy, &mut nodes, at(10));
+    assert!(
+        !of(&p, "gpu-1").forget_approval,
+        "compliant, but still cordoned until healthyFor"
+    );
+    let p = step(&policy, &mut nodes, at(80));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.cordon, Some(false), "uncordoned after healthyFor");
+    assert!(np.forget_approval, "the approval goes with the incident");
+}
+
+#[test]
 fn a_rule_without_approval_acts_at_once_beside_one_that_waits() {
     let policy = policy(
         "  - {classes: [Driver], action: Cordon}\n  - {classes: [Driver], action: Drain, requireApproval: true}",

@@ -470,6 +470,7 @@ fn drifted_plan() -> NodePlan {
         },
         next_change: None,
         quarantines: Vec::new(),
+        forget_approval: false,
         escalation: None,
         healthy_gpus: None,
         repair: RepairPlan::default(),
