@@ -33,3 +33,17 @@ pub async fn publish_status(client: &Client, node: &str, status: serde_json::Val
     api.patch_status(node, &pp, &Patch::Apply(&status)).await?;
     Ok(())
 }
+
+/// The status of a one-GPU report as a probe observes it now: NVML's collector ok, driver
+/// `driver`, boot `boot`, its GPU's row remapping healthy and `xids` on it.
+pub fn one_gpu(driver: &str, boot: &str, xids: serde_json::Value) -> serde_json::Value {
+    json!({
+        "observedAt": jiff::Timestamp::now().to_string(),
+        "bootId": boot,
+        "collectors": [{"name": "nvml", "ok": true, "durationMs": 5}],
+        "driverVersion": driver,
+        "gpuCount": 1,
+        "gpus": [{"index": 0, "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false},
+                  "xids": xids}],
+    })
+}

@@ -23,14 +23,7 @@ use serde_json::json;
 const DEADLINE: Duration = Duration::from_secs(90);
 
 fn report(driver: &str) -> serde_json::Value {
-    json!({
-        "observedAt": jiff::Timestamp::now().to_string(),
-        "bootId": "boot-1",
-        "collectors": [{"name": "nvml", "ok": true, "durationMs": 5}],
-        "driverVersion": driver,
-        "gpuCount": 1,
-        "gpus": [{"index": 0, "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false}}],
-    })
+    reports::one_gpu(driver, "boot-1", json!([]))
 }
 
 fn cordoned(n: &Node) -> bool {

@@ -21,15 +21,7 @@ use serde_json::json;
 const DEADLINE: Duration = Duration::from_secs(90);
 
 fn report(driver: &str, xids: serde_json::Value) -> serde_json::Value {
-    json!({
-        "observedAt": Timestamp::now().to_string(),
-        "bootId": "boot-1",
-        "collectors": [{"name": "nvml", "ok": true, "durationMs": 5}],
-        "driverVersion": driver,
-        "gpuCount": 1,
-        "gpus": [{"index": 0, "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false},
-                  "xids": xids}],
-    })
+    reports::one_gpu(driver, "boot-1", xids)
 }
 
 fn cordoned(n: &Node) -> bool {

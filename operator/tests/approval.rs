@@ -10,12 +10,12 @@ use gpunode_crds::{DriftClass, GpuNodePolicySpec};
 use gpunode_operator::{
     plan::{Action, Block, DrainStep, NodeView, RepairState, approvals},
     reasons::Reason,
-    verdict::{Drift, Verdict},
+    verdict::Verdict,
 };
 use jiff::{SignedDuration, Timestamp};
 
 mod support;
-use support::{of, step};
+use support::{node_drift as drifted, of, step};
 
 fn at(secs: i64) -> Timestamp {
     Timestamp::from_second(1_790_000_000).unwrap() + SignedDuration::from_secs(secs)
@@ -34,20 +34,6 @@ recovery: {{healthyFor: 60s}}
 "#
     );
     serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("policy fixture: {e}\n{yaml}"))
-}
-
-fn drifted(class: DriftClass) -> Verdict {
-    Verdict::new(
-        vec![Drift {
-            class,
-            check: "gpu.driverVersion".to_string(),
-            expected: ">=550".to_string(),
-            actual: "535.129.03".to_string(),
-            gpu: None,
-            device: None,
-        }],
-        Vec::new(),
-    )
 }
 
 fn approve(node: &mut NodeView, value: &str) {

@@ -8,12 +8,12 @@
 use gpunode_crds::{DriftClass, GpuNodePolicySpec};
 use gpunode_operator::{
     plan::{Action, Block, ChangeCause, NodeView, plan, windows::WindowState},
-    verdict::{Drift, NodeState, Verdict},
+    verdict::{NodeState, Verdict},
 };
 use jiff::Timestamp;
 
 mod support;
-use support::{of, step};
+use support::{node_drift as drifted, of, step};
 
 fn ts(s: &str) -> Timestamp {
     s.parse().unwrap()
@@ -36,20 +36,6 @@ maintenance:
 "#
     ))
     .unwrap()
-}
-
-fn drifted(class: DriftClass) -> Verdict {
-    Verdict::new(
-        vec![Drift {
-            class,
-            check: "gpu.driverVersion".to_string(),
-            expected: ">=550".to_string(),
-            actual: "535.129.03".to_string(),
-            gpu: None,
-            device: None,
-        }],
-        Vec::new(),
-    )
 }
 
 /// Wednesday 2026-12-02 12:00 UTC; the next window opens Saturday 2026-12-05 22:00 CET.
