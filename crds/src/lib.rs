@@ -16,6 +16,7 @@ pub mod reset;
 pub mod rules;
 pub mod selector;
 pub mod types;
+pub mod validation;
 pub mod version;
 
 pub use budget::MaxUnavailable;

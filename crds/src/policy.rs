@@ -17,6 +17,7 @@ use crate::{
     repair::RepairPolicy,
     rules,
     types::{DriftClass, EnabledState, PortState, ThrottleReason, TrustMode},
+    validation::ValidationPolicy,
     version::VersionRange,
 };
 
@@ -136,6 +137,14 @@ pub struct GpuNodePolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<MaintenancePolicy>,
 
+    /// A validation Job gpunode runs on a node that recovered, before it undoes its cordon and
+    /// taints (and so after a repair step too): passed, the node returns; failed or timed out,
+    /// it stays and its repair continues with the next step (a node without one needs a
+    /// person). While it runs the node carries the label `gpunode.dev/validation=running`.
+    /// Omit to undo as soon as the node is healthy for `recovery.healthyFor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<ValidationPolicy>,
+
     /// A report older than this makes its node Unknown (drift class Stale). At least 60s, since
     /// the probe sends a heartbeat once a minute. Defaults to 3m.
     #[serde(default = "default_stale_after")]
@@ -166,6 +175,7 @@ impl Default for GpuNodePolicySpec {
             recovery: RecoveryPolicy::default(),
             repair: None,
             maintenance: None,
+            validation: None,
             stale_after: default_stale_after(),
             dry_run: false,
             paused: false,
@@ -835,6 +845,9 @@ pub struct GpuNodePolicyStatus {
     /// NeedsHuman): every step was tried, or the node used its attempts within the window.
     #[serde(default)]
     pub needs_human: u32,
+    /// Selected nodes with a validation Job running (`spec.validation`).
+    #[serde(default)]
+    pub validating: u32,
 
     /// The drifted and unknown nodes, at most 50, oldest drift first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -186,7 +186,10 @@ images() {
 	read -r OPERATOR_IMAGE PROBE_IMAGE <<<"$tags"
 	local i
 	for i in "$OPERATOR_IMAGE" "$PROBE_IMAGE"; do
-		kindc load docker-image --name "$KIND_NAME" "$i" >&2 || die "kind load docker-image $i failed"
+		kindc load docker-image --name "$KIND_NAME" "$i" >&2 || {
+			df -h "$ENGINE_DATA" >&2
+			die "kind load docker-image $i failed"
+		}
 	done
 	printf '%s %s\n' "$OPERATOR_IMAGE" "$PROBE_IMAGE" >"$STATE/images"
 }
@@ -205,11 +208,35 @@ chart() {
 	}
 }
 
+# Free space, in GiB, on the filesystem holding PATH.
+free_gib() { df -P -k "$1" | awk 'NR == 2 {printf "%d", $4 / 1048576}'; }
+
+# The cluster's node image, three nodes' containerd stores and gpunode's images take about 3 GiB
+# under the engine's data; a full disk shows up later as an obscure `ctr` error inside a node. A
+# disk that is short first loses what is rebuilt on demand (cargo's incremental caches, the
+# engine's build cache and dangling images), then fails here, saying how much is free.
+room() {
+	local need=${GPUNODE_KIND_MIN_FREE_GIB:-5} free
+	free=$(free_gib "$ENGINE_DATA")
+	((free < need)) || return 0
+	log "kind: only ${free} GiB free on the disk of $ENGINE_DATA (need ${need}); removing what is rebuilt on demand"
+	rm -rf "$(target_dir)/incremental"
+	docker builder prune -f >/dev/null 2>&1 || true
+	docker image prune -f >/dev/null 2>&1 || true
+	free=$(free_gib "$ENGINE_DATA")
+	((free >= need)) || {
+		df -h "$ENGINE_DATA" >&2
+		die "only ${free} GiB free on the disk of $ENGINE_DATA, the kind cluster needs ${need} (GPUNODE_KIND_MIN_FREE_GIB)"
+	}
+	log "kind: ${free} GiB free now"
+}
+
 up() {
 	mkdir -p "$STATE"
 	local t0=$SECONDS rc=0
 	"$KIND_HERE/engine.sh" start || rc=$?
 	((rc == 0)) || exit "$rc"
+	room
 	binaries
 	local image
 	image=$("$KIND_HERE/node-image.sh" | tail -n 1)

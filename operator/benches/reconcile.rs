@@ -139,6 +139,7 @@ fn main() {
             index: &index,
             slices: None,
             repair_objects: Default::default(),
+            validation_jobs: Default::default(),
         };
         let plan = plan(
             &name,
@@ -185,6 +186,7 @@ fn main() {
             index: &index,
             slices: None,
             repair_objects: Default::default(),
+            validation_jobs: Default::default(),
         };
         let _ = views(&policy, &nodes, &inputs, &mut pv, now);
     }

@@ -34,12 +34,15 @@ use gpunode_crds::{
 };
 use jiff::Timestamp;
 use k8s_openapi::{
-    api::core::v1::{Node, Pod, Taint},
+    api::{
+        batch::v1::Job,
+        core::v1::{Node, Pod, Taint},
+    },
     apimachinery::pkg::apis::meta::v1::Time,
 };
 use kube::{
     Api, Client,
-    api::{ListParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     core::{Selector, SelectorExt},
 };
 use serde_json::json;
@@ -267,6 +270,9 @@ pub struct NodeOutcome {
     /// written: the plan took effect, and the next pass makes the object (its events are
     /// published, since the start they announce is recorded).
     pub repair_failed: Option<String>,
+    /// The validation Job could not be made or deleted (the API server's reason): the next
+    /// pass tries again, until the validation's timeout.
+    pub validation_failed: Option<String>,
 }
 
 impl NodeOutcome {
@@ -381,6 +387,9 @@ pub fn desired_labels(policy: &str, plan: &NodePlan) -> BTreeMap<String, String>
     for c in &plan.drifting {
         out.insert(markers::drift_label(*c), "true".to_string());
     }
+    if let Some(v) = plan.validation.label() {
+        out.insert(markers::VALIDATION_LABEL.to_string(), v.to_string());
+    }
     if let Some(n) = plan.healthy_gpus {
         out.insert(markers::HEALTHY_GPUS_LABEL.to_string(), n.to_string());
     }
@@ -399,6 +408,7 @@ pub(crate) fn is_ours_label(key: &str) -> bool {
     key == markers::POLICY_LABEL
         || key == markers::STATE_LABEL
         || key == markers::HEALTHY_GPUS_LABEL
+        || key == markers::VALIDATION_LABEL
         || key.starts_with(DRIFT_LABEL_PREFIX)
 }
 
@@ -548,6 +558,52 @@ impl Applier {
         }
     }
 
+    /// Makes a validation's Job unless it exists; a leftover of an earlier run under the same
+    /// name is deleted (the next pass makes the Job).
+    async fn create_job(&self, create: &crate::plan::validation::CreateJob) -> Result<(), kube::Error> {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &create.namespace);
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PostParams::default()
+        };
+        match jobs.create(&pp, &create.job).await {
+            Ok(_) => {
+                info!(namespace = %create.namespace, job = %create.name, "validation Job created");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let existing = jobs.get_opt(&create.name).await?;
+                if crate::plan::validation::job_state(existing.as_ref(), create.started)
+                    == crate::plan::validation::JobState::Absent
+                    && existing.is_some()
+                {
+                    warn!(job = %create.name, "deleting a leftover validation Job of an earlier run");
+                    self.delete_job(&create.namespace, &create.name).await?;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes a validation's Job and its pod (gone already is fine).
+    async fn delete_job(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
+        match jobs.delete(name, &DeleteParams::background()).await {
+            Ok(_) => {
+                info!(namespace, job = name, "validation Job deleted");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The client (for the reads before planning).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// The writer of repair steps' objects (shared with the reads before planning).
     pub fn remediators(&self) -> &Remediators {
         &self.remediators
@@ -583,6 +639,8 @@ impl Applier {
                 || plan.forget_approval
                 || !plan.repair.ensure.is_empty()
                 || !plan.repair.delete.is_empty()
+                || plan.validation.create.is_some()
+                || plan.validation.delete.is_some()
                 || spec_change(
                     &plan.taints,
                     plan.cordon,
@@ -728,6 +786,21 @@ impl Applier {
                 let (metadata, _, written) = self.apply_record(policy, &made, observed, now).await?;
                 out.wrote_metadata |= metadata;
                 out.written = written.or(out.written);
+            }
+        }
+        // A validation's Job, like a repair step's object, is made only once its start is
+        // recorded on the node: a new leader finds the record and resumes it.
+        if let Some((namespace, name)) = &plan.validation.delete {
+            self.may_write(&plan.node)?;
+            if let Err(e) = self.delete_job(namespace, name).await {
+                out.validation_failed = Some(format!("deleting Job {namespace}/{name}: {e}"));
+            }
+        }
+        if let Some(create) = &plan.validation.create {
+            self.may_write(&plan.node)?;
+            if let Err(e) = self.create_job(create).await {
+                out.validation_failed =
+                    Some(format!("creating Job {}/{}: {e}", create.namespace, create.name));
             }
         }
         if plan.forget_approval {
@@ -1126,6 +1199,14 @@ pub fn evictable(pod: &Pod, policy: &DrainPolicy, selection: &PodSelection) -> b
     }
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     if matches!(phase, Some("Succeeded" | "Failed")) {
+        return false;
+    }
+    // A validation's own pod: the drain makes room for it, not the other way round.
+    if meta
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(crate::plan::validation::NODE_LABEL))
+    {
         return false;
     }
     if meta.owner_references.as_ref().is_some_and(|os| {

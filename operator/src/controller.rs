@@ -383,12 +383,15 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     let snapshot = ctx.caches.snapshot(&selector, index);
     // The running repair steps' objects (no watch: their kinds are the policy's to name).
     let repair_objects = observe::repair_objects(ctx.applier.remediators(), &policy, &snapshot.nodes).await;
+    // The running validations' Jobs (no watch: looked at while one runs).
+    let validation_jobs = observe::validation_jobs(ctx.applier.client(), &policy, &snapshot.nodes).await;
     // Plan (the views are dropped with this block: each write job keeps only its own node).
     let plan = {
         let verdicts = ctx.verdicts.policy(&name);
         let mut verdicts = verdicts.lock().unwrap_or_else(PoisonError::into_inner);
         let mut inputs = ctx.caches.inputs(&snapshot.index);
         inputs.repair_objects = repair_objects;
+        inputs.validation_jobs = validation_jobs;
         let views = observe::views(&policy, &snapshot.nodes, &inputs, &mut verdicts, now);
         let (reused, evaluated) = verdicts.stats();
         ctx.metrics.verdicts(reused, evaluated);
@@ -464,6 +467,20 @@ fn node_done(ctx: &Context, np: &plan::NodePlan, node: &Node, result: &mut NodeR
     if let Some(e) = &outcome.repair_failed {
         warn!(node = %np.node, error = %e, "making a repair step's object failed; retrying");
         ctx.metrics.reconcile_error(ErrorKind::Repair);
+    }
+    if let Some(e) = &outcome.validation_failed {
+        warn!(node = %np.node, error = %e, "a validation Job could not be written; retrying until its timeout");
+        ctx.metrics.reconcile_error(ErrorKind::Repair);
+        if np.write && ctx.leadership.is_leader() {
+            ctx.events.publish(
+                node,
+                &[crate::plan::PlannedEvent {
+                    warning: true,
+                    reason: crate::reasons::Reason::ValidationFailed,
+                    note: e.clone(),
+                }],
+            );
+        }
     }
     // Events are writes too: none from a replica whose term passed during the apply.
     if np.write && ctx.leadership.is_leader() {

@@ -16,6 +16,8 @@
 //! | annotation `gpunode.dev/unhealthy-gpus` | the UUIDs of the GPUs gpunode quarantines, comma-separated (for a scheduler extension or Kueue) |
 //! | label `gpunode.dev/healthy-gpus` | how many of the node's GPUs neither drift nor are quarantined |
 //! | DeviceTaintRule labelled `gpunode.dev/node=<node>` | the quarantine of one GPU on a DRA node |
+//! | annotation `gpunode.dev/validation` | the validation of a recovered node: its Job, when it started, how it ended (JSON) |
+//! | label `gpunode.dev/validation` | `running` while a validation Job runs on the node, `failed` while a failed one holds it |
 //! | annotation `gpunode.dev/repair` | the repair of a drained node: the step running or last run, the objects it created, the step starts within the window, and whether it needs a person (JSON) |
 
 use std::collections::BTreeMap;
@@ -58,6 +60,12 @@ pub const HEALTHY_GPUS_LABEL: &str = "gpunode.dev/healthy-gpus";
 /// The repair of a drained node (JSON). Removing it (`kubectl annotate node <n>
 /// gpunode.dev/repair-`) forgets the attempts and lets the ladder start again.
 pub const REPAIR_ANNOTATION: &str = "gpunode.dev/repair";
+/// The validation of a recovered node (JSON). Removing it (`kubectl annotate node <n>
+/// gpunode.dev/validation-`) runs the validation again.
+pub const VALIDATION_ANNOTATION: &str = "gpunode.dev/validation";
+/// `running` while a validation Job runs on the node, `failed` while a failed one holds it:
+/// other schedulers keep off.
+pub const VALIDATION_LABEL: &str = "gpunode.dev/validation";
 
 /// The drift label key of a class.
 pub fn drift_label(class: DriftClass) -> String {
@@ -105,6 +113,54 @@ pub struct RepairTrack {
     /// The repair stopped and needs a person: when, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub needs_human: Option<NeedsHuman>,
+}
+
+/// The validation of a recovered node (`spec.validation`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationTrack {
+    /// The Job's name (in the policy's validation namespace).
+    pub job: String,
+    /// When it started (the Job carries it, so a leftover of an earlier run is told apart).
+    pub started: Timestamp,
+    /// How it ended, once it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<ValidationEnd>,
+}
+
+/// How a validation ended.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationEnd {
+    /// When.
+    pub at: Timestamp,
+    /// How.
+    pub outcome: ValidationOutcome,
+    /// Why, in one line (the Job's condition message).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// The outcome of a validation.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ValidationOutcome {
+    /// The Job completed.
+    Passed,
+    /// The Job failed.
+    Failed,
+    /// The Job ran past the timeout.
+    TimedOut,
+}
+
+impl ValidationOutcome {
+    /// As events spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ValidationOutcome::Passed => "passed",
+            ValidationOutcome::Failed => "failed",
+            ValidationOutcome::TimedOut => "timed out",
+        }
+    }
 }
 
 /// Why a repair stopped.
@@ -237,6 +293,8 @@ pub struct Markers {
     pub escalated: Option<Timestamp>,
     /// The repair of the drained node.
     pub repair: RepairTrack,
+    /// The validation of the recovered node.
+    pub validation: Option<ValidationTrack>,
 }
 
 /// A marker gpunode could not read back (hand-edited or corrupted); it is ignored and
@@ -273,6 +331,16 @@ impl Markers {
                 Ok(repair) => markers.repair = repair,
                 Err(e) => errors.push(MarkerError {
                     key: REPAIR_ANNOTATION,
+                    value: v.clone(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        if let Some(v) = annotations.get(VALIDATION_ANNOTATION) {
+            match serde_json::from_str(v) {
+                Ok(validation) => markers.validation = Some(validation),
+                Err(e) => errors.push(MarkerError {
+                    key: VALIDATION_ANNOTATION,
                     value: v.clone(),
                     reason: e.to_string(),
                 }),
@@ -343,6 +411,11 @@ impl Markers {
             && let Ok(json) = serde_json::to_string(&self.repair)
         {
             out.insert(REPAIR_ANNOTATION.to_string(), json);
+        }
+        if let Some(v) = &self.validation
+            && let Ok(json) = serde_json::to_string(v)
+        {
+            out.insert(VALIDATION_ANNOTATION.to_string(), json);
         }
         let unhealthy: Vec<&str> = self
             .gpus
@@ -478,6 +551,15 @@ mod tests {
                     why: "every step was tried".to_string(),
                 }),
             },
+            validation: Some(ValidationTrack {
+                job: "gpunode-validation-node-1-mz5k0g".to_string(),
+                started: ts("2026-11-29T10:20:00Z"),
+                ended: Some(ValidationEnd {
+                    at: ts("2026-11-29T10:25:00Z"),
+                    outcome: ValidationOutcome::Failed,
+                    message: "BackoffLimitExceeded".to_string(),
+                }),
+            }),
         };
         let annotations = markers.to_annotations();
         assert_eq!(
@@ -494,6 +576,12 @@ mod tests {
             annotations.get(CLASSES_ANNOTATION).map(String::as_str),
             Some(
                 r#"{"Xid":{"since":"2026-11-29T09:00:00Z","clearedAt":"2026-11-29T09:30:00Z"},"Thermal":{"since":"2026-11-29T10:00:00Z"}}"#
+            )
+        );
+        assert_eq!(
+            annotations.get(VALIDATION_ANNOTATION).map(String::as_str),
+            Some(
+                r#"{"job":"gpunode-validation-node-1-mz5k0g","started":"2026-11-29T10:20:00Z","ended":{"at":"2026-11-29T10:25:00Z","outcome":"Failed","message":"BackoffLimitExceeded"}}"#
             )
         );
         assert_eq!(

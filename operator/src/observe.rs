@@ -152,6 +152,7 @@ impl Caches {
             index,
             slices: self.dra.as_ref().map(DraCaches::by_node),
             repair_objects: HashMap::new(),
+            validation_jobs: HashMap::new(),
         }
     }
 }
@@ -253,6 +254,52 @@ pub async fn repair_objects(
         .await
 }
 
+/// The Jobs of the validations running on `nodes` under `policy`, by node: one request per
+/// Job, only for nodes whose bookkeeping shows a validation running. A node whose Job could not
+/// be read is left out, and its validation waits for the next look.
+pub async fn validation_jobs(
+    client: &kube::Client,
+    policy: &GpuNodePolicy,
+    nodes: &[Arc<Node>],
+) -> HashMap<String, crate::plan::JobState> {
+    let Some(validation) = policy.spec.validation.as_ref() else {
+        return HashMap::new();
+    };
+    let jobs: kube::Api<k8s_openapi::api::batch::v1::Job> =
+        kube::Api::namespaced(client.clone(), &validation.namespace);
+    let running: Vec<(String, markers::ValidationTrack)> = nodes
+        .iter()
+        .filter_map(|n| {
+            let raw = n.annotations().get(markers::VALIDATION_ANNOTATION)?;
+            let track: markers::ValidationTrack = serde_json::from_str(raw).ok()?;
+            track.ended.is_none().then(|| (n.name_any(), track))
+        })
+        .collect();
+    futures::stream::iter(running)
+        .map(|(node, track)| {
+            let jobs = jobs.clone();
+            async move {
+                let seen = jobs.get_opt(&track.job).await;
+                (
+                    node,
+                    seen.map(|j| crate::plan::validation::job_state(j.as_ref(), track.started)),
+                )
+            }
+        })
+        .buffer_unordered(16)
+        .filter_map(|(node, seen)| async move {
+            match seen {
+                Ok(state) => Some((node, state)),
+                Err(e) => {
+                    warn!(node = %node, error = %e, "reading a validation Job");
+                    None
+                }
+            }
+        })
+        .collect()
+        .await
+}
+
 /// What the views of a policy's nodes are made from besides the nodes themselves.
 pub struct Inputs<'a> {
     /// Reports.
@@ -265,6 +312,8 @@ pub struct Inputs<'a> {
     pub slices: Option<HashMap<String, Vec<Arc<devices::ResourceSlice>>>>,
     /// The running repair steps' objects, by node ([`repair_objects`]).
     pub repair_objects: HashMap<String, StepObject>,
+    /// The running validations' Jobs, by node ([`validation_jobs`]).
+    pub validation_jobs: HashMap<String, crate::plan::JobState>,
 }
 
 /// Every node's view under `policy`: what gpunode has in effect on it, its verdict (reused from
@@ -303,6 +352,7 @@ pub fn views(
             view.heard_at(last_heard)
                 .with_gpus(gpu_views(readable), devices)
                 .with_repair(inputs.repair_objects.get(name).cloned())
+                .with_validation(inputs.validation_jobs.get(name).cloned())
         })
         .collect();
     verdicts.end();

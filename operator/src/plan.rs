@@ -25,6 +25,7 @@
 
 pub mod gpus;
 pub mod repair;
+pub mod validation;
 pub mod windows;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,6 +49,7 @@ pub use gpus::{
     quarantine_of,
 };
 pub use repair::{EnsureObject, MadeFrom, RepairPlan, RepairState, StepObject};
+pub use validation::{JobState, ValidationPlan, ValidationState};
 
 /// What the planner needs to know about one node selected by the policy.
 #[derive(Clone, Debug)]
@@ -79,6 +81,8 @@ pub struct NodeView {
     pub devices: NodeDevices,
     /// The running repair step's object, as looked at before planning.
     pub repair_object: Option<StepObject>,
+    /// The running validation's Job, as looked at (only while one runs).
+    pub validation_job: Option<JobState>,
     /// The rungs a person approved on the node (annotation `gpunode.dev/approve`): rule actions
     /// (`Taint`, `Cordon`, `Drain`) and repair step names.
     pub approved: BTreeSet<String>,
@@ -123,6 +127,7 @@ impl NodeView {
             gpus: Vec::new(),
             devices: NodeDevices::Unknown,
             repair_object: None,
+            validation_job: None,
             approved: node
                 .metadata
                 .annotations
@@ -158,6 +163,7 @@ impl NodeView {
             gpus: Vec::new(),
             devices: NodeDevices::Unknown,
             repair_object: None,
+            validation_job: None,
             approved: BTreeSet::new(),
         }
     }
@@ -171,6 +177,12 @@ impl NodeView {
     /// The same view, with its repair step's object as looked at.
     pub fn with_repair(mut self, object: Option<StepObject>) -> NodeView {
         self.repair_object = object;
+        self
+    }
+
+    /// The same view, with its validation Job as looked at.
+    pub fn with_validation(mut self, job: Option<JobState>) -> NodeView {
+        self.validation_job = job;
         self
     }
 }
@@ -196,6 +208,11 @@ impl Action {
             Action::TaintDevice(t) => t.effect.is_disruptive(),
             Action::Cordon | Action::Drain => true,
         }
+    }
+
+    /// A node-wide action (a taint, the cordon, the drain), which a validation gates the undo of.
+    pub fn is_node_level(&self) -> bool {
+        !matches!(self, Action::TaintDevice(_))
     }
 
     /// For status and events: `Taint NoSchedule (thermal)`, `Cordon`, `Drain`,
@@ -338,6 +355,8 @@ pub struct NodePlan {
     pub healthy_gpus: Option<u32>,
     /// The repair of the drained node: its step, objects to make and delete.
     pub repair: RepairPlan,
+    /// The validation of the recovered node (`spec.validation`).
+    pub validation: ValidationPlan,
 }
 
 impl NodePlan {
@@ -356,6 +375,7 @@ impl NodePlan {
             cordoned: self.markers.cordoned_by_us,
             drain: self.drain,
             repair: RepairInEffect::of(&self.markers.repair),
+            validating: validating(self.markers.validation.as_ref()),
         }
     }
 }
@@ -396,6 +416,13 @@ pub struct InEffect {
     pub drain: DrainStep,
     /// The repair.
     pub repair: RepairInEffect,
+    /// A validation Job runs on the node.
+    pub validating: bool,
+}
+
+/// Whether the bookkeeping records a validation running.
+fn validating(track: Option<&markers::ValidationTrack>) -> bool {
+    track.is_some_and(|t| t.ended.is_none())
 }
 
 /// When a plan changes with time alone.
@@ -439,6 +466,8 @@ pub enum ChangeCause {
     },
     /// A repair step (or the wait for a report after it) reaches its timeout.
     RepairTimeout,
+    /// A validation Job reaches its timeout.
+    ValidationTimeout,
     /// A maintenance window opens, and what waits for it may start.
     WindowOpens,
 }
@@ -473,6 +502,9 @@ impl std::fmt::Display for NextChange {
                 class.as_str()
             ),
             ChangeCause::RepairTimeout => write!(f, "{}: the repair step reaches its timeout", self.at),
+            ChangeCause::ValidationTimeout => {
+                write!(f, "{}: the validation Job reaches its timeout", self.at)
+            }
             ChangeCause::WindowOpens => write!(f, "{}: a maintenance window opens", self.at),
         }
     }
@@ -517,6 +549,8 @@ pub struct PolicyPlan {
     pub recently_drifted: u32,
     /// Where the maintenance windows stand.
     pub window: windows::WindowState,
+    /// Why `spec.validation.template` cannot be used, if it cannot.
+    pub invalid_validation: Option<String>,
 }
 
 impl PolicyPlan {
@@ -546,10 +580,12 @@ pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
     // Evictions (a drain, or the pods of a quarantined GPU) are retried soon: a refusal by a
     // PodDisruptionBudget lifts without any change gpunode watches. A repair step's object has
     // no watch either: it is looked at as often.
-    let draining = plan
-        .nodes
-        .iter()
-        .any(|n| matches!(n.drain, DrainStep::Run { .. }) || n.evicts_gpu_holders() || n.repair.polls());
+    let draining = plan.nodes.iter().any(|n| {
+        matches!(n.drain, DrainStep::Run { .. })
+            || n.evicts_gpu_holders()
+            || n.repair.polls()
+            || n.validation.polls()
+    });
     let cap = if draining { DRAIN_REQUEUE } else { IDLE_REQUEUE };
     // Just after: a change due exactly `now` has not happened yet.
     (wait + std::time::Duration::from_millis(100)).min(cap)
@@ -776,6 +812,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         gpu_tracks: BTreeMap<String, GpuTrack>,
         escalation: Option<Escalation>,
         awaiting: BTreeMap<Action, String>,
+        due: bool,
     }
     let mut work: Vec<Work> = nodes
         .iter()
@@ -812,6 +849,14 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
                     user_uncordoned = None;
                 }
             }
+            // A recovered node keeps gpunode's cordon, drain and taints until its validation
+            // passed.
+            let due = policy.validation.is_some()
+                && current.iter().any(Action::is_node_level)
+                && !wanted.iter().any(Action::is_node_level);
+            if due && !validation::passed(node.markers.validation.as_ref(), node.validation_job.as_ref()) {
+                wanted.extend(current.iter().filter(|a| a.is_node_level()).cloned());
+            }
             let since = tracks
                 .values()
                 .filter(|t| t.cleared_at.is_none())
@@ -827,6 +872,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
                 gpu_tracks,
                 escalation: gpu.escalation,
                 awaiting,
+                due,
             }
         })
         .collect();
@@ -862,13 +908,31 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
     // slot only once written. The writes of one reconcile run concurrently, so handing the slot
     // to a queued node in the same plan could put both out of service at once; the reconcile
     // that the undo's node update triggers admits the queued node instead.
+    // A validation running counts too: its Job holds the node's GPUs.
+    let validating = |w: &Work| {
+        w.due
+            && w.node
+                .markers
+                .validation
+                .as_ref()
+                .is_some_and(|t| t.ended.is_none())
+    };
     let mut in_use = u32::try_from(
         work.iter()
             .zip(&kept)
-            .filter(|(w, k)| is_disrupted(k) || is_disrupted(&w.current))
+            .filter(|(w, k)| is_disrupted(k) || is_disrupted(&w.current) || validating(w))
             .count(),
     )
     .unwrap_or(u32::MAX);
+    let mut validation_slots = policy.validation.as_ref().map_or(0, |v| {
+        v.max_concurrent
+            .saturating_sub(u32::try_from(work.iter().filter(|w| validating(w)).count()).unwrap_or(u32::MAX))
+    });
+    let template = policy
+        .validation
+        .as_ref()
+        .map(|v| v.pod_template())
+        .unwrap_or(Err(String::new()));
 
     let window = signed(policy.disruption.circuit_breaker.window);
     let recently_drifted = u32::try_from(
@@ -960,6 +1024,33 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
             let command = approve_command(&node.name, &node.approved, &rungs);
             (pending, blocked.or(Some(Block::Approval { rungs, command })))
         };
+        // A validation starts only where a disruption could, and takes a slot of the budget if
+        // the node holds none.
+        let holds_slot = is_disrupted(&effective) || is_disrupted(&w.current);
+        let validation_gate = passive(node)
+            .or_else(|| (!node.conflicts.is_empty()).then(|| Block::Conflict(node.conflicts.clone())))
+            .or_else(|| circuit_open.then_some(Block::CircuitOpen))
+            .or_else(|| (!holds_slot && in_use >= budget_allowed).then_some(Block::Budget));
+        let validation = validation::decide(validation::ValidationInput {
+            policy: policy.validation.as_ref(),
+            policy_name: name,
+            template: template.as_ref().map_err(String::as_str),
+            node: &node.name,
+            track: node.markers.validation.as_ref(),
+            job: node.validation_job.as_ref(),
+            due: w.due,
+            repair: &node.markers.repair,
+            last_heard: node.last_heard,
+            gate: validation_gate.as_ref(),
+            slots: validation_slots,
+            now,
+        });
+        if validation.started {
+            validation_slots = validation_slots.saturating_sub(1);
+            if !holds_slot {
+                in_use += 1;
+            }
+        }
         plans.push(node_plan(
             name,
             policy,
@@ -977,6 +1068,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
                 blocked,
                 repair: repair_gate,
             },
+            validation,
             now,
         ));
     }
@@ -989,6 +1081,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         circuit_open,
         recently_drifted,
         window: window_state,
+        invalid_validation: template.err().filter(|e| !e.is_empty()),
     }
 }
 
@@ -1016,6 +1109,7 @@ fn node_plan(
     effective: BTreeSet<Action>,
     pending: Vec<Action>,
     gates: Gates,
+    validation: ValidationPlan,
     now: Timestamp,
 ) -> NodePlan {
     let blocked = gates.blocked;
@@ -1062,6 +1156,7 @@ fn node_plan(
         cordoned: node.markers.cordoned_by_us && node.unschedulable,
         drain: drain_step(node.markers.drain_started, node.markers.drained, timeout, now),
         repair: RepairInEffect::of(&node.markers.repair),
+        validating: validating(node.markers.validation.as_ref()),
     };
     let drained = match drain {
         DrainStep::Done { finished, .. } => Some(finished),
@@ -1100,13 +1195,17 @@ fn node_plan(
 
     let state = node.verdict.state;
     let drifting = node.verdict.classes();
+    // A failed validation continues the repair ladder with its next step, of any class.
+    let failing = matches!(validation.state, ValidationState::Failed { .. })
+        && validation::failing(validation.track.as_ref(), &node.markers.repair);
+    let every_class: BTreeSet<DriftClass> = DriftClass::ALL.into_iter().collect();
     let repair = repair::decide(repair::RepairInput {
         policy: policy.repair.as_ref(),
         node: &node.name,
         track: &node.markers.repair,
         drain: &drain,
-        state,
-        drifting: &drifting,
+        state: if failing { NodeState::Drifted } else { state },
+        drifting: if failing { &every_class } else { &drifting },
         last_heard: node.last_heard,
         object: node.repair_object.as_ref(),
         drifting_gpus: &drifting_gpus(node),
@@ -1126,9 +1225,11 @@ fn node_plan(
         gpus: gpu_tracks,
         escalated,
         repair: repair.track.clone(),
+        validation: validation.track.clone(),
     };
 
     let mut condition = condition(node, &drain, &blocked, &pending);
+    validation_condition(&mut condition, &validation.state);
     repair_condition(&mut condition, &repair.state);
     // A rung waits for a person: the condition says so, and how to approve it.
     let approval = match (&blocked, &repair.state) {
@@ -1173,6 +1274,7 @@ fn node_plan(
         &pending,
     );
     events.extend(gpu_events(node, &gpu_taints, &quarantines, escalation.as_ref()));
+    events.extend(validation.events.iter().cloned());
     events.extend(repair.events.iter().cloned());
     if let Some(command) = approval
         && condition.reason == Reason::AwaitingApproval
@@ -1189,6 +1291,13 @@ fn node_plan(
         Some(at) if next_change.is_none_or(|c| at < c.at) => Some(NextChange {
             at,
             cause: ChangeCause::RepairTimeout,
+        }),
+        _ => next_change,
+    };
+    let next_change = match validation.deadline.filter(|d| *d > now) {
+        Some(at) if next_change.is_none_or(|c| at < c.at) => Some(NextChange {
+            at,
+            cause: ChangeCause::ValidationTimeout,
         }),
         _ => next_change,
     };
@@ -1233,11 +1342,13 @@ fn node_plan(
             && state == NodeState::Compliant
             && !disrupted_after
             && drain == DrainStep::None
-            && repair.state == RepairState::Idle,
+            && repair.state == RepairState::Idle
+            && validation.state == ValidationState::Idle,
         quarantines,
         escalation,
         healthy_gpus,
         repair,
+        validation,
     }
 }
 
@@ -1263,6 +1374,40 @@ fn drifting_gpus(node: &NodeView) -> BTreeMap<DriftClass, BTreeSet<markers::Rese
 }
 
 /// The node condition while a repair runs, waits or has stopped.
+fn validation_condition(condition: &mut NodeCondition, state: &ValidationState) {
+    match state {
+        ValidationState::Idle | ValidationState::Passed { .. } => {}
+        ValidationState::Running { job, since } => {
+            condition.reason = Reason::Validating;
+            condition.message = format!(
+                "{}; validation Job {job} running since {since}, gpunode's cordon and taints stay until it passes",
+                condition.message
+            );
+        }
+        ValidationState::Failed {
+            job,
+            outcome,
+            message,
+        } => {
+            condition.status = "False";
+            condition.reason = Reason::ValidationFailed;
+            condition.message = format!(
+                "{}; validation Job {job} {}: {message}",
+                condition.message,
+                outcome.as_str()
+            );
+        }
+        ValidationState::Waiting(wait) => {
+            condition.reason = Reason::Validating;
+            condition.message = format!(
+                "{}; validation waiting ({}), gpunode's cordon and taints stay until it passes",
+                condition.message,
+                wait.describe()
+            );
+        }
+    }
+}
+
 fn repair_condition(condition: &mut NodeCondition, state: &RepairState) {
     match state {
         RepairState::Idle => {}
@@ -1589,7 +1734,14 @@ fn events(
         (Some(_), DrainStep::Done { .. })
             if !matches!(
                 node.current_reason,
-                Some(Reason::Drained | Reason::Repairing | Reason::NeedsHuman | Reason::AwaitingApproval)
+                Some(
+                    Reason::Drained
+                        | Reason::Repairing
+                        | Reason::NeedsHuman
+                        | Reason::AwaitingApproval
+                        | Reason::Validating
+                        | Reason::ValidationFailed
+                )
             ) =>
         {
             out.push(PlannedEvent {

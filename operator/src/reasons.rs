@@ -60,11 +60,18 @@ pub enum Reason {
     /// A rung that requires a person's approval waits for it (condition; event printing the
     /// command that approves it).
     AwaitingApproval,
+    /// A validation Job runs on the recovered node before gpunode undoes what it did
+    /// (condition; event when it starts).
+    Validating,
+    /// The validation Job passed: gpunode undoes what it did (event).
+    ValidationPassed,
+    /// The validation Job failed or timed out: the node stays as it is (event; condition).
+    ValidationFailed,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 25] = [
+    pub const ALL: [Reason; 28] = [
         Reason::Compliant,
         Reason::Drifted,
         Reason::Unknown,
@@ -90,6 +97,9 @@ impl Reason {
         Reason::RepairTimedOut,
         Reason::NeedsHuman,
         Reason::AwaitingApproval,
+        Reason::Validating,
+        Reason::ValidationPassed,
+        Reason::ValidationFailed,
     ];
 
     /// As written (CamelCase).
@@ -120,6 +130,9 @@ impl Reason {
             Reason::RepairTimedOut => "RepairTimedOut",
             Reason::NeedsHuman => "NeedsHuman",
             Reason::AwaitingApproval => "AwaitingApproval",
+            Reason::Validating => "Validating",
+            Reason::ValidationPassed => "ValidationPassed",
+            Reason::ValidationFailed => "ValidationFailed",
         }
     }
 
@@ -157,6 +170,9 @@ impl Reason {
             | Reason::Drained
             | Reason::RemediationWaiting
             | Reason::AwaitingApproval
+            | Reason::Validating
+            | Reason::ValidationPassed
+            | Reason::ValidationFailed
             | Reason::DrainCancelled
             | Reason::DrainEnded => None,
         }
@@ -227,6 +243,8 @@ pub enum PolicyReason {
     DrainStuck,
     /// Degraded: a maintenance window cannot be read, so every window stays closed.
     InvalidMaintenanceWindow,
+    /// Degraded: the validation template cannot be read, so recovered nodes stay as they are.
+    InvalidValidation,
     /// Degraded: nothing needs a person.
     AsExpected,
     /// BudgetExhausted: nodes wait.
@@ -255,6 +273,7 @@ impl PolicyReason {
             PolicyReason::InvalidSelector => "InvalidSelector",
             PolicyReason::DrainStuck => "DrainStuck",
             PolicyReason::InvalidMaintenanceWindow => "InvalidMaintenanceWindow",
+            PolicyReason::InvalidValidation => "InvalidValidation",
             PolicyReason::AsExpected => "AsExpected",
             PolicyReason::NodesQueued => "NodesQueued",
             PolicyReason::WithinBudget => "WithinBudget",

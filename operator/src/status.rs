@@ -67,6 +67,7 @@ pub fn status(
     let stuck = count(&|_, e| matches!(e.drain, DrainStep::Run { stuck: true, .. }));
     let repairing = count(&|_, e| e.repair.running.is_some());
     let needs_human = count(&|_, e| e.repair.needs_human);
+    let validating = count(&|_, e| e.validating);
     let quarantined_gpus = u32::try_from(
         nodes
             .iter()
@@ -133,18 +134,21 @@ pub fn status(
         ),
         condition(
             PolicyCondition::Degraded,
-            stuck > 0 || invalid_window.is_some(),
-            if invalid_window.is_some() {
+            stuck > 0 || invalid_window.is_some() || plan.invalid_validation.is_some(),
+            if plan.invalid_validation.is_some() {
+                PolicyReason::InvalidValidation
+            } else if invalid_window.is_some() {
                 PolicyReason::InvalidMaintenanceWindow
             } else if stuck > 0 {
                 PolicyReason::DrainStuck
             } else {
                 PolicyReason::AsExpected
             },
-            match invalid_window {
-                Some(why) => format!("every maintenance window stays closed: {why}"),
-                None if stuck > 0 => format!("{stuck} drains have run past their timeout"),
-                None => "no stuck drains".to_string(),
+            match (&plan.invalid_validation, invalid_window) {
+                (Some(why), _) => format!("recovered nodes stay as they are, no validation can run: {why}"),
+                (None, Some(why)) => format!("every maintenance window stays closed: {why}"),
+                (None, None) if stuck > 0 => format!("{stuck} drains have run past their timeout"),
+                (None, None) => "no stuck drains".to_string(),
             },
             g,
             old_conditions,
@@ -231,6 +235,7 @@ pub fn status(
         quarantined_gpus,
         repairing,
         needs_human,
+        validating,
         drifted_nodes,
         drifted_nodes_truncated: truncated,
     }

@@ -467,6 +467,7 @@ fn drifted_plan() -> NodePlan {
             cordoned: true,
             drain: DrainStep::None,
             repair: RepairInEffect::default(),
+            validating: false,
         },
         next_change: None,
         quarantines: Vec::new(),
@@ -474,6 +475,7 @@ fn drifted_plan() -> NodePlan {
         escalation: None,
         healthy_gpus: None,
         repair: RepairPlan::default(),
+        validation: Default::default(),
     }
 }
 

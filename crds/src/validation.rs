@@ -1,0 +1,129 @@
+//! `spec.validation`: a Job gpunode runs on a recovered node before it undoes its cordon and
+//! taints (a DCGM diagnostic, an NCCL test), and what a failure does.
+//!
+//! Field docs are the text `kubectl explain gpunodepolicy.spec.validation...` prints.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::duration::Duration;
+
+/// A validation before a node returns to service.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationPolicy {
+    /// The namespace the validation Jobs are created in. The operator must be allowed to
+    /// create, get and delete Jobs there: the chart's `operator.validation.namespaces` grants
+    /// exactly that.
+    #[schemars(length(min = 1, max = 63), regex(pattern = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub namespace: String,
+
+    /// The pod template of the Job (a PodTemplateSpec: metadata and spec), for example a
+    /// container running `dcgmi diag -r 2` that requests the node's GPUs. gpunode pins the pod
+    /// to the node (a required node affinity on its name), adds tolerations for gpunode's own
+    /// taint and the cordon, and sets restartPolicy Never; the Job gets no retries
+    /// (backoffLimit 0) and `timeout` as its activeDeadlineSeconds. A template the operator
+    /// cannot read keeps the node as it is (fail closed) and marks the policy Degraded
+    /// (reason InvalidValidation).
+    #[schemars(schema_with = "template_schema")]
+    pub template: Value,
+
+    /// How long a validation may run, from the Job's creation. A validation still running
+    /// then has failed (timed out). Defaults to 30m.
+    #[serde(default = "default_timeout")]
+    pub timeout: Duration,
+
+    /// Most nodes of this policy validated at once. A recovered node beyond it waits, cordoned,
+    /// for a validation to finish. Defaults to 1.
+    #[serde(default = "default_max_concurrent")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_concurrent: u32,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(30 * 60)
+}
+
+fn default_max_concurrent() -> u32 {
+    1
+}
+
+/// An object kept as written, for the operator to read as a PodTemplateSpec.
+fn template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "description": "A PodTemplateSpec (metadata and spec) of the validation Job's pod.",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+impl ValidationPolicy {
+    /// The template as a PodTemplateSpec, or why it is not one (the field path and the reason).
+    pub fn pod_template(&self) -> Result<PodTemplateSpec, String> {
+        let template: PodTemplateSpec = serde_path_to_error::deserialize(&self.template)
+            .map_err(|e| format!("spec.validation.template.{}: {}", e.path(), e.inner()))?;
+        let spec = template
+            .spec
+            .as_ref()
+            .ok_or("spec.validation.template.spec: required (the pod's spec)")?;
+        if spec.containers.is_empty() {
+            return Err(
+                "spec.validation.template.spec.containers: at least one container is required".into(),
+            );
+        }
+        if spec.node_name.is_some() {
+            return Err(
+                "spec.validation.template.spec.nodeName: must be unset, gpunode pins the pod to the node"
+                    .into(),
+            );
+        }
+        Ok(template)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn policy(template: Value) -> ValidationPolicy {
+        ValidationPolicy {
+            namespace: "gpu-validation".into(),
+            template,
+            timeout: default_timeout(),
+            max_concurrent: 1,
+        }
+    }
+
+    #[test]
+    fn a_pod_template_reads() {
+        let t = policy(json!({"spec": {"containers": [{"name": "diag", "image": "dcgm:4"}]}}))
+            .pod_template()
+            .unwrap();
+        assert_eq!(t.spec.unwrap().containers[0].name, "diag");
+    }
+
+    #[test]
+    fn a_bad_template_names_the_field_and_the_reason() {
+        let e = policy(json!({"spec": {"containers": [{"name": 7}]}}))
+            .pod_template()
+            .unwrap_err();
+        assert!(
+            e.starts_with("spec.validation.template.spec.containers[0].name: invalid type"),
+            "{e}"
+        );
+        let e = policy(json!({"metadata": {}})).pod_template().unwrap_err();
+        assert!(e.starts_with("spec.validation.template.spec: required"), "{e}");
+        let e = policy(json!({"spec": {"containers": []}}))
+            .pod_template()
+            .unwrap_err();
+        assert!(e.contains("at least one container"), "{e}");
+        let e = policy(json!({"spec": {"nodeName": "n", "containers": [{"name": "a"}]}}))
+            .pod_template()
+            .unwrap_err();
+        assert!(e.starts_with("spec.validation.template.spec.nodeName"), "{e}");
+    }
+}

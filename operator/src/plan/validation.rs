@@ -1,0 +1,637 @@
+//! The validation gate (`spec.validation`). Pure: the Job's state is observed before planning
+//! and passed in; the Job to create or delete is handed to the applier.
+//!
+//! - A validation is due on a node that recovered (nothing of gpunode's is wanted on it any
+//!   more) while gpunode's cordon, drain or taints are in effect: instead of undoing them,
+//!   gpunode holds them and runs a Job on the node. Passed: the undo goes ahead. Failed or
+//!   timed out: they stay, and the repair ladder continues with its next step (whatever its
+//!   classes: the failure is not of one class); once a later repair step succeeded and the
+//!   probe reported after it, the validation runs again. A node with no step left needs a
+//!   person.
+//! - A validation starts only when nothing gates disruption on the node (pause, dry run, skip,
+//!   a conflict, the circuit breaker), when fewer than `maxConcurrent` of the policy's nodes
+//!   are validating, and when the node holds a disruption slot or one is free. It is recorded
+//!   on the node before its Job is made; the Job carries its start, so a new leader resumes it
+//!   and a leftover of an earlier run is told apart.
+//! - A validation no longer due (the node drifts again, or a person undid gpunode's actions)
+//!   is forgotten; a Job still running is deleted.
+
+use gpunode_crds::validation::ValidationPolicy;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::{
+    api::{
+        batch::v1::{Job, JobSpec},
+        core::v1::{
+            Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodTemplateSpec,
+            Toleration,
+        },
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+
+use super::{Block, PlannedEvent, signed};
+use crate::{
+    markers::{self, RepairTrack, StepOutcome, ValidationEnd, ValidationOutcome, ValidationTrack},
+    reasons::Reason,
+};
+
+/// The label on a validation Job and its pod: the node it validates. A drain never evicts a pod
+/// carrying it.
+pub const NODE_LABEL: &str = "gpunode.dev/validation-node";
+/// The annotation on a validation Job: when its validation started.
+pub const STARTED_ANNOTATION: &str = "gpunode.dev/validation-started";
+/// How long a finished validation Job is kept, for a person to read its logs.
+pub const KEEP_FINISHED_SECS: i32 = 24 * 3600;
+
+/// A validation Job, as observed before planning.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobState {
+    /// It does not exist (or it is a leftover of an earlier run).
+    Absent,
+    /// It exists and has not finished.
+    Running,
+    /// It completed.
+    Passed,
+    /// It failed: the reason and message of its Failed condition.
+    Failed(String),
+    /// It ran past its deadline (Failed, reason DeadlineExceeded).
+    TimedOut(String),
+}
+
+/// Where a node's validation stands after this plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValidationState {
+    /// None is due.
+    Idle,
+    /// Its Job runs.
+    Running {
+        /// The Job.
+        job: String,
+        /// Since when.
+        since: Timestamp,
+    },
+    /// It passed: the undo goes ahead.
+    Passed {
+        /// The Job.
+        job: String,
+    },
+    /// It failed or timed out: the node stays as it is.
+    Failed {
+        /// The Job.
+        job: String,
+        /// How.
+        outcome: ValidationOutcome,
+        /// Why.
+        message: String,
+    },
+    /// It is due but cannot start yet.
+    Waiting(ValidationWait),
+}
+
+/// Why a due validation does not start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ValidationWait {
+    /// What gates disruption on the node.
+    Blocked(Block),
+    /// `maxConcurrent` of the policy's nodes are validating.
+    Concurrency(u32),
+    /// The template cannot be read (fail closed).
+    Invalid(String),
+}
+
+impl ValidationWait {
+    /// For the condition.
+    pub fn describe(&self) -> String {
+        match self {
+            ValidationWait::Blocked(b) => b.describe(),
+            ValidationWait::Concurrency(n) => {
+                format!("{n} of the policy's nodes are validating already (maxConcurrent)")
+            }
+            ValidationWait::Invalid(why) => format!("the validation template cannot be used: {why}"),
+        }
+    }
+}
+
+/// The Job to make for a validation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CreateJob {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// When its validation started.
+    pub started: Timestamp,
+    /// The Job.
+    pub job: Box<Job>,
+}
+
+/// The validation part of a node's plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidationPlan {
+    /// The bookkeeping after this plan.
+    pub track: Option<ValidationTrack>,
+    /// The Job to make, unless it exists.
+    pub create: Option<CreateJob>,
+    /// A Job to delete (namespace, name): a run that is no longer wanted.
+    pub delete: Option<(String, String)>,
+    /// Where it stands.
+    pub state: ValidationState,
+    /// Events.
+    pub events: Vec<PlannedEvent>,
+    /// When the running Job times out.
+    pub deadline: Option<Timestamp>,
+    /// A validation started in this plan (it takes a slot of `maxConcurrent`).
+    pub started: bool,
+}
+
+impl Default for ValidationPlan {
+    fn default() -> Self {
+        ValidationPlan::idle(None)
+    }
+}
+
+impl ValidationPlan {
+    fn idle(track: Option<ValidationTrack>) -> ValidationPlan {
+        ValidationPlan {
+            track,
+            create: None,
+            delete: None,
+            state: ValidationState::Idle,
+            events: Vec::new(),
+            deadline: None,
+            started: false,
+        }
+    }
+
+    /// The Job is looked at again soon: it has no watch.
+    pub fn polls(&self) -> bool {
+        matches!(self.state, ValidationState::Running { .. })
+    }
+
+    /// The node label, while a validation runs or a failed one holds the node.
+    pub fn label(&self) -> Option<&'static str> {
+        match self.state {
+            ValidationState::Running { .. } => Some("running"),
+            ValidationState::Failed { .. } => Some("failed"),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a node's validation lets the undo go ahead: it passed before, or its Job passed now.
+pub fn passed(track: Option<&ValidationTrack>, job: Option<&JobState>) -> bool {
+    match track {
+        Some(t) => match &t.ended {
+            Some(end) => end.outcome == ValidationOutcome::Passed,
+            None => job == Some(&JobState::Passed),
+        },
+        None => false,
+    }
+}
+
+/// Whether a failed validation still drives the repair ladder: no repair step has succeeded
+/// since it failed.
+pub fn failing(track: Option<&ValidationTrack>, repair: &RepairTrack) -> bool {
+    track.and_then(|t| t.ended.as_ref()).is_some_and(|end| {
+        end.outcome != ValidationOutcome::Passed && repaired_since(repair, end.at).is_none()
+    })
+}
+
+/// When a repair step that started after `at` succeeded, if one did.
+fn repaired_since(repair: &RepairTrack, at: Timestamp) -> Option<Timestamp> {
+    let step = repair.step.as_ref().filter(|s| s.started >= at)?;
+    let end = step
+        .ended
+        .as_ref()
+        .filter(|e| e.outcome == StepOutcome::Succeeded)?;
+    Some(end.at)
+}
+
+/// What [`decide`] needs to know about one node.
+#[derive(Clone, Copy, Debug)]
+pub struct ValidationInput<'a> {
+    /// `spec.validation`.
+    pub policy: Option<&'a ValidationPolicy>,
+    /// The policy's name (a label on the Job).
+    pub policy_name: &'a str,
+    /// The template, or why it cannot be used.
+    pub template: Result<&'a PodTemplateSpec, &'a str>,
+    /// The node.
+    pub node: &'a str,
+    /// The bookkeeping as read from the node.
+    pub track: Option<&'a ValidationTrack>,
+    /// The Job, as observed (only while one runs).
+    pub job: Option<&'a JobState>,
+    /// A validation is due: the node recovered while gpunode's cordon, drain or taints are in
+    /// effect.
+    pub due: bool,
+    /// The repair as read from the node.
+    pub repair: &'a RepairTrack,
+    /// When the node's probe was last heard from.
+    pub last_heard: Option<Timestamp>,
+    /// What keeps a validation from starting (pause, dry run, skip, conflict, breaker, budget).
+    pub gate: Option<&'a Block>,
+    /// How many more validations may start now (`maxConcurrent` less those running).
+    pub slots: u32,
+    /// Now.
+    pub now: Timestamp,
+}
+
+/// The name of the Job that validates `node`, started at `started`: a DNS label (at most 63
+/// characters) made of the node's name (cut to fit), a hash of the whole name (two long names
+/// that share a beginning get different Jobs) and the start time.
+pub fn job_name(node: &str, started: Timestamp) -> String {
+    let when = base36(u64::try_from(started.as_second()).unwrap_or(0));
+    let hash = format!("{:05x}", fnv1a(node.as_bytes()) & 0xf_ffff);
+    let room = 63 - "gpunode-validation---".len() - hash.len() - when.len();
+    let mut part: String = node
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(room)
+        .collect();
+    while part.ends_with('-') {
+        part.pop();
+    }
+    format!("gpunode-validation-{part}-{hash}-{when}")
+}
+
+fn base36(mut n: u64) -> String {
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[usize::try_from(n % 36).unwrap_or(0)]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// FNV-1a: a stable hash (the standard library's is not stable across releases).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn add(at: Timestamp, d: SignedDuration) -> Timestamp {
+    at.checked_add(d).unwrap_or(Timestamp::MAX)
+}
+
+/// Plans the validation of one node.
+pub fn decide(input: ValidationInput<'_>) -> ValidationPlan {
+    let now = input.now;
+    let running_job = |t: &ValidationTrack| {
+        input
+            .policy
+            .filter(|_| t.ended.is_none())
+            .map(|p| (p.namespace.clone(), t.job.clone()))
+    };
+    let (Some(policy), true) = (input.policy, input.due) else {
+        // Nothing to validate (any more): forget it; a Job still running is cancelled.
+        let mut plan = ValidationPlan::idle(None);
+        plan.delete = input.track.and_then(running_job);
+        return plan;
+    };
+    let job_ref = |job: &str| format!("Job {}/{job}", policy.namespace);
+    let timeout = signed(policy.timeout);
+    match input.track {
+        Some(t) if t.ended.is_none() => {
+            let mut t = t.clone();
+            let deadline = add(t.started, timeout);
+            let ended = match input.job {
+                Some(JobState::Passed) => Some((ValidationOutcome::Passed, String::new())),
+                Some(JobState::Failed(m)) => Some((ValidationOutcome::Failed, m.clone())),
+                Some(JobState::TimedOut(m)) => Some((ValidationOutcome::TimedOut, m.clone())),
+                _ if now >= deadline => Some((
+                    ValidationOutcome::TimedOut,
+                    format!("it ran past its timeout of {}", policy.timeout),
+                )),
+                _ => None,
+            };
+            let Some((outcome, message)) = ended else {
+                let mut plan = ValidationPlan::idle(Some(t.clone()));
+                if input.job.is_none_or(|j| *j == JobState::Absent) {
+                    plan.create = make(policy, &input, &t.job, t.started);
+                }
+                plan.state = ValidationState::Running {
+                    job: t.job.clone(),
+                    since: t.started,
+                };
+                plan.deadline = Some(deadline);
+                return plan;
+            };
+            let ran = human(now.duration_since(t.started));
+            t.ended = Some(ValidationEnd {
+                at: now,
+                outcome,
+                message: message.clone(),
+            });
+            let mut plan = ValidationPlan::idle(Some(t.clone()));
+            if outcome == ValidationOutcome::TimedOut {
+                // A Job past its deadline may still hold the GPUs.
+                plan.delete = Some((policy.namespace.clone(), t.job.clone()));
+            }
+            if outcome == ValidationOutcome::Passed {
+                plan.events.push(PlannedEvent {
+                    warning: false,
+                    reason: Reason::ValidationPassed,
+                    note: format!(
+                        "validation {} passed after {ran}; undoing gpunode's cordon and taints",
+                        job_ref(&t.job)
+                    ),
+                });
+                plan.state = ValidationState::Passed { job: t.job };
+            } else {
+                plan.events.push(PlannedEvent {
+                    warning: true,
+                    reason: Reason::ValidationFailed,
+                    note: format!(
+                        "validation {} {} after {ran}: {message}; the node stays as it is and its repair continues. To validate it again: kubectl annotate node {} {}-",
+                        job_ref(&t.job),
+                        outcome.as_str(),
+                        input.node,
+                        markers::VALIDATION_ANNOTATION
+                    ),
+                });
+                plan.state = ValidationState::Failed {
+                    job: t.job,
+                    outcome,
+                    message,
+                };
+            }
+            plan
+        }
+        Some(t) => {
+            let end = t.ended.as_ref().map(|e| (e.outcome, e.message.clone()));
+            match end {
+                Some((ValidationOutcome::Passed, _)) => ValidationPlan {
+                    state: ValidationState::Passed { job: t.job.clone() },
+                    ..ValidationPlan::idle(Some(t.clone()))
+                },
+                Some((outcome, message)) => {
+                    // A repair step succeeded since, and the probe reported after it: again.
+                    let again = repaired_since(input.repair, t.ended.as_ref().map_or(now, |e| e.at))
+                        .is_some_and(|at| input.last_heard.is_some_and(|r| r >= at));
+                    if again {
+                        return start(policy, &input);
+                    }
+                    ValidationPlan {
+                        state: ValidationState::Failed {
+                            job: t.job.clone(),
+                            outcome,
+                            message,
+                        },
+                        ..ValidationPlan::idle(Some(t.clone()))
+                    }
+                }
+                None => ValidationPlan::idle(Some(t.clone())),
+            }
+        }
+        None => start(policy, &input),
+    }
+}
+
+/// Starts a validation if nothing keeps it from starting.
+fn start(policy: &ValidationPolicy, input: &ValidationInput<'_>) -> ValidationPlan {
+    let now = input.now;
+    let keep = input.track.cloned();
+    let wait = if let Err(why) = input.template {
+        Some(ValidationWait::Invalid(why.to_string()))
+    } else if let Some(b) = input.gate {
+        Some(ValidationWait::Blocked(b.clone()))
+    } else if input.slots == 0 {
+        Some(ValidationWait::Concurrency(policy.max_concurrent))
+    } else {
+        None
+    };
+    if let Some(w) = wait {
+        return ValidationPlan {
+            state: ValidationState::Waiting(w),
+            ..ValidationPlan::idle(keep)
+        };
+    }
+    let job = job_name(input.node, now);
+    let track = ValidationTrack {
+        job: job.clone(),
+        started: now,
+        ended: None,
+    };
+    let mut plan = ValidationPlan::idle(Some(track));
+    plan.create = make(policy, input, &job, now);
+    plan.events.push(PlannedEvent {
+        warning: false,
+        reason: Reason::Validating,
+        note: format!(
+            "validation Job {}/{job} started (timeout {}); gpunode's cordon and taints stay until it passes",
+            policy.namespace, policy.timeout
+        ),
+    });
+    plan.state = ValidationState::Running { job, since: now };
+    plan.deadline = Some(add(now, signed(policy.timeout)));
+    plan.started = true;
+    plan
+}
+
+/// The Job to make (none without a usable template: a validation never starts without one).
+fn make(
+    policy: &ValidationPolicy,
+    input: &ValidationInput<'_>,
+    name: &str,
+    started: Timestamp,
+) -> Option<CreateJob> {
+    let template = input.template.ok()?;
+    let job = job(
+        template.clone(),
+        policy,
+        input.policy_name,
+        input.node,
+        name,
+        started,
+    );
+    Some(CreateJob {
+        namespace: policy.namespace.clone(),
+        name: name.to_string(),
+        started,
+        job: Box::new(job),
+    })
+}
+
+fn human(d: SignedDuration) -> String {
+    let secs = u64::try_from(d.as_secs()).unwrap_or(0);
+    gpunode_crds::Duration::from_secs(secs.max(1)).to_string()
+}
+
+/// The Job that validates `node`: the policy's pod template, pinned to the node by a required
+/// node affinity on its name, tolerating gpunode's taint and the cordon, never restarted, with
+/// the timeout as its deadline.
+pub fn job(
+    template: PodTemplateSpec,
+    policy: &ValidationPolicy,
+    policy_name: &str,
+    node: &str,
+    name: &str,
+    started: Timestamp,
+) -> Job {
+    let mut template = template;
+    let labels = |extra: Option<std::collections::BTreeMap<String, String>>| {
+        let mut l = extra.unwrap_or_default();
+        l.insert(NODE_LABEL.to_string(), label_value(node));
+        l.insert(markers::POLICY_LABEL.to_string(), policy_name.to_string());
+        l.insert("app.kubernetes.io/managed-by".to_string(), "gpunode".to_string());
+        l
+    };
+    let meta = template.metadata.get_or_insert_with(ObjectMeta::default);
+    meta.labels = Some(labels(meta.labels.take()));
+    let spec = template.spec.get_or_insert_with(Default::default);
+    spec.restart_policy = Some("Never".to_string());
+    let term = NodeSelectorTerm {
+        match_fields: Some(vec![NodeSelectorRequirement {
+            key: "metadata.name".to_string(),
+            operator: "In".to_string(),
+            values: Some(vec![node.to_string()]),
+        }]),
+        ..NodeSelectorTerm::default()
+    };
+    let affinity = spec.affinity.get_or_insert_with(Affinity::default);
+    let node_affinity = affinity.node_affinity.get_or_insert_with(NodeAffinity::default);
+    // Replaces any required node affinity of the template: the pod runs on this node or not at
+    // all.
+    node_affinity.required_during_scheduling_ignored_during_execution = Some(NodeSelector {
+        node_selector_terms: vec![term],
+    });
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    tolerations.push(Toleration {
+        key: Some(markers::TAINT_KEY.to_string()),
+        operator: Some("Exists".to_string()),
+        ..Toleration::default()
+    });
+    tolerations.push(Toleration {
+        key: Some("node.kubernetes.io/unschedulable".to_string()),
+        operator: Some("Exists".to_string()),
+        effect: Some("NoSchedule".to_string()),
+        ..Toleration::default()
+    });
+    let deadline = i64::try_from(policy.timeout.get().as_secs())
+        .unwrap_or(i64::MAX)
+        .max(1);
+    Job {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(policy.namespace.clone()),
+            labels: Some(labels(None)),
+            annotations: Some(std::collections::BTreeMap::from([
+                (STARTED_ANNOTATION.to_string(), started.to_string()),
+                ("gpunode.dev/node".to_string(), node.to_string()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(deadline),
+            ttl_seconds_after_finished: Some(KEEP_FINISHED_SECS),
+            template,
+            ..JobSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// A node name as a label value (at most 63 characters): the name, or for a longer one its
+/// beginning and a hash.
+pub fn label_value(node: &str) -> String {
+    if node.len() <= 63 {
+        return node.to_string();
+    }
+    let hash = format!("{:08x}", fnv1a(node.as_bytes()) & 0xffff_ffff);
+    let mut head: String = node.chars().take(63 - 9).collect();
+    while head.ends_with(['-', '.', '_']) {
+        head.pop();
+    }
+    format!("{head}-{hash}")
+}
+
+/// How a Job stands, for a validation that started at `started`.
+pub fn job_state(job: Option<&Job>, started: Timestamp) -> JobState {
+    let Some(job) = job else {
+        return JobState::Absent;
+    };
+    let ours = job
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(STARTED_ANNOTATION))
+        .and_then(|v| v.parse::<Timestamp>().ok())
+        == Some(started);
+    if !ours {
+        return JobState::Absent;
+    }
+    let conditions = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let true_condition = |t: &str| conditions.iter().find(|c| c.type_ == t && c.status == "True");
+    if true_condition("Complete").is_some() {
+        return JobState::Passed;
+    }
+    if let Some(c) = true_condition("Failed") {
+        let why = match (c.reason.as_deref(), c.message.as_deref()) {
+            (Some(r), Some(m)) if !m.is_empty() => format!("{r}: {m}"),
+            (Some(r), _) => r.to_string(),
+            (None, Some(m)) => m.to_string(),
+            (None, None) => "the Job failed".to_string(),
+        };
+        return if c.reason.as_deref() == Some("DeadlineExceeded") {
+            JobState::TimedOut(why)
+        } else {
+            JobState::Failed(why)
+        };
+    }
+    JobState::Running
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn job_names_are_dns_labels_that_tell_nodes_and_runs_apart() {
+        let at = ts("2026-12-02T10:00:00Z");
+        let short = job_name("gpu-node-1", at);
+        assert!(short.starts_with("gpunode-validation-gpu-node-1-"), "{short}");
+        let long = "a".repeat(100) + ".example.com";
+        let other = "a".repeat(100) + ".example.org";
+        for n in [&long, &other] {
+            let name = job_name(n, at);
+            assert!(name.len() <= 63, "{name}");
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{name}"
+            );
+        }
+        assert_ne!(job_name(&long, at), job_name(&other, at));
+        assert_ne!(job_name("n", at), job_name("n", ts("2026-12-02T10:00:01Z")));
+        assert_eq!(job_name("Node.A", at), job_name("Node.A", at));
+    }
+
+    #[test]
+    fn long_node_names_make_label_values() {
+        assert_eq!(label_value("node-1"), "node-1");
+        let v = label_value(&("n".repeat(70)));
+        assert!(v.len() <= 63, "{v}");
+    }
+}
