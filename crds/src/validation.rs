@@ -50,13 +50,45 @@ fn default_max_concurrent() -> u32 {
     1
 }
 
-/// An object kept as written, for the operator to read as a PodTemplateSpec.
+/// A PodTemplateSpec, kept as written for the operator to read (the full pod schema would make
+/// the CRD several times larger): the API server checks what a template cannot do without, a
+/// spec with named containers with images, and no `nodeName` (gpunode pins the pod itself).
 fn template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
+    let open = |extra: Value| {
+        let mut o = serde_json::json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+        if let (Some(o), Value::Object(extra)) = (o.as_object_mut(), extra) {
+            o.extend(extra);
+        }
+        o
+    };
+    let container = open(serde_json::json!({
+        "required": ["name", "image"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1},
+            "image": {"type": "string", "minLength": 1},
+        },
+    }));
+    let spec = open(serde_json::json!({
+        "required": ["containers"],
+        "properties": {
+            "containers": {"type": "array", "minItems": 1, "items": container},
+            "nodeName": {"type": "string"},
+        },
+        "x-kubernetes-validations": [{
+            "rule": "!has(self.nodeName)",
+            "message": "must be unset: gpunode pins the validation pod to the node it validates",
+            "fieldPath": ".nodeName",
+        }],
+    }));
+    let template = open(serde_json::json!({
         "description": "A PodTemplateSpec (metadata and spec) of the validation Job's pod.",
-        "x-kubernetes-preserve-unknown-fields": true
-    })
+        "required": ["spec"],
+        "properties": {
+            "metadata": open(serde_json::json!({})),
+            "spec": spec,
+        },
+    }));
+    schemars::Schema::try_from(template).unwrap_or_default()
 }
 
 impl ValidationPolicy {

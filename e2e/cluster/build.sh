@@ -417,6 +417,7 @@ regen() {
 	{
 		printf '# Default kwok stages, concatenated from sigs.k8s.io/kwok@%s/kustomize/stage by\n' "$KWOK_VERSION"
 		printf '# %s. kwok >= 0.8 has no implicit stages (pass this with --config).\n' "\`e2e/cluster/build.sh --regen\`"
+		printf '# One change: pod-complete skips pods labelled gpunode.test/outcome (kwok-stages-outcome.yaml).\n'
 		local f first=1
 		for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
 			pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
@@ -424,7 +425,13 @@ regen() {
 			((first)) || printf -- '---\n'
 			first=0
 			printf '# kustomize/stage/%s\n' "$f"
-			sed -e '/^---$/d' "$kdir/kustomize/stage/$f"
+			# pod-complete leaves pods labelled gpunode.test/outcome to kwok-stages-outcome.yaml.
+			sed -e '/^---$/d' "$kdir/kustomize/stage/$f" | awk -v f="$f" '
+				{ print }
+				f ~ /pod-complete/ && /^      - .Job.$/ {
+					print "    - key: '"'"'.metadata.labels[\"gpunode.test/outcome\"]'"'"'"
+					print "      operator: '"'"'DoesNotExist'"'"'"
+				}'
 		done
 	} >"$HERE/kwok-stages.yaml"
 	log "wrote $HERE/kwok-stages.yaml"

@@ -364,6 +364,7 @@ cmd_kwok() {
 	# HOME is private so no ~/.kwok/kwok.yaml of the user is loaded
 	cmd=(env HOME="$D/kwok-home" "$GPUNODE_KWOK" --kubeconfig="$D/admin.kubeconfig"
 		--config="$CLUSTER_HERE/kwok-stages.yaml"
+		--config="$CLUSTER_HERE/kwok-stages-outcome.yaml"
 		--manage-all-nodes=false --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake
 		--manage-nodes-with-label-selector=
 		--cidr=10.0.0.1/16 --node-ip=10.0.0.1

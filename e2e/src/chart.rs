@@ -331,6 +331,47 @@ pub async fn grant_remediators(
     .await
 }
 
+/// Grants the operator's ServiceAccount the Jobs of `namespace` (the chart's
+/// `operator.validation.namespaces`): renders the chart's validation Role and RoleBinding for
+/// it, applies them, and waits until the operator may create Jobs there.
+pub async fn grant_validation(admin: &Client, namespace: &str) -> Result<(), Error> {
+    let acc = install_accounts(admin).await?;
+    let set = format!(
+        "operator.validation.namespaces={}",
+        serde_json::json!([namespace])
+    );
+    let objects = template(
+        admin,
+        RELEASE,
+        NAMESPACE,
+        &["--show-only", "templates/rbac-operator.yaml", "--set-json", &set],
+    )
+    .await?;
+    let ours: Vec<DynamicObject> = objects
+        .into_iter()
+        .filter(|o| {
+            o.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.ends_with("-validation"))
+        })
+        .collect();
+    if ours.len() != 2 {
+        return Err(Error::Unexpected(format!(
+            "the chart rendered {} validation RBAC objects, not a Role and its binding",
+            ours.len()
+        )));
+    }
+    apply(admin, &ours, namespace, false).await?;
+    let op = acc.operator_user();
+    wait::until("the validation RBAC to take effect", SETUP_TIMEOUT, || async {
+        Ok(can_i(admin, &op, "create", "batch/jobs", Some(namespace), None)
+            .await?
+            .then_some(()))
+    })
+    .await
+}
+
 /// Installs the probe accounts of the chart rendered with `nodeProbe.gpuReset.enabled=true` as
 /// release [`RESET_RELEASE`] (ServiceAccount, RBAC, admission policies), and waits until its
 /// RBAC and the reset admission policy are enforced. Returns the probe's user name.
@@ -446,7 +487,10 @@ pub async fn can_i(
     name: Option<&str>,
 ) -> Result<bool, Error> {
     let (group, rest) = match resource.split_once('/') {
-        Some((g, r)) if g.contains('.') => (g.to_string(), r.to_string()),
+        // A group has a dot, except the built-in ones without (pods/eviction is a subresource).
+        Some((g, r)) if g.contains('.') || matches!(g, "apps" | "batch" | "autoscaling" | "policy") => {
+            (g.to_string(), r.to_string())
+        }
         _ => (String::new(), resource.to_string()),
     };
     let (res, sub) = match rest.split_once('/') {

@@ -144,6 +144,18 @@ pub fn load(policy: &Path, report: &Path, node: Option<&Path>) -> Result<Inputs,
     let policy_text = read(policy)?;
     let parsed: GpuNodePolicy = parse(policy, &policy_text)?;
     validate_policy(policy, &policy_text)?;
+    // The template is kept as written by the API server; the operator reads it as a
+    // PodTemplateSpec, and so does check.
+    if let Some(v) = &parsed.spec.validation
+        && let Err(why) = v.pod_template()
+    {
+        let (field, reason) = why.split_once(": ").unwrap_or(("spec.validation.template", &why));
+        return Err(InputError::Field {
+            path: policy.display().to_string(),
+            field: field.to_string(),
+            reason: reason.to_string(),
+        });
+    }
     let report: GpuNodeReport = parse(report, &read(report)?)?;
     let node = node
         .map(|p| read(p).and_then(|t| parse::<Node>(p, &t)))
@@ -191,6 +203,10 @@ pub struct Outcome {
     /// closed until the next opens, or unreadable.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub maintenance: Option<String>,
+    /// The validation gate (only with `spec.validation`): what it requires, and where the
+    /// node's validation stands.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation: Option<String>,
 }
 
 impl Outcome {
@@ -247,6 +263,9 @@ impl Outcome {
         }
         if let Some(m) = &self.maintenance {
             let _ = writeln!(s, "windows:    {m}");
+        }
+        if let Some(v) = &self.validation {
+            let _ = writeln!(s, "validation: {v}");
         }
         for g in &self.gpus {
             let _ = writeln!(s, "gpus:       {g}");
@@ -306,6 +325,25 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
         plan::windows::WindowState::Invalid(why) => format!("every window stays closed: {why}"),
     });
     let p = first.nodes.into_iter().next()?;
+    let validation = spec.validation.as_ref().map(|v| {
+        let gate = format!(
+            "before gpunode undoes its cordon and taints, a Job in namespace {} must pass (timeout {})",
+            v.namespace, v.timeout
+        );
+        match &p.validation.state {
+            plan::ValidationState::Idle => gate,
+            plan::ValidationState::Running { job, since } => format!("{gate}; Job {job} runs since {since}"),
+            plan::ValidationState::Passed { job } => format!("{gate}; Job {job} passed"),
+            plan::ValidationState::Failed {
+                job,
+                outcome,
+                message,
+            } => {
+                format!("{gate}; Job {job} {}: {message}", outcome.as_str())
+            }
+            plan::ValidationState::Waiting(w) => format!("{gate}; waiting: {}", w.describe()),
+        }
+    });
     // Replay the plan as if applied, then look again once the longest `after` has passed.
     node.markers = p.markers.clone();
     node.taints = p.taints.clone();
@@ -350,6 +388,7 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
         changes_at: p.next_change.map(|c| c.to_string()),
         gpus: gpu_lines(&p),
         maintenance,
+        validation,
         verdict,
     })
 }

@@ -145,3 +145,41 @@ fn the_per_gpu_plan_names_the_pods_a_quarantine_evicts_on_a_device_plugin_node()
     );
     assert!(!out.contains("escalated"), "{out}");
 }
+
+#[test]
+fn the_validation_gate_is_listed_and_a_template_the_operator_cannot_read_is_bad_input() {
+    let o = check(
+        &format!("{EXAMPLES}/h100-training.yaml"),
+        &format!("{FIXTURES}/healthy-h100-report.yaml"),
+        &["--now", NOW],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        stdout(&o).contains(
+            "validation: before gpunode undoes its cordon and taints, a Job in namespace gpu-validation must pass (timeout 20m)"
+        ),
+        "{}",
+        stdout(&o)
+    );
+
+    // The API server keeps the template as written past its basics; check reads it as the
+    // operator does, and names the field it cannot read.
+    let text = std::fs::read_to_string(format!("{EXAMPLES}/h100-training.yaml")).unwrap();
+    let bad = text.replace("command: [dcgmi, diag, -r, \"2\"]", "command: dcgmi diag -r 2");
+    assert_ne!(bad, text, "the example's command line moved");
+    let file = std::env::temp_dir().join(format!("gpunode-check-validation-{}.yaml", std::process::id()));
+    std::fs::write(&file, bad).unwrap();
+    let o = check(
+        file.to_str().unwrap(),
+        &format!("{FIXTURES}/healthy-h100-report.yaml"),
+        &["--now", NOW],
+    );
+    let _ = std::fs::remove_file(&file);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("spec.validation.template.spec.containers[0].command"),
+        "{err}"
+    );
+    assert!(err.contains("invalid type"), "{err}");
+}
