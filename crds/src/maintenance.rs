@@ -28,7 +28,7 @@ pub struct MaintenancePolicy {
     /// off the bus is lost capacity already). A node drifting in one of them takes its
     /// disruptive actions at once, for all its classes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 12))]
+    #[schemars(length(max = 13))]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub urgent_classes: Vec<DriftClass>,
 }

@@ -505,9 +505,10 @@ fn default_device_pattern() -> String {
     .field_path(".requireApproval"))]
 pub struct RemediationRule {
     /// Drift classes this rule acts on (at least one): Inventory, Driver, Config, Memory, Xid,
-    /// Pcie, Nvlink, Thermal, Throttle, Cooling, Network, Stale. Listing Stale is the only way
-    /// an Unknown node (no fresh report, failed collector) is ever acted on.
-    #[schemars(length(min = 1, max = 12))]
+    /// Pcie, Nvlink, Thermal, Throttle, Cooling, Network, Stale, Validation. Listing Stale is the
+    /// only way an Unknown node (no fresh report, failed collector) is ever acted on; Validation
+    /// is a validation Job that failed on the node (`spec.validation`).
+    #[schemars(length(min = 1, max = 13))]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub classes: Vec<DriftClass>,
 

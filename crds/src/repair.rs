@@ -85,7 +85,7 @@ pub struct RepairStep {
 
     /// The drift classes this step can repair (at least one): the step runs only on a node that
     /// drifts in one of them. A reboot repairs Xid and Memory; it does not repair Driver.
-    #[schemars(length(min = 1, max = 12))]
+    #[schemars(length(min = 1, max = 13))]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub classes: Vec<DriftClass>,
 

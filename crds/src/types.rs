@@ -39,11 +39,13 @@ pub enum DriftClass {
     Network,
     /// No fresh report, or a collector failed: the node is Unknown.
     Stale,
+    /// A validation Job (`spec.validation`) failed or timed out on the node.
+    Validation,
 }
 
 impl DriftClass {
     /// Every class, in ladder order.
-    pub const ALL: [DriftClass; 12] = [
+    pub const ALL: [DriftClass; 13] = [
         DriftClass::Inventory,
         DriftClass::Driver,
         DriftClass::Config,
@@ -56,6 +58,7 @@ impl DriftClass {
         DriftClass::Cooling,
         DriftClass::Network,
         DriftClass::Stale,
+        DriftClass::Validation,
     ];
 
     /// The class as written in the API (`Thermal`).
@@ -73,6 +76,7 @@ impl DriftClass {
             DriftClass::Cooling => "Cooling",
             DriftClass::Network => "Network",
             DriftClass::Stale => "Stale",
+            DriftClass::Validation => "Validation",
         }
     }
 

@@ -40,6 +40,38 @@ pub struct ValidationPolicy {
     #[serde(default = "default_max_concurrent")]
     #[schemars(range(min = 1, max = 1000))]
     pub max_concurrent: u32,
+
+    /// Also validate idle healthy nodes now and then, not only recovered ones. Off when
+    /// omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub periodic: Option<PeriodicValidation>,
+}
+
+/// Validation of idle nodes, bounded.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(format!(
+    "!has(self.every) || !self.every.matches('{}') || duration(self.every) >= duration('1h')",
+    crate::rules::DURATION_RE
+)).message("every must be at least 1h: a node is not validated more often").field_path(".every"))]
+pub struct PeriodicValidation {
+    /// How often each node is validated at most (from the start of its last periodic
+    /// validation). At least 1h. Defaults to 168h (a week).
+    #[serde(default = "default_every")]
+    pub every: Duration,
+
+    /// Most periodic validations started per hour across the policy's nodes. Defaults to 1.
+    #[serde(default = "default_max_per_hour")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_per_hour: u32,
+}
+
+fn default_every() -> Duration {
+    Duration::from_secs(168 * 3600)
+}
+
+fn default_max_per_hour() -> u32 {
+    1
 }
 
 fn default_timeout() -> Duration {
@@ -127,6 +159,7 @@ mod tests {
             template,
             timeout: default_timeout(),
             max_concurrent: 1,
+            periodic: None,
         }
     }
 

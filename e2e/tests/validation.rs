@@ -87,7 +87,7 @@ fn policy(node: &str, ns: &str, outcome: Option<&str>, timeout: &str, repair: Op
     let mut spec = json!({
         "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
         "gpu": {"driverVersion": ">=550"},
-        "remediation": [{"classes": ["Driver"], "action": "Drain"}],
+        "remediation": [{"classes": ["Driver", "Validation"], "action": "Drain"}],
         "disruption": {"maxUnavailable": 1, "circuitBreaker": {"maxDriftedPercent": 100}},
         "recovery": {"healthyFor": "2s"},
         "staleAfter": "5m",
@@ -167,7 +167,7 @@ async fn a_recovered_node_returns_only_after_its_validation_job_passes() {
         reports::publish(&client, n, report("550.54.15")).await.unwrap();
     }
     let reboot = json!([{
-        "name": "reboot", "action": "Remediator", "classes": ["Driver"], "timeout": "10m",
+        "name": "reboot", "action": "Remediator", "classes": ["Validation"], "timeout": "10m",
         "remediator": {"apiVersion": format!("{}/{}", remediator::GROUP, remediator::VERSION),
                        "kind": "FakeRebootTemplate", "name": "hang", "namespace": ns.name},
     }]);

@@ -123,6 +123,9 @@ pub struct ValidationTrack {
     pub job: String,
     /// When it started (the Job carries it, so a leftover of an earlier run is told apart).
     pub started: Timestamp,
+    /// A periodic validation of an idle node (not one before an undo).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub periodic: bool,
     /// How it ended, once it has.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<ValidationEnd>,
@@ -554,6 +557,7 @@ mod tests {
             validation: Some(ValidationTrack {
                 job: "gpunode-validation-node-1-mz5k0g".to_string(),
                 started: ts("2026-11-29T10:20:00Z"),
+                periodic: false,
                 ended: Some(ValidationEnd {
                     at: ts("2026-11-29T10:25:00Z"),
                     outcome: ValidationOutcome::Failed,

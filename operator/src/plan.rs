@@ -800,6 +800,32 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
     let healthy_for = signed(policy.recovery.healthy_for);
     let matched = u32::try_from(nodes.len()).unwrap_or(u32::MAX);
     let gpu_handled = gpus::handled(policy);
+    // A failed validation is a drift of the node (class Validation) until a repair step mends
+    // it: only those nodes' views are copied.
+    let nodes: Vec<std::borrow::Cow<'_, NodeView>> = nodes
+        .iter()
+        .map(|n| {
+            let failed = policy.validation.as_ref().and_then(|v| {
+                validation::failure_drift(
+                    n.markers.validation.as_ref(),
+                    n.validation_job.as_ref(),
+                    &n.markers.repair,
+                    signed(v.timeout),
+                    now,
+                )
+            });
+            match failed {
+                Some(drift) => {
+                    let mut n = n.clone();
+                    let mut drifts = n.verdict.drifts.clone();
+                    drifts.push(drift);
+                    n.verdict = Verdict::new(drifts, n.verdict.unknowns.clone());
+                    std::borrow::Cow::Owned(n)
+                }
+                None => std::borrow::Cow::Borrowed(n),
+            }
+        })
+        .collect();
 
     // Per node: tracks, what the ladder wants, what is in effect.
     struct Work<'a> {
@@ -817,6 +843,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
     let mut work: Vec<Work> = nodes
         .iter()
         .map(|node| {
+            let node: &NodeView = node;
             let tracks = track_classes(&node.markers.classes, &node.verdict, healthy_for, now);
             let gpu_tracks = gpus::track(&node.markers.gpus, node, &gpu_handled, healthy_for, now);
             let gpu = gpus::decide(policy, &gpu_tracks, &node.devices, now);
@@ -851,8 +878,9 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
             }
             // A recovered node keeps gpunode's cordon, drain and taints until its validation
             // passed.
+            // A PreferNoSchedule taint alone is a hint, not worth a validation.
             let due = policy.validation.is_some()
-                && current.iter().any(Action::is_node_level)
+                && current.iter().any(|a| a.is_node_level() && a.is_disruptive())
                 && !wanted.iter().any(Action::is_node_level);
             if due && !validation::passed(node.markers.validation.as_ref(), node.validation_job.as_ref()) {
                 wanted.extend(current.iter().filter(|a| a.is_node_level()).cloned());
@@ -910,12 +938,11 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
     // that the undo's node update triggers admits the queued node instead.
     // A validation running counts too: its Job holds the node's GPUs.
     let validating = |w: &Work| {
-        w.due
-            && w.node
-                .markers
-                .validation
-                .as_ref()
-                .is_some_and(|t| t.ended.is_none())
+        w.node
+            .markers
+            .validation
+            .as_ref()
+            .is_some_and(|t| t.ended.is_none() && (w.due || t.periodic))
     };
     let mut in_use = u32::try_from(
         work.iter()
@@ -928,6 +955,20 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         v.max_concurrent
             .saturating_sub(u32::try_from(work.iter().filter(|w| validating(w)).count()).unwrap_or(u32::MAX))
     });
+    // Periodic validations started within the last hour, across the policy's nodes.
+    let hour_ago = now.checked_sub(SignedDuration::from_hours(1)).unwrap_or(now);
+    let mut started_last_hour = u32::try_from(
+        work.iter()
+            .filter(|w| {
+                w.node
+                    .markers
+                    .validation
+                    .as_ref()
+                    .is_some_and(|t| t.periodic && t.started > hour_ago)
+            })
+            .count(),
+    )
+    .unwrap_or(u32::MAX);
     let template = policy
         .validation
         .as_ref()
@@ -1031,6 +1072,29 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
             .or_else(|| (!node.conflicts.is_empty()).then(|| Block::Conflict(node.conflicts.clone())))
             .or_else(|| circuit_open.then_some(Block::CircuitOpen))
             .or_else(|| (!holds_slot && in_use >= budget_allowed).then_some(Block::Budget));
+        // Quiet: healthy, nothing of gpunode's on it or wanted, nothing recovering.
+        let quiet = node.verdict.state == NodeState::Compliant
+            && w.current.is_empty()
+            && w.wanted.is_empty()
+            && w.tracks.is_empty()
+            && w.gpu_tracks.is_empty();
+        let periodic = match policy.validation.as_ref() {
+            Some(v) if let Some(p) = &v.periodic => {
+                quiet
+                    && validation_gate.is_none()
+                    && window_block.is_none()
+                    && validation_slots > 0
+                    && started_last_hour < p.max_per_hour
+                    && validation::periodic_due(
+                        node.markers.validation.as_ref(),
+                        &node.markers.repair,
+                        signed(p.every),
+                        now,
+                    )
+                    && validation::idle(node.gpus.len(), &node.devices, &v.namespace)
+            }
+            _ => false,
+        };
         let validation = validation::decide(validation::ValidationInput {
             policy: policy.validation.as_ref(),
             policy_name: name,
@@ -1039,14 +1103,19 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
             track: node.markers.validation.as_ref(),
             job: node.validation_job.as_ref(),
             due: w.due,
+            settled: w.tracks.is_empty(),
+            quiet,
+            periodic,
             repair: &node.markers.repair,
-            last_heard: node.last_heard,
             gate: validation_gate.as_ref(),
             slots: validation_slots,
             now,
         });
         if validation.started {
             validation_slots = validation_slots.saturating_sub(1);
+            if !w.due {
+                started_last_hour += 1;
+            }
             if !holds_slot {
                 in_use += 1;
             }
@@ -1195,17 +1264,13 @@ fn node_plan(
 
     let state = node.verdict.state;
     let drifting = node.verdict.classes();
-    // A failed validation continues the repair ladder with its next step, of any class.
-    let failing = matches!(validation.state, ValidationState::Failed { .. })
-        && validation::failing(validation.track.as_ref(), &node.markers.repair);
-    let every_class: BTreeSet<DriftClass> = DriftClass::ALL.into_iter().collect();
     let repair = repair::decide(repair::RepairInput {
         policy: policy.repair.as_ref(),
         node: &node.name,
         track: &node.markers.repair,
         drain: &drain,
-        state: if failing { NodeState::Drifted } else { state },
-        drifting: if failing { &every_class } else { &drifting },
+        state,
+        drifting: &drifting,
         last_heard: node.last_heard,
         object: node.repair_object.as_ref(),
         drifting_gpus: &drifting_gpus(node),

@@ -4,11 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
+
 use gpunode_crds::{DriftClass, GpuNodePolicySpec};
 use gpunode_operator::{
     markers::{StepOutcome, ValidationOutcome},
     plan::{
-        DrainStep, JobState, NodeView, PolicyPlan, RepairState, StepObject, ValidationState,
+        DrainStep, GpuPods, GpuView, JobState, NodeDevices, NodeView, PodRef, PolicyPlan, RepairState,
+        StepObject, ValidationState,
         validation::{NODE_LABEL, ValidationWait},
     },
     reasons::Reason,
@@ -47,7 +50,7 @@ const REPAIR: &str = r#"repair:
   steps:
     - name: reboot
       action: Remediator
-      classes: [Xid]
+      classes: [Xid, Validation]
       timeout: 10m
       remediator: {apiVersion: remediation.example.com/v1, kind: RebootTemplate, name: reboot, namespace: ops}"#;
 
@@ -243,7 +246,9 @@ fn a_failed_validation_keeps_the_node_and_continues_the_repair_then_validates_ag
         .unwrap_or_else(|| panic!("{events:?}"));
     assert!(failed.1.contains(&first), "the event names the Job: {}", failed.1);
     assert!(failed.1.contains("BackoffLimitExceeded"), "{}", failed.1);
-    // The ladder continues: the node recovered from its Xid, yet its repair starts.
+    // The node drifts in class Validation: its repair continues with the steps for it.
+    assert!(np.drifting.contains(&DriftClass::Validation), "{:?}", np.drifting);
+    assert_eq!(np.state, gpunode_operator::verdict::NodeState::Drifted);
     assert!(
         matches!(&np.repair.state, RepairState::Running { step, .. } if step == "reboot"),
         "{:?}",
@@ -252,7 +257,8 @@ fn a_failed_validation_keeps_the_node_and_continues_the_repair_then_validates_ag
     assert_eq!(np.condition.reason, Reason::Repairing);
     assert_eq!(np.validation.label(), Some("failed"));
 
-    // The reboot succeeds and the probe reports after it: validated again, a new Job.
+    // The reboot succeeds: the Validation drift clears, the node recovers as usual, and after
+    // healthyFor it is validated again, with a new Job.
     nodes[0].validation_job = None;
     nodes[0].repair_object = Some(StepObject::Succeeded(Some(at(200))));
     let p = pass(&policy, &mut nodes, at(201));
@@ -272,6 +278,14 @@ fn a_failed_validation_keeps_the_node_and_continues_the_repair_then_validates_ag
     nodes[0].repair_object = None;
     nodes[0].last_heard = Some(at(230));
     let p = pass(&policy, &mut nodes, at(230));
+    assert!(!of(&p, "gpu-1").drifting.contains(&DriftClass::Validation));
+    assert_eq!(
+        of(&p, "gpu-1").validation.state,
+        ValidationState::Waiting(ValidationWait::Recovering),
+        "validated again once healthy for healthyFor"
+    );
+    assert_eq!(of(&p, "gpu-1").cordon, None);
+    let p = pass(&policy, &mut nodes, at(291));
     let np = of(&p, "gpu-1");
     let ValidationState::Running { job, .. } = &np.validation.state else {
         panic!("{:?}", np.validation.state)
@@ -281,7 +295,7 @@ fn a_failed_validation_keeps_the_node_and_continues_the_repair_then_validates_ag
     assert_eq!(np.cordon, None);
 
     nodes[0].validation_job = Some(JobState::Passed);
-    let p = pass(&policy, &mut nodes, at(260));
+    let p = pass(&policy, &mut nodes, at(320));
     assert_eq!(of(&p, "gpu-1").cordon, Some(false), "passed: returned to service");
 }
 
@@ -333,6 +347,12 @@ fn a_validation_that_never_finishes_times_out_its_job_is_deleted_and_the_node_ne
     assert_eq!(of(&p, "gpu-1").cordon, None);
     nodes[0].markers.validation = None;
     let p = pass(&policy, &mut nodes, at(2001));
+    assert_eq!(
+        of(&p, "gpu-1").validation.state,
+        ValidationState::Waiting(ValidationWait::Recovering)
+    );
+    assert_eq!(of(&p, "gpu-1").cordon, None, "held while it waits");
+    let p = pass(&policy, &mut nodes, at(2062));
     assert!(matches!(
         of(&p, "gpu-1").validation.state,
         ValidationState::Running { .. }
@@ -479,4 +499,179 @@ fn without_spec_validation_a_recovered_node_is_undone_at_once() {
     let np = of(&p, "gpu-1");
     assert_eq!(np.cordon, Some(false));
     assert_eq!(np.validation.state, ValidationState::Idle);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Periodic validation of idle nodes (`spec.validation.periodic`).
+
+const PERIODIC: &str = "  periodic: {every: 24h, maxPerHour: 1}\n  maxConcurrent: 2";
+
+/// A healthy node with one GPU whose pods the report lists (`pods` of them, in `ml`).
+fn idle_node(name: &str, pods: usize) -> NodeView {
+    let pods = (0..pods)
+        .map(|i| PodRef {
+            namespace: "ml".to_string(),
+            name: format!("trainer-{i}"),
+        })
+        .collect();
+    NodeView::new(name, compliant()).heard_at(Some(at(0))).with_gpus(
+        vec![GpuView {
+            index: 0,
+            uuid: Some("GPU-0".to_string()),
+        }],
+        NodeDevices::DevicePlugin(Some(GpuPods {
+            observed_at: Some(at(0)),
+            by_gpu: BTreeMap::from([("GPU-0".to_string(), pods)]),
+        })),
+    )
+}
+
+fn periodic_policy(rules: &str) -> GpuNodePolicySpec {
+    let yaml = format!(
+        r#"
+remediation:
+{rules}
+disruption:
+  maxUnavailable: 3
+  circuitBreaker: {{maxDriftedPercent: 100}}
+recovery: {{healthyFor: 60s}}
+validation:
+  namespace: gpu-validation
+  timeout: 10m
+  template: {TEMPLATE}
+{PERIODIC}
+"#
+    );
+    serde_yaml::from_str(&yaml).unwrap_or_else(|e| panic!("policy fixture: {e}\n{yaml}"))
+}
+
+fn running(p: &PolicyPlan) -> Vec<String> {
+    p.nodes
+        .iter()
+        .filter(|n| matches!(n.validation.state, ValidationState::Running { .. }))
+        .map(|n| n.node.clone())
+        .collect()
+}
+
+#[test]
+fn idle_nodes_are_validated_now_and_then_bounded_per_hour_and_by_every() {
+    let policy = periodic_policy("  - {classes: [Validation], action: Cordon}");
+    let mut nodes = vec![idle_node("gpu-1", 0), idle_node("gpu-2", 0)];
+    let p = pass(&policy, &mut nodes, at(0));
+    assert_eq!(running(&p), ["gpu-1"], "one per hour (maxPerHour 1)");
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.validation.label(), Some("running"));
+    assert_eq!(np.cordon, None, "a periodic validation does not cordon");
+    assert!(np.validation.create.is_some());
+    assert_eq!(np.condition.reason, Reason::Validating);
+    assert!(
+        reasons(&p, "gpu-1")
+            .iter()
+            .any(|(r, n)| *r == Reason::Validating && n.starts_with("periodic validation Job")),
+        "{:?}",
+        reasons(&p, "gpu-1")
+    );
+    assert_eq!(p.budget_in_use, 1, "it holds a slot of the budget");
+
+    // Its own pod on the GPU keeps the node idle; it passes and the node stays in service.
+    nodes[0] = idle_node("gpu-1", 0).with_validation(Some(JobState::Passed));
+    nodes[0].markers = p.nodes[0].markers.clone();
+    let p = pass(&policy, &mut nodes, at(300));
+    let np = of(&p, "gpu-1");
+    assert!(matches!(np.validation.state, ValidationState::Passed { .. }));
+    assert!(
+        reasons(&p, "gpu-1")
+            .iter()
+            .any(|(r, n)| *r == Reason::ValidationPassed && n.contains("stays in service"))
+    );
+    assert_eq!(running(&p), Vec::<String>::new(), "gpu-2 waits for the hour");
+    nodes[0].validation_job = None;
+
+    let p = pass(&policy, &mut nodes, at(3601));
+    assert_eq!(running(&p), ["gpu-2"], "the next hour, the next node");
+    assert!(
+        nodes[0].markers.validation.as_ref().is_some_and(|t| t.periodic),
+        "the record says when"
+    );
+
+    // gpu-1 again only after `every`.
+    nodes[1].validation_job = Some(JobState::Passed);
+    pass(&policy, &mut nodes, at(3700));
+    nodes[1].validation_job = None;
+    let p = pass(&policy, &mut nodes, at(3 * 3600));
+    assert_eq!(running(&p), Vec::<String>::new());
+    let p = pass(&policy, &mut nodes, at(24 * 3600 + 1));
+    assert_eq!(running(&p), ["gpu-1"]);
+}
+
+#[test]
+fn a_node_whose_gpus_are_busy_or_not_known_is_not_validated_and_it_is_off_by_default() {
+    let policy = periodic_policy("  - {classes: [Validation], action: Cordon}");
+    let mut unknown = idle_node("gpu-3", 0);
+    unknown.devices = NodeDevices::DevicePlugin(None);
+    let mut nodes = vec![idle_node("gpu-1", 1), unknown];
+    let p = pass(&policy, &mut nodes, at(0));
+    assert_eq!(running(&p), Vec::<String>::new());
+
+    let mut off = policy.clone();
+    off.validation.as_mut().unwrap().periodic = None;
+    let mut nodes = vec![idle_node("gpu-1", 0)];
+    let p = pass(&off, &mut nodes, at(0));
+    assert_eq!(running(&p), Vec::<String>::new());
+}
+
+#[test]
+fn a_failed_periodic_validation_is_a_validation_drift_that_the_rules_act_on() {
+    let policy = periodic_policy("  - {classes: [Validation], action: Cordon}");
+    let mut nodes = vec![idle_node("gpu-1", 0)];
+    pass(&policy, &mut nodes, at(0));
+    let job = nodes[0].markers.validation.clone().unwrap().job;
+    nodes[0].validation_job = Some(JobState::Failed("BackoffLimitExceeded".into()));
+    let p = pass(&policy, &mut nodes, at(120));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.state, gpunode_operator::verdict::NodeState::Drifted);
+    assert!(np.drifting.contains(&DriftClass::Validation));
+    assert_eq!(np.cordon, Some(true), "the Validation rule cordons it at once");
+    assert_eq!(np.condition.reason, Reason::ValidationFailed);
+    assert!(np.condition.message.contains(&job), "{}", np.condition.message);
+    assert_eq!(np.validation.label(), Some("failed"));
+    nodes[0].validation_job = None;
+
+    // No repair: it stays until a person removes the record; then, once healthy for
+    // healthyFor, the cordon's undo waits for a validation that passes.
+    let p = pass(&policy, &mut nodes, at(600));
+    assert_eq!(of(&p, "gpu-1").cordon, None);
+    assert!(nodes[0].unschedulable);
+    nodes[0].markers.validation = None;
+    pass(&policy, &mut nodes, at(601));
+    let p = pass(&policy, &mut nodes, at(662));
+    let np = of(&p, "gpu-1");
+    assert!(
+        matches!(np.validation.state, ValidationState::Running { .. }),
+        "{:?}",
+        np.validation.state
+    );
+    assert!(
+        !nodes[0].markers.validation.as_ref().unwrap().periodic,
+        "a validation before the undo"
+    );
+    assert!(nodes[0].unschedulable, "still cordoned");
+    nodes[0].validation_job = Some(JobState::Passed);
+    let p = pass(&policy, &mut nodes, at(700));
+    assert_eq!(of(&p, "gpu-1").cordon, Some(false));
+}
+
+#[test]
+fn a_drift_during_a_periodic_validation_cancels_it() {
+    let policy = periodic_policy("  - {classes: [Driver], action: Cordon}");
+    let mut nodes = vec![idle_node("gpu-1", 0)];
+    pass(&policy, &mut nodes, at(0));
+    let job = nodes[0].markers.validation.clone().unwrap().job;
+    nodes[0].validation_job = Some(JobState::Running);
+    nodes[0].verdict = node_drift(DriftClass::Driver);
+    let p = pass(&policy, &mut nodes, at(30));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.validation.delete, Some(("gpu-validation".to_string(), job)));
+    assert!(np.markers.validation.is_none());
+    assert_eq!(np.cordon, Some(true));
 }

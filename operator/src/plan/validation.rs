@@ -16,7 +16,7 @@
 //! - A validation no longer due (the node drifts again, or a person undid gpunode's actions)
 //!   is forgotten; a Job still running is deleted.
 
-use gpunode_crds::validation::ValidationPolicy;
+use gpunode_crds::{DriftClass, validation::ValidationPolicy};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::{
     api::{
@@ -33,6 +33,7 @@ use super::{Block, PlannedEvent, signed};
 use crate::{
     markers::{self, RepairTrack, StepOutcome, ValidationEnd, ValidationOutcome, ValidationTrack},
     reasons::Reason,
+    verdict::Drift,
 };
 
 /// The label on a validation Job and its pod: the node it validates. A drain never evicts a pod
@@ -95,6 +96,8 @@ pub enum ValidationWait {
     Blocked(Block),
     /// `maxConcurrent` of the policy's nodes are validating.
     Concurrency(u32),
+    /// A drift class of the node is still active (clear for less than `healthyFor`).
+    Recovering,
     /// The template cannot be read (fail closed).
     Invalid(String),
 }
@@ -108,6 +111,7 @@ impl ValidationWait {
                 format!("{n} of the policy's nodes are validating already (maxConcurrent)")
             }
             ValidationWait::Invalid(why) => format!("the validation template cannot be used: {why}"),
+            ValidationWait::Recovering => "the node is healthy for recovery.healthyFor first".to_string(),
         }
     }
 }
@@ -178,22 +182,55 @@ impl ValidationPlan {
     }
 }
 
-/// Whether a node's validation lets the undo go ahead: it passed before, or its Job passed now.
+/// Whether a node's validation lets the undo go ahead: one before an undo passed before, or its
+/// Job passed now.
 pub fn passed(track: Option<&ValidationTrack>, job: Option<&JobState>) -> bool {
     match track {
-        Some(t) => match &t.ended {
+        Some(t) if !t.periodic => match &t.ended {
             Some(end) => end.outcome == ValidationOutcome::Passed,
             None => job == Some(&JobState::Passed),
         },
-        None => false,
+        _ => false,
     }
 }
 
-/// Whether a failed validation still drives the repair ladder: no repair step has succeeded
-/// since it failed.
-pub fn failing(track: Option<&ValidationTrack>, repair: &RepairTrack) -> bool {
-    track.and_then(|t| t.ended.as_ref()).is_some_and(|end| {
+/// A validation that failed and that no repair step has succeeded since: the node drifts in
+/// class Validation.
+fn unrepaired(t: &ValidationTrack, repair: &RepairTrack) -> bool {
+    t.ended.as_ref().is_some_and(|end| {
         end.outcome != ValidationOutcome::Passed && repaired_since(repair, end.at).is_none()
+    })
+}
+
+/// The drift a failed validation puts on the node (class Validation) until a repair step
+/// succeeds after it or a person removes the record: the policy's rules and repair steps for
+/// Validation act on it. A running one whose Job failed, or whose timeout passed, counts from
+/// the plan that sees it.
+pub fn failure_drift(
+    track: Option<&ValidationTrack>,
+    job: Option<&JobState>,
+    repair: &RepairTrack,
+    timeout: SignedDuration,
+    now: Timestamp,
+) -> Option<Drift> {
+    let t = track?;
+    let (outcome, message) = match (&t.ended, job) {
+        (Some(end), _) if unrepaired(t, repair) => (end.outcome, end.message.clone()),
+        (Some(_), _) => return None,
+        (None, Some(JobState::Failed(m))) => (ValidationOutcome::Failed, m.clone()),
+        (None, Some(JobState::TimedOut(m))) => (ValidationOutcome::TimedOut, m.clone()),
+        (None, _) if now >= add(t.started, timeout) => {
+            (ValidationOutcome::TimedOut, "it ran past its timeout".to_string())
+        }
+        (None, _) => return None,
+    };
+    Some(Drift {
+        class: DriftClass::Validation,
+        check: "validation".to_string(),
+        expected: "a passing validation Job".to_string(),
+        actual: format!("Job {} {}: {message}", t.job, outcome.as_str()),
+        gpu: None,
+        device: None,
     })
 }
 
@@ -206,6 +243,40 @@ fn repaired_since(repair: &RepairTrack, at: Timestamp) -> Option<Timestamp> {
         .filter(|e| e.outcome == StepOutcome::Succeeded)?;
     Some(end.at)
 }
+
+/// Whether an idle node may have its periodic validation now, as far as the node's own record
+/// says: none ran within `every`, and no failed one holds it.
+pub fn periodic_due(
+    track: Option<&ValidationTrack>,
+    repair: &RepairTrack,
+    every: SignedDuration,
+    now: Timestamp,
+) -> bool {
+    match track {
+        None => true,
+        Some(t) if t.ended.is_none() || unrepaired(t, repair) => false,
+        Some(t) if t.periodic => now.duration_since(t.started) >= every,
+        Some(_) => true,
+    }
+}
+
+/// Whether a node's GPUs are known to be idle: the report lists the pods of every GPU, and the
+/// only ones are validation pods (in `namespace`, named after their Job).
+pub fn idle(gpus: usize, devices: &super::NodeDevices, namespace: &str) -> bool {
+    let super::NodeDevices::DevicePlugin(Some(pods)) = devices else {
+        return false;
+    };
+    gpus > 0
+        && pods.by_gpu.len() >= gpus
+        && pods
+            .by_gpu
+            .values()
+            .flatten()
+            .all(|p| p.namespace == namespace && p.name.starts_with(JOB_PREFIX))
+}
+
+/// The prefix of every validation Job's name (and so of its pods').
+pub const JOB_PREFIX: &str = "gpunode-validation-";
 
 /// What [`decide`] needs to know about one node.
 #[derive(Clone, Copy, Debug)]
@@ -222,14 +293,21 @@ pub struct ValidationInput<'a> {
     pub track: Option<&'a ValidationTrack>,
     /// The Job, as observed (only while one runs).
     pub job: Option<&'a JobState>,
-    /// A validation is due: the node recovered while gpunode's cordon, drain or taints are in
-    /// effect.
+    /// A validation is due before an undo: the node recovered while gpunode's cordon, drain or
+    /// a disruptive taint is in effect.
     pub due: bool,
+    /// No drift class is active on the node any more (each was clear for `healthyFor`): a
+    /// validation before an undo may start.
+    pub settled: bool,
+    /// The node is healthy with nothing of gpunode's on it: a periodic validation may go on.
+    pub quiet: bool,
+    /// A periodic validation may start on the node now (idle, due by `every`, within the
+    /// windows, the hourly bound, `maxConcurrent` and the budget).
+    pub periodic: bool,
     /// The repair as read from the node.
     pub repair: &'a RepairTrack,
-    /// When the node's probe was last heard from.
-    pub last_heard: Option<Timestamp>,
-    /// What keeps a validation from starting (pause, dry run, skip, conflict, breaker, budget).
+    /// What keeps a validation before an undo from starting (pause, dry run, skip, conflict,
+    /// breaker, budget).
     pub gate: Option<&'a Block>,
     /// How many more validations may start now (`maxConcurrent` less those running).
     pub slots: u32,
@@ -288,124 +366,161 @@ fn add(at: Timestamp, d: SignedDuration) -> Timestamp {
 
 /// Plans the validation of one node.
 pub fn decide(input: ValidationInput<'_>) -> ValidationPlan {
-    let now = input.now;
-    let running_job = |t: &ValidationTrack| {
-        input
-            .policy
-            .filter(|_| t.ended.is_none())
-            .map(|p| (p.namespace.clone(), t.job.clone()))
+    let Some(policy) = input.policy else {
+        // No validation configured (or it was removed): its record goes. A Job still running
+        // finishes on its own deadline (the namespace it ran in is no longer known).
+        return ValidationPlan::idle(None);
     };
-    let (Some(policy), true) = (input.policy, input.due) else {
-        // Nothing to validate (any more): forget it; a Job still running is cancelled.
-        let mut plan = ValidationPlan::idle(None);
-        plan.delete = input.track.and_then(running_job);
-        return plan;
-    };
-    let job_ref = |job: &str| format!("Job {}/{job}", policy.namespace);
-    let timeout = signed(policy.timeout);
     match input.track {
         Some(t) if t.ended.is_none() => {
-            let mut t = t.clone();
-            let deadline = add(t.started, timeout);
-            let ended = match input.job {
-                Some(JobState::Passed) => Some((ValidationOutcome::Passed, String::new())),
-                Some(JobState::Failed(m)) => Some((ValidationOutcome::Failed, m.clone())),
-                Some(JobState::TimedOut(m)) => Some((ValidationOutcome::TimedOut, m.clone())),
-                _ if now >= deadline => Some((
-                    ValidationOutcome::TimedOut,
-                    format!("it ran past its timeout of {}", policy.timeout),
-                )),
-                _ => None,
-            };
-            let Some((outcome, message)) = ended else {
-                let mut plan = ValidationPlan::idle(Some(t.clone()));
-                if input.job.is_none_or(|j| *j == JobState::Absent) {
-                    plan.create = make(policy, &input, &t.job, t.started);
-                }
-                plan.state = ValidationState::Running {
-                    job: t.job.clone(),
-                    since: t.started,
-                };
-                plan.deadline = Some(deadline);
-                return plan;
-            };
-            let ran = human(now.duration_since(t.started));
-            t.ended = Some(ValidationEnd {
-                at: now,
-                outcome,
-                message: message.clone(),
-            });
-            let mut plan = ValidationPlan::idle(Some(t.clone()));
-            if outcome == ValidationOutcome::TimedOut {
-                // A Job past its deadline may still hold the GPUs.
+            let wanted = if t.periodic { input.quiet } else { input.due };
+            // A Job that finished is recorded even if the node changed meanwhile (a failure is
+            // itself the drift that changes it).
+            let finished = matches!(
+                input.job,
+                Some(JobState::Passed | JobState::Failed(_) | JobState::TimedOut(_))
+            ) || input.now >= add(t.started, signed(policy.timeout));
+            if !wanted && !finished {
+                // The node drifts again, or a person undid gpunode's actions: cancelled.
+                let mut plan = ValidationPlan::idle(None);
                 plan.delete = Some((policy.namespace.clone(), t.job.clone()));
+                return plan;
             }
-            if outcome == ValidationOutcome::Passed {
-                plan.events.push(PlannedEvent {
-                    warning: false,
-                    reason: Reason::ValidationPassed,
-                    note: format!(
-                        "validation {} passed after {ran}; undoing gpunode's cordon and taints",
-                        job_ref(&t.job)
-                    ),
-                });
-                plan.state = ValidationState::Passed { job: t.job };
-            } else {
-                plan.events.push(PlannedEvent {
-                    warning: true,
-                    reason: Reason::ValidationFailed,
-                    note: format!(
-                        "validation {} {} after {ran}: {message}; the node stays as it is and its repair continues. To validate it again: kubectl annotate node {} {}-",
-                        job_ref(&t.job),
-                        outcome.as_str(),
-                        input.node,
-                        markers::VALIDATION_ANNOTATION
-                    ),
-                });
-                plan.state = ValidationState::Failed {
-                    job: t.job,
-                    outcome,
-                    message,
-                };
-            }
-            plan
+            follow(policy, &input, t)
         }
-        Some(t) => {
-            let end = t.ended.as_ref().map(|e| (e.outcome, e.message.clone()));
-            match end {
-                Some((ValidationOutcome::Passed, _)) => ValidationPlan {
+        Some(t) if unrepaired(t, input.repair) => failed(t),
+        Some(t)
+            if !t.periodic
+                && t.ended
+                    .as_ref()
+                    .is_some_and(|e| e.outcome == ValidationOutcome::Passed) =>
+        {
+            if input.due {
+                ValidationPlan {
                     state: ValidationState::Passed { job: t.job.clone() },
                     ..ValidationPlan::idle(Some(t.clone()))
-                },
-                Some((outcome, message)) => {
-                    // A repair step succeeded since, and the probe reported after it: again.
-                    let again = repaired_since(input.repair, t.ended.as_ref().map_or(now, |e| e.at))
-                        .is_some_and(|at| input.last_heard.is_some_and(|r| r >= at));
-                    if again {
-                        return start(policy, &input);
-                    }
-                    ValidationPlan {
-                        state: ValidationState::Failed {
-                            job: t.job.clone(),
-                            outcome,
-                            message,
-                        },
-                        ..ValidationPlan::idle(Some(t.clone()))
-                    }
                 }
-                None => ValidationPlan::idle(Some(t.clone())),
+            } else {
+                // Undone: the next incident is validated again.
+                ValidationPlan::idle(None)
             }
         }
-        None => start(policy, &input),
+        // No record, a periodic one that ended, or a failure a repair step has mended since.
+        _ if input.due => start(policy, &input, false),
+        _ if input.periodic => start(policy, &input, true),
+        // A periodic record is kept: it says when the node was last validated.
+        t => ValidationPlan::idle(t.filter(|t| t.periodic).cloned()),
     }
 }
 
-/// Starts a validation if nothing keeps it from starting.
-fn start(policy: &ValidationPolicy, input: &ValidationInput<'_>) -> ValidationPlan {
+fn failed(t: &ValidationTrack) -> ValidationPlan {
+    let (outcome, message) = t
+        .ended
+        .as_ref()
+        .map_or((ValidationOutcome::Failed, String::new()), |e| {
+            (e.outcome, e.message.clone())
+        });
+    ValidationPlan {
+        state: ValidationState::Failed {
+            job: t.job.clone(),
+            outcome,
+            message,
+        },
+        ..ValidationPlan::idle(Some(t.clone()))
+    }
+}
+
+/// Follows a running validation's Job.
+fn follow(policy: &ValidationPolicy, input: &ValidationInput<'_>, t: &ValidationTrack) -> ValidationPlan {
     let now = input.now;
-    let keep = input.track.cloned();
+    let mut t = t.clone();
+    let deadline = add(t.started, signed(policy.timeout));
+    let ended = match input.job {
+        Some(JobState::Passed) => Some((ValidationOutcome::Passed, String::new())),
+        Some(JobState::Failed(m)) => Some((ValidationOutcome::Failed, m.clone())),
+        Some(JobState::TimedOut(m)) => Some((ValidationOutcome::TimedOut, m.clone())),
+        _ if now >= deadline => Some((
+            ValidationOutcome::TimedOut,
+            format!("it ran past its timeout of {}", policy.timeout),
+        )),
+        _ => None,
+    };
+    let Some((outcome, message)) = ended else {
+        let mut plan = ValidationPlan::idle(Some(t.clone()));
+        if input.job.is_none_or(|j| *j == JobState::Absent) {
+            plan.create = make(policy, input, &t.job, t.started);
+        }
+        plan.state = ValidationState::Running {
+            job: t.job.clone(),
+            since: t.started,
+        };
+        plan.deadline = Some(deadline);
+        return plan;
+    };
+    let ran = human(now.duration_since(t.started));
+    let what = kind(t.periodic);
+    let job_ref = format!("Job {}/{}", policy.namespace, t.job);
+    t.ended = Some(ValidationEnd {
+        at: now,
+        outcome,
+        message: message.clone(),
+    });
+    let mut plan = ValidationPlan::idle(Some(t.clone()));
+    if outcome == ValidationOutcome::TimedOut {
+        // A Job past its deadline may still hold the GPUs.
+        plan.delete = Some((policy.namespace.clone(), t.job.clone()));
+    }
+    if outcome == ValidationOutcome::Passed {
+        let then = if t.periodic {
+            "the node stays in service"
+        } else {
+            "undoing gpunode's cordon and taints"
+        };
+        plan.events.push(PlannedEvent {
+            warning: false,
+            reason: Reason::ValidationPassed,
+            note: format!("{what} {job_ref} passed after {ran}; {then}"),
+        });
+        plan.state = ValidationState::Passed { job: t.job };
+    } else {
+        plan.events.push(PlannedEvent {
+            warning: true,
+            reason: Reason::ValidationFailed,
+            note: format!(
+                "{what} {job_ref} {} after {ran}: {message}; the node drifts in class Validation until a repair step succeeds (the policy's rules and repair steps for Validation act). To validate it again: kubectl annotate node {} {}-",
+                outcome.as_str(),
+                input.node,
+                markers::VALIDATION_ANNOTATION
+            ),
+        });
+        plan.state = ValidationState::Failed {
+            job: t.job,
+            outcome,
+            message,
+        };
+    }
+    plan
+}
+
+fn kind(periodic: bool) -> &'static str {
+    if periodic {
+        "periodic validation"
+    } else {
+        "validation"
+    }
+}
+
+/// Starts a validation (before an undo, or `periodic`) if nothing keeps it from starting.
+fn start(policy: &ValidationPolicy, input: &ValidationInput<'_>, periodic: bool) -> ValidationPlan {
+    let now = input.now;
+    let keep = input.track.filter(|t| t.periodic).cloned();
     let wait = if let Err(why) = input.template {
         Some(ValidationWait::Invalid(why.to_string()))
+    } else if periodic {
+        // The planner allowed it, bounds included.
+        None
+    } else if !input.settled {
+        Some(ValidationWait::Recovering)
     } else if let Some(b) = input.gate {
         Some(ValidationWait::Blocked(b.clone()))
     } else if input.slots == 0 {
@@ -414,6 +529,9 @@ fn start(policy: &ValidationPolicy, input: &ValidationInput<'_>) -> ValidationPl
         None
     };
     if let Some(w) = wait {
+        if periodic {
+            return ValidationPlan::idle(keep);
+        }
         return ValidationPlan {
             state: ValidationState::Waiting(w),
             ..ValidationPlan::idle(keep)
@@ -423,16 +541,24 @@ fn start(policy: &ValidationPolicy, input: &ValidationInput<'_>) -> ValidationPl
     let track = ValidationTrack {
         job: job.clone(),
         started: now,
+        periodic,
         ended: None,
     };
     let mut plan = ValidationPlan::idle(Some(track));
     plan.create = make(policy, input, &job, now);
+    let then = if periodic {
+        "the node is labelled gpunode.dev/validation=running meanwhile"
+    } else {
+        "gpunode's cordon and taints stay until it passes"
+    };
     plan.events.push(PlannedEvent {
         warning: false,
         reason: Reason::Validating,
         note: format!(
-            "validation Job {}/{job} started (timeout {}); gpunode's cordon and taints stay until it passes",
-            policy.namespace, policy.timeout
+            "{} Job {}/{job} started (timeout {}); {then}",
+            kind(periodic),
+            policy.namespace,
+            policy.timeout
         ),
     });
     plan.state = ValidationState::Running { job, since: now };
