@@ -138,9 +138,10 @@ pub struct GpuNodePolicySpec {
     pub maintenance: Option<MaintenancePolicy>,
 
     /// A validation Job gpunode runs on a node that recovered, before it undoes its cordon and
-    /// taints (and so after a repair step too): passed, the node returns; failed or timed out,
-    /// it stays and its repair continues with the next step (a node without one needs a
-    /// person). While it runs the node carries the label `gpunode.dev/validation=running`.
+    /// taints (and so after a repair step too), and optionally on idle healthy nodes now and
+    /// then: passed, the node returns (or stays in service); failed or timed out, the node
+    /// drifts in class Validation, which rules and repair steps may list, until a repair step
+    /// succeeds. While it runs the node carries the label `gpunode.dev/validation=running`.
     /// Omit to undo as soon as the node is healthy for `recovery.healthyFor`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub validation: Option<ValidationPolicy>,

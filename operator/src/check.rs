@@ -326,10 +326,16 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
     });
     let p = first.nodes.into_iter().next()?;
     let validation = spec.validation.as_ref().map(|v| {
-        let gate = format!(
+        let mut gate = format!(
             "before gpunode undoes its cordon and taints, a Job in namespace {} must pass (timeout {})",
             v.namespace, v.timeout
         );
+        if let Some(p) = &v.periodic {
+            gate = format!(
+                "{gate}; idle nodes are validated every {}, at most {} an hour",
+                p.every, p.max_per_hour
+            );
+        }
         match &p.validation.state {
             plan::ValidationState::Idle => gate,
             plan::ValidationState::Running { job, since } => format!("{gate}; Job {job} runs since {since}"),

@@ -2,19 +2,22 @@
 //! and passed in; the Job to create or delete is handed to the applier.
 //!
 //! - A validation is due on a node that recovered (nothing of gpunode's is wanted on it any
-//!   more) while gpunode's cordon, drain or taints are in effect: instead of undoing them,
-//!   gpunode holds them and runs a Job on the node. Passed: the undo goes ahead. Failed or
-//!   timed out: they stay, and the repair ladder continues with its next step (whatever its
-//!   classes: the failure is not of one class); once a later repair step succeeded and the
-//!   probe reported after it, the validation runs again. A node with no step left needs a
-//!   person.
+//!   more) while gpunode's cordon, drain or a disruptive taint is in effect: instead of undoing
+//!   them, gpunode holds them, and once every drift class has been clear for `healthyFor`, runs
+//!   a Job on the node. Passed: the undo goes ahead.
+//! - With `periodic`, an idle healthy node (nothing of gpunode's on it, its GPUs' pods known and
+//!   none but validation pods) is validated at most once per `every`, at most `maxPerHour` a
+//!   policy, within the windows; the planner decides that, the node is not cordoned.
+//! - Failed or timed out: the node drifts in class Validation ([`failure_drift`]) until a
+//!   repair step that started after the failure succeeds (or a person removes the record): the
+//!   policy's rules and repair steps for Validation act on it like on any drift.
 //! - A validation starts only when nothing gates disruption on the node (pause, dry run, skip,
 //!   a conflict, the circuit breaker), when fewer than `maxConcurrent` of the policy's nodes
 //!   are validating, and when the node holds a disruption slot or one is free. It is recorded
 //!   on the node before its Job is made; the Job carries its start, so a new leader resumes it
 //!   and a leftover of an earlier run is told apart.
-//! - A validation no longer due (the node drifts again, or a person undid gpunode's actions)
-//!   is forgotten; a Job still running is deleted.
+//! - A validation no longer wanted (the node drifts again, or a person undid gpunode's
+//!   actions) is forgotten; a Job still running is deleted.
 
 use gpunode_crds::{DriftClass, validation::ValidationPolicy};
 use jiff::{SignedDuration, Timestamp};
