@@ -467,6 +467,112 @@ async fn a_throttled_gpu_taints_its_node_after_the_delay_and_recovery_removes_th
     remove_policy(&k, "kind-throttle", &node).await;
 }
 
+/// The validation gate on real kubelets: a throttled node is cordoned; once it recovered, a
+/// validation Job from the policy's template (the test workload fetching the operator's /metrics
+/// through the Service and cluster DNS) is scheduled by the real scheduler onto the cordoned node
+/// (its affinity and tolerations) and run by its kubelet, with the chart's RBAC for the Job's
+/// namespace; the node is uncordoned only after the Job completed. A template whose pod exits 1
+/// keeps the node cordoned, drifting in class Validation.
+#[tokio::test]
+async fn a_recovered_node_is_uncordoned_only_after_its_validation_job_ran_on_it() {
+    let k = kind().await;
+    let workers = k.workers().await.unwrap();
+    let node = workers[0].clone();
+    reset(&k).await;
+    k.forget_xids(&node, DEADLINE).await.unwrap();
+    let metrics = format!("http://gpunode-operator-metrics.{}.svc:8080", chart::NAMESPACE);
+    let spec = |path: &str| {
+        json!({
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+            "gpu": {},
+            "cooling": {"forbiddenThrottleReasons": ["HwThermalSlowdown"]},
+            "remediation": [{"classes": ["Throttle", "Validation"], "action": "Cordon"}],
+            "recovery": {"healthyFor": "3s"},
+            "staleAfter": "1m",
+            "validation": {
+                "namespace": "gpunode-validation",
+                "timeout": "90s",
+                "template": {"spec": {"containers": [{
+                    "name": "diag", "image": "gpunode.local/workload:1", "imagePullPolicy": "Never",
+                    "args": ["-get", format!("{metrics}{path}")],
+                }]}},
+            },
+        })
+    };
+    policy_for(&k, "kind-validation", &node, spec("/metrics")).await;
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(k.client.clone(), "gpunode-validation");
+    let pods: Api<Pod> = Api::namespaced(k.client.clone(), "gpunode-validation");
+    let throttle = |k: &Kind| {
+        k.edit_fixture(&node, |f| f["devices"][2]["throttle_reasons"] = json!(0x41))
+            .unwrap()
+    };
+    let job_of = |node: String| {
+        let jobs = jobs.clone();
+        async move {
+            wait::until(&format!("the validation Job of {node}"), DEADLINE, || async {
+                let label = format!("gpunode.dev/validation-node={node}");
+                Ok(jobs.list(&ListParams::default().labels(&label)).await?.items.into_iter().next())
+            })
+            .await
+            .unwrap()
+        }
+    };
+
+    // Passes: the pod runs on the cordoned node, then the node returns.
+    throttle(&k);
+    node_until(&k, &node, "cordoned", |n| unschedulable(n).then_some(())).await;
+    k.heal_fixture(&node).unwrap();
+    let job = job_of(node.clone()).await;
+    let name = job.metadata.name.clone().unwrap();
+    let pod = wait::until("the validation pod succeeded", DEADLINE, || async {
+        let label = format!("job-name={name}");
+        Ok(pods
+            .list(&ListParams::default().labels(&label))
+            .await?
+            .items
+            .into_iter()
+            .find(|p| phase(p).as_deref() == Some("Succeeded")))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(node.as_str()),
+        "the validation ran on the node it validates"
+    );
+    node_until(&k, &node, "uncordoned after the validation passed", |n| {
+        (!unschedulable(n) && label(n, "gpunode.dev/validation").is_none()).then_some(())
+    })
+    .await;
+    let events = k
+        .kubectl(&["get", "events", "-A", "--field-selector", &format!("involvedObject.name={node}")])
+        .unwrap();
+    assert!(events.contains("ValidationPassed") && events.contains(&name), "{events}");
+
+    // Fails (the pod exits 1 on a 404): the node stays cordoned, drifting in Validation.
+    let policies: Api<GpuNodePolicy> = Api::all(k.client.clone());
+    policies
+        .patch(
+            "kind-validation",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": spec("/no-such-path")})),
+        )
+        .await
+        .unwrap();
+    throttle(&k);
+    node_until(&k, &node, "cordoned", |n| unschedulable(n).then_some(())).await;
+    k.heal_fixture(&node).unwrap();
+    node_until(&k, &node, "drifting in Validation", |n| {
+        (label(n, "gpunode.dev/drift.validation").as_deref() == Some("true")
+            && label(n, "gpunode.dev/validation").as_deref() == Some("failed"))
+        .then_some(())
+    })
+    .await;
+    let n = Api::<Node>::all(k.client.clone()).get(&node).await.unwrap();
+    assert!(unschedulable(&n), "a failed validation keeps the node cordoned");
+    remove_policy(&k, "kind-validation", &node).await;
+}
+
 /// Pod deletions seen by a watch: when each pod was first seen terminating and when it was gone,
 /// with the grace period it was deleted with; and the fewest Ready pods of the app seen at once
 /// (from the first complete list on, after every change).

@@ -145,6 +145,8 @@ pub enum Step {
     ListPods,
     /// The DeviceTaintRules of the node's GPU quarantines.
     DeviceTaints,
+    /// Deleting a validation Job no longer wanted.
+    Validation,
 }
 
 impl Step {
@@ -156,6 +158,7 @@ impl Step {
             Step::Condition => ErrorKind::Condition,
             Step::ListPods => ErrorKind::Drain,
             Step::DeviceTaints => ErrorKind::Taints,
+            Step::Validation => ErrorKind::Repair,
         }
     }
 }
@@ -169,6 +172,7 @@ impl std::fmt::Display for Step {
             Step::Condition => "condition",
             Step::ListPods => "list pods",
             Step::DeviceTaints => "device taint rules",
+            Step::Validation => "validation job",
         })
     }
 }
@@ -752,6 +756,18 @@ impl Applier {
                     source,
                 })?;
         }
+        // A validation no longer wanted: its Job goes before the record forgets it (a failed
+        // delete keeps the record, and is tried again).
+        if let Some((namespace, name)) = &plan.validation.delete {
+            self.may_write(&plan.node)?;
+            self.delete_job(namespace, name)
+                .await
+                .map_err(|source| ApplyError::Api {
+                    step: Step::Validation,
+                    node: plan.node.clone(),
+                    source,
+                })?;
+        }
         if let Some(n) = self.apply_spec(plan, observed, now).await? {
             out.wrote_spec = true;
             out.written = Some(n);
@@ -790,12 +806,6 @@ impl Applier {
         }
         // A validation's Job, like a repair step's object, is made only once its start is
         // recorded on the node: a new leader finds the record and resumes it.
-        if let Some((namespace, name)) = &plan.validation.delete {
-            self.may_write(&plan.node)?;
-            if let Err(e) = self.delete_job(namespace, name).await {
-                out.validation_failed = Some(format!("deleting Job {namespace}/{name}: {e}"));
-            }
-        }
         if let Some(create) = &plan.validation.create {
             self.may_write(&plan.node)?;
             if let Err(e) = self.create_job(create).await {

@@ -519,6 +519,9 @@ fn record_actions(ctx: &Context, np: &plan::NodePlan, node: &Node) {
         let ran = Duration::try_from(*ran).unwrap_or_default();
         ctx.metrics.repair_step(step, outcome.as_str(), ran);
     }
+    if let Some((periodic, outcome)) = np.validation.ended {
+        ctx.metrics.validation(periodic, outcome);
+    }
     let changed_state = np.events.iter().any(|e| e.reason.is_state_change());
     if changed_state
         && let Some(observed) = observe::observed_at(ctx.caches.report(&node.name_any()).as_deref())

@@ -13,6 +13,7 @@
 //! | `gpunode_quarantined_gpus` | gauge (GPUs quarantined on their own) | `policy` |
 //! | `gpunode_repair_steps_total` | counter (repair steps that ended) | `step` (the policy's step name), `outcome` (`Succeeded`, `Failed`, `TimedOut`) |
 //! | `gpunode_repair_step_duration_seconds` | histogram (start to end of a repair step) | `outcome` |
+//! | `gpunode_validations_total` | counter (validation Jobs that ended) | `kind` (`undo`: before an undo, `periodic`), `outcome` (`passed`, `failed`, `timed_out`) |
 //! | `gpunode_reconcile_duration_seconds` | histogram | |
 //! | `gpunode_reaction_seconds` | histogram (report observed → action applied) | |
 //! | `gpunode_leader` | gauge (1 while this replica leads) | |
@@ -310,6 +311,13 @@ pub struct Metrics {
     quarantined_gpus: Family<PolicyLabels, Gauge>,
     repair_steps: Family<StepLabels, Counter>,
     repair_duration: Family<OutcomeLabels, Histogram>,
+    validations: Family<ValidationLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ValidationLabels {
+    kind: &'static str,
+    outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -351,6 +359,7 @@ impl Metrics {
         let policy_conditions = Family::<ConditionLabels, Gauge>::default();
         let quarantined_gpus = Family::<PolicyLabels, Gauge>::default();
         let repair_steps = Family::<StepLabels, Counter>::default();
+        let validations = Family::<ValidationLabels, Counter>::default();
         let repair_duration =
             Family::<OutcomeLabels, Histogram>::new_with_constructor(|| Histogram::new(REPAIR_BUCKETS));
         for part in WritePart::ALL {
@@ -403,6 +412,11 @@ impl Metrics {
             "Repair steps (spec.repair) that ended, by step and outcome",
             repair_steps.clone(),
         );
+        registry.register(
+            "validations",
+            "Validation Jobs (spec.validation) that ended, by kind (undo, periodic) and outcome",
+            validations.clone(),
+        );
         registry.register_with_unit(
             "repair_step_duration",
             "Time from a repair step's start to its end, by outcome",
@@ -450,6 +464,7 @@ impl Metrics {
             quarantined_gpus,
             repair_steps,
             repair_duration,
+            validations,
             node_writes,
             watch_events,
             verdicts,
@@ -488,6 +503,18 @@ impl Metrics {
     /// Counts an action on a node.
     pub fn action(&self, action: ActionKind, result: ActionResult) {
         self.actions.get_or_create(&ActionLabels { action, result }).inc();
+    }
+
+    /// Counts a validation that ended.
+    pub fn validation(&self, periodic: bool, outcome: crate::markers::ValidationOutcome) {
+        use crate::markers::ValidationOutcome as O;
+        let outcome = match outcome {
+            O::Passed => "passed",
+            O::Failed => "failed",
+            O::TimedOut => "timed_out",
+        };
+        let kind = if periodic { "periodic" } else { "undo" };
+        self.validations.get_or_create(&ValidationLabels { kind, outcome }).inc();
     }
 
     /// Counts a repair step that ended, with how long it ran.

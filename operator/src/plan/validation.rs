@@ -149,6 +149,8 @@ pub struct ValidationPlan {
     pub deadline: Option<Timestamp>,
     /// A validation started in this plan (it takes a slot of `maxConcurrent`).
     pub started: bool,
+    /// A validation that ended in this plan (for metrics): whether it was periodic, and how.
+    pub ended: Option<(bool, ValidationOutcome)>,
 }
 
 impl Default for ValidationPlan {
@@ -167,6 +169,7 @@ impl ValidationPlan {
             events: Vec::new(),
             deadline: None,
             started: false,
+            ended: None,
         }
     }
 
@@ -469,6 +472,7 @@ fn follow(policy: &ValidationPolicy, input: &ValidationInput<'_>, t: &Validation
         message: message.clone(),
     });
     let mut plan = ValidationPlan::idle(Some(t.clone()));
+    plan.ended = Some((t.periodic, outcome));
     if outcome == ValidationOutcome::TimedOut {
         // A Job past its deadline may still hold the GPUs.
         plan.delete = Some((policy.namespace.clone(), t.job.clone()));
