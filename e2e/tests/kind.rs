@@ -511,7 +511,12 @@ async fn a_recovered_node_is_uncordoned_only_after_its_validation_job_ran_on_it(
         async move {
             wait::until(&format!("the validation Job of {node}"), DEADLINE, || async {
                 let label = format!("gpunode.dev/validation-node={node}");
-                Ok(jobs.list(&ListParams::default().labels(&label)).await?.items.into_iter().next())
+                Ok(jobs
+                    .list(&ListParams::default().labels(&label))
+                    .await?
+                    .items
+                    .into_iter()
+                    .next())
             })
             .await
             .unwrap()
@@ -545,9 +550,18 @@ async fn a_recovered_node_is_uncordoned_only_after_its_validation_job_ran_on_it(
     })
     .await;
     let events = k
-        .kubectl(&["get", "events", "-A", "--field-selector", &format!("involvedObject.name={node}")])
+        .kubectl(&[
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            &format!("involvedObject.name={node}"),
+        ])
         .unwrap();
-    assert!(events.contains("ValidationPassed") && events.contains(&name), "{events}");
+    assert!(
+        events.contains("ValidationPassed") && events.contains(&name),
+        "{events}"
+    );
 
     // Fails (the pod exits 1 on a 404): the node stays cordoned, drifting in Validation.
     let policies: Api<GpuNodePolicy> = Api::all(k.client.clone());

@@ -514,7 +514,9 @@ impl Metrics {
             O::TimedOut => "timed_out",
         };
         let kind = if periodic { "periodic" } else { "undo" };
-        self.validations.get_or_create(&ValidationLabels { kind, outcome }).inc();
+        self.validations
+            .get_or_create(&ValidationLabels { kind, outcome })
+            .inc();
     }
 
     /// Counts a repair step that ended, with how long it ran.

@@ -199,7 +199,11 @@ fn a_recovered_node_stays_cordoned_until_its_validation_job_passes() {
     assert_eq!(np.cordon, Some(false), "uncordoned once the validation passed");
     assert_eq!(np.drain, DrainStep::None);
     assert!(matches!(np.validation.state, ValidationState::Passed { .. }));
-    assert_eq!(np.validation.ended, Some((false, ValidationOutcome::Passed)), "counted once");
+    assert_eq!(
+        np.validation.ended,
+        Some((false, ValidationOutcome::Passed)),
+        "counted once"
+    );
     let events = reasons(&p, "gpu-1");
     assert!(
         events
@@ -643,7 +647,11 @@ fn a_failed_periodic_validation_is_a_validation_drift_that_the_rules_act_on() {
     // healthyFor, the cordon's undo waits for a validation that passes.
     let p = pass(&policy, &mut nodes, at(600));
     assert_eq!(of(&p, "gpu-1").cordon, None);
-    assert_eq!(of(&p, "gpu-1").validation.ended, None, "counted when it ended, not after");
+    assert_eq!(
+        of(&p, "gpu-1").validation.ended,
+        None,
+        "counted when it ended, not after"
+    );
     assert!(nodes[0].unschedulable);
     nodes[0].markers.validation = None;
     pass(&policy, &mut nodes, at(601));
