@@ -297,37 +297,13 @@ pub async fn grant_remediators(
     resource: &str,
     namespace: &str,
 ) -> Result<(), Error> {
-    let acc = install_accounts(admin).await?;
-    let set = format!("operator.remediators={remediators}");
-    let objects = template(
+    grant_operator(
         admin,
-        RELEASE,
+        &format!("operator.remediators={remediators}"),
+        "-remediators",
         NAMESPACE,
-        &["--show-only", "templates/rbac-operator.yaml", "--set-json", &set],
+        (resource, namespace),
     )
-    .await?;
-    let ours: Vec<DynamicObject> = objects
-        .into_iter()
-        .filter(|o| {
-            o.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.ends_with("-remediators"))
-        })
-        .collect();
-    if ours.len() != 2 {
-        return Err(Error::Unexpected(format!(
-            "the chart rendered {} remediator RBAC objects, not a ClusterRole and its binding",
-            ours.len()
-        )));
-    }
-    apply(admin, &ours, NAMESPACE, false).await?;
-    let op = acc.operator_user();
-    wait::until("the remediator RBAC to take effect", SETUP_TIMEOUT, || async {
-        Ok(can_i(admin, &op, "create", resource, Some(namespace), None)
-            .await?
-            .then_some(()))
-    })
     .await
 }
 
@@ -335,40 +311,58 @@ pub async fn grant_remediators(
 /// `operator.validation.namespaces`): renders the chart's validation Role and RoleBinding for
 /// it, applies them, and waits until the operator may create Jobs there.
 pub async fn grant_validation(admin: &Client, namespace: &str) -> Result<(), Error> {
+    grant_operator(
+        admin,
+        &format!(
+            "operator.validation.namespaces={}",
+            serde_json::json!([namespace])
+        ),
+        "-validation",
+        namespace,
+        ("batch/jobs", namespace),
+    )
+    .await
+}
+
+/// Renders the chart's operator RBAC with `set` (a `--set-json` value), applies the two objects
+/// (a role and its binding) whose names end in `suffix` (namespaced ones into `namespace`), and
+/// waits until the operator may create `can` (resource, namespace).
+async fn grant_operator(
+    admin: &Client,
+    set: &str,
+    suffix: &str,
+    namespace: &str,
+    can: (&str, &str),
+) -> Result<(), Error> {
     let acc = install_accounts(admin).await?;
-    let set = format!(
-        "operator.validation.namespaces={}",
-        serde_json::json!([namespace])
-    );
     let objects = template(
         admin,
         RELEASE,
         NAMESPACE,
-        &["--show-only", "templates/rbac-operator.yaml", "--set-json", &set],
+        &["--show-only", "templates/rbac-operator.yaml", "--set-json", set],
     )
     .await?;
     let ours: Vec<DynamicObject> = objects
         .into_iter()
-        .filter(|o| {
-            o.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.ends_with("-validation"))
-        })
+        .filter(|o| o.metadata.name.as_deref().is_some_and(|n| n.ends_with(suffix)))
         .collect();
     if ours.len() != 2 {
         return Err(Error::Unexpected(format!(
-            "the chart rendered {} validation RBAC objects, not a Role and its binding",
+            "the chart rendered {} RBAC objects named *{suffix}, not a role and its binding",
             ours.len()
         )));
     }
     apply(admin, &ours, namespace, false).await?;
     let op = acc.operator_user();
-    wait::until("the validation RBAC to take effect", SETUP_TIMEOUT, || async {
-        Ok(can_i(admin, &op, "create", "batch/jobs", Some(namespace), None)
-            .await?
-            .then_some(()))
-    })
+    wait::until(
+        &format!("the operator's *{suffix} RBAC to take effect"),
+        SETUP_TIMEOUT,
+        || async {
+            Ok(can_i(admin, &op, "create", can.0, Some(can.1), None)
+                .await?
+                .then_some(()))
+        },
+    )
     .await
 }
 

@@ -75,6 +75,26 @@ pub fn is_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// True when the node is cordoned (`spec.unschedulable`).
+pub fn cordoned(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+}
+
+/// The reason and message of gpunode's `GpuPolicyCompliant` condition (empty when absent).
+pub fn compliance(node: &Node) -> (String, String) {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuPolicyCompliant"))
+        .map(|c| {
+            (
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+        .unwrap_or_default()
+}
+
 /// The value of label `key` on `node`.
 pub fn label(node: &Node, key: &str) -> Option<String> {
     node.metadata.labels.as_ref().and_then(|l| l.get(key).cloned())

@@ -26,24 +26,6 @@ fn report(driver: &str) -> serde_json::Value {
     reports::one_gpu(driver, "boot-1", json!([]))
 }
 
-fn cordoned(n: &Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-}
-
-fn condition(n: &Node) -> (String, String) {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuPolicyCompliant"))
-        .map(|c| {
-            (
-                c.reason.clone().unwrap_or_default(),
-                c.message.clone().unwrap_or_default(),
-            )
-        })
-        .unwrap_or_default()
-}
-
 #[tokio::test]
 async fn a_drain_that_requires_approval_waits_for_the_annotation_the_event_prints() {
     let client = admin_client().await.unwrap();
@@ -85,13 +67,13 @@ async fn a_drain_that_requires_approval_waits_for_the_annotation_the_event_print
     let api: Api<Node> = Api::all(client.clone());
     let command = format!("kubectl annotate --overwrite node {node} gpunode.dev/approve=Drain");
     let (reason, message) = wait::until("the node to await approval", DEADLINE, || async {
-        let c = condition(&api.get(&node).await?);
+        let c = nodes::compliance(&api.get(&node).await?);
         Ok((c.0 == "AwaitingApproval").then_some(c))
     })
     .await
     .unwrap();
     assert!(message.contains(&command), "{reason}: {message}");
-    assert!(!cordoned(&api.get(&node).await.unwrap()));
+    assert!(!nodes::cordoned(&api.get(&node).await.unwrap()));
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     let note = wait::until("the AwaitingApproval event", DEADLINE, || async {
         Ok(events
@@ -114,7 +96,7 @@ async fn a_drain_that_requires_approval_waits_for_the_annotation_the_event_print
         .unwrap();
     wait::until("the approved node cordoned and drained", DEADLINE, || async {
         let n = api.get(&node).await?;
-        Ok((cordoned(&n) && condition(&n).0 == "Drained").then_some(()))
+        Ok((nodes::cordoned(&n) && nodes::compliance(&n).0 == "Drained").then_some(()))
     })
     .await
     .unwrap();
@@ -133,7 +115,7 @@ async fn a_drain_that_requires_approval_waits_for_the_annotation_the_event_print
                 .annotations
                 .as_ref()
                 .is_some_and(|a| a.contains_key("gpunode.dev/approve"));
-            Ok((!cordoned(&n) && !approved).then_some(()))
+            Ok((!nodes::cordoned(&n) && !approved).then_some(()))
         },
     )
     .await

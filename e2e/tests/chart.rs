@@ -496,6 +496,37 @@ async fn helm_template_defaults_and_each_toggle() {
         ])
     );
 
+    // operator.validation.namespaces: a Role and binding per namespace, Jobs only, nothing else.
+    let validation = render(&admin, &["operator.validation.namespaces={gpu-validation,nccl}"]).await;
+    for ns in ["gpu-validation", "nccl"] {
+        let role = validation
+            .iter()
+            .find(|o| kind_of(o) == "Role" && o.metadata.namespace.as_deref() == Some(ns))
+            .unwrap_or_else(|| panic!("no validation Role in {ns}"));
+        assert_eq!(
+            role.metadata.name.as_deref(),
+            Some("r-gpunode-operator-validation")
+        );
+        assert_eq!(
+            role.data["rules"],
+            serde_json::json!([{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "create", "delete"]}])
+        );
+        let binding = validation
+            .iter()
+            .find(|o| kind_of(o) == "RoleBinding" && o.metadata.namespace.as_deref() == Some(ns))
+            .unwrap_or_else(|| panic!("no validation RoleBinding in {ns}"));
+        assert_eq!(binding.data["subjects"][0]["name"], "r-gpunode-operator");
+        assert_eq!(binding.data["subjects"][0]["namespace"], "ns");
+    }
+    assert!(
+        !single.iter().any(|o| o
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.ends_with("-validation"))),
+        "no validation RBAC by default"
+    );
+
     let no_rbac = render(&admin, &["rbac.create=false"]).await;
     for k in ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"] {
         assert_eq!(count(&no_rbac, k), 0, "{k} with rbac.create=false");

@@ -96,10 +96,6 @@ fn condition_reason(n: &Node) -> Option<String> {
         .and_then(|c| c.reason.clone())
 }
 
-fn cordoned(n: &Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-}
-
 #[tokio::test]
 async fn a_drained_node_is_handed_to_a_remediator_and_returned_and_a_failing_ladder_stops_for_a_person() {
     let client = admin_client().await.unwrap();
@@ -189,7 +185,7 @@ async fn a_drained_node_is_handed_to_a_remediator_and_returned_and_a_failing_lad
         "the template's spec.template.spec is copied"
     );
     let n = node_api.get(&good).await.unwrap();
-    assert!(cordoned(&n));
+    assert!(nodes::cordoned(&n));
     assert_eq!(condition_reason(&n).as_deref(), Some("Repairing"));
 
     // Killed mid-step: the next operator resumes the same step. (Events are published in the
@@ -208,7 +204,8 @@ async fn a_drained_node_is_handed_to_a_remediator_and_returned_and_a_failing_lad
     // Repaired: released after healthyFor, and the step's object deleted.
     wait::until("the repaired node released", DEADLINE, || async {
         let n = node_api.get(&good).await?;
-        let released = !cordoned(&n) && nodes::label(&n, "gpunode.dev/state").as_deref() == Some("compliant");
+        let released =
+            !nodes::cordoned(&n) && nodes::label(&n, "gpunode.dev/state").as_deref() == Some("compliant");
         Ok(released.then_some(()))
     })
     .await
@@ -250,7 +247,10 @@ async fn a_drained_node_is_handed_to_a_remediator_and_returned_and_a_failing_lad
     })
     .await
     .unwrap();
-    assert!(cordoned(&stopped), "a node that needs a person stays cordoned");
+    assert!(
+        nodes::cordoned(&stopped),
+        "a node that needs a person stays cordoned"
+    );
     let seen = events_of(&client, &stuck).await;
     // The recorder folds repeats of a reason into one event's series, so the order of the
     // steps is checked through their counts and notes, not the order of the events.
@@ -294,7 +294,7 @@ async fn a_drained_node_is_handed_to_a_remediator_and_returned_and_a_failing_lad
     policies.delete(&stuck, &Default::default()).await.unwrap();
     wait::until("the stuck node released", DEADLINE, || async {
         let n = node_api.get(&stuck).await?;
-        Ok((!cordoned(&n) && !n.annotations().contains_key("gpunode.dev/repair")).then_some(()))
+        Ok((!nodes::cordoned(&n) && !n.annotations().contains_key("gpunode.dev/repair")).then_some(()))
     })
     .await
     .unwrap();

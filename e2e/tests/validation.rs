@@ -41,24 +41,6 @@ fn report(driver: &str) -> Value {
     reports::one_gpu(driver, "boot-1", json!([]))
 }
 
-fn cordoned(n: &Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-}
-
-fn condition(n: &Node) -> (String, String) {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuPolicyCompliant"))
-        .map(|c| {
-            (
-                c.reason.clone().unwrap_or_default(),
-                c.message.clone().unwrap_or_default(),
-            )
-        })
-        .unwrap_or_default()
-}
-
 fn validation_label(n: &Node) -> Option<String> {
     nodes::label(n, "gpunode.dev/validation")
 }
@@ -119,7 +101,7 @@ async fn drift_and_recover(client: &Client, node: &str, ns: &str) -> Job {
         .unwrap();
     let node_api: Api<Node> = Api::all(client.clone());
     wait::until(&format!("{node} cordoned"), DEADLINE, || async {
-        Ok(cordoned(&node_api.get(node).await?).then_some(()))
+        Ok(nodes::cordoned(&node_api.get(node).await?).then_some(()))
     })
     .await
     .unwrap();
@@ -198,7 +180,7 @@ async fn a_recovered_node_returns_only_after_its_validation_job_passes() {
         "pinned to the node"
     );
     let n = node_api.get(&pass).await.unwrap();
-    assert!(cordoned(&n), "still cordoned while it validates");
+    assert!(nodes::cordoned(&n), "still cordoned while it validates");
     let pod = wait::until("the validation pod on the node", DEADLINE, || async {
         let label = format!("job-name={job_name}");
         Ok(pods
@@ -222,7 +204,7 @@ async fn a_recovered_node_returns_only_after_its_validation_job_passes() {
         DEADLINE,
         || async {
             let n = node_api.get(&pass).await?;
-            Ok((!cordoned(&n) && validation_label(&n).is_none()).then_some(()))
+            Ok((!nodes::cordoned(&n) && validation_label(&n).is_none()).then_some(()))
         },
     )
     .await
@@ -239,7 +221,7 @@ async fn a_recovered_node_returns_only_after_its_validation_job_passes() {
     let job_name = job.metadata.name.clone().unwrap();
     let (reason, message) = wait::until(&format!("{fail}'s validation failed"), DEADLINE, || async {
         let n = node_api.get(&fail).await?;
-        let c = condition(&n);
+        let c = nodes::compliance(&n);
         Ok((!notes(&client, &fail, "ValidationFailed").await.is_empty()).then_some(c))
     })
     .await
@@ -250,26 +232,25 @@ async fn a_recovered_node_returns_only_after_its_validation_job_passes() {
         "{failed:?}"
     );
     let n = node_api.get(&fail).await.unwrap();
-    assert!(cordoned(&n), "a failed validation keeps the node cordoned");
+    assert!(nodes::cordoned(&n), "a failed validation keeps the node cordoned");
     wait::until(&format!("{fail}'s repair continues"), DEADLINE, || async {
         let n = node_api.get(&fail).await?;
-        Ok(
-            (condition(&n).0 == "Repairing" && !notes(&client, &fail, "RepairStarted").await.is_empty())
-                .then_some(()),
-        )
+        Ok((nodes::compliance(&n).0 == "Repairing"
+            && !notes(&client, &fail, "RepairStarted").await.is_empty())
+        .then_some(()))
     })
     .await
     .unwrap_or_else(|e| panic!("{e}; condition was {reason}: {message}"));
-    assert!(cordoned(&node_api.get(&fail).await.unwrap()));
+    assert!(nodes::cordoned(&node_api.get(&fail).await.unwrap()));
 
     // Never finishes: timed out, its Job deleted, the node stays cordoned.
     let job = drift_and_recover(&client, &hang, &ns.name).await;
     let job_name = job.metadata.name.clone().unwrap();
     let n = node_api.get(&hang).await.unwrap();
     assert_eq!(validation_label(&n).as_deref(), Some("running"));
-    assert_eq!(condition(&n).0, "Validating");
+    assert_eq!(nodes::compliance(&n).0, "Validating");
     let (reason, message) = wait::until(&format!("{hang}'s validation timed out"), DEADLINE, || async {
-        let c = condition(&node_api.get(&hang).await?);
+        let c = nodes::compliance(&node_api.get(&hang).await?);
         Ok((c.0 == "ValidationFailed").then_some(c))
     })
     .await
@@ -280,7 +261,7 @@ async fn a_recovered_node_returns_only_after_its_validation_job_passes() {
         "{message}"
     );
     let n = node_api.get(&hang).await.unwrap();
-    assert!(cordoned(&n));
+    assert!(nodes::cordoned(&n));
     assert_eq!(validation_label(&n).as_deref(), Some("failed"));
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
     wait::until("the timed-out Job deleted", DEADLINE, || async {

@@ -24,10 +24,6 @@ fn report(driver: &str, xids: serde_json::Value) -> serde_json::Value {
     reports::one_gpu(driver, "boot-1", xids)
 }
 
-fn cordoned(n: &Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-}
-
 fn message(n: &Node) -> String {
     n.status
         .as_ref()
@@ -117,7 +113,7 @@ async fn a_drift_waits_for_the_window_that_opens_seconds_later_and_an_urgent_one
 
     // The urgent one at once; the other drifted, labelled and told when, not cordoned.
     wait::until("the urgent node cordoned", DEADLINE, || async {
-        Ok(cordoned(&node(&client, &urgent).await).then_some(()))
+        Ok(nodes::cordoned(&node(&client, &urgent).await).then_some(()))
     })
     .await
     .unwrap();
@@ -129,14 +125,14 @@ async fn a_drift_waits_for_the_window_that_opens_seconds_later_and_an_urgent_one
     .await
     .unwrap();
     assert_eq!(nodes::label(&n, "gpunode.dev/state").as_deref(), Some("drifted"));
-    assert!(!cordoned(&n), "cordoned before its window");
+    assert!(!nodes::cordoned(&n), "cordoned before its window");
     assert!(Timestamp::now() < opens, "the test ran past the window's opening");
 
     // The window opens: cordoned, and not before.
     wait::until(
         "the waiting node cordoned once the window opens",
         DEADLINE,
-        || async { Ok(cordoned(&node(&client, &waits).await).then_some(())) },
+        || async { Ok(nodes::cordoned(&node(&client, &waits).await).then_some(())) },
     )
     .await
     .unwrap();

@@ -1352,20 +1352,16 @@ fn node_plan(
         });
     }
     let next_change = next_change(policy, &markers, &drain, node.last_heard, now);
-    let next_change = match repair.deadline.filter(|d| *d > now) {
-        Some(at) if next_change.is_none_or(|c| at < c.at) => Some(NextChange {
-            at,
-            cause: ChangeCause::RepairTimeout,
-        }),
-        _ => next_change,
-    };
-    let next_change = match validation.deadline.filter(|d| *d > now) {
-        Some(at) if next_change.is_none_or(|c| at < c.at) => Some(NextChange {
-            at,
-            cause: ChangeCause::ValidationTimeout,
-        }),
-        _ => next_change,
-    };
+    let next_change = earliest(
+        next_change,
+        repair.deadline.filter(|d| *d > now),
+        ChangeCause::RepairTimeout,
+    );
+    let next_change = earliest(
+        next_change,
+        validation.deadline.filter(|d| *d > now),
+        ChangeCause::ValidationTimeout,
+    );
     // What waits for a window is planned again when it opens.
     let repair_waits = match &repair.state {
         RepairState::Waiting { block, .. } => Some(block),
@@ -1378,13 +1374,7 @@ fn node_plan(
             Block::OutsideWindow { opens } if *opens > now => Some(*opens),
             _ => None,
         });
-    let next_change = match window_opens {
-        Some(at) if next_change.is_none_or(|c| at < c.at) => Some(NextChange {
-            at,
-            cause: ChangeCause::WindowOpens,
-        }),
-        _ => next_change,
-    };
+    let next_change = earliest(next_change, window_opens, ChangeCause::WindowOpens);
     NodePlan {
         node: node.name.clone(),
         write,
@@ -1439,6 +1429,14 @@ fn drifting_gpus(node: &NodeView) -> BTreeMap<DriftClass, BTreeSet<markers::Rese
 }
 
 /// The node condition while a repair runs, waits or has stopped.
+/// `next`, or the change at `at` for `cause` if that comes first.
+fn earliest(next: Option<NextChange>, at: Option<Timestamp>, cause: ChangeCause) -> Option<NextChange> {
+    match at {
+        Some(at) if next.is_none_or(|c| at < c.at) => Some(NextChange { at, cause }),
+        _ => next,
+    }
+}
+
 fn validation_condition(condition: &mut NodeCondition, state: &ValidationState) {
     match state {
         ValidationState::Idle | ValidationState::Passed { .. } => {}
