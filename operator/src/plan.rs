@@ -810,7 +810,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
                     n.markers.validation.as_ref(),
                     n.validation_job.as_ref(),
                     &n.markers.repair,
-                    signed(v.timeout),
+                    v.timeout,
                     now,
                 )
             });

@@ -216,19 +216,14 @@ pub fn failure_drift(
     track: Option<&ValidationTrack>,
     job: Option<&JobState>,
     repair: &RepairTrack,
-    timeout: SignedDuration,
+    timeout: gpunode_crds::Duration,
     now: Timestamp,
 ) -> Option<Drift> {
     let t = track?;
-    let (outcome, message) = match (&t.ended, job) {
-        (Some(end), _) if unrepaired(t, repair) => (end.outcome, end.message.clone()),
-        (Some(_), _) => return None,
-        (None, Some(JobState::Failed(m))) => (ValidationOutcome::Failed, m.clone()),
-        (None, Some(JobState::TimedOut(m))) => (ValidationOutcome::TimedOut, m.clone()),
-        (None, _) if now >= add(t.started, timeout) => {
-            (ValidationOutcome::TimedOut, "it ran past its timeout".to_string())
-        }
-        (None, _) => return None,
+    let (outcome, message) = match &t.ended {
+        Some(end) if unrepaired(t, repair) => (end.outcome, end.message.clone()),
+        Some(_) => return None,
+        None => ending(job, t.started, timeout, now).filter(|(o, _)| *o != ValidationOutcome::Passed)?,
     };
     Some(Drift {
         class: DriftClass::Validation,
@@ -382,10 +377,7 @@ pub fn decide(input: ValidationInput<'_>) -> ValidationPlan {
             let wanted = if t.periodic { input.quiet } else { input.due };
             // A Job that finished is recorded even if the node changed meanwhile (a failure is
             // itself the drift that changes it).
-            let finished = matches!(
-                input.job,
-                Some(JobState::Passed | JobState::Failed(_) | JobState::TimedOut(_))
-            ) || input.now >= add(t.started, signed(policy.timeout));
+            let finished = ending(input.job, t.started, policy.timeout, input.now).is_some();
             if !wanted && !finished {
                 // The node drifts again, or a person undid gpunode's actions: cancelled.
                 let mut plan = ValidationPlan::idle(None);
@@ -441,17 +433,7 @@ fn follow(policy: &ValidationPolicy, input: &ValidationInput<'_>, t: &Validation
     let now = input.now;
     let mut t = t.clone();
     let deadline = add(t.started, signed(policy.timeout));
-    let ended = match input.job {
-        Some(JobState::Passed) => Some((ValidationOutcome::Passed, String::new())),
-        Some(JobState::Failed(m)) => Some((ValidationOutcome::Failed, m.clone())),
-        Some(JobState::TimedOut(m)) => Some((ValidationOutcome::TimedOut, m.clone())),
-        _ if now >= deadline => Some((
-            ValidationOutcome::TimedOut,
-            format!("it ran past its timeout of {}", policy.timeout),
-        )),
-        _ => None,
-    };
-    let Some((outcome, message)) = ended else {
+    let Some((outcome, message)) = ending(input.job, t.started, policy.timeout, now) else {
         let mut plan = ValidationPlan::idle(Some(t.clone()));
         if input.job.is_none_or(|j| *j == JobState::Absent) {
             plan.create = make(policy, input, &t.job, t.started);
@@ -507,6 +489,27 @@ fn follow(policy: &ValidationPolicy, input: &ValidationInput<'_>, t: &Validation
         };
     }
     plan
+}
+
+/// How a running validation ended, if it has: its Job's outcome, or a timeout once `timeout`
+/// has passed since it started. The one place that says so (the plan's drift, the decision to
+/// cancel or record, and the record itself all ask it).
+fn ending(
+    job: Option<&JobState>,
+    started: Timestamp,
+    timeout: gpunode_crds::Duration,
+    now: Timestamp,
+) -> Option<(ValidationOutcome, String)> {
+    match job {
+        Some(JobState::Passed) => Some((ValidationOutcome::Passed, String::new())),
+        Some(JobState::Failed(m)) => Some((ValidationOutcome::Failed, m.clone())),
+        Some(JobState::TimedOut(m)) => Some((ValidationOutcome::TimedOut, m.clone())),
+        _ if now >= add(started, signed(timeout)) => Some((
+            ValidationOutcome::TimedOut,
+            format!("it ran past its timeout of {timeout}"),
+        )),
+        _ => None,
+    }
 }
 
 fn kind(periodic: bool) -> &'static str {
