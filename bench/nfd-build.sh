@@ -22,7 +22,7 @@ V=$(awk '($1 == "sigs.k8s.io/node-feature-discovery" && $2 ~ /^v/) { print $2; e
 [[ -n $V ]] || die "cannot read the NFD version from $TOOL/go.mod"
 DIR=$CACHE/bin/nfd-$V
 LD="-s -w -X sigs.k8s.io/node-feature-discovery/pkg/version.version=$V"
-KEY="nfd $V $(cat "$TOOL/go.mod" "$TOOL/go.sum" | sha256sum | cut -c1-16) $(go env GOVERSION) $LD"
+KEY="nfd $V $(cat "$TOOL/go.mod" "$TOOL/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16) $(go env GOVERSION) $LD"
 
 moddir() { (cd "$TOOL" && go mod download -json "sigs.k8s.io/node-feature-discovery" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'); }
 
@@ -40,11 +40,56 @@ mkdir -p "$TMP"
 trap 'rm -rf "$TMP"' EXIT
 log "$PROG: building nfd-master $V ($(go env GOVERSION)); the first build takes several minutes"
 T0=$SECONDS
-(cd "$TOOL" && go build -buildvcs=false -mod=readonly -trimpath -ldflags "$LD" -o "$TMP/nfd-master" \
-	sigs.k8s.io/node-feature-discovery/cmd/nfd-master) >"$CACHE/logs/nfd-build.log" 2>&1 || {
+# The peer at its best needs a client rate limit it does not expose: every nfd-master updater
+# builds its client from utils.GetKubeconfig, whose rest.Config keeps client-go's default limiter
+# (5 QPS, burst 10 per client). The build copies the module and wraps that one function so the
+# environment variables GPUNODE_BENCH_NFD_QPS and GPUNODE_BENCH_NFD_BURST, when set, replace
+# the config's QPS and Burst; unset, nfd-master runs exactly as upstream (its defaults).
+SRC=$TMP/src
+cp -r "$(moddir)" "$SRC"
+chmod -R u+w "$SRC"
+UTIL=$SRC/pkg/utils/kubernetes.go
+grep -q '^func GetKubeconfig(path string) (\*restclient.Config, error) {$' "$UTIL" ||
+	die "$UTIL no longer has the GetKubeconfig the QPS wrapper replaces"
+sed -i 's/^func GetKubeconfig(path string)/func getKubeconfigUpstream(path string)/' "$UTIL"
+cat >"$SRC/pkg/utils/gpunode_bench_qps.go" <<'GO'
+package utils
+
+// Written by gpunode's bench/nfd-build.sh: the benchmark's knob for nfd-master's client rate limit.
+
+import (
+	"os"
+	"strconv"
+
+	restclient "k8s.io/client-go/rest"
+)
+
+// GetKubeconfig is upstream's, with QPS and Burst from GPUNODE_BENCH_NFD_QPS and
+// GPUNODE_BENCH_NFD_BURST when they are set.
+func GetKubeconfig(path string) (*restclient.Config, error) {
+	c, err := getKubeconfigUpstream(path)
+	if err != nil {
+		return nil, err
+	}
+	if v, e := strconv.ParseFloat(os.Getenv("GPUNODE_BENCH_NFD_QPS"), 32); e == nil {
+		c.QPS = float32(v)
+	}
+	if v, e := strconv.Atoi(os.Getenv("GPUNODE_BENCH_NFD_BURST")); e == nil {
+		c.Burst = v
+	}
+	return c, nil
+}
+GO
+WRAP=$TMP/wrapper
+mkdir -p "$WRAP"
+cp "$TOOL/go.mod" "$TOOL/go.sum" "$WRAP/"
+(cd "$WRAP" && go mod edit -replace "sigs.k8s.io/node-feature-discovery=$SRC" &&
+	go build -buildvcs=false -mod=mod -trimpath -ldflags "$LD" -o "$TMP/nfd-master" \
+		sigs.k8s.io/node-feature-discovery/cmd/nfd-master) >"$CACHE/logs/nfd-build.log" 2>&1 || {
 	tail -n 30 "$CACHE/logs/nfd-build.log" >&2
 	die "go build of nfd-master failed (log: $CACHE/logs/nfd-build.log)"
 }
+rm -rf "$SRC" "$WRAP"
 out=$("$TMP/nfd-master" -version 2>&1) || die "nfd-master -version failed: $out"
 [[ $out == *"$V"* ]] || die "nfd-master -version says '$out', expected $V"
 printf '%s\n' "$KEY" >"$TMP/.stamp"

@@ -14,6 +14,9 @@
 #   BENCH_CHANGES       report changes in the reaction phase [500]
 #   BENCH_WORKERS       changes in flight at once [4]
 #   BENCH_STEADY_S      steady-state window [120]
+#   BENCH_REPS          repetitions of the same-request limit sweep and of gpunode's convergence,
+#                       interleaved [5]
+#   BENCH_CONCURRENCY   requests in flight the limit sweeps [8,16,32,64,128,256,512]
 #   BENCH_STAGGER_S     spread of the probes' start-up [60]; longer eases the API server at 5,000
 #   BENCH_NFD=0         skip the peer;  BENCH_NFD_DEADLINE_S: NFD's wait before projecting [300]
 #   BENCH_LEASE_SECONDS kwok node lease duration [240] (kubelet's 40 s renews every 10 s:
@@ -101,7 +104,8 @@ for N in "${NS[@]}"; do
 	[[ ${BENCH_PERF:-0} == 1 ]] && perf=(--perf)
 	"$BENCH" run --nodes "$N" --kubeconfig "$kubeconfig" --audit-log "$D/logs/audit.log" \
 		--operator "$OPERATOR" --out "$out" --changes "${BENCH_CHANGES:-500}" \
-		--workers "${BENCH_WORKERS:-4}" --steady-s "${BENCH_STEADY_S:-120}" --stagger-s "${BENCH_STAGGER_S:-60}" "${NFD_ARGS[@]}" "${perf[@]}" >/dev/null
+		--workers "${BENCH_WORKERS:-4}" --steady-s "${BENCH_STEADY_S:-120}" \
+		--reps "${BENCH_REPS:-5}" --concurrency "${BENCH_CONCURRENCY:-8,16,32,64,128,256,512}" --stagger-s "${BENCH_STAGGER_S:-60}" "${NFD_ARGS[@]}" "${perf[@]}" >/dev/null
 	cp "$out/n$N.json" "$out/reaction-$N.json" "$RESULTS/raw/"
 	if [[ -f $out/perf-$N.data ]]; then
 		perf report -i "$out/perf-$N.data" --stdio --no-children --sort symbol 2>/dev/null |

@@ -6,6 +6,7 @@
 
 mod audit;
 mod error;
+mod limit;
 mod loadgen;
 mod nfd;
 mod procs;
@@ -65,9 +66,12 @@ enum Command {
         /// How long NFD may take before its convergence is projected from its rate, seconds.
         #[arg(long, default_value_t = 300)]
         nfd_deadline_s: u64,
-        /// Concurrencies the plain client tries (comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "8,32,128")]
+        /// Concurrencies the same-request limit sweeps (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "8,16,32,64,128,256,512")]
         concurrency: Vec<usize>,
+        /// Repetitions of the limit sweep and of gpunode's convergence, interleaved.
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
         /// Record a perf profile of the operator during the reaction and steady phases.
         #[arg(long)]
         perf: bool,
@@ -143,6 +147,7 @@ fn main() -> ExitCode {
             stagger_s,
             nfd_deadline_s,
             concurrency,
+            reps,
             perf,
         } => {
             if nodes == 0 {
@@ -162,6 +167,7 @@ fn main() -> ExitCode {
                 stagger: Duration::from_secs(stagger_s),
                 nfd_deadline: Duration::from_secs(nfd_deadline_s),
                 concurrency,
+                reps,
                 perf,
             };
             let runtime = match tokio::runtime::Runtime::new() {

@@ -30,6 +30,81 @@ pub const SA: &str = "nfd-master";
 pub const USER: &str = "system:serviceaccount:node-feature-discovery:nfd-master";
 const MANAGER: &str = "gpunode-bench";
 
+/// How nfd-master is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tuning {
+    /// Upstream defaults: 10 updaters (`-nfd-api-parallelism`), each client limited by
+    /// client-go's default token bucket (5 QPS, burst 10).
+    Defaults,
+    /// At its best: as many updaters as gpunode has writes in flight, and the client rate
+    /// limit lifted (QPS and burst through bench/nfd-build.sh's wrapper), as gpunode's client
+    /// has none.
+    Best,
+}
+
+impl Tuning {
+    /// Updaters in flight (gpunode: 128 writes in flight).
+    pub const BEST_PARALLELISM: usize = 128;
+    /// Client QPS and burst at its best: high enough that the limiter never waits.
+    pub const BEST_QPS: u32 = 1_000_000;
+
+    /// In words, for the table.
+    pub fn describe(self) -> String {
+        match self {
+            Tuning::Defaults => {
+                "defaults: -nfd-api-parallelism 10, client 5 QPS / burst 10 per updater".into()
+            }
+            Tuning::Best => format!(
+                "tuned: -nfd-api-parallelism {}, client QPS and burst {} (no client-side limit)",
+                Tuning::BEST_PARALLELISM,
+                Tuning::BEST_QPS
+            ),
+        }
+    }
+
+    fn slug(self) -> &'static str {
+        match self {
+            Tuning::Defaults => "defaults",
+            Tuning::Best => "best",
+        }
+    }
+}
+
+/// Takes NFD's label (and its record of the labels it owns) off every node and deletes the rule,
+/// so that the next run labels every node again.
+async fn reset(client: &Client, names: &[String]) -> Result<(), Error> {
+    let rules: Api<DynamicObject> =
+        Api::all_with(client.clone(), &resource("NodeFeatureRule", "nodefeaturerules"));
+    match rules.delete("gpunode-bench", &Default::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(e) => return Err(e.into()),
+    }
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let patch = json!({"metadata": {
+        "labels": {crate::tracker::NFD_LABEL: null},
+        "annotations": {"nfd.node.kubernetes.io/feature-labels": null},
+    }});
+    let errors: Vec<kube::Error> = futures::stream::iter(names.iter().cloned())
+        .map(|node| {
+            let (nodes, patch) = (nodes.clone(), &patch);
+            async move {
+                nodes
+                    .patch(&node, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .err()
+            }
+        })
+        .buffer_unordered(64)
+        .filter_map(|e| async move { e })
+        .collect()
+        .await;
+    match errors.into_iter().next() {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
 fn resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("nfd.k8s-sigs.io", "v1alpha1", kind),
@@ -173,18 +248,20 @@ fn rule() -> serde_json::Value {
     })
 }
 
-/// Runs NFD at N nodes: (result, start and end of its convergence window).
+/// Runs NFD at N nodes configured by `tuning`, after taking an earlier run's label and rule off
+/// the nodes: (result, start and end of its convergence window).
 pub async fn run(
     client: &Client,
     kc: &Kubeconfig,
     names: &[String],
-    bin: &Path,
-    crds: &Path,
+    (bin, crds): (&Path, &Path),
     out: &Path,
     deadline: Duration,
+    tuning: Tuning,
 ) -> Result<(Nfd, Timestamp, Timestamp), Error> {
     let n = names.len();
     install_crds(client, crds).await?;
+    reset(client, names).await?;
     install_account(client).await?;
     let features: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
@@ -224,25 +301,32 @@ pub async fn run(
             |s| (s.synced && s.nodes.len() >= n).then_some(()),
         )
         .await?;
-    let mut master = Measured::spawn(
-        "nfd-master",
-        bin,
-        &[
-            "-kubeconfig".into(),
-            nfd_kc.display().to_string(),
-            "-port".into(),
-            port.to_string(),
-            "-config".into(),
-            "/dev/null".into(),
-        ],
-        // nfd-master annotates the node it runs on (NODE_NAME, from the downward API in its
-        // Deployment); the first benchmark node stands in for it.
-        &[
-            ("KUBERNETES_NAMESPACE", NAMESPACE.to_string()),
-            ("NODE_NAME", names.first().cloned().unwrap_or_default()),
-        ],
-        &out.join(format!("nfd-master-{n}.log")),
-    )?;
+    let mut flags = vec![
+        "-kubeconfig".into(),
+        nfd_kc.display().to_string(),
+        "-port".into(),
+        port.to_string(),
+        "-config".into(),
+        "/dev/null".into(),
+    ];
+    // nfd-master annotates the node it runs on (NODE_NAME, from the downward API in its
+    // Deployment); the first benchmark node stands in for it.
+    let mut env = vec![
+        ("KUBERNETES_NAMESPACE", NAMESPACE.to_string()),
+        ("NODE_NAME", names.first().cloned().unwrap_or_default()),
+    ];
+    if tuning == Tuning::Best {
+        flags.extend([
+            "-nfd-api-parallelism".into(),
+            Tuning::BEST_PARALLELISM.to_string(),
+        ]);
+        env.extend([
+            ("GPUNODE_BENCH_NFD_QPS", Tuning::BEST_QPS.to_string()),
+            ("GPUNODE_BENCH_NFD_BURST", Tuning::BEST_QPS.to_string()),
+        ]);
+    }
+    let log = out.join(format!("nfd-master-{n}-{}.log", tuning.slug()));
+    let mut master = Measured::spawn("nfd-master", bin, &flags, &env, &log)?;
     // The rule is created right after the process starts: nfd-master's informer sync counts
     // against it (about a second), where gpunode's cache sync happened before its policy.
     let rules: Api<DynamicObject> =
@@ -255,7 +339,7 @@ pub async fn run(
         w = tracker.wait("NFD labelling every node", deadline, |s| (s.nfd_labelled >= n).then_some(())) => w,
         status = master.exited() => Err(Error::Other(format!(
             "nfd-master exited ({status}); see {}",
-            out.join(format!("nfd-master-{n}.log")).display()
+            log.display()
         ))),
     };
     let to = Timestamp::now();
@@ -272,6 +356,7 @@ pub async fn run(
         (s.nfd_labelled, last)
     });
     let mut r = Nfd {
+        tuning: tuning.describe(),
         labelled,
         waited_s: elapsed,
         rss_peak_mib: last.hwm_mib.max(sample.hwm_mib),
@@ -290,6 +375,7 @@ pub async fn run(
         seconds = r.convergence_s,
         projected = r.projected,
         labelled,
+        ?tuning,
         "NFD measured"
     );
     Ok((r, from, to))

@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::limit::{Sample, Spread};
+
 /// Latency percentiles, milliseconds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Latency {
@@ -57,8 +59,16 @@ pub struct Requests {
 /// gpunode's figures.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Gpunode {
-    /// Policy applied → last node with the state label and condition, seconds.
+    /// Policy applied → last node with the state label and condition, seconds: the median of
+    /// `convergence_runs_s`.
     pub convergence_s: f64,
+    /// Every convergence run (the first on a fresh operator, the others after releasing every
+    /// node), seconds.
+    #[serde(default)]
+    pub convergence_runs_s: Vec<f64>,
+    /// Median and spread of `convergence_runs_s`.
+    #[serde(default)]
+    pub convergence_spread: Spread,
     /// Policy applied → first node, seconds.
     pub first_node_s: f64,
     /// Policy applied → half of the nodes, seconds.
@@ -99,24 +109,40 @@ pub struct Gpunode {
     pub operator_reaction_count: f64,
 }
 
-/// The plain concurrent client.
+/// The API server's limit for gpunode's own request (see `limit.rs`), swept over concurrency,
+/// each concurrency `reps` times, interleaved with gpunode's convergence runs.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Limit {
-    /// Patches per second by concurrency.
+    /// The request, in words.
+    #[serde(default)]
+    pub request: String,
+    /// Size of one request body, bytes (the largest over the nodes).
+    #[serde(default)]
+    pub body_bytes: usize,
+    /// Every pass, in the order run.
+    #[serde(default)]
+    pub samples: Vec<Sample>,
+    /// Writes per second by concurrency: median and spread over the passes.
+    #[serde(default)]
+    pub spread: BTreeMap<String, Spread>,
+    /// Median writes per second by concurrency.
     pub by_concurrency: BTreeMap<String, f64>,
-    /// Best rate, patches per second.
+    /// The best median rate, writes per second: the limit.
     pub best_rate: f64,
     /// Its concurrency.
     pub best_concurrency: usize,
     /// N divided by the best rate, seconds.
     pub n_over_rate_s: f64,
-    /// Failed patches.
+    /// Failed writes.
     pub errors: u64,
 }
 
 /// NFD's figures.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Nfd {
+    /// How nfd-master was configured, in words.
+    #[serde(default)]
+    pub tuning: String,
     /// Rule created → last node labelled, seconds (projected when `projected`).
     pub convergence_s: f64,
     /// True when NFD did not finish within the deadline: convergence_s is then elapsed ×
@@ -153,12 +179,21 @@ pub struct RunResult {
     pub gpunode: Gpunode,
     /// The API server's patch limit.
     pub limit: Limit,
-    /// gpunode's convergence over N / best rate.
+    /// gpunode's median convergence over N / the best median rate.
     pub convergence_vs_limit: f64,
-    /// NFD (absent when not run).
+    /// Each convergence run over N / the best median rate: the ratio's spread.
+    #[serde(default)]
+    pub convergence_vs_limit_spread: Spread,
+    /// NFD at its defaults (absent when not run).
     pub nfd: Option<Nfd>,
-    /// NFD's convergence over gpunode's.
+    /// NFD's convergence at its defaults over gpunode's.
     pub nfd_vs_gpunode: Option<f64>,
+    /// NFD at its best (absent when not run).
+    #[serde(default)]
+    pub nfd_best: Option<Nfd>,
+    /// NFD's convergence at its best over gpunode's: the headline comparison.
+    #[serde(default)]
+    pub nfd_best_vs_gpunode: Option<f64>,
     /// Notes about this run (timeouts, projections).
     pub notes: Vec<String>,
 }

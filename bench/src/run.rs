@@ -8,14 +8,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::StreamExt;
 use gpunode_crds::GpuNodeReport;
 use gpunode_e2e::{http, operator};
+use gpunode_operator::apply::FIELD_MANAGER;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, Config, ResourceExt,
-    api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams},
+    api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig, NamedAuthInfo},
 };
 use serde_json::json;
@@ -24,10 +24,11 @@ use tracing::info;
 use crate::{
     audit,
     error::Error,
+    limit,
     loadgen::LoadGen,
     nfd,
     procs::{self, Measured},
-    results::{Latency, Limit, Requests, RunResult},
+    results::{Latency, Limit, Requests, RunResult, Spread},
     tracker::{NODE_SELECTOR, Tracker},
 };
 
@@ -63,8 +64,10 @@ pub struct Args {
     pub stagger: Duration,
     /// How long NFD may take before its time is projected.
     pub nfd_deadline: Duration,
-    /// Concurrencies the plain client tries.
+    /// Concurrencies the same-request limit sweeps.
     pub concurrency: Vec<usize>,
+    /// Repetitions of the sweep and of gpunode's convergence, interleaved.
+    pub reps: usize,
     /// Record a CPU profile of the operator with perf during the reaction and steady phases.
     pub perf: bool,
 }
@@ -253,52 +256,122 @@ async fn reaction(
     out
 }
 
-/// The plain concurrent client: merge patches of one label on every node, at each concurrency,
-/// at least 1,000 patches (whole rounds over the nodes) per concurrency.
-async fn limit(client: &Client, names: &[String], concurrency: &[usize]) -> Limit {
-    let api: Api<Node> = Api::all(client.clone());
-    let mut out = Limit::default();
-    let rounds = 1000usize.div_ceil(names.len().max(1)).max(1);
-    for &c in concurrency {
-        let jobs: Vec<(String, String)> = (0..rounds)
-            .flat_map(|r| names.iter().map(move |n| (n.clone(), format!("c{c}-r{r}"))))
+/// gpunode's convergence once more, on a fresh operator process: every node released (the policy
+/// deleted and gone), then the policy created again. Seconds from the create to the last node
+/// converged.
+async fn converge_again(
+    args: &Args,
+    spec: &operator::Spec,
+    tracker: &Tracker,
+    policies: &Api<DynamicObject>,
+    policy: &DynamicObject,
+    rep: usize,
+) -> Result<f64, Error> {
+    let n = args.n;
+    let timeout = Duration::from_secs(600) + Duration::from_millis(n as u64 * 200);
+    let mut op = Measured::spawn_command(
+        "gpunode-operator",
+        spec.command(),
+        &args.out.join(format!("operator-{n}-rep{rep}.log")),
+    )?;
+    wait_ready(&mut op, spec.metrics_addr, Duration::from_secs(300)).await?;
+    policies.delete(POLICY, &DeleteParams::default()).await?;
+    tracker
+        .wait("every node released", timeout, |s| {
+            (s.converged == 0).then_some(())
+        })
+        .await?;
+    let deadline = Instant::now() + timeout;
+    while policies.get_opt(POLICY).await?.is_some() {
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: "the deleted policy to go".into(),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await; // poll interval
+    }
+    let t0 = Instant::now();
+    policies.create(&PostParams::default(), policy).await?;
+    tracker
+        .wait("every node converged again", timeout, |s| {
+            (s.converged >= n).then_some(())
+        })
+        .await?;
+    let secs = tracker.with(|s| {
+        s.nodes
+            .values()
+            .filter_map(|e| e.converged_at)
+            .map(|t| t.saturating_duration_since(t0).as_secs_f64())
+            .fold(0.0, f64::max)
+    });
+    op.stop().await;
+    info!(rep, seconds = secs, "converged again");
+    Ok(secs)
+}
+
+/// The same-request limit (`limit.rs`) swept over `args.concurrency`, `args.reps` times,
+/// interleaved with gpunode's convergence: the first convergence is the main run's; each later
+/// sweep follows one more convergence run. The concurrencies' order rotates by repetition.
+async fn limit_and_convergence(
+    args: &Args,
+    op_client: &Client,
+    spec: &operator::Spec,
+    tracker: &Tracker,
+    policies: &Api<DynamicObject>,
+    policy: &DynamicObject,
+    result: &mut RunResult,
+) -> Result<(), Error> {
+    let as_operator: Api<Node> = Api::all(op_client.clone());
+    let bodies = limit::capture(&as_operator).await?;
+    let mut out = Limit {
+        request: format!(
+            "server-side apply to nodes/status, field manager {FIELD_MANAGER}, force, as \
+             system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}, the body gpunode wrote to \
+             each node with a new lastHeartbeatTime"
+        ),
+        body_bytes: bodies.iter().map(limit::Body::size).max().unwrap_or(0),
+        ..Limit::default()
+    };
+    let mut runs = vec![result.gpunode.convergence_s];
+    let reps = args.reps.max(1);
+    for rep in 0..reps {
+        if rep > 0 {
+            runs.push(converge_again(args, spec, tracker, policies, policy, rep).await?);
+        }
+        let k = args.concurrency.len().max(1);
+        for i in 0..args.concurrency.len() {
+            let c = args.concurrency[(i + rep) % k];
+            out.samples
+                .push(limit::pass(&as_operator, &bodies, c, 1000).await);
+        }
+    }
+    for &c in &args.concurrency {
+        let rates: Vec<f64> = out
+            .samples
+            .iter()
+            .filter(|s| s.concurrency == c)
+            .map(|s| s.rate)
             .collect();
-        let total = jobs.len();
-        let start = Instant::now();
-        let errors: u64 = futures::stream::iter(jobs)
-            .map(|(node, value)| {
-                let api = api.clone();
-                async move {
-                    let patch = json!({"metadata": {"labels": {"bench.gpunode.dev/limit": value}}});
-                    u64::from(
-                        api.patch(&node, &PatchParams::default(), &Patch::Merge(&patch))
-                            .await
-                            .is_err(),
-                    )
-                }
-            })
-            .buffer_unordered(c.max(1))
-            .fold(0u64, |acc, e| async move { acc + e })
-            .await;
-        let secs = start.elapsed().as_secs_f64();
-        let rate = (total as u64 - errors) as f64 / secs;
-        info!(
-            concurrency = c,
-            patches = total,
-            errors,
-            seconds = secs,
-            rate,
-            "plain client"
-        );
-        out.by_concurrency.insert(c.to_string(), rate);
-        out.errors += errors;
-        if rate > out.best_rate {
-            out.best_rate = rate;
+        let spread = Spread::of(&rates);
+        out.by_concurrency.insert(c.to_string(), spread.median);
+        out.spread.insert(c.to_string(), spread);
+        if spread.median > out.best_rate {
+            out.best_rate = spread.median;
             out.best_concurrency = c;
         }
     }
-    out.n_over_rate_s = names.len() as f64 / out.best_rate.max(f64::MIN_POSITIVE);
-    out
+    out.errors = out.samples.iter().map(|s| s.errors).sum();
+    out.n_over_rate_s = args.n as f64 / out.best_rate.max(f64::MIN_POSITIVE);
+    let g = &mut result.gpunode;
+    g.convergence_spread = Spread::of(&runs);
+    g.convergence_s = g.convergence_spread.median;
+    result.convergence_vs_limit = g.convergence_s / out.n_over_rate_s;
+    let ratios: Vec<f64> = runs.iter().map(|r| r / out.n_over_rate_s).collect();
+    result.convergence_vs_limit_spread = Spread::of(&ratios);
+    g.convergence_runs_s = runs;
+    result.limit = out;
+    Ok(())
 }
 
 /// Everything at N nodes.
@@ -506,36 +579,53 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     ]);
     result.load_avg.insert("after_gpunode".into(), procs::load_avg());
 
-    // The API server's limit for a plain client.
-    info!("measuring the plain client's patch rate");
-    result.limit = limit(&client, &names, &args.concurrency).await;
-    result.convergence_vs_limit = result.gpunode.convergence_s / result.limit.n_over_rate_s;
+    // The API server's limit for gpunode's own request, interleaved with more convergence runs.
+    info!(
+        reps = args.reps,
+        "measuring the same-request limit, interleaved with convergence runs"
+    );
+    let (op_client, _) = admin(&op_kc).await?;
+    limit_and_convergence(args, &op_client, &spec, &tracker, &policies, &policy, &mut result).await?;
 
-    // The peer.
-    let nfd_window = if let Some((bin, crds)) = &args.nfd {
-        match nfd::run(&client, &kc, &names, bin, crds, &args.out, args.nfd_deadline).await {
-            Ok((r, from, to)) => {
-                if r.projected {
-                    result.notes.push(format!(
-                        "NFD labelled {} of {n} nodes within {:.0} s; its convergence time is projected from that rate",
-                        r.labelled, r.waited_s
-                    ));
+    // The peer, at its defaults and at its best.
+    let mut nfd_windows = Vec::new();
+    if let Some((bin, crds)) = &args.nfd {
+        for tuning in [nfd::Tuning::Defaults, nfd::Tuning::Best] {
+            match nfd::run(
+                &client,
+                &kc,
+                &names,
+                (bin, crds),
+                &args.out,
+                args.nfd_deadline,
+                tuning,
+            )
+            .await
+            {
+                Ok((r, from, to)) => {
+                    if r.projected {
+                        result.notes.push(format!(
+                            "NFD ({}) labelled {} of {n} nodes within {:.0} s; its convergence time is projected from that rate",
+                            r.tuning, r.labelled, r.waited_s
+                        ));
+                    }
+                    let ratio = Some(r.convergence_s / result.gpunode.convergence_s.max(f64::MIN_POSITIVE));
+                    nfd_windows.push((tuning, from, to));
+                    match tuning {
+                        nfd::Tuning::Defaults => (result.nfd, result.nfd_vs_gpunode) = (Some(r), ratio),
+                        nfd::Tuning::Best => (result.nfd_best, result.nfd_best_vs_gpunode) = (Some(r), ratio),
+                    }
                 }
-                result.nfd_vs_gpunode =
-                    Some(r.convergence_s / result.gpunode.convergence_s.max(f64::MIN_POSITIVE));
-                result.nfd = Some(r);
-                Some((from, to))
-            }
-            // gpunode's figures are kept; the table says what went wrong with the peer.
-            Err(e) => {
-                tracing::error!(error = %e, "the NFD measurement failed");
-                result.notes.push(format!("the NFD measurement failed: {e}"));
-                None
+                // gpunode's figures are kept; the table says what went wrong with the peer.
+                Err(e) => {
+                    tracing::error!(error = %e, ?tuning, "the NFD measurement failed");
+                    result
+                        .notes
+                        .push(format!("the NFD measurement ({}) failed: {e}", tuning.describe()));
+                }
             }
         }
-    } else {
-        None
-    };
+    }
 
     result.loadgen.insert("publishes".into(), load.published() as f64);
     result.loadgen.insert(
@@ -564,8 +654,14 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     }
     let steady = g.requests.get("steady").map_or(0, |r| r.total);
     g.steady_requests_per_node_min = steady as f64 / n as f64 / (args.steady.as_secs_f64() / 60.0);
-    if let (Some(nfd), Some((from, to))) = (result.nfd.as_mut(), nfd_window) {
-        nfd.requests = requests(&all, nfd::USER, from, to);
+    for (tuning, from, to) in nfd_windows {
+        let peer = match tuning {
+            nfd::Tuning::Defaults => result.nfd.as_mut(),
+            nfd::Tuning::Best => result.nfd_best.as_mut(),
+        };
+        if let Some(peer) = peer {
+            peer.requests = requests(&all, nfd::USER, from, to);
+        }
     }
     Ok(result)
 }

@@ -32,7 +32,8 @@ pub const NFD_LABEL: &str = "feature.node.kubernetes.io/gpunode-bench-compliant"
 /// What one node shows and since when.
 #[derive(Debug, Clone)]
 pub struct NodeEntry {
-    /// First time the node carried the state label and the condition.
+    /// First time the node carried the state label and the condition since it last carried
+    /// neither (gpunode released it).
     pub converged_at: Option<Instant>,
     /// The state label's value.
     pub state: Option<String>,
@@ -49,7 +50,7 @@ pub struct NodeEntry {
 pub struct Seen {
     /// Per node.
     pub nodes: HashMap<String, NodeEntry>,
-    /// Nodes that have converged.
+    /// Nodes that have converged and not been released since.
     pub converged: usize,
     /// Nodes NFD has labelled.
     pub nfd_labelled: usize,
@@ -140,6 +141,10 @@ impl Tracker {
             if converged && e.converged_at.is_none() {
                 e.converged_at = Some(now);
                 *conv_count += 1;
+            } else if !converged && !has_condition(node) && e.converged_at.is_some() && e.state.is_none() {
+                // Released (the policy was deleted): the next convergence counts again.
+                e.converged_at = None;
+                *conv_count -= 1;
             }
             if tainted != e.tainted {
                 e.tainted = tainted;
