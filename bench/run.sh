@@ -18,6 +18,7 @@
 #                       interleaved [5]
 #   BENCH_CONCURRENCY   requests in flight the limit sweeps [8,16,32,64,128,256,512]
 #   BENCH_STAGGER_S     spread of the probes' start-up [60]; longer eases the API server at 5,000
+#   BENCH_WRITE_COST=0  skip bench/write-cost.sh (the cost model then uses raw/write-cost.json as is)
 #   BENCH_NFD=0         skip the peer;  BENCH_NFD_DEADLINE_S: NFD's wait before projecting [300]
 #   BENCH_LEASE_SECONDS kwok node lease duration [240] (kubelet's 40 s renews every 10 s:
 #                       500 writes/s at 5,000 nodes, which alone saturates a 2-core API server;
@@ -77,6 +78,12 @@ BENCH=$TARGET/release/gpunode-bench
 	${nfd:+--binary "nfd-master=${nfd[0]}:-version"} >"$RESULTS/raw/machine.json"
 log "machine:"
 cat "$RESULTS/raw/machine.json" >&2
+
+# What one write costs the API server (the cost model's per-write figures), on its own cluster.
+if [[ ${BENCH_WRITE_COST:-1} != 0 ]]; then
+	log "write cost: bench/write-cost.sh 500"
+	WRITE_COST_JSON=$RESULTS/raw/write-cost.json bench/write-cost.sh 500 >"$RESULTS/raw/write-cost.md"
+fi
 
 for N in "${NS[@]}"; do
 	log "==== N = $N ===="

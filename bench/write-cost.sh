@@ -11,8 +11,11 @@
 #   report status, merge patch          only observedAt (the cheapest report write there is)
 #   heartbeat Lease, server-side apply  what the probe writes instead (publish.rs renew_lease)
 #   Node label, merge patch             a built-in object of similar size, for scale
+#   Node status, server-side apply      gpunode's record of a node (labels, annotations and its
+#                                       condition, field manager gpunode-operator, nodes/status)
 #   report, get                         reading it back
-# Prints a Markdown table.
+# Prints a Markdown table; with WRITE_COST_JSON=<file> also writes the figures there as JSON
+# (bench/run.sh keeps them in docs/benchmarks/raw/write-cost.json for the cost model).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 N=${1:-500}
@@ -51,6 +54,15 @@ for i in range(n):
                "spec": {"holderIdentity": node, "leaseDurationSeconds": 180, "renewTime": t(i)}},
               open(f"{w}/lease-{i}.json", "w"))
     json.dump({"metadata": {"labels": {"bench.gpunode.dev/n": str(i)}}}, open(f"{w}/label-{i}.json", "w"))
+    json.dump({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": node,
+                            "labels": {"gpunode.dev/policy": "bench", "gpunode.dev/state": "compliant"},
+                            "annotations": {}},
+               "status": {"conditions": [{"type": "GpuPolicyCompliant", "status": "True", "reason": "Compliant",
+                                          "message": "every check of policy bench passes",
+                                          "lastTransitionTime": "2026-11-30T00:00:00Z",
+                                          "lastHeartbeatTime": t(i)[:19] + "Z"}]}},
+              open(f"{w}/record-{i}.json", "w"))
 PY
 kubectl apply --server-side -f "$W/object.json" >/dev/null
 kubectl patch gpunodereport "$NODE" --subresource=status --type=merge \
@@ -69,7 +81,7 @@ curl_cfg() { # URL METHOD CONTENT-TYPE PAYLOAD-PREFIX
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
-measure() { # LABEL URL METHOD CONTENT-TYPE PAYLOAD-PREFIX
+measure() { # LABEL URL METHOD CONTENT-TYPE PAYLOAD-PREFIX KEY
 	curl_cfg "$2" "$3" "$4" "$5" >"$W/curl.cfg"
 	local a0 e0 t0 a1 e1 t1 codes
 	a0=$(cpu_ticks "$GPUNODE_PID_KUBE_APISERVER") e0=$(cpu_ticks "$GPUNODE_PID_ETCD") t0=$(date +%s.%N)
@@ -77,8 +89,9 @@ measure() { # LABEL URL METHOD CONTENT-TYPE PAYLOAD-PREFIX
 	a1=$(cpu_ticks "$GPUNODE_PID_KUBE_APISERVER") e1=$(cpu_ticks "$GPUNODE_PID_ETCD") t1=$(date +%s.%N)
 	python3 -c "
 n, hz = $N, $HZ
-print('| $1 | %.1f | %.1f | %.1f | %s |' % (($a1 - $a0) * 1000 / hz / n, ($e1 - $e0) * 1000 / hz / n,
-      ($t1 - $t0) * 1000 / n, '$codes'.strip(', ')))"
+a, e, w = ($a1 - $a0) * 1000 / hz / n, ($e1 - $e0) * 1000 / hz / n, ($t1 - $t0) * 1000 / n
+print('| $1 | %.1f | %.1f | %.1f | %s |' % (a, e, w, '$codes'.strip(', ')))
+open('$W/figures.jsonl', 'a').write('{\"write\": \"$6\", \"apiserver_cpu_ms\": %.3f, \"etcd_cpu_ms\": %.3f, \"wall_ms\": %.3f}\\n' % (a, e, w))"
 }
 API=$GPUNODE_API_URL
 REPORT=$API/apis/gpunode.dev/v1alpha1/gpunodereports/$NODE
@@ -86,8 +99,17 @@ echo "$N requests of each kind, sequential, one connection; CPU ms per request (
 echo
 echo "| write | kube-apiserver CPU ms | etcd CPU ms | wall ms | HTTP codes |"
 echo "|---|---:|---:|---:|---|"
-measure "report status, server-side apply (a report heartbeat)" "$REPORT/status?fieldManager=gpunode-node-probe&force=true" PATCH application/apply-patch+yaml "$W/ssa-"
-measure "report status, merge patch of observedAt only" "$REPORT/status?fieldManager=bench" PATCH application/merge-patch+json "$W/merge-"
-measure "heartbeat Lease, server-side apply (what the probe writes now)" "$API/apis/coordination.k8s.io/v1/namespaces/gpunode-system/leases/gpunode-probe-$NODE?fieldManager=gpunode-node-probe&force=true" PATCH application/apply-patch+yaml "$W/lease-"
-measure "Node label, merge patch" "$API/api/v1/nodes/$NODE?fieldManager=bench" PATCH application/merge-patch+json "$W/label-"
-measure "report, get" "$REPORT" GET "" ""
+measure "report status, server-side apply (a report heartbeat)" "$REPORT/status?fieldManager=gpunode-node-probe&force=true" PATCH application/apply-patch+yaml "$W/ssa-" report_apply
+measure "report status, merge patch of observedAt only" "$REPORT/status?fieldManager=bench" PATCH application/merge-patch+json "$W/merge-" report_merge
+measure "heartbeat Lease, server-side apply (what the probe writes now)" "$API/apis/coordination.k8s.io/v1/namespaces/gpunode-system/leases/gpunode-probe-$NODE?fieldManager=gpunode-node-probe&force=true" PATCH application/apply-patch+yaml "$W/lease-" lease_apply
+measure "Node label, merge patch" "$API/api/v1/nodes/$NODE?fieldManager=bench" PATCH application/merge-patch+json "$W/label-" node_label_merge
+measure "Node status, server-side apply (gpunode's record of a node)" "$API/api/v1/nodes/$NODE/status?fieldManager=gpunode-operator&force=true" PATCH application/apply-patch+yaml "$W/record-" node_record_apply
+measure "report, get" "$REPORT" GET "" "" report_get
+if [[ -n ${WRITE_COST_JSON:-} ]]; then
+	python3 - "$W/figures.jsonl" "$N" "$("$GPUNODE_KUBE_APISERVER" --version | cut -d' ' -f2)" "$(git rev-parse --short=12 HEAD)" >"$WRITE_COST_JSON" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(json.dumps({"requests_each": int(sys.argv[2]), "kube_apiserver": sys.argv[3], "commit": sys.argv[4],
+                  "writes": {r.pop("write"): r for r in rows}}, indent=2))
+PY
+fi

@@ -8,6 +8,7 @@ mod audit;
 mod error;
 mod limit;
 mod loadgen;
+mod model;
 mod nfd;
 mod procs;
 mod report;

@@ -4,7 +4,7 @@ use std::{fmt::Write as _, path::Path};
 
 use serde_json::json;
 
-use crate::{error::Error, procs::Machine, results::RunResult};
+use crate::{error::Error, model, procs::Machine, results::RunResult};
 
 fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, Error> {
     let text = std::fs::read_to_string(path).map_err(Error::io(format!("reading {}", path.display())))?;
@@ -51,8 +51,15 @@ pub fn write(dir: &Path, out: &Path) -> Result<(), Error> {
     let merged = json!({"machine": machine, "runs": runs});
     std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&merged)?)
         .map_err(Error::io("writing results.json"))?;
-    std::fs::write(out.join("results.md"), markdown(&machine, &runs))
-        .map_err(Error::io("writing results.md"))?;
+    let cost_path = dir.join("write-cost.json");
+    let cost: Option<model::WriteCost> = if cost_path.exists() {
+        Some(read(&cost_path)?)
+    } else {
+        None
+    };
+    let mut md = markdown(&machine, &runs);
+    md.push_str(&model::markdown(&runs, cost.as_ref()));
+    std::fs::write(out.join("results.md"), md).map_err(Error::io("writing results.md"))?;
     Ok(())
 }
 
@@ -279,12 +286,14 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
                 verdict(g.steady_requests_per_node_min < 1.0)
             ),
         ];
+        let runs_range = &r.convergence_vs_limit_spread;
+        let worst = if runs_range.count > 0 { runs_range.max } else { r.convergence_vs_limit };
         items.push(format!(
             "convergence {:.2}x the same-request limit ≤ 1.5x (every run: {:.2}–{:.2}x): {}",
             r.convergence_vs_limit,
-            r.convergence_vs_limit_spread.min,
-            r.convergence_vs_limit_spread.max,
-            verdict(r.convergence_vs_limit_spread.max <= 1.5)
+            runs_range.min,
+            runs_range.max,
+            verdict(worst <= 1.5)
         ));
         items.push(format!(
             "peak RSS {} MiB < 100 MB: {}",
