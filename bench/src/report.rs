@@ -287,7 +287,11 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
             ),
         ];
         let runs_range = &r.convergence_vs_limit_spread;
-        let worst = if runs_range.count > 0 { runs_range.max } else { r.convergence_vs_limit };
+        let worst = if runs_range.count > 0 {
+            runs_range.max
+        } else {
+            r.convergence_vs_limit
+        };
         items.push(format!(
             "convergence {:.2}x the same-request limit ≤ 1.5x (every run: {:.2}–{:.2}x): {}",
             r.convergence_vs_limit,

@@ -96,8 +96,9 @@ pub struct PublishConfig {
     /// Longest time without writing the whole report while nothing material changes (temperatures
     /// within their band, power, counters no check reads).
     pub report_refresh: Duration,
-    /// Shortest time between two observations triggered by XIDs, and between two publishes:
-    /// bounds the work an XID storm causes.
+    /// Shortest time between two observations triggered by notifications (XIDs, policy
+    /// changes), and between two report writes: bounds the work an XID storm causes. A
+    /// periodic observation or a Lease renewal does not hold back the next notification.
     pub min_gap: Duration,
     /// First retry delay after a failed publish.
     pub backoff_initial: Duration,
@@ -365,7 +366,10 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
     tokio::pin!(shutdown);
     let start = Instant::now();
     let mut next_tick = start;
-    let mut last_observe: Option<Instant> = None;
+    // The last observation a notification (an XID, a policy change) triggered: the storm bound
+    // counts from it alone. Counting from any observation made a notification that came just
+    // after a periodic one wait for `min_gap` behind a timer that has nothing to do with it.
+    let mut last_woken: Option<Instant> = None;
     let mut xid_pending = false;
     let mut policy_pending = false;
     let mut published: Option<GpuNodeReportStatus> = None;
@@ -382,7 +386,7 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
 
     loop {
         let observe_at = if xid_pending || policy_pending {
-            next_tick.min(last_observe.map_or(start, |t| t + config.min_gap))
+            next_tick.min(last_woken.map_or(start, |t| t + config.min_gap))
         } else {
             next_tick
         };
@@ -446,7 +450,9 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
                 }
             };
             tracing::debug!(reason, "observed");
-            last_observe = Some(now);
+            if xid_pending || policy_pending {
+                last_woken = Some(now);
+            }
             xid_pending = false;
             policy_pending = false;
             while next_tick <= now {
@@ -537,7 +543,13 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
                 last_write_at = Some(now);
                 failed_since_write = false;
                 backoff = config.backoff_initial;
-                next_attempt = now + config.min_gap;
+                // `min_gap` bounds how often the report is rewritten; a Lease renewal (once a
+                // minute) does not hold back the report change that follows it.
+                next_attempt = if beat == Beat::Report {
+                    now + config.min_gap
+                } else {
+                    now
+                };
             }
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?backoff, "publish failed");

@@ -299,6 +299,69 @@ async fn an_xid_notification_observes_and_publishes_immediately() {
     h.stop().await;
 }
 
+/// The last report `sink` published, and when.
+fn last(sink: &Recorder) -> Option<Instant> {
+    sink.published().last().map(|(t, _)| *t)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_notification_just_after_a_periodic_observation_is_not_held_back() {
+    let h = start(PublishConfig::default());
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    // The periodic observation at 10 s changed nothing; 200 ms later an XID arrives.
+    h.run_for(Duration::from_millis(10_200)).await;
+    let periodic = h.observer.last_observed().unwrap();
+    let at = h.since_start(periodic);
+    assert!(
+        at >= Duration::from_secs(10) && at < Duration::from_millis(10_200),
+        "{at:?}"
+    );
+    *h.observer.throttled.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    let sent = Instant::now();
+    h.xid_tx.send_replace(1);
+    assert!(
+        h.wait_for(Duration::from_secs(3), |h| h.sink.published().len() == 2)
+            .await
+    );
+    // Not 1 s after the periodic observation (min_gap counts from notified observations only).
+    let waited = last(&h.sink).unwrap().duration_since(sent);
+    assert!(
+        waited < Duration::from_millis(100),
+        "published {waited:?} after the XID"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_right_after_a_lease_renewal_is_written_at_once() {
+    let h = start(PublishConfig::default());
+    h.sink.lease.store(true, Ordering::SeqCst);
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    assert!(
+        h.wait_for(Duration::from_secs(61), |h| h.sink.beats().len() == 1)
+            .await
+    );
+    let beat = h.sink.beats()[0];
+    *h.observer.throttled.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    h.xid_tx.send_replace(1);
+    assert!(
+        h.wait_for(Duration::from_secs(3), |h| h.sink.published().len() == 2)
+            .await
+    );
+    let after = last(&h.sink).unwrap().duration_since(beat);
+    assert!(
+        after < Duration::from_millis(200),
+        "the report was written {after:?} after the Lease renewal"
+    );
+    h.stop().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_xid_storm_is_rate_limited() {
     let h = start(PublishConfig::default());
