@@ -14,6 +14,8 @@
 #   BENCH_CHANGES       report changes in the reaction phase [500]
 #   BENCH_WORKERS       changes in flight at once [4]
 #   BENCH_STEADY_S      steady-state window [120]
+#   BENCH_REAL_PROBES   nodes published by real gpunode-probe processes (the rest by the load
+#                       generator) [16];  BENCH_REAL_ROUNDS: XIDs injected per real probe [16]
 #   BENCH_REPS          repetitions of the same-request limit sweep and of gpunode's convergence,
 #                       interleaved [5]
 #   BENCH_CONCURRENCY   requests in flight the limit sweeps [8,16,32,64,128,256,512]
@@ -68,7 +70,10 @@ if [[ ${BENCH_WORKTREE:-0} != 1 ]]; then
 		git archive HEAD | tar -x -C "$SRC"
 	fi
 fi
-(cd "$SRC" && CARGO_TARGET_DIR=$TARGET cargo build --release --locked -p gpunode-operator -p gpunode-bench)
+# The real probes (end-to-end reaction, probe cost) run the release probe and fake NVML library
+# that sit beside the bench binary.
+(cd "$SRC" && CARGO_TARGET_DIR=$TARGET cargo build --release --locked -p gpunode-operator -p gpunode-bench \
+	-p gpunode-probe -p fake-nvml)
 OPERATOR=$TARGET/release/gpunode-operator
 BENCH=$TARGET/release/gpunode-bench
 
@@ -112,7 +117,7 @@ for N in "${NS[@]}"; do
 	"$BENCH" run --nodes "$N" --kubeconfig "$kubeconfig" --audit-log "$D/logs/audit.log" \
 		--operator "$OPERATOR" --out "$out" --changes "${BENCH_CHANGES:-500}" \
 		--workers "${BENCH_WORKERS:-4}" --steady-s "${BENCH_STEADY_S:-120}" \
-		--reps "${BENCH_REPS:-5}" --concurrency "${BENCH_CONCURRENCY:-8,16,32,64,128,256,512}" --stagger-s "${BENCH_STAGGER_S:-60}" "${NFD_ARGS[@]}" "${perf[@]}" >/dev/null
+		--reps "${BENCH_REPS:-5}" --real-probes "${BENCH_REAL_PROBES:-16}" --real-rounds "${BENCH_REAL_ROUNDS:-16}" --concurrency "${BENCH_CONCURRENCY:-8,16,32,64,128,256,512}" --stagger-s "${BENCH_STAGGER_S:-60}" "${NFD_ARGS[@]}" "${perf[@]}" >/dev/null
 	cp "$out/n$N.json" "$out/reaction-$N.json" "$RESULTS/raw/"
 	if [[ -f $out/perf-$N.data ]]; then
 		perf report -i "$out/perf-$N.data" --stdio --no-children --sort symbol 2>/dev/null |

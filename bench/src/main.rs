@@ -11,6 +11,7 @@ mod loadgen;
 mod model;
 mod nfd;
 mod procs;
+mod realprobes;
 mod report;
 mod results;
 mod run;
@@ -73,6 +74,13 @@ enum Command {
         /// Repetitions of the limit sweep and of gpunode's convergence, interleaved.
         #[arg(long, default_value_t = 5)]
         reps: usize,
+        /// Nodes published by real gpunode-probe processes instead of the load generator
+        /// (end-to-end reaction, probe cost); 0 for none.
+        #[arg(long, default_value_t = 16)]
+        real_probes: usize,
+        /// XIDs injected per real probe.
+        #[arg(long, default_value_t = 16)]
+        real_rounds: usize,
         /// Record a perf profile of the operator during the reaction and steady phases.
         #[arg(long)]
         perf: bool,
@@ -149,6 +157,8 @@ fn main() -> ExitCode {
             nfd_deadline_s,
             concurrency,
             reps,
+            real_probes,
+            real_rounds,
             perf,
         } => {
             if nodes == 0 {
@@ -169,6 +179,8 @@ fn main() -> ExitCode {
                 nfd_deadline: Duration::from_secs(nfd_deadline_s),
                 concurrency,
                 reps,
+                real_probes,
+                real_rounds,
                 perf,
             };
             let runtime = match tokio::runtime::Runtime::new() {

@@ -200,6 +200,39 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
         );
     }
 
+    let _ = writeln!(
+        s,
+        "\n## Reaction as users live it (real probes: the probe's observation of an XID → taint visible)\n"
+    );
+    let _ = writeln!(
+        s,
+        "| N | real probes | samples | p50 ms | p90 ms | p99 ms | max ms | XID injected → taint p50/p99 ms | failures | probe CPU % of a core (median / max) | probe peak RSS MiB (max) |"
+    );
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in runs {
+        let Some(m) = &r.gpunode.real_probes else { continue };
+        let o = &m.observation_to_taint;
+        let cpu = crate::limit::Spread::of(&m.cpu_percent);
+        let rss = m.rss_peak_mib.iter().copied().fold(0.0, f64::max);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {:.3} / {:.3} | {} |",
+            r.n,
+            m.probes,
+            o.count,
+            f(o.p50_ms),
+            f(o.p90_ms),
+            f(o.p99_ms),
+            f(o.max_ms),
+            f(m.injection_to_taint.p50_ms),
+            f(m.injection_to_taint.p99_ms),
+            m.failures,
+            cpu.median,
+            cpu.max,
+            f(rss),
+        );
+    }
+
     let _ = writeln!(s, "\n## Cost\n");
     let _ = writeln!(
         s,
@@ -304,6 +337,24 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
             f(g.rss_peak_mib),
             verdict(g.rss_peak_mib * 1.048_576 < 100.0)
         ));
+        if let Some(m) = &r.gpunode.real_probes {
+            let o = &m.observation_to_taint;
+            items.push(format!(
+                "observation → taint p99 {} ms < 1000 ms ({} samples, {} failed): {}",
+                f(o.p99_ms),
+                o.count,
+                m.failures,
+                verdict(o.count > 0 && m.failures == 0 && o.p99_ms < 1000.0)
+            ));
+            let cpu = m.cpu_percent.iter().copied().fold(0.0, f64::max);
+            let rss = m.rss_peak_mib.iter().copied().fold(0.0, f64::max);
+            items.push(format!(
+                "probe CPU {cpu:.3} % of a core ≤ 0.2 %: {}; probe RSS {} MiB < 20 MB: {}",
+                verdict(!m.cpu_percent.is_empty() && cpu <= 0.2),
+                f(rss),
+                verdict(rss > 0.0 && rss * 1.048_576 < 20.0)
+            ));
+        }
         if r.n == 1000 {
             items.push(format!(
                 "reaction p50 {} ms < 200 ms: {}",

@@ -81,6 +81,9 @@ pub struct Gpunode {
     pub reaction_from_change: Latency,
     /// Recovered report written → taint removed (healthyFor 0s).
     pub recovery: Latency,
+    /// End to end with real probe processes (see `realprobes.rs`); absent when none ran.
+    #[serde(default)]
+    pub real_probes: Option<crate::realprobes::Measured>,
     /// Changes that timed out.
     pub reaction_failures: usize,
     /// Changes per second the reaction phase sustained.

@@ -28,6 +28,7 @@ use crate::{
     loadgen::LoadGen,
     nfd,
     procs::{self, Measured},
+    realprobes::RealProbes,
     results::{Latency, Limit, Requests, RunResult, Spread},
     tracker::{NODE_SELECTOR, Tracker},
 };
@@ -68,6 +69,10 @@ pub struct Args {
     pub concurrency: Vec<usize>,
     /// Repetitions of the sweep and of gpunode's convergence, interleaved.
     pub reps: usize,
+    /// Nodes published by real probe processes (the first ones, by name).
+    pub real_probes: usize,
+    /// XIDs injected per real probe.
+    pub real_rounds: usize,
     /// Record a CPU profile of the operator with perf during the reaction and steady phases.
     pub perf: bool,
 }
@@ -101,7 +106,7 @@ fn load_yaml(path: &Path) -> Result<serde_json::Value, Error> {
 }
 
 /// The benchmark policy: every check of the strict H100 policy (a realistic evaluation cost),
-/// Throttle → NoSchedule taint after 0s, recovery after 0s, and no budget or breaker, so the
+/// Throttle or a fatal XID → NoSchedule taint after 0s, recovery after 0s, and no budget or breaker, so the
 /// reaction phase measures the reaction and not the budget.
 pub fn policy() -> Result<serde_json::Value, Error> {
     let path = gpunode_e2e::fixtures::repo_root().join("operator/tests/fixtures/evaluate/strict-policy.yaml");
@@ -112,7 +117,7 @@ pub fn policy() -> Result<serde_json::Value, Error> {
         .ok_or_else(|| Error::Other("bad node selector".into()))?;
     p["spec"]["nodeSelector"] = json!({"matchLabels": {key: value}});
     p["spec"]["remediation"] =
-        json!([{"classes": ["Throttle"], "action": "Taint", "effect": "NoSchedule", "after": "0s"}]);
+        json!([{"classes": ["Throttle", "Xid"], "action": "Taint", "effect": "NoSchedule", "after": "0s"}]);
     p["spec"]["disruption"] = json!({"maxUnavailable": "100%", "circuitBreaker": {"maxDriftedPercent": 100}});
     p["spec"]["recovery"] = json!({"healthyFor": "0s"});
     Ok(p)
@@ -412,9 +417,16 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
         .await?;
     gpunode_e2e::crds::install(&client).await?;
 
-    // The load generator: every node's report written once, then heartbeats.
-    info!(n, stagger = ?args.stagger, "starting the load generator");
-    let load = LoadGen::start(&client, &names, report_template()?, args.stagger);
+    // Real probes on the first nodes, the load generator on the others: every node's report
+    // written once, then heartbeats.
+    let k = args.real_probes.min(n);
+    let real = if k > 0 {
+        Some(RealProbes::start(&client, &names[..k]).await?)
+    } else {
+        None
+    };
+    info!(n, real = k, stagger = ?args.stagger, "starting the load generator");
+    let load = LoadGen::start(&client, &names[k..], report_template()?, args.stagger);
     load.wait_all_published(args.stagger + Duration::from_secs(120) + Duration::from_millis(n as u64 * 100))
         .await?;
     info!(publishes = load.published(), "every report written");
@@ -527,12 +539,38 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
         "reaction measured"
     );
 
+    // End to end with the real probes.
+    if let Some(real) = &real {
+        info!(
+            probes = k,
+            rounds = args.real_rounds,
+            "measuring the real probes' reaction"
+        );
+        let m = real.reaction(&tracker, args.real_rounds).await;
+        info!(
+            p50 = m.observation_to_taint.p50_ms,
+            p99 = m.observation_to_taint.p99_ms,
+            samples = m.observation_to_taint.count,
+            failures = m.failures,
+            "real probes: observation to taint"
+        );
+        result.gpunode.real_probes = Some(m);
+    }
+    let probes_before = real.as_ref().map(RealProbes::sample);
+
     // Steady state: nothing changes but heartbeats (a measurement window, not a test).
     let published_before = load.published();
     let beats_before = load.stats.beats.load(std::sync::atomic::Ordering::Relaxed);
     tokio::time::sleep(args.steady).await;
     let s_steady = op.now()?;
     let t_steady_end = Timestamp::now();
+    if let (Some(real), Some(before), Some(m)) = (&real, probes_before, result.gpunode.real_probes.as_mut()) {
+        let secs = args.steady.as_secs_f64().max(1.0);
+        for (b, a) in before.iter().zip(real.sample()) {
+            m.cpu_percent.push((a.cpu_s - b.cpu_s) / secs * 100.0);
+            m.rss_peak_mib.push(a.hwm_mib);
+        }
+    }
     result.loadgen.insert(
         "steady_publishes_per_s".into(),
         (load.published() - published_before) as f64 / args.steady.as_secs_f64(),
@@ -637,6 +675,9 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
         load.stats.failed.load(std::sync::atomic::Ordering::Relaxed) as f64,
     );
     load.stop().await;
+    if let Some(real) = real {
+        real.stop(&client).await;
+    }
     result.load_avg.insert("end".into(), procs::load_avg());
 
     // Requests, as the API server logged them.

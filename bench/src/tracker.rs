@@ -41,6 +41,8 @@ pub struct NodeEntry {
     pub tainted: bool,
     /// When the taint last appeared or went.
     pub taint_changed_at: Instant,
+    /// The same moment on the wall clock (to compare with a probe's log, on this machine).
+    pub taint_changed_wall: jiff::Timestamp,
     /// First time the node carried NFD's label.
     pub nfd_at: Option<Instant>,
 }
@@ -117,6 +119,7 @@ impl Tracker {
 
     fn observe(&self, node: &Node) {
         let now = Instant::now();
+        let wall = jiff::Timestamp::now();
         let name = node.name_any();
         let state = node.labels().get(STATE_LABEL).cloned();
         let converged = state.is_some() && has_condition(node);
@@ -135,6 +138,7 @@ impl Tracker {
                 state: None,
                 tainted,
                 taint_changed_at: now,
+                taint_changed_wall: wall,
                 nfd_at: None,
             });
             e.state = state;
@@ -149,6 +153,7 @@ impl Tracker {
             if tainted != e.tainted {
                 e.tainted = tainted;
                 e.taint_changed_at = now;
+                e.taint_changed_wall = wall;
             }
             if nfd && e.nfd_at.is_none() {
                 e.nfd_at = Some(now);

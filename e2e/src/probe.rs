@@ -5,7 +5,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
     time::Duration,
@@ -20,12 +20,19 @@ fn io(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> Error {
     move |e| Error::Unexpected(format!("{what}: {e}"))
 }
 
-/// `target/<profile>/<name>`, from the running test's own path (`target/<profile>/deps/…`).
+/// `target/<profile>/<name>`, from the running program's own path: a test's
+/// (`target/<profile>/deps/…`) or a binary's beside it (`target/<profile>/…`, the benchmark).
 pub fn built(name: &str) -> Result<PathBuf, Error> {
     let exe = std::env::current_exe().map_err(io("current_exe"))?;
-    let p = exe
+    let dir = exe
         .parent()
-        .and_then(Path::parent)
+        .ok_or_else(|| Error::Unexpected("the running program has no directory".into()))?;
+    let beside = dir.join(name);
+    if dir.file_name().is_some_and(|d| d != "deps") && beside.exists() {
+        return Ok(beside);
+    }
+    let p = dir
+        .parent()
         .map(|d| d.join(name))
         .ok_or_else(|| Error::Unexpected("test binary has no target directory".into()))?;
     if p.exists() {
@@ -45,6 +52,11 @@ pub struct Probe {
 }
 
 impl Probe {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Every line it logged so far.
     pub fn lines(&self) -> Vec<String> {
         self.log.lock().map(|v| v.clone()).unwrap_or_default()
@@ -144,6 +156,28 @@ impl Host {
 
     /// [`Host::start_probe`] with more arguments (e.g. `--pod-resources-socket`).
     pub fn start_probe_with(&self, boot: &str, extra: &[&std::ffi::OsStr]) -> Result<Probe, Error> {
+        let timing = ["--interval", "500ms", "--heartbeat", "1s"].map(std::ffi::OsStr::new);
+        self.spawn_probe(boot, &timing, extra, "info")
+    }
+
+    /// The probe at its default timing (10-s observations, a Lease renewal a minute), with
+    /// `extra` arguments and `rust_log` as its log filter: the benchmark's real probes.
+    pub fn start_probe_at_defaults(
+        &self,
+        boot: &str,
+        extra: &[&std::ffi::OsStr],
+        rust_log: &str,
+    ) -> Result<Probe, Error> {
+        self.spawn_probe(boot, &[], extra, rust_log)
+    }
+
+    fn spawn_probe(
+        &self,
+        boot: &str,
+        timing: &[&std::ffi::OsStr],
+        extra: &[&std::ffi::OsStr],
+        rust_log: &str,
+    ) -> Result<Probe, Error> {
         let tree = repo_root().join("node-probe/tests/fixtures/sysfs/lossless-8port");
         let mut child = Command::new(built("gpunode-probe")?)
             .arg("--node-name")
@@ -158,12 +192,12 @@ impl Host {
             .arg(self.proc_root(boot)?)
             .arg("--state-dir")
             .arg(self.dir.join("state"))
-            .args(["--interval", "500ms", "--heartbeat", "1s"])
+            .args(timing)
             .args(["--metrics-addr", "127.0.0.1:0"])
             .args(extra)
             .env("FAKE_NVML_FIXTURE", self.fixture())
             .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .env_remove("GPUNODE_STATE_DIR")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -59,10 +59,6 @@ fn policy(node: &str, ns: &str) -> serde_json::Value {
     })
 }
 
-fn cordoned(n: &Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-}
-
 /// How many times gpunode published `reason` about `node` (an event the recorder aggregated
 /// into a series counts each repeat).
 async fn count(client: &Client, node: &str, reason: &str) -> i32 {
@@ -100,7 +96,8 @@ async fn released(client: &Client, node: &str) {
     let api: Api<Node> = Api::all(client.clone());
     wait::until(&format!("{node} released"), DEADLINE, || async {
         let n = api.get(node).await?;
-        let ok = !cordoned(&n) && nodes::label(&n, "gpunode.dev/state").as_deref() == Some("compliant");
+        let ok =
+            !nodes::cordoned(&n) && nodes::label(&n, "gpunode.dev/state").as_deref() == Some("compliant");
         Ok(ok.then_some(()))
     })
     .await

@@ -281,10 +281,6 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
     wave.cleanup().await;
 }
 
-fn cordoned(n: &k8s_openapi::api::core::v1::Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-}
-
 async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
     let wave = Wave::setup(client, &WaveSpec::drain("realprobe", 1, 2))
         .await
@@ -318,7 +314,8 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
     .await
     .unwrap();
     let n = nodes.get(&node).await.unwrap();
-    let held = cordoned(&n) && marks::label(&n, marks::STATE_LABEL).as_deref() == Some("drifted");
+    let held = gpunode_e2e::nodes::cordoned(&n)
+        && marks::label(&n, marks::STATE_LABEL).as_deref() == Some("drifted");
     let _ = second.kill();
     // The repair: a reboot. The XIDs of boot A are forgotten; the node returns after healthyFor.
     let third = host.start_probe("boot-b").unwrap();
@@ -326,10 +323,9 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
     let rebooted = Instant::now();
     wait::until("the node back in service", DEADLINE, || async {
         let n = nodes.get(&node).await?;
-        Ok(
-            (!cordoned(&n) && marks::label(&n, marks::STATE_LABEL).as_deref() == Some("compliant"))
-                .then_some(()),
-        )
+        Ok((!gpunode_e2e::nodes::cordoned(&n)
+            && marks::label(&n, marks::STATE_LABEL).as_deref() == Some("compliant"))
+        .then_some(()))
     })
     .await
     .unwrap();
@@ -350,7 +346,7 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
             held,
             format!(
                 "cordoned {}, state {:?}",
-                cordoned(&n),
+                gpunode_e2e::nodes::cordoned(&n),
                 marks::label(&n, marks::STATE_LABEL)
             ),
         ),

@@ -36,10 +36,6 @@ const HEALTHY_FOR: Duration = Duration::from_secs(5);
 /// well over the operator's reaction time to a report.
 const MARGIN: Duration = Duration::from_secs(4);
 
-fn cordoned(n: &Node) -> bool {
-    n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-}
-
 fn state(n: &Node) -> Option<String> {
     n.metadata
         .labels
@@ -108,7 +104,7 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
     host.inject_xid(5, 79).unwrap();
     wait::until("the node drifted and cordoned for XID 79", DEADLINE, || async {
         let n = node_api.get(&node).await?;
-        Ok((state(&n).as_deref() == Some("drifted") && cordoned(&n)).then_some(()))
+        Ok((state(&n).as_deref() == Some("drifted") && nodes::cordoned(&n)).then_some(()))
     })
     .await
     .unwrap();
@@ -141,12 +137,12 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
         HEALTHY_FOR + MARGIN + DEADLINE,
         || async {
             let n = node_api.get(&node).await?;
-            if !cordoned(&n) || state(&n).as_deref() != Some("drifted") {
+            if !nodes::cordoned(&n) || state(&n).as_deref() != Some("drifted") {
                 panic!(
                     "{:?} after the restarted probe's report, the node is {:?}, cordoned: {}",
                     published.elapsed(),
                     state(&n),
-                    cordoned(&n)
+                    nodes::cordoned(&n)
                 );
             }
             Ok((published.elapsed() >= HEALTHY_FOR + MARGIN).then_some(()))
@@ -165,7 +161,7 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
     assert_eq!(xids, Vec::<u32>::new());
     wait::until("the node uncordoned and compliant", DEADLINE, || async {
         let n = node_api.get(&node).await?;
-        Ok((!cordoned(&n) && state(&n).as_deref() == Some("compliant")).then_some(()))
+        Ok((!nodes::cordoned(&n) && state(&n).as_deref() == Some("compliant")).then_some(()))
     })
     .await
     .unwrap();

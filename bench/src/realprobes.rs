@@ -1,0 +1,202 @@
+//! Reaction as users live it: real `gpunode-probe` processes (release build, the fake NVML
+//! library, the chart's probe ServiceAccount with its own-node admission policy, default
+//! intervals) on some of the benchmark's nodes, beside the load-generated fleet. An XID is
+//! injected through the fake NVML (it reaches the probe's event set as a real one would); the
+//! probe's woken observation, its report, the operator's pass and the taint follow. Timed from
+//! the probe's own log line for that observation (`observed reason="xid"`, microseconds, this
+//! machine's clock) to the benchmark's node watch seeing the taint. Then the node "reboots" (a
+//! new boot id, a healthy fixture): the fatal XID belongs to the old boot, the next periodic
+//! observation (≤ 10 s) is clean and the taint goes.
+
+use std::ffi::OsStr;
+use std::time::{Duration, Instant};
+
+use gpunode_e2e::probe::{Host, Probe};
+use jiff::Timestamp;
+use kube::Client;
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::error::Error;
+use crate::procs;
+use crate::results::Latency;
+use crate::tracker::Tracker;
+
+/// The XID injected: 79, the GPU has fallen off the bus (fatal in every policy).
+const XID: u32 = 79;
+/// nvmlEventTypeXidCriticalError.
+const XID_EVENT: u32 = 8;
+const BOOT0: &str = "boot-0";
+
+/// Real probes, one per node.
+pub struct RealProbes {
+    hosts: Vec<Host>,
+    probes: Vec<Probe>,
+}
+
+/// What the real probes measured.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Measured {
+    /// Real probe processes.
+    pub probes: usize,
+    /// The probe's observation of the XID → taint visible.
+    pub observation_to_taint: Latency,
+    /// XID injected into the fixture → taint visible (adds the fake library's 100-ms poll of
+    /// its fixture, which a real driver does not have, and the probe's wake-up).
+    pub injection_to_taint: Latency,
+    /// Injections that did not end in a taint within the deadline, or whose observation was not
+    /// found in the probe's log.
+    pub failures: usize,
+    /// Per probe at default intervals over the steady phase: CPU as % of one core.
+    pub cpu_percent: Vec<f64>,
+    /// Per probe: peak RSS (VmHWM), MiB.
+    pub rss_peak_mib: Vec<f64>,
+}
+
+/// The log's timestamp of the first `observed reason="xid"` line at or after `after`.
+fn xid_observation(lines: &[String], after: Timestamp) -> Option<Timestamp> {
+    lines.iter().find_map(|line| {
+        let v: Value = serde_json::from_str(line).ok()?;
+        let fields = v.get("fields")?;
+        if fields.get("message")?.as_str()? != "observed" || fields.get("reason")?.as_str()? != "xid" {
+            return None;
+        }
+        let at: Timestamp = v.get("timestamp")?.as_str()?.parse().ok()?;
+        (at >= after).then_some(at)
+    })
+}
+
+fn ms(from: Timestamp, to: Timestamp) -> f64 {
+    (to.as_nanosecond() - from.as_nanosecond()) as f64 / 1e6
+}
+
+impl RealProbes {
+    /// Starts a probe for each of `names` (their reports are written within a second).
+    pub async fn start(admin: &Client, names: &[String]) -> Result<RealProbes, Error> {
+        let (mut hosts, mut probes) = (Vec::new(), Vec::new());
+        for name in names {
+            let host = Host::prepare(admin, name).await?;
+            let probe = host.start_probe_at_defaults(
+                BOOT0,
+                &[OsStr::new("--log-format"), OsStr::new("json")],
+                "info,gpunode_probe::publish=debug",
+            )?;
+            hosts.push(host);
+            probes.push(probe);
+        }
+        info!(probes = probes.len(), "real probes started");
+        Ok(RealProbes { hosts, probes })
+    }
+
+    /// CPU seconds and peak RSS of each probe now.
+    pub fn sample(&self) -> Vec<procs::Sample> {
+        let ticks = procs::clock_ticks();
+        self.probes
+            .iter()
+            .map(|p| procs::sample(p.pid(), ticks).unwrap_or_default())
+            .collect()
+    }
+
+    /// `rounds` XIDs per probe, the probes in parallel.
+    pub async fn reaction(&self, tracker: &Tracker, rounds: usize) -> Measured {
+        let runs = self.hosts.iter().zip(&self.probes).map(|(host, probe)| async move {
+            let (mut obs, mut inj, mut failed) = (Vec::new(), Vec::new(), 0usize);
+            for k in 0..rounds {
+                let name = host.node.clone();
+                let (t_inject, i_inject) = (Timestamp::now(), Instant::now());
+                let id = 1000 + k as u64;
+                if let Err(e) = host.edit_fixture(|f| {
+                    f["devices"][0]["events"] = json!([{"id": id, "type": XID_EVENT, "xid": XID}]);
+                }) {
+                    warn!(node = %name, error = %e, "injecting an XID");
+                    failed += 1;
+                    continue;
+                }
+                let tainted = tracker
+                    .wait("taint after an XID", Duration::from_secs(60), |s| {
+                        s.nodes
+                            .get(&name)
+                            .filter(|e| e.tainted && e.taint_changed_at > i_inject)
+                            .map(|e| e.taint_changed_wall)
+                    })
+                    .await;
+                match (tainted, xid_observation(&probe.lines(), t_inject)) {
+                    (Ok(t), Some(seen)) => {
+                        obs.push(ms(seen, t));
+                        inj.push(ms(t_inject, t));
+                    }
+                    (t, seen) => {
+                        warn!(node = %name, taint = ?t.err(), observed = ?seen, "an XID did not end in a taint");
+                        failed += 1;
+                    }
+                }
+                // A reboot: new boot id, healthy GPUs; the taint goes at the next observation.
+                let reboot = Instant::now();
+                if let Err(e) = host.reboot(BOOT0, &format!("boot-{}", k + 1)) {
+                    warn!(node = %name, error = %e, "rebooting");
+                    failed += 1;
+                    break;
+                }
+                let cleared = tracker
+                    .wait("taint gone after a reboot", Duration::from_secs(60), |s| {
+                        s.nodes
+                            .get(&name)
+                            .filter(|e| !e.tainted && e.taint_changed_at > reboot)
+                            .map(|_| ())
+                    })
+                    .await;
+                if cleared.is_err() {
+                    warn!(node = %name, "the taint stayed after a reboot");
+                    failed += 1;
+                    break;
+                }
+            }
+            (obs, inj, failed)
+        });
+        let mut m = Measured {
+            probes: self.probes.len(),
+            ..Measured::default()
+        };
+        let (mut obs, mut inj) = (Vec::new(), Vec::new());
+        for (o, i, f) in futures::future::join_all(runs).await {
+            obs.extend(o);
+            inj.extend(i);
+            m.failures += f;
+        }
+        m.observation_to_taint = Latency::of(&obs);
+        m.injection_to_taint = Latency::of(&inj);
+        m
+    }
+
+    /// Kills the probes and removes their files and pods.
+    pub async fn stop(self, admin: &Client) {
+        for p in self.probes {
+            let _ = p.kill();
+        }
+        for h in &self.hosts {
+            h.cleanup(admin).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_observation_is_the_first_xid_line_after_the_injection() {
+        let lines = [
+            r#"{"timestamp":"2026-12-02T10:00:00.100000Z","level":"DEBUG","fields":{"message":"observed","reason":"xid"}}"#,
+            r#"{"timestamp":"2026-12-02T10:00:01.000000Z","level":"DEBUG","fields":{"message":"observed","reason":"interval"}}"#,
+            "not json",
+            r#"{"timestamp":"2026-12-02T10:00:01.250000Z","level":"DEBUG","fields":{"message":"observed","reason":"xid"}}"#,
+        ]
+        .map(String::from);
+        let after: Timestamp = "2026-12-02T10:00:00.500Z".parse().unwrap();
+        let seen = xid_observation(&lines, after).unwrap();
+        assert_eq!(seen, "2026-12-02T10:00:01.25Z".parse::<Timestamp>().unwrap());
+        assert!((ms(after, seen) - 750.0).abs() < 1e-6);
+        let late: Timestamp = "2026-12-02T10:00:02Z".parse().unwrap();
+        assert!(xid_observation(&lines, late).is_none());
+    }
+}
