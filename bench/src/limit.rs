@@ -120,7 +120,7 @@ pub async fn capture(api: &Api<Node>) -> Result<Vec<Body>, Error> {
 pub struct Sample {
     /// Requests in flight.
     pub concurrency: usize,
-    /// Writes made (whole rounds over the nodes, at least `min_writes`).
+    /// Writes made.
     pub writes: usize,
     /// Failed writes.
     pub errors: u64,
@@ -130,14 +130,19 @@ pub struct Sample {
     pub rate: f64,
 }
 
-/// Applies every node's body, in whole rounds, at least `min_writes` writes, `concurrency` in
-/// flight, with `api` (the operator's identity).
-pub async fn pass(api: &Api<Node>, bodies: &[Body], concurrency: usize, min_writes: usize) -> Sample {
-    let rounds = min_writes.div_ceil(bodies.len().max(1)).max(1);
-    let writes = rounds * bodies.len();
+/// `writes` applies of the nodes' bodies, going round the nodes, `concurrency` in flight, with
+/// `api` (the operator's identity). Fewer writes than nodes touch the first nodes only: the
+/// same request whichever node it names.
+pub async fn pass(api: &Api<Node>, bodies: &[Body], concurrency: usize, writes: usize) -> Sample {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let start = Instant::now();
-    let errors: u64 = futures::stream::iter((0..rounds).flat_map(|_| bodies.iter()))
+    let errors: u64 =
+        futures::stream::iter(
+            bodies
+                .iter()
+                .cycle()
+                .take(if bodies.is_empty() { 0 } else { writes }),
+        )
         .map(|body| {
             let (api, params) = (api, &params);
             async move {

@@ -39,6 +39,8 @@ pub const OPERATOR_NAMESPACE: &str = "gpunode-system";
 pub const OPERATOR_SA: &str = "gpunode-operator";
 /// The benchmark policy's name.
 pub const POLICY: &str = "bench";
+/// Writes per pass of the limit's sweep (at least 8 per request in flight).
+const LIMIT_WRITES: usize = 1000;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -348,7 +350,7 @@ async fn limit_and_convergence(
         for i in 0..args.concurrency.len() {
             let c = args.concurrency[(i + rep) % k];
             out.samples
-                .push(limit::pass(&as_operator, &bodies, c, 1000).await);
+                .push(limit::pass(&as_operator, &bodies, c, LIMIT_WRITES.max(c * 8)).await);
         }
     }
     for &c in &args.concurrency {
