@@ -103,7 +103,7 @@ measure "report status, server-side apply (a report heartbeat)" "$REPORT/status?
 measure "report status, merge patch of observedAt only" "$REPORT/status?fieldManager=bench" PATCH application/merge-patch+json "$W/merge-" report_merge
 measure "heartbeat Lease, server-side apply (what the probe writes now)" "$API/apis/coordination.k8s.io/v1/namespaces/gpunode-system/leases/gpunode-probe-$NODE?fieldManager=gpunode-node-probe&force=true" PATCH application/apply-patch+yaml "$W/lease-" lease_apply
 measure "Node label, merge patch" "$API/api/v1/nodes/$NODE?fieldManager=bench" PATCH application/merge-patch+json "$W/label-" node_label_merge
-measure "Node status, server-side apply (gpunode's record of a node)" "$API/api/v1/nodes/$NODE/status?fieldManager=gpunode-operator&force=true" PATCH application/apply-patch+yaml "$W/record-" node_record_apply
+measure "Node status, server-side apply (gpunode records a node)" "$API/api/v1/nodes/$NODE/status?fieldManager=gpunode-operator&force=true" PATCH application/apply-patch+yaml "$W/record-" node_record_apply
 measure "report, get" "$REPORT" GET "" "" report_get
 if [[ -n ${WRITE_COST_JSON:-} ]]; then
 	python3 - "$W/figures.jsonl" "$N" "$("$GPUNODE_KUBE_APISERVER" --version | cut -d' ' -f2)" "$(git rev-parse --short=12 HEAD)" >"$WRITE_COST_JSON" <<'PY'
