@@ -393,6 +393,8 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     };
     result.load_avg.insert("start".into(), procs::load_avg());
     let (client, kc) = admin(&args.kubeconfig).await?;
+    // The e2e helpers the real probes use (accounts, tokens, kubeconfigs) talk to this cluster.
+    gpunode_e2e::cluster::use_admin_kubeconfig(args.kubeconfig.clone());
 
     let nodes: Api<Node> = Api::all(client.clone());
     let mut names: Vec<String> = nodes
