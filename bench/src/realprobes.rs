@@ -4,9 +4,9 @@
 //! injected through the fake NVML (it reaches the probe's event set as a real one would); the
 //! probe's woken observation, its report, the operator's pass and the taint follow. Timed from
 //! the probe's own log line for that observation (`observed reason="xid"`, microseconds, this
-//! machine's clock) to the benchmark's node watch seeing the taint. Then the node "reboots" (a
-//! new boot id, a healthy fixture): the fatal XID belongs to the old boot, the next periodic
-//! observation (≤ 10 s) is clean and the taint goes.
+//! machine's clock) to the benchmark's node watch seeing the taint. Then the node "reboots": the
+//! probe is restarted on a new boot id with a healthy fixture, the fatal XID belongs to the old
+//! boot, its first report is clean and the taint goes.
 
 use std::ffi::OsStr;
 use std::time::{Duration, Instant};
@@ -27,6 +27,8 @@ const XID: u32 = 79;
 /// nvmlEventTypeXidCriticalError.
 const XID_EVENT: u32 = 8;
 const BOOT0: &str = "boot-0";
+/// The probes log their observations (debug) as JSON lines.
+const PROBE_LOG: &str = "info,gpunode_probe::publish=debug";
 
 /// Real probes, one per node.
 pub struct RealProbes {
@@ -79,7 +81,7 @@ impl RealProbes {
             let probe = host.start_probe_at_defaults(
                 BOOT0,
                 &[OsStr::new("--log-format"), OsStr::new("json")],
-                "info,gpunode_probe::publish=debug",
+                PROBE_LOG,
             )?;
             hosts.push(host);
             probes.push(probe);
@@ -98,8 +100,9 @@ impl RealProbes {
     }
 
     /// `rounds` XIDs per probe, the probes in parallel.
-    pub async fn reaction(&self, tracker: &Tracker, rounds: usize) -> Measured {
-        let runs = self.hosts.iter().zip(&self.probes).map(|(host, probe)| async move {
+    pub async fn reaction(&mut self, tracker: &Tracker, rounds: usize) -> Measured {
+        let probes = std::mem::take(&mut self.probes);
+        let runs = self.hosts.iter().zip(probes).map(|(host, mut probe)| async move {
             let (mut obs, mut inj, mut failed) = (Vec::new(), Vec::new(), 0usize);
             for k in 0..rounds {
                 let name = host.node.clone();
@@ -130,13 +133,24 @@ impl RealProbes {
                         failed += 1;
                     }
                 }
-                // A reboot: new boot id, healthy GPUs; the taint goes at the next observation.
+                // A reboot: every process starts again, the probe too, on a new boot id with
+                // healthy GPUs; the fatal XID belonged to the old boot, and the taint goes.
                 let reboot = Instant::now();
-                if let Err(e) = host.reboot(BOOT0, &format!("boot-{}", k + 1)) {
-                    warn!(node = %name, error = %e, "rebooting");
-                    failed += 1;
-                    break;
-                }
+                let _ = probe.kill();
+                let restarted = host.reboot(BOOT0, &format!("boot-{}", k + 1)).and_then(|()| {
+                    host.start_probe_at_defaults(
+                        BOOT0,
+                        &[OsStr::new("--log-format"), OsStr::new("json")],
+                        PROBE_LOG,
+                    )
+                });
+                probe = match restarted {
+                    Ok(p) => p,
+                    Err(e) => {
+                        warn!(node = %name, error = %e, "rebooting");
+                        return (obs, inj, failed + 1, None);
+                    }
+                };
                 let cleared = tracker
                     .wait("taint gone after a reboot", Duration::from_secs(60), |s| {
                         s.nodes
@@ -151,17 +165,18 @@ impl RealProbes {
                     break;
                 }
             }
-            (obs, inj, failed)
+            (obs, inj, failed, Some(probe))
         });
         let mut m = Measured {
             probes: self.probes.len(),
             ..Measured::default()
         };
         let (mut obs, mut inj) = (Vec::new(), Vec::new());
-        for (o, i, f) in futures::future::join_all(runs).await {
+        for (o, i, f, probe) in futures::future::join_all(runs).await {
             obs.extend(o);
             inj.extend(i);
             m.failures += f;
+            self.probes.extend(probe);
         }
         m.observation_to_taint = Latency::of(&obs);
         m.injection_to_taint = Latency::of(&inj);

@@ -39,7 +39,7 @@ pub const OPERATOR_NAMESPACE: &str = "gpunode-system";
 pub const OPERATOR_SA: &str = "gpunode-operator";
 /// The benchmark policy's name.
 pub const POLICY: &str = "bench";
-/// Writes per pass of the limit's sweep (at least 8 per request in flight).
+/// Writes per pass of the limit's sweep (at least 2 per request in flight).
 const LIMIT_WRITES: usize = 1000;
 
 /// What to run.
@@ -350,7 +350,7 @@ async fn limit_and_convergence(
         for i in 0..args.concurrency.len() {
             let c = args.concurrency[(i + rep) % k];
             out.samples
-                .push(limit::pass(&as_operator, &bodies, c, LIMIT_WRITES.max(c * 8)).await);
+                .push(limit::pass(&as_operator, &bodies, c, LIMIT_WRITES.max(c * 2)).await);
         }
     }
     for &c in &args.concurrency {
@@ -424,7 +424,7 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     // Real probes on the first nodes, the load generator on the others: every node's report
     // written once, then heartbeats.
     let k = args.real_probes.min(n);
-    let real = if k > 0 {
+    let mut real = if k > 0 {
         Some(RealProbes::start(&client, &names[..k]).await?)
     } else {
         None
@@ -544,7 +544,7 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     );
 
     // End to end with the real probes.
-    if let Some(real) = &real {
+    if let Some(real) = real.as_mut() {
         info!(
             probes = k,
             rounds = args.real_rounds,

@@ -53,6 +53,22 @@ fn forbidden(e: &watcher::Error) -> bool {
     }
 }
 
+/// Publishes `new` unless it equals what the receivers hold: only a change of what the probe
+/// decides by (a policy's spec, a policy added or removed) wakes the publish loop. The operator
+/// rewrites a policy's status up to once a second while nodes change, and each rewrite is a
+/// watch event; waking on those made the probe observe every second and held a following XID
+/// back behind that observation.
+fn send_if_changed(tx: &watch::Sender<Known>, new: Known) -> bool {
+    tx.send_if_modified(|held| {
+        if *held == new {
+            false
+        } else {
+            *held = new;
+            true
+        }
+    })
+}
+
 async fn run(api: Api<GpuNodePolicy>, tx: watch::Sender<Known>, state: Arc<ProbeState>) {
     // Policies by name; `listing` buffers a relist until it is complete.
     let mut current: BTreeMap<String, KnownPolicy> = BTreeMap::new();
@@ -88,21 +104,21 @@ async fn run(api: Api<GpuNodePolicy>, tx: watch::Sender<Known>, state: Arc<Probe
                 synced = true;
                 warned_forbidden = false;
                 state.set_policies(Some(current.len()));
-                tx.send_replace(known(&current));
+                send_if_changed(&tx, known(&current));
             }
             Ok(Event::Apply(p)) => {
                 let (name, policy) = entry(p);
                 current.insert(name, policy);
                 if synced {
                     state.set_policies(Some(current.len()));
-                    tx.send_replace(known(&current));
+                    send_if_changed(&tx, known(&current));
                 }
             }
             Ok(Event::Delete(p)) => {
                 current.remove(&p.name_any());
                 if synced {
                     state.set_policies(Some(current.len()));
-                    tx.send_replace(known(&current));
+                    send_if_changed(&tx, known(&current));
                 }
             }
             Err(e) => {
@@ -135,6 +151,29 @@ mod tests {
 
     fn status(code: u16) -> kube::core::Status {
         kube::core::Status::failure("refused", "Forbidden").with_code(code)
+    }
+
+    fn policy(name: &str, max_celsius: i32) -> KnownPolicy {
+        KnownPolicy {
+            name: name.into(),
+            spec: serde_json::from_value(serde_json::json!({"cooling": {"maxGpuCelsius": max_celsius}}))
+                .unwrap(),
+        }
+    }
+
+    #[test]
+    fn only_a_change_of_what_the_probe_decides_by_wakes_the_loop() {
+        let (tx, mut rx) = watch::channel::<Known>(None);
+        let one = |c| Some(Arc::new(vec![policy("p", c)]));
+        assert!(send_if_changed(&tx, one(85)), "first view");
+        assert!(rx.has_changed().unwrap());
+        rx.borrow_and_update();
+        // The same specs again (a status rewrite, a relist): nothing to wake for.
+        assert!(!send_if_changed(&tx, one(85)));
+        assert!(!rx.has_changed().unwrap());
+        assert!(send_if_changed(&tx, one(80)), "a spec changed");
+        assert!(send_if_changed(&tx, None), "the watch failed: fall back");
+        assert!(send_if_changed(&tx, one(80)), "listed again");
     }
 
     #[test]

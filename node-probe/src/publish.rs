@@ -366,10 +366,12 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
     tokio::pin!(shutdown);
     let start = Instant::now();
     let mut next_tick = start;
-    // The last observation a notification (an XID, a policy change) triggered: the storm bound
-    // counts from it alone. Counting from any observation made a notification that came just
-    // after a periodic one wait for `min_gap` behind a timer that has nothing to do with it.
-    let mut last_woken: Option<Instant> = None;
+    // The last observation an XID, and the last a policy change, triggered: each storm bound
+    // counts from its own kind alone. Counting from any observation made a notification that
+    // came just after a periodic (or the other kind's) observation wait for `min_gap` behind a
+    // timer that had nothing to do with it.
+    let mut last_xid_observe: Option<Instant> = None;
+    let mut last_policy_observe: Option<Instant> = None;
     let mut xid_pending = false;
     let mut policy_pending = false;
     let mut published: Option<GpuNodeReportStatus> = None;
@@ -385,11 +387,14 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
     let mut backoff = config.backoff_initial;
 
     loop {
-        let observe_at = if xid_pending || policy_pending {
-            next_tick.min(last_woken.map_or(start, |t| t + config.min_gap))
-        } else {
-            next_tick
-        };
+        let allowed = |last: Option<Instant>| last.map_or(start, |t| t + config.min_gap);
+        let mut observe_at = next_tick;
+        if xid_pending {
+            observe_at = observe_at.min(allowed(last_xid_observe));
+        }
+        if policy_pending {
+            observe_at = observe_at.min(allowed(last_policy_observe));
+        }
         // When what waits may be written: after the backoff or `min_gap`, and a recovery only
         // `recovery_gap` after the last report write.
         let wake = match &pending {
@@ -450,8 +455,11 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
                 }
             };
             tracing::debug!(reason, "observed");
-            if xid_pending || policy_pending {
-                last_woken = Some(now);
+            if xid_pending {
+                last_xid_observe = Some(now);
+            }
+            if policy_pending {
+                last_policy_observe = Some(now);
             }
             xid_pending = false;
             policy_pending = false;

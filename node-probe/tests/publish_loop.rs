@@ -336,6 +336,43 @@ async fn a_notification_just_after_a_periodic_observation_is_not_held_back() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn an_xid_just_after_a_policy_change_is_not_held_back() {
+    let (policies, rx) = watch::channel(known(vec![max_gpu_celsius(90)]));
+    let h = start_with(PublishConfig::default(), Arc::new(Scripted::default()), Some(rx));
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await
+    );
+    h.run_for(Duration::from_secs(3)).await;
+    let before = h.observer.count.load(Ordering::SeqCst);
+    policies.send_replace(known(vec![max_gpu_celsius(95)]));
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h
+            .observer
+            .count
+            .load(Ordering::SeqCst)
+            > before)
+            .await,
+        "a policy change is observed"
+    );
+    h.run_for(Duration::from_millis(200)).await;
+    *h.observer.throttled.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    let sent = Instant::now();
+    let published = h.sink.published().len();
+    h.xid_tx.send_replace(1);
+    assert!(
+        h.wait_for(Duration::from_secs(3), |h| h.sink.published().len() > published)
+            .await
+    );
+    let waited = last(&h.sink).unwrap().duration_since(sent);
+    assert!(
+        waited < Duration::from_millis(100),
+        "published {waited:?} after the XID"
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_change_right_after_a_lease_renewal_is_written_at_once() {
     let h = start(PublishConfig::default());
     h.sink.lease.store(true, Ordering::SeqCst);
