@@ -26,6 +26,7 @@ use crate::tracker::Tracker;
 const XID: u32 = 79;
 /// nvmlEventTypeXidCriticalError.
 const XID_EVENT: u32 = 8;
+/// The first boot; the k-th reboot starts `boot-k`.
 const BOOT0: &str = "boot-0";
 /// The probes log their observations (debug) as JSON lines.
 const PROBE_LOG: &str = "info,gpunode_probe::publish=debug";
@@ -137,9 +138,10 @@ impl RealProbes {
                 // healthy GPUs; the fatal XID belonged to the old boot, and the taint goes.
                 let reboot = Instant::now();
                 let _ = probe.kill();
-                let restarted = host.reboot(BOOT0, &format!("boot-{}", k + 1)).and_then(|()| {
+                let (was, boot) = (format!("boot-{k}"), format!("boot-{}", k + 1));
+                let restarted = host.reboot(&was, &boot).and_then(|()| {
                     host.start_probe_at_defaults(
-                        BOOT0,
+                        &boot,
                         &[OsStr::new("--log-format"), OsStr::new("json")],
                         PROBE_LOG,
                     )
