@@ -263,6 +263,13 @@ async fn reaction(
     out
 }
 
+/// Starts gpunode-operator as `spec` says, logging to `log`, and waits until its caches synced.
+async fn start_operator(spec: &operator::Spec, log: &Path) -> Result<Measured, Error> {
+    let mut op = Measured::spawn_command("gpunode-operator", spec.command(), log)?;
+    wait_ready(&mut op, spec.metrics_addr, Duration::from_secs(300)).await?;
+    Ok(op)
+}
+
 /// gpunode's convergence once more, on a fresh operator process: every node released (the policy
 /// deleted and gone), then the policy created again. Seconds from the create to the last node
 /// converged.
@@ -276,12 +283,7 @@ async fn converge_again(
 ) -> Result<f64, Error> {
     let n = args.n;
     let timeout = Duration::from_secs(600) + Duration::from_millis(n as u64 * 200);
-    let mut op = Measured::spawn_command(
-        "gpunode-operator",
-        spec.command(),
-        &args.out.join(format!("operator-{n}-rep{rep}.log")),
-    )?;
-    wait_ready(&mut op, spec.metrics_addr, Duration::from_secs(300)).await?;
+    let op = start_operator(spec, &args.out.join(format!("operator-{n}-rep{rep}.log"))).await?;
     policies.delete(POLICY, &DeleteParams::default()).await?;
     tracker
         .wait("every node released", timeout, |s| {
@@ -451,12 +453,7 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     };
     let t_start = Timestamp::now();
     result.load_avg.insert("before_gpunode".into(), procs::load_avg());
-    let mut op = Measured::spawn_command(
-        "gpunode-operator",
-        spec.command(),
-        &args.out.join(format!("operator-{n}.log")),
-    )?;
-    wait_ready(&mut op, spec.metrics_addr, Duration::from_secs(300)).await?;
+    let mut op = start_operator(&spec, &args.out.join(format!("operator-{n}.log"))).await?;
     let s_synced = op.now()?;
     result.gpunode.rss_synced_mib = s_synced.rss_mib;
     info!(rss_mib = s_synced.rss_mib, "operator caches synced");

@@ -299,9 +299,20 @@ async fn an_xid_notification_observes_and_publishes_immediately() {
     h.stop().await;
 }
 
-/// The last report `sink` published, and when.
-fn last(sink: &Recorder) -> Option<Instant> {
-    sink.published().last().map(|(t, _)| *t)
+/// GPU 0 starts throttling and an XID notification arrives: how long until the report that
+/// shows it was published (panics if none within 3 s).
+async fn throttled_by_an_xid(h: &Harness) -> Duration {
+    *h.observer.throttled.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    let published = h.sink.published().len();
+    let sent = Instant::now();
+    h.xid_tx.send_replace(1);
+    assert!(
+        h.wait_for(Duration::from_secs(3), |h| h.sink.published().len() > published)
+            .await,
+        "the change was not published"
+    );
+    let (at, _) = h.sink.published()[published];
+    at.duration_since(sent)
 }
 
 #[tokio::test(start_paused = true)]
@@ -319,15 +330,8 @@ async fn a_notification_just_after_a_periodic_observation_is_not_held_back() {
         at >= Duration::from_secs(10) && at < Duration::from_millis(10_200),
         "{at:?}"
     );
-    *h.observer.throttled.lock().unwrap_or_else(|e| e.into_inner()) = true;
-    let sent = Instant::now();
-    h.xid_tx.send_replace(1);
-    assert!(
-        h.wait_for(Duration::from_secs(3), |h| h.sink.published().len() == 2)
-            .await
-    );
     // Not 1 s after the periodic observation (min_gap counts from notified observations only).
-    let waited = last(&h.sink).unwrap().duration_since(sent);
+    let waited = throttled_by_an_xid(&h).await;
     assert!(
         waited < Duration::from_millis(100),
         "published {waited:?} after the XID"
@@ -356,15 +360,7 @@ async fn an_xid_just_after_a_policy_change_is_not_held_back() {
         "a policy change is observed"
     );
     h.run_for(Duration::from_millis(200)).await;
-    *h.observer.throttled.lock().unwrap_or_else(|e| e.into_inner()) = true;
-    let sent = Instant::now();
-    let published = h.sink.published().len();
-    h.xid_tx.send_replace(1);
-    assert!(
-        h.wait_for(Duration::from_secs(3), |h| h.sink.published().len() > published)
-            .await
-    );
-    let waited = last(&h.sink).unwrap().duration_since(sent);
+    let waited = throttled_by_an_xid(&h).await;
     assert!(
         waited < Duration::from_millis(100),
         "published {waited:?} after the XID"
@@ -385,13 +381,8 @@ async fn a_change_right_after_a_lease_renewal_is_written_at_once() {
             .await
     );
     let beat = h.sink.beats()[0];
-    *h.observer.throttled.lock().unwrap_or_else(|e| e.into_inner()) = true;
-    h.xid_tx.send_replace(1);
-    assert!(
-        h.wait_for(Duration::from_secs(3), |h| h.sink.published().len() == 2)
-            .await
-    );
-    let after = last(&h.sink).unwrap().duration_since(beat);
+    let since_beat = Instant::now().duration_since(beat);
+    let after = since_beat + throttled_by_an_xid(&h).await;
     assert!(
         after < Duration::from_millis(200),
         "the report was written {after:?} after the Lease renewal"
