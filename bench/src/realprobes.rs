@@ -28,7 +28,7 @@ const XID: u32 = 79;
 const XID_EVENT: u32 = 8;
 /// The first boot; the k-th reboot starts `boot-k`.
 const BOOT0: &str = "boot-0";
-/// The probe's default `--min-gap` between report writes.
+/// The probe's shortest gap between report writes (`PublishConfig::min_gap`, not a flag).
 const MIN_GAP: Duration = Duration::from_secs(1);
 /// The probes log their observations (debug) as JSON lines.
 const PROBE_LOG: &str = "info,gpunode_probe::publish=debug";
@@ -82,7 +82,7 @@ fn last_publish(lines: &[String]) -> Option<Timestamp> {
 }
 
 /// Waits until the probe's last report write is `MIN_GAP` old (at most 5 s): the probe writes
-/// its report at most once per `--min-gap` (1 s by default, the XID-storm bound), so an XID in
+/// its report at most once a second (`min_gap`, the XID-storm bound), so an XID in
 /// the second after a write waits for that bound by design. The benchmark times an XID on a
 /// quiet probe, as a fault on a healthy node arrives.
 async fn quiet(probe: &Probe) {

@@ -76,7 +76,7 @@ CASES=(
 for round in $(seq "$ROUNDS"); do
 	for c in "${CASES[@]}"; do
 		read -r class kind what <<<"$c"
-		# The probe writes its report at most once per --min-gap (1 s, its XID-storm bound): a
+		# The probe writes its report at most once a second (its XID-storm bound): a
 		# change in the second after the last write waits for it by design. Switch on a quiet probe.
 		sleep 1.1
 		n=$(published)
