@@ -249,10 +249,7 @@ async fn unchanged_observations_publish_only_at_the_heartbeat() {
 #[tokio::test(start_paused = true)]
 async fn a_material_change_publishes_at_once_and_noise_does_not() {
     let h = start(PublishConfig::default());
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     // Noise: a few degrees inside the same margin band.
     *h.observer.temperature.lock().unwrap_or_else(|e| e.into_inner()) = 3;
     h.run_for(Duration::from_secs(21)).await;
@@ -274,10 +271,7 @@ async fn a_material_change_publishes_at_once_and_noise_does_not() {
 #[tokio::test(start_paused = true)]
 async fn an_xid_notification_observes_and_publishes_immediately() {
     let h = start(PublishConfig::default());
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     h.run_for(Duration::from_secs(3)).await;
     *h.observer.throttled.lock().unwrap_or_else(|e| e.into_inner()) = true; // stands in for the XID's effect
     let sent = Instant::now();
@@ -299,6 +293,15 @@ async fn an_xid_notification_observes_and_publishes_immediately() {
     h.stop().await;
 }
 
+/// Waits (on the paused clock, up to 2 s) for the loop's first report.
+async fn first_report(h: &Harness) {
+    assert!(
+        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
+            .await,
+        "no first report"
+    );
+}
+
 /// GPU 0 starts throttling and an XID notification arrives: how long until the report that
 /// shows it was published (panics if none within 3 s).
 async fn throttled_by_an_xid(h: &Harness) -> Duration {
@@ -318,10 +321,7 @@ async fn throttled_by_an_xid(h: &Harness) -> Duration {
 #[tokio::test(start_paused = true)]
 async fn a_notification_just_after_a_periodic_observation_is_not_held_back() {
     let h = start(PublishConfig::default());
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     // The periodic observation at 10 s changed nothing; 200 ms later an XID arrives.
     h.run_for(Duration::from_millis(10_200)).await;
     let periodic = h.observer.last_observed().unwrap();
@@ -343,10 +343,7 @@ async fn a_notification_just_after_a_periodic_observation_is_not_held_back() {
 async fn an_xid_just_after_a_policy_change_is_not_held_back() {
     let (policies, rx) = watch::channel(known(vec![max_gpu_celsius(90)]));
     let h = start_with(PublishConfig::default(), Arc::new(Scripted::default()), Some(rx));
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     h.run_for(Duration::from_secs(3)).await;
     let before = h.observer.count.load(Ordering::SeqCst);
     policies.send_replace(known(vec![max_gpu_celsius(95)]));
@@ -372,10 +369,7 @@ async fn an_xid_just_after_a_policy_change_is_not_held_back() {
 async fn a_change_right_after_a_lease_renewal_is_written_at_once() {
     let h = start(PublishConfig::default());
     h.sink.lease.store(true, Ordering::SeqCst);
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     assert!(
         h.wait_for(Duration::from_secs(61), |h| h.sink.beats().len() == 1)
             .await
@@ -393,10 +387,7 @@ async fn a_change_right_after_a_lease_renewal_is_written_at_once() {
 #[tokio::test(start_paused = true)]
 async fn an_xid_storm_is_rate_limited() {
     let h = start(PublishConfig::default());
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     for i in 0..200u64 {
         h.xid_tx.send_replace(i + 1);
         tokio::time::sleep(Duration::from_millis(10)).await; // storm interval, paused clock
@@ -483,10 +474,7 @@ async fn heartbeats_renew_the_lease_and_the_whole_report_is_refreshed_rarely() {
 async fn after_a_failed_heartbeat_the_whole_report_is_written() {
     let h = start(PublishConfig::default());
     h.sink.lease.store(true, Ordering::SeqCst);
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     h.sink.failures_left.store(1, Ordering::SeqCst);
     h.run_for(Duration::from_secs(135)).await;
     let reports = seconds(&h, h.sink.published().into_iter().map(|(t, _)| t));
@@ -528,10 +516,7 @@ fn at_84(policies: Option<watch::Receiver<Known>>) -> Harness {
 async fn crossing_a_policy_threshold_publishes_at_once() {
     let (_tx, rx) = watch::channel(known(vec![max_gpu_celsius(85)]));
     let h = at_84(Some(rx));
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     h.run_for(Duration::from_secs(25)).await;
     assert_eq!(h.sink.published().len(), 1);
     h.observer.set_temperature(86);
@@ -563,10 +548,7 @@ async fn without_policies_the_same_crossing_waits_for_the_refresh() {
     // The fallback (watch not synced, or forbidden): 84 -> 86 C crosses no margin band.
     let (_tx, rx) = watch::channel(None);
     let h = at_84(Some(rx));
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     h.observer.set_temperature(86);
     h.run_for(Duration::from_secs(120)).await;
     assert_eq!(
@@ -581,10 +563,7 @@ async fn without_policies_the_same_crossing_waits_for_the_refresh() {
 async fn a_new_policy_publishes_what_it_judges_differently_at_once() {
     let (tx, rx) = watch::channel(known(vec![]));
     let h = at_84(Some(rx));
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     // No policy checks the temperature: 86 C waits.
     h.observer.set_temperature(86);
     h.run_for(Duration::from_secs(25)).await;
@@ -611,10 +590,7 @@ async fn a_new_policy_publishes_what_it_judges_differently_at_once() {
 async fn a_value_flapping_on_a_threshold_publishes_drifts_at_once_and_recoveries_after_the_gap() {
     let (_tx, rx) = watch::channel(known(vec![max_gpu_celsius(85)]));
     let h = at_84(Some(rx));
-    assert!(
-        h.wait_for(Duration::from_secs(2), |h| h.sink.published().len() == 1)
-            .await
-    );
+    first_report(&h).await;
     // 84, 86, 84, 86 ... every observation for an hour.
     for i in 0..360 {
         h.observer.set_temperature(if i % 2 == 0 { 86 } else { 84 });
