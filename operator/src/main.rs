@@ -7,8 +7,9 @@ use gpunode_operator::{check, crdgen};
 
 /// jemalloc instead of the system allocator: the caches churn (every watched node and report is
 /// replaced on each change) among short-lived reconcile data, and glibc's arenas kept that
-/// fragmentation as resident memory (the scale benchmark's RSS); jemalloc's background thread
-/// returns freed pages to the system.
+/// fragmentation as resident memory (the scale benchmark's RSS). Freed pages go back to the
+/// system at once (`.cargo/config.toml` builds jemalloc with no decay delay), so a reconcile
+/// pass's plans do not stay resident after it.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

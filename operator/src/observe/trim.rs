@@ -1,18 +1,34 @@
 //! What the operator's caches keep of each watched object. At 5,000 nodes the caches are most of
 //! the operator's memory, so fields no decision reads are dropped as objects arrive: managed
-//! fields everywhere; a Node's status except gpunode's own condition; a report's identifiers
+//! fields everywhere; a Node's status except gpunode's own condition, its spec except taints
+//! and the cordon, and annotations other than gpunode's (real nodes carry kilobytes of them:
+//! NFD's, CSI's, the kubelet's); a report's metadata but its name and version, its identifiers
 //! (but the GPUs' UUIDs), power readings and counters that no check compares. `evaluate` on a
 //! trimmed report gives the same verdict as on the full one (a property test holds it to that).
 
 use gpunode_crds::GpuNodeReport;
-use k8s_openapi::api::core::v1::{Node, NodeStatus};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
 
 use crate::markers::CONDITION_TYPE;
 
-/// Keeps of a Node what gpunode reads: metadata (labels, annotations), spec (taints, cordon)
-/// and gpunode's condition.
+/// The prefix of every annotation gpunode reads or writes on a Node (its bookkeeping, repair
+/// and validation records, and people's approvals).
+const OUR_ANNOTATIONS: &str = "gpunode.dev/";
+
+/// Keeps of a Node what gpunode reads: metadata (labels, gpunode's annotations), spec (taints,
+/// cordon) and gpunode's condition. gpunode never writes a Node back whole (merge patches and
+/// server-side apply of its own fields only), so nothing dropped here can be erased.
 pub fn node(n: &mut Node) {
     n.metadata.managed_fields = None;
+    n.metadata.owner_references = None;
+    if let Some(a) = n.metadata.annotations.as_mut() {
+        a.retain(|k, _| k.starts_with(OUR_ANNOTATIONS));
+    }
+    n.spec = n.spec.take().map(|s| NodeSpec {
+        taints: s.taints,
+        unschedulable: s.unschedulable,
+        ..NodeSpec::default()
+    });
     let ours = n
         .status
         .take()
@@ -33,7 +49,12 @@ pub fn node(n: &mut Node) {
 
 /// Drops from a report what no check reads.
 pub fn report(r: &mut GpuNodeReport) {
-    r.metadata.managed_fields = None;
+    let meta = &mut r.metadata;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.labels = None;
+    meta.annotations = None;
+    meta.finalizers = None;
     let Some(s) = r.status.as_mut() else { return };
     s.probe_version = None;
     s.boot_id = None;
@@ -54,5 +75,82 @@ pub fn report(r: &mut GpuNodeReport) {
             d.netdev = None;
             d.pfc_pause = Vec::new();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, Taint};
+    use kube::api::ObjectMeta;
+
+    #[test]
+    fn a_node_keeps_labels_our_annotations_taints_cordon_and_our_condition() {
+        let mut n = Node {
+            metadata: ObjectMeta {
+                name: Some("n1".into()),
+                resource_version: Some("7".into()),
+                labels: Some([("gpu".to_string(), "h100".to_string())].into()),
+                annotations: Some(
+                    [
+                        ("gpunode.dev/classes".to_string(), "Thermal".to_string()),
+                        (
+                            "nfd.node.kubernetes.io/feature-labels".to_string(),
+                            "x".repeat(4096),
+                        ),
+                    ]
+                    .into(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(vec![Taint {
+                    key: "k".into(),
+                    effect: "NoSchedule".into(),
+                    ..Taint::default()
+                }]),
+                unschedulable: Some(true),
+                pod_cidr: Some("10.0.0.0/24".into()),
+                provider_id: Some("kwok://n1".into()),
+                ..NodeSpec::default()
+            }),
+            status: Some(NodeStatus {
+                conditions: Some(vec![
+                    NodeCondition {
+                        type_: "Ready".into(),
+                        status: "True".into(),
+                        ..NodeCondition::default()
+                    },
+                    NodeCondition {
+                        type_: CONDITION_TYPE.into(),
+                        status: "False".into(),
+                        ..NodeCondition::default()
+                    },
+                ]),
+                ..NodeStatus::default()
+            }),
+        };
+        node(&mut n);
+        assert_eq!(n.metadata.labels.as_ref().map(|l| l.len()), Some(1));
+        let annotations: Vec<&str> = n
+            .metadata
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(annotations, ["gpunode.dev/classes"]);
+        assert_eq!(n.metadata.resource_version.as_deref(), Some("7"));
+        let spec = n.spec.as_ref().expect("spec kept");
+        assert_eq!(spec.taints.as_ref().map(Vec::len), Some(1));
+        assert_eq!(spec.unschedulable, Some(true));
+        assert_eq!((spec.pod_cidr.as_ref(), spec.provider_id.as_ref()), (None, None));
+        let kept: Vec<&str> = n
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(kept, [CONDITION_TYPE]);
     }
 }
