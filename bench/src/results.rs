@@ -94,7 +94,7 @@ pub struct Gpunode {
     pub rss_synced_mib: f64,
     /// RSS at the end of the steady phase, MiB.
     pub rss_end_mib: f64,
-    /// CPU seconds by phase (startup, convergence, reaction, steady) and in total.
+    /// CPU seconds by phase (startup, convergence, reaction, real_probes, steady) and in total.
     pub cpu_s: BTreeMap<String, f64>,
     /// Requests by phase.
     pub requests: BTreeMap<String, Requests>,

@@ -559,7 +559,11 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     }
     let probes_before = real.as_ref().map(RealProbes::sample);
 
-    // Steady state: nothing changes but heartbeats (a measurement window, not a test).
+    // Steady state: nothing changes but heartbeats (a measurement window, not a test). It
+    // starts after the real probes' rounds, whose taints and Events are reaction, not steady
+    // state (until dc5b1b8 the window began before them and counted their writes).
+    let s_steady_start = op.now()?;
+    let t_steady_start = Timestamp::now();
     let published_before = load.published();
     let beats_before = load.stats.beats.load(std::sync::atomic::Ordering::Relaxed);
     tokio::time::sleep(args.steady).await;
@@ -613,7 +617,8 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
         ("startup".to_string(), s_synced.cpu_s),
         ("convergence".to_string(), s_conv.cpu_s - s_synced.cpu_s),
         ("reaction".to_string(), s_react.cpu_s - s_conv.cpu_s),
-        ("steady".to_string(), s_steady.cpu_s - s_react.cpu_s),
+        ("real_probes".to_string(), s_steady_start.cpu_s - s_react.cpu_s),
+        ("steady".to_string(), s_steady.cpu_s - s_steady_start.cpu_s),
         ("total".to_string(), last.cpu_s),
     ]);
     result.load_avg.insert("after_gpunode".into(), procs::load_avg());
@@ -689,7 +694,8 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
         ("startup", t_start, t_conv),
         ("convergence", t_conv, t_conv_end),
         ("reaction", t_react, t_react_end),
-        ("steady", t_react_end, t_steady_end),
+        ("real_probes", t_react_end, t_steady_start),
+        ("steady", t_steady_start, t_steady_end),
     ] {
         g.requests
             .insert(phase.to_string(), requests(&all, &user, from, to));
