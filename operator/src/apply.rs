@@ -417,7 +417,7 @@ pub(crate) fn is_ours_label(key: &str) -> bool {
 }
 
 fn is_ours_annotation(key: &str) -> bool {
-    key.starts_with("gpunode.dev/") && key != CORDONED_ANNOTATION
+    key.starts_with(crate::markers::PREFIX) && key != CORDONED_ANNOTATION
 }
 
 fn ours(map: Option<&BTreeMap<String, String>>, keep: fn(&str) -> bool) -> BTreeMap<&str, &str> {

@@ -30,6 +30,9 @@ use serde::{Deserialize, Serialize};
 pub const POLICY_LABEL: &str = "gpunode.dev/policy";
 /// Label with the node's state.
 pub const STATE_LABEL: &str = "gpunode.dev/state";
+/// The prefix of every label, annotation and taint key gpunode reads or writes on a Node (its
+/// bookkeeping, repair and validation records, and people's approvals).
+pub const PREFIX: &str = "gpunode.dev/";
 /// Prefix of the per-class drift labels (`gpunode.dev/drift.thermal=true`).
 pub const DRIFT_LABEL_PREFIX: &str = "gpunode.dev/drift.";
 /// A node labelled `gpunode.dev/skip=true` is evaluated and reported, never acted on.

@@ -23,7 +23,7 @@ pub fn has_markers(node: &Node) -> bool {
         .annotations
         .iter()
         .flatten()
-        .any(|(k, _)| k.starts_with("gpunode.dev/"));
+        .any(|(k, _)| k.starts_with(crate::markers::PREFIX));
     let taint = node
         .spec
         .as_ref()

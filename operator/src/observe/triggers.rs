@@ -112,7 +112,7 @@ pub fn node_fingerprint(node: &Node) -> u64 {
     let mut h = DefaultHasher::new();
     node.metadata.labels.hash(&mut h);
     for (k, v) in node.metadata.annotations.iter().flatten() {
-        if k.starts_with("gpunode.dev/") {
+        if k.starts_with(crate::markers::PREFIX) {
             (k, v).hash(&mut h);
         }
     }

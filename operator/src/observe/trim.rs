@@ -9,11 +9,7 @@
 use gpunode_crds::GpuNodeReport;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
 
-use crate::markers::CONDITION_TYPE;
-
-/// The prefix of every annotation gpunode reads or writes on a Node (its bookkeeping, repair
-/// and validation records, and people's approvals).
-const OUR_ANNOTATIONS: &str = "gpunode.dev/";
+use crate::markers::{CONDITION_TYPE, PREFIX};
 
 /// Keeps of a Node what gpunode reads: metadata (labels, gpunode's annotations), spec (taints,
 /// cordon) and gpunode's condition. gpunode never writes a Node back whole (merge patches and
@@ -22,7 +18,7 @@ pub fn node(n: &mut Node) {
     n.metadata.managed_fields = None;
     n.metadata.owner_references = None;
     if let Some(a) = n.metadata.annotations.as_mut() {
-        a.retain(|k, _| k.starts_with(OUR_ANNOTATIONS));
+        a.retain(|k, _| k.starts_with(PREFIX));
     }
     n.spec = n.spec.take().map(|s| NodeSpec {
         taints: s.taints,
