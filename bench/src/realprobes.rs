@@ -46,6 +46,14 @@ pub struct Measured {
     pub probes: usize,
     /// The probe's observation of the XID → taint visible.
     pub observation_to_taint: Latency,
+    /// The probe's share: its observation → its report written (`published`, logged when the
+    /// API server answered).
+    #[serde(default)]
+    pub observation_to_publish: Latency,
+    /// The operator's share: the report written → taint visible (the watch to the operator, its
+    /// pass, the taint write, the watch back to the benchmark).
+    #[serde(default)]
+    pub publish_to_taint: Latency,
     /// XID injected into the fixture → taint visible (adds the fake library's 100-ms poll of
     /// its fixture, which a real driver does not have, and the probe's wake-up).
     pub injection_to_taint: Latency,
@@ -64,6 +72,18 @@ fn xid_observation(lines: &[String], after: Timestamp) -> Option<Timestamp> {
         let v: Value = serde_json::from_str(line).ok()?;
         let fields = v.get("fields")?;
         if fields.get("message")?.as_str()? != "observed" || fields.get("reason")?.as_str()? != "xid" {
+            return None;
+        }
+        let at: Timestamp = v.get("timestamp")?.as_str()?.parse().ok()?;
+        (at >= after).then_some(at)
+    })
+}
+
+/// The log's timestamp of the first report write (`published`) at or after `after`.
+fn publish_after(lines: &[String], after: Timestamp) -> Option<Timestamp> {
+    lines.iter().find_map(|line| {
+        let v: Value = serde_json::from_str(line).ok()?;
+        if v.get("fields")?.get("message")?.as_str()? != "published" {
             return None;
         }
         let at: Timestamp = v.get("timestamp")?.as_str()?.parse().ok()?;
@@ -133,6 +153,7 @@ impl RealProbes {
         let probes = std::mem::take(&mut self.probes);
         let runs = self.hosts.iter().zip(probes).map(|(host, mut probe)| async move {
             let (mut obs, mut inj, mut failed) = (Vec::new(), Vec::new(), 0usize);
+            let (mut to_pub, mut pub_to) = (Vec::new(), Vec::new());
             for k in 0..rounds {
                 let name = host.node.clone();
                 quiet(&probe).await;
@@ -157,6 +178,10 @@ impl RealProbes {
                     (Ok(t), Some(seen)) => {
                         obs.push(ms(seen, t));
                         inj.push(ms(t_inject, t));
+                        if let Some(written) = publish_after(&probe.lines(), seen).filter(|w| *w <= t) {
+                            to_pub.push(ms(seen, written));
+                            pub_to.push(ms(written, t));
+                        }
                     }
                     (t, seen) => {
                         warn!(node = %name, taint = ?t.err(), observed = ?seen, "an XID did not end in a taint");
@@ -179,7 +204,7 @@ impl RealProbes {
                     Ok(p) => p,
                     Err(e) => {
                         warn!(node = %name, error = %e, "rebooting");
-                        return (obs, inj, failed + 1, None);
+                        return (obs, inj, to_pub, pub_to, failed + 1, None);
                     }
                 };
                 let cleared = tracker
@@ -196,21 +221,25 @@ impl RealProbes {
                     break;
                 }
             }
-            (obs, inj, failed, Some(probe))
+            (obs, inj, to_pub, pub_to, failed, Some(probe))
         });
         let mut m = Measured {
             probes: count,
             ..Measured::default()
         };
-        let (mut obs, mut inj) = (Vec::new(), Vec::new());
-        for (o, i, f, probe) in futures::future::join_all(runs).await {
+        let (mut obs, mut inj, mut to_pub, mut pub_to) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (o, i, tp, pt, f, probe) in futures::future::join_all(runs).await {
             obs.extend(o);
             inj.extend(i);
+            to_pub.extend(tp);
+            pub_to.extend(pt);
             m.failures += f;
             self.probes.extend(probe);
         }
         m.observation_to_taint = Latency::of(&obs);
         m.injection_to_taint = Latency::of(&inj);
+        m.observation_to_publish = Latency::of(&to_pub);
+        m.publish_to_taint = Latency::of(&pub_to);
         m
     }
 
@@ -241,6 +270,25 @@ mod tests {
             Some("2026-12-02T10:00:00.1Z".parse().unwrap())
         );
         assert_eq!(last_publish(&[]), None);
+    }
+
+    #[test]
+    fn the_write_of_an_observation_is_the_first_published_line_after_it() {
+        let lines = [
+            r#"{"timestamp":"2026-12-02T10:00:00.100000Z","fields":{"message":"published","reason":"interval"}}"#,
+            r#"{"timestamp":"2026-12-02T10:00:01.000000Z","fields":{"message":"observed","reason":"xid"}}"#,
+            r#"{"timestamp":"2026-12-02T10:00:01.040000Z","fields":{"message":"published","reason":"xid"}}"#,
+        ]
+        .map(String::from);
+        let seen: Timestamp = "2026-12-02T10:00:01Z".parse().unwrap();
+        assert_eq!(
+            publish_after(&lines, seen),
+            Some("2026-12-02T10:00:01.04Z".parse().unwrap())
+        );
+        assert_eq!(
+            publish_after(&lines, "2026-12-02T10:00:02Z".parse().unwrap()),
+            None
+        );
     }
 
     #[test]

@@ -206,9 +206,12 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
     );
     let _ = writeln!(
         s,
-        "| N | real probes | samples | p50 ms | p90 ms | p99 ms | max ms | XID injected → taint p50/p99 ms | failures | probe CPU % of a core (median / max) | probe peak RSS MiB (max) |"
+        "| N | real probes | samples | p50 ms | p90 ms | p99 ms | max ms | probe's share: observation → report written p50/p99 ms | operator's share: report written → taint p50/p99 ms | XID injected → taint p50/p99 ms | failures | probe CPU % of a core (median / max) | probe peak RSS MiB (max) |"
     );
-    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for r in runs {
         let Some(m) = &r.gpunode.real_probes else { continue };
         let o = &m.observation_to_taint;
@@ -216,7 +219,7 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
         let rss = m.rss_peak_mib.iter().copied().fold(0.0, f64::max);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {:.3} / {:.3} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} / {} | {} | {:.3} / {:.3} | {} |",
             r.n,
             m.probes,
             o.count,
@@ -224,6 +227,10 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
             f(o.p90_ms),
             f(o.p99_ms),
             f(o.max_ms),
+            f(m.observation_to_publish.p50_ms),
+            f(m.observation_to_publish.p99_ms),
+            f(m.publish_to_taint.p50_ms),
+            f(m.publish_to_taint.p99_ms),
             f(m.injection_to_taint.p50_ms),
             f(m.injection_to_taint.p99_ms),
             m.failures,

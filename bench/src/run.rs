@@ -552,6 +552,8 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
             p50 = m.observation_to_taint.p50_ms,
             p99 = m.observation_to_taint.p99_ms,
             samples = m.observation_to_taint.count,
+            probe_share_p99 = m.observation_to_publish.p99_ms,
+            operator_share_p99 = m.publish_to_taint.p99_ms,
             failures = m.failures,
             "real probes: observation to taint"
         );

@@ -157,18 +157,19 @@ impl Host {
     /// [`Host::start_probe`] with more arguments (e.g. `--pod-resources-socket`).
     pub fn start_probe_with(&self, boot: &str, extra: &[&std::ffi::OsStr]) -> Result<Probe, Error> {
         let timing = ["--interval", "500ms", "--heartbeat", "1s"].map(std::ffi::OsStr::new);
-        self.spawn_probe(boot, &timing, extra, "info")
+        self.spawn_probe(boot, &timing, extra, "info", true)
     }
 
     /// The probe at its default timing (10-s observations, a Lease renewal a minute), with
-    /// `extra` arguments and `rust_log` as its log filter: the benchmark's real probes.
+    /// `extra` arguments and `rust_log` as its log filter: the benchmark's real probes. Its log is
+    /// kept ([`Probe::lines`]) but not echoed, so the benchmark's own output stays readable.
     pub fn start_probe_at_defaults(
         &self,
         boot: &str,
         extra: &[&std::ffi::OsStr],
         rust_log: &str,
     ) -> Result<Probe, Error> {
-        self.spawn_probe(boot, &[], extra, rust_log)
+        self.spawn_probe(boot, &[], extra, rust_log, false)
     }
 
     fn spawn_probe(
@@ -177,6 +178,7 @@ impl Host {
         timing: &[&std::ffi::OsStr],
         extra: &[&std::ffi::OsStr],
         rust_log: &str,
+        echo: bool,
     ) -> Result<Probe, Error> {
         let tree = repo_root().join("node-probe/tests/fixtures/sysfs/lossless-8port");
         let mut child = Command::new(built("gpunode-probe")?)
@@ -210,7 +212,9 @@ impl Host {
             let node = self.node.clone();
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    eprintln!("probe {node}: {line}");
+                    if echo {
+                        eprintln!("probe {node}: {line}");
+                    }
                     if let Ok(mut v) = sink.lock() {
                         v.push(line);
                     }
