@@ -46,7 +46,8 @@ pub struct Line {
 }
 
 impl Line {
-    /// Least squares over (N, y); a single point gives a line through the origin.
+    /// Least squares over (N, y); a single point gives a line through the origin, and a figure
+    /// that falls with N is flat at its largest value.
     pub fn fit(points: &[(f64, f64)]) -> Option<Line> {
         match points {
             [] => None,
@@ -64,6 +65,13 @@ impl Line {
                     return None;
                 }
                 let b = sxy / sxx;
+                if b < 0.0 {
+                    // Falling with N is noise around a constant (at steady state, a handful of
+                    // trailing writes at every N): projected flat at its largest measurement, never
+                    // below what was measured and never negative.
+                    let top = points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+                    return Some(Line { a: top, b: 0.0 });
+                }
                 Some(Line { a: my - b * mx, b })
             }
         }
@@ -183,7 +191,7 @@ pub fn markdown(runs: &[RunResult], cost: Option<&WriteCost>) -> String {
     let _ = writeln!(
         s,
         "Each figure is a line a + b·N fitted (least squares) to the runs above (N = {}), \
-         projected; the API server's figures are bench/write-cost.sh's cost per request{} times \
+         projected (a figure that falls with N is projected flat at its largest measurement); the API server's figures are bench/write-cost.sh's cost per request{} times \
          the probe's default writes (a Lease renewal a minute, the whole report every 10 \
          minutes; material changes come on top). A projection, not a measurement.\n",
         measured.join(", "),
@@ -227,6 +235,14 @@ mod tests {
         let l = Line::fit(&[(100.0, 20.0), (1000.0, 38.0), (5000.0, 118.0)]).unwrap();
         assert!((l.b - 0.02).abs() < 1e-9 && (l.a - 18.0).abs() < 1e-9, "{l:?}");
         assert!((l.at(100_000) - 2018.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_figure_that_falls_with_n_is_projected_flat_at_its_largest_measurement() {
+        // The steady-state requests of the run at 43c43bc: 3, 9 and 3 in two minutes.
+        let l = Line::fit(&[(100.0, 1.5), (1000.0, 4.5), (5000.0, 1.5)]).unwrap();
+        assert_eq!(l, Line { a: 4.5, b: 0.0 });
+        assert!((l.at(100_000) - 4.5).abs() < 1e-12);
     }
 
     #[test]
