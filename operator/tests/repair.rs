@@ -430,6 +430,35 @@ fn only_steps_that_repair_the_drifting_class_run() {
 }
 
 #[test]
+fn a_stop_ends_when_the_node_recovers_and_a_later_drift_climbs_the_ladder() {
+    let policy = policy("");
+    let mut nodes = vec![node(drifted(DriftClass::Driver), at(0))];
+    pass(&policy, &mut nodes, at(0));
+    let p = pass(&policy, &mut nodes, at(1));
+    assert!(matches!(
+        &of(&p, "gpu-1").repair.state,
+        RepairState::NeedsHuman(_)
+    ));
+    // The driver is fixed: the report is compliant, the node still drained (healthyFor).
+    nodes[0].verdict = Verdict::new(Vec::new(), Vec::new());
+    nodes[0].last_heard = Some(at(10));
+    let p = pass(&policy, &mut nodes, at(10));
+    let np = of(&p, "gpu-1");
+    assert_eq!(np.repair.state, RepairState::Idle);
+    assert!(np.markers.repair.needs_human.is_none(), "the stop is forgotten");
+    assert!(np.markers.cordoned_by_us, "still cordoned until healthyFor");
+    // Before it returns, an XID: the ladder starts, not the old stop.
+    nodes[0].verdict = drifted(DriftClass::Xid);
+    nodes[0].last_heard = Some(at(20));
+    let p = pass(&policy, &mut nodes, at(20));
+    assert!(
+        matches!(&of(&p, "gpu-1").repair.state, RepairState::Running { step, .. } if step == "reboot"),
+        "{:?}",
+        of(&p, "gpu-1").repair.state
+    );
+}
+
+#[test]
 fn pause_and_an_open_breaker_hold_the_next_step_and_say_so() {
     let mut paused = policy("");
     let mut nodes = drained(&paused);

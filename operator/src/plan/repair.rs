@@ -16,8 +16,9 @@
 //!   timeout. Failed and timed out move to the next step at once; succeeded waits for the
 //!   probe's next report after it (within the same timeout): still drifted moves on, compliant
 //!   lets the node recover as usual.
-//! - No step left, or no attempt left: `NeedsHuman`, kept until the node recovers or a person
-//!   removes the `gpunode.dev/repair` annotation.
+//! - No step left, or no attempt left: `NeedsHuman`, kept until the node recovers (its report
+//!   is compliant again, even while it is still drained) or a person removes the
+//!   `gpunode.dev/repair` annotation.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -522,8 +523,14 @@ fn first_for<'p>(policy: &'p RepairPolicy, from: usize, input: &RepairInput<'_>)
 fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) -> RepairPlan {
     let now = input.now;
     if let Some(h) = &plan.track.needs_human {
-        plan.state = RepairState::NeedsHuman(h.why.clone());
-        return plan;
+        // The node recovered while still drained (it waits out `healthyFor`, or its
+        // validation): the drift that stopped the repair is gone, and so is the stop. A drift
+        // that follows (a failed validation) climbs the ladder from where it was.
+        if input.state != NodeState::Compliant {
+            plan.state = RepairState::NeedsHuman(h.why.clone());
+            return plan;
+        }
+        plan.track.needs_human = None;
     }
     if let Some(step) = plan.track.step.as_mut()
         && let Some(end) = step.ended.as_mut()
