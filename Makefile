@@ -16,10 +16,13 @@ demo-down: ## stop the demo
 
 # The e2e tests start (or reuse) the local control plane .cluster/test; it is stopped afterwards
 # whatever the outcome. GPUNODE_KUBECONFIG=path runs them against an existing cluster instead.
+# The operator's micro-benchmarks run small under `cargo test --benches`, so their assertions
+# (the fleet they build already carries what the plan wants) cannot go stale unseen.
 test: lint cluster-build ## every test: fmt, clippy, unit, property, CRD freshness, e2e on a local control plane, then on kind (real pods)
 	$(CARGO) build --workspace --locked
 	@rm -rf "$(REL_RESULTS)"
 	@status=0; GPUNODE_CLUSTER_NAME=test $(CARGO) test --workspace --locked || status=$$?; \
+	  $(CARGO) test -p gpunode-operator --benches --locked || status=1; \
 	  if [ -z "$$GPUNODE_KUBECONFIG" ]; then GPUNODE_CLUSTER_NAME=test e2e/cluster/down.sh || true; fi; \
 	  GPUNODE_CLUSTER_NAME=rel-test e2e/cluster/down.sh || true; \
 	  $(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" || true; \

@@ -66,12 +66,18 @@ pub struct Measured {
     pub rss_peak_mib: Vec<f64>,
 }
 
-/// The log's timestamp of the first `observed reason="xid"` line at or after `after`.
-fn xid_observation(lines: &[String], after: Timestamp) -> Option<Timestamp> {
+/// The log's timestamp of the first line at or after `after` whose message is `message` (and,
+/// if given, whose reason is `reason`).
+fn first_after(lines: &[String], after: Timestamp, message: &str, reason: Option<&str>) -> Option<Timestamp> {
     lines.iter().find_map(|line| {
         let v: Value = serde_json::from_str(line).ok()?;
         let fields = v.get("fields")?;
-        if fields.get("message")?.as_str()? != "observed" || fields.get("reason")?.as_str()? != "xid" {
+        if fields.get("message")?.as_str()? != message {
+            return None;
+        }
+        if let Some(reason) = reason
+            && fields.get("reason")?.as_str()? != reason
+        {
             return None;
         }
         let at: Timestamp = v.get("timestamp")?.as_str()?.parse().ok()?;
@@ -79,16 +85,14 @@ fn xid_observation(lines: &[String], after: Timestamp) -> Option<Timestamp> {
     })
 }
 
-/// The log's timestamp of the first report write (`published`) at or after `after`.
+/// The probe's observation of an XID (`observed reason="xid"`) at or after `after`.
+fn xid_observation(lines: &[String], after: Timestamp) -> Option<Timestamp> {
+    first_after(lines, after, "observed", Some("xid"))
+}
+
+/// The first report write (`published`) at or after `after`.
 fn publish_after(lines: &[String], after: Timestamp) -> Option<Timestamp> {
-    lines.iter().find_map(|line| {
-        let v: Value = serde_json::from_str(line).ok()?;
-        if v.get("fields")?.get("message")?.as_str()? != "published" {
-            return None;
-        }
-        let at: Timestamp = v.get("timestamp")?.as_str()?.parse().ok()?;
-        (at >= after).then_some(at)
-    })
+    first_after(lines, after, "published", None)
 }
 
 /// The log's timestamp of the probe's last report write (`published`).
@@ -174,11 +178,12 @@ impl RealProbes {
                             .map(|e| e.taint_changed_wall)
                     })
                     .await;
-                match (tainted, xid_observation(&probe.lines(), t_inject)) {
+                let lines = probe.lines();
+                match (tainted, xid_observation(&lines, t_inject)) {
                     (Ok(t), Some(seen)) => {
                         obs.push(ms(seen, t));
                         inj.push(ms(t_inject, t));
-                        if let Some(written) = publish_after(&probe.lines(), seen).filter(|w| *w <= t) {
+                        if let Some(written) = publish_after(&lines, seen).filter(|w| *w <= t) {
                             to_pub.push(ms(seen, written));
                             pub_to.push(ms(written, t));
                         }

@@ -413,12 +413,18 @@ fn a_node_whose_steps_were_all_tried_needs_a_person() {
     );
 }
 
+/// A node drained for a Driver drift, which no step repairs, after the pass that stopped for a
+/// person: the nodes and that pass's plan.
+fn stopped_for_a_person(policy: &GpuNodePolicySpec) -> (Vec<NodeView>, PolicyPlan) {
+    let mut nodes = vec![node(drifted(DriftClass::Driver), at(0))];
+    pass(policy, &mut nodes, at(0));
+    let p = pass(policy, &mut nodes, at(1));
+    (nodes, p)
+}
+
 #[test]
 fn only_steps_that_repair_the_drifting_class_run() {
-    let policy = policy("");
-    let mut nodes = vec![node(drifted(DriftClass::Driver), at(0))];
-    pass(&policy, &mut nodes, at(0));
-    let p = pass(&policy, &mut nodes, at(1));
+    let (_, p) = stopped_for_a_person(&policy(""));
     let np = of(&p, "gpu-1");
     assert!(
         matches!(&np.repair.state, RepairState::NeedsHuman(why) if why == "no repair step repairs Driver"),
@@ -432,9 +438,7 @@ fn only_steps_that_repair_the_drifting_class_run() {
 #[test]
 fn a_stop_ends_when_the_node_recovers_and_a_later_drift_climbs_the_ladder() {
     let policy = policy("");
-    let mut nodes = vec![node(drifted(DriftClass::Driver), at(0))];
-    pass(&policy, &mut nodes, at(0));
-    let p = pass(&policy, &mut nodes, at(1));
+    let (mut nodes, p) = stopped_for_a_person(&policy);
     assert!(matches!(
         &of(&p, "gpu-1").repair.state,
         RepairState::NeedsHuman(_)
