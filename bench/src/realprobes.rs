@@ -66,23 +66,27 @@ pub struct Measured {
     pub rss_peak_mib: Vec<f64>,
 }
 
-/// The log's timestamp of the first line at or after `after` whose message is `message` (and,
-/// if given, whose reason is `reason`).
+/// The timestamp of a JSON log line whose message is `message` (and, if given, whose reason is
+/// `reason`).
+fn stamped(line: &str, message: &str, reason: Option<&str>) -> Option<Timestamp> {
+    let v: Value = serde_json::from_str(line).ok()?;
+    let fields = v.get("fields")?;
+    if fields.get("message")?.as_str()? != message {
+        return None;
+    }
+    if let Some(reason) = reason
+        && fields.get("reason")?.as_str()? != reason
+    {
+        return None;
+    }
+    v.get("timestamp")?.as_str()?.parse().ok()
+}
+
+/// The first such line at or after `after`.
 fn first_after(lines: &[String], after: Timestamp, message: &str, reason: Option<&str>) -> Option<Timestamp> {
-    lines.iter().find_map(|line| {
-        let v: Value = serde_json::from_str(line).ok()?;
-        let fields = v.get("fields")?;
-        if fields.get("message")?.as_str()? != message {
-            return None;
-        }
-        if let Some(reason) = reason
-            && fields.get("reason")?.as_str()? != reason
-        {
-            return None;
-        }
-        let at: Timestamp = v.get("timestamp")?.as_str()?.parse().ok()?;
-        (at >= after).then_some(at)
-    })
+    lines
+        .iter()
+        .find_map(|line| stamped(line, message, reason).filter(|at| *at >= after))
 }
 
 /// The probe's observation of an XID (`observed reason="xid"`) at or after `after`.
@@ -95,14 +99,12 @@ fn publish_after(lines: &[String], after: Timestamp) -> Option<Timestamp> {
     first_after(lines, after, "published", None)
 }
 
-/// The log's timestamp of the probe's last report write (`published`).
+/// The probe's last report write (`published`).
 fn last_publish(lines: &[String]) -> Option<Timestamp> {
-    lines.iter().rev().find_map(|line| {
-        let v: Value = serde_json::from_str(line).ok()?;
-        (v.get("fields")?.get("message")?.as_str()? == "published")
-            .then(|| v.get("timestamp")?.as_str()?.parse().ok())
-            .flatten()
-    })
+    lines
+        .iter()
+        .rev()
+        .find_map(|line| stamped(line, "published", None))
 }
 
 /// Waits until the probe's last report write is `MIN_GAP` old (at most 5 s): the probe writes

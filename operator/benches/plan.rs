@@ -5,7 +5,9 @@
 // the same way (a panic naming what broke), so the allow covers the whole crate.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::{Duration, Instant};
+mod support;
+
+use std::time::Instant;
 
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_operator::{
@@ -14,32 +16,11 @@ use gpunode_operator::{
 };
 use jiff::Timestamp;
 
-/// Nodes and runs: the full size under `cargo bench` (which passes `--bench`); a small smoke run
-/// under `cargo test --benches` (part of `make test`), so the bench's own assertions keep it honest.
-fn size() -> (usize, usize) {
-    if std::env::args().any(|a| a == "--bench") {
-        (5_000, 21)
-    } else {
-        (50, 3)
-    }
-}
-
-fn load<T: serde::de::DeserializeOwned>(name: &str) -> T {
-    let path = format!("{}/tests/fixtures/evaluate/{name}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 fn main() {
-    let (node_count, runs) = size();
-    let policy: GpuNodePolicy = load("strict-policy.yaml");
-    let healthy: GpuNodeReport = load("healthy-h100-report.yaml");
-    let broken: GpuNodeReport = load("broken-h100-report.yaml");
+    let (node_count, runs) = support::size();
+    let policy: GpuNodePolicy = support::load("strict-policy.yaml");
+    let healthy: GpuNodeReport = support::load("healthy-h100-report.yaml");
+    let broken: GpuNodeReport = support::load("broken-h100-report.yaml");
     let now: Timestamp = "2026-11-29T12:00:30Z".parse().unwrap();
     // One node in twenty is broken, the rest healthy.
     let reports: Vec<GpuNodeReport> = (0..node_count)
@@ -73,7 +54,7 @@ fn main() {
         plan_times.push(t.elapsed());
         drifted = p.nodes.iter().filter(|n| !n.drifting.is_empty()).count();
     }
-    let (e, p) = (median(eval_times), median(plan_times));
+    let (e, p) = (support::median(eval_times), support::median(plan_times));
     println!("nodes: {node_count} ({drifted} drifted), runs: {runs}");
     println!("evaluate: median {e:?} ({:?} per node)", e / node_count as u32);
     println!("plan:     median {p:?}");

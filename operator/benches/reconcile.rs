@@ -13,10 +13,9 @@
 // the same way (a panic naming what broke), so the allow covers the whole crate.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::{
-    sync::Arc,
-    time::{Duration, Instant},
-};
+mod support;
+
+use std::{sync::Arc, time::Instant};
 
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_operator::{
@@ -37,27 +36,6 @@ use kube::{
     core::DeserializeGuard,
     runtime::{reflector, watcher},
 };
-
-/// Nodes and runs: the full size under `cargo bench` (which passes `--bench`); a small smoke run
-/// under `cargo test --benches` (part of `make test`), so the bench's own assertions keep it honest.
-fn size() -> (usize, usize) {
-    if std::env::args().any(|a| a == "--bench") {
-        (5_000, 21)
-    } else {
-        (50, 3)
-    }
-}
-
-fn load<T: serde::de::DeserializeOwned>(name: &str) -> T {
-    let path = format!("{}/tests/fixtures/evaluate/{name}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 fn node(name: &str, policy: &str) -> Node {
     let mut n = Node::default();
@@ -110,12 +88,12 @@ fn report(base: &GpuNodeReport, name: &str, version: u64, observed: Timestamp) -
 }
 
 fn main() {
-    let (node_count, runs) = size();
-    let mut policy: GpuNodePolicy = load("strict-policy.yaml");
+    let (node_count, runs) = support::size();
+    let mut policy: GpuNodePolicy = support::load("strict-policy.yaml");
     policy.metadata.uid = Some("policy-uid".to_string());
     policy.metadata.generation = Some(1);
     let name = policy.metadata.name.clone().unwrap_or_default();
-    let healthy: GpuNodeReport = load("healthy-h100-report.yaml");
+    let healthy: GpuNodeReport = support::load("healthy-h100-report.yaml");
     let observed: Timestamp = "2026-11-29T12:00:00Z".parse().unwrap();
     let now: Timestamp = "2026-11-29T12:00:30Z".parse().unwrap();
     let index = SelectorIndex::new(&[Arc::new(DeserializeGuard(Ok(policy.clone())))]);
@@ -213,16 +191,16 @@ fn main() {
     println!(
         "reconcile pass, cold (every verdict evaluated, {} evaluated): median {:?}",
         cold_stats.1,
-        median(cold)
+        support::median(cold)
     );
     println!(
         "reconcile pass, warm ({} reused, {} evaluated):           median {:?}",
         warm_stats.0,
         warm_stats.1,
-        median(warm)
+        support::median(warm)
     );
     println!(
         "heartbeat event (immaterial, triggers no reconcile):       median {:?}",
-        median(events)
+        support::median(events)
     );
 }
