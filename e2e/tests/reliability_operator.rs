@@ -34,9 +34,13 @@ use gpunode_e2e::{
     wait,
 };
 use kube::Client;
+use serde_json::json;
 
 const CLASS: &str = "operator";
 const DEADLINE: Duration = Duration::from_secs(120);
+/// The early wave's drain rule waits this long: past the seeded kill point (at most 1 s after the
+/// operator marks the wave drifted) with seconds to spare on a slow machine.
+const BEFORE_CORDON_AFTER: &str = "4s";
 
 fn seeds() -> u64 {
     std::env::var("GPUNODE_REL_SEEDS")
@@ -147,7 +151,8 @@ async fn reach(wave: &Wave, phase: Phase) {
 /// Each round runs four waves (times `GPUNODE_REL_WAVES_PER_PHASE`) of three nodes under
 /// `maxUnavailable: 1` (so the budget binds),
 /// each with three pods per node, and kills the leader once, with each wave's drain aimed at a
-/// different phase: one drifting as the kill comes (before the cordon), one whose
+/// different phase: one whose drift the operator has marked while its rule's `after` holds the drain
+/// (before the cordon), one whose
 /// evictions a PDB holds (cordoned, before any eviction), one whose PDB spares each node's first
 /// pod (between evictions), one whose first node has been drained but not yet healed (after the
 /// drain). Each wave is a run, filed under the phase observed at the kill; the phases observed
@@ -170,6 +175,11 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
                 let mut spec = WaveSpec::drain(&format!("k{round}p{i}"), 3, 3);
                 spec.pdb = matches!(aim, Phase::CordonedBeforeEvictions | Phase::BetweenEvictions);
                 spec.pdb_spares_first = *aim == Phase::BetweenEvictions;
+                if *aim == Phase::BeforeCordon {
+                    // The drain waits for the drift to last: the kill lands while the operator has
+                    // seen the drift and holds the action, whatever this machine's speed.
+                    spec.policy_spec["remediation"][0]["after"] = json!(BEFORE_CORDON_AFTER);
+                }
                 spec
             })
             .collect();
@@ -199,25 +209,26 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
                 reach(w, *aim).await;
             }
         }
-        // A seeded point in the held drains' retry cycle, then a seeded point of the early
-        // wave's reaction.
+        // A seeded point in the held drains' retry cycle; then the early wave drifts, and the
+        // kill comes a seeded 0–1000 ms after the operator marked it drifted, inside the rule's
+        // `after` window.
         let r = wave::mix(round);
         cluster::hold("kill point in the held drains", Duration::from_millis(r % 1500))
             .await
             .unwrap();
-        // The early wave's drifts are being written when the kill comes, a seeded 0–20 ms after
-        // the first: the operator reacts within tens of milliseconds.
-        let early_ms = (r >> 16) % 20;
-        let kill = async {
-            cluster::hold("kill point after the drift", Duration::from_millis(early_ms))
-                .await
-                .unwrap();
-            op.kill();
-        };
-        let (drifted, ()) = tokio::join!(join_all(aimed(Phase::BeforeCordon).map(Wave::drift_all)), kill);
-        for d in drifted {
-            d.unwrap();
+        for w in aimed(Phase::BeforeCordon) {
+            w.drift_all().await.unwrap();
         }
+        for w in aimed(Phase::BeforeCordon) {
+            w.wait_all("drifted", DEADLINE).await.unwrap();
+        }
+        cluster::hold(
+            "kill point after the drift",
+            Duration::from_millis((r >> 16) % 1000),
+        )
+        .await
+        .unwrap();
+        op.kill();
         let mut at_kill = Vec::new();
         for w in &waves {
             at_kill.push(phase_of(w).await.unwrap());
