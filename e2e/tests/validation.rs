@@ -32,7 +32,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client,
-    api::{ListParams, Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams},
 };
 use serde_json::{Value, json};
 
@@ -184,6 +184,18 @@ async fn a_recovered_node_returns_only_after_its_validation_job_passes() {
     );
     let n = node_api.get(&pass).await.unwrap();
     assert!(nodes::cordoned(&n), "still cordoned while it validates");
+    let owners: Vec<(String, String, String)> = job
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o| (o.kind.clone(), o.name.clone(), o.uid.clone()))
+        .collect();
+    assert_eq!(
+        owners,
+        [("Node".to_string(), pass.clone(), n.metadata.uid.clone().unwrap())],
+        "the Job is owned by its node"
+    );
     let pod = wait::until("the validation pod on the node", DEADLINE, || async {
         let label = format!("job-name={job_name}");
         Ok(pods
@@ -292,6 +304,35 @@ async fn a_recovered_node_returns_only_after_its_validation_job_passes() {
         let n = node_api.get(&hang).await?;
         Ok((validation_label(&n).as_deref() == Some("running")).then_some(()))
     })
+    .await
+    .unwrap();
+
+    // The node goes away mid-validation (scaled down): its Job goes with it, through the
+    // garbage collector (gpunode no longer sees the node).
+    let label = format!("gpunode.dev/validation-node={hang}");
+    let running = wait::until(&format!("{hang}'s new Job"), DEADLINE, || async {
+        Ok(jobs
+            .list(&ListParams::default().labels(&label))
+            .await?
+            .items
+            .into_iter()
+            .find(|j| j.metadata.deletion_timestamp.is_none())
+            .and_then(|j| j.metadata.name))
+    })
+    .await
+    .unwrap();
+    node_api.delete(&hang, &DeleteParams::default()).await.unwrap();
+    wait::until(
+        &format!("{running} collected with its node"),
+        DEADLINE,
+        || async {
+            Ok(jobs
+                .get_opt(&running)
+                .await?
+                .is_none_or(|j| j.metadata.deletion_timestamp.is_some())
+                .then_some(()))
+        },
+    )
     .await
     .unwrap();
 

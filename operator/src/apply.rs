@@ -38,7 +38,7 @@ use k8s_openapi::{
         batch::v1::Job,
         core::v1::{Node, Pod, Taint},
     },
-    apimachinery::pkg::apis::meta::v1::Time,
+    apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
 };
 use kube::{
     Api, Client,
@@ -530,6 +530,18 @@ pub fn has_legacy_metadata_owner(node: &Node) -> bool {
 }
 
 /// The error of API request `step` on `node`.
+/// An owner reference to `node` (none without a uid: nothing to refer to). Not the Job's
+/// controller, and it does not block the node's deletion.
+fn node_owner(node: &Node) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: "v1".to_string(),
+        kind: "Node".to_string(),
+        name: node.metadata.name.clone()?,
+        uid: node.metadata.uid.clone()?,
+        ..OwnerReference::default()
+    })
+}
+
 fn api_error(step: Step, node: &str) -> impl FnOnce(kube::Error) -> ApplyError {
     let node = node.to_string();
     move |source| ApplyError::Api { step, node, source }
@@ -563,14 +575,22 @@ impl Applier {
     }
 
     /// Makes a validation's Job unless it exists; a leftover of an earlier run under the same
-    /// name is deleted (the next pass makes the Job).
-    async fn create_job(&self, create: &crate::plan::validation::CreateJob) -> Result<(), kube::Error> {
+    /// name is deleted (the next pass makes the Job). The Job is owned by `node`: a node that
+    /// is deleted (scaled down, replaced) takes its validation with it through the garbage
+    /// collector, where gpunode, no longer seeing the node, would never delete it.
+    async fn create_job(
+        &self,
+        create: &crate::plan::validation::CreateJob,
+        node: &Node,
+    ) -> Result<(), kube::Error> {
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &create.namespace);
         let pp = PostParams {
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PostParams::default()
         };
-        match jobs.create(&pp, &create.job).await {
+        let mut job = (*create.job).clone();
+        job.metadata.owner_references = node_owner(node).map(|o| vec![o]);
+        match jobs.create(&pp, &job).await {
             Ok(_) => {
                 info!(namespace = %create.namespace, job = %create.name, "validation Job created");
                 Ok(())
@@ -808,7 +828,7 @@ impl Applier {
         // recorded on the node: a new leader finds the record and resumes it.
         if let Some(create) = &plan.validation.create {
             self.may_write(&plan.node)?;
-            if let Err(e) = self.create_job(create).await {
+            if let Err(e) = self.create_job(create, observed).await {
                 out.validation_failed =
                     Some(format!("creating Job {}/{}: {e}", create.namespace, create.name));
             }

