@@ -255,7 +255,9 @@ pub fn gpu_holders_to_evict<'a>(
 pub struct NodeOutcome {
     /// The node as the API server returned it after this apply's last write (`None`: nothing
     /// was written), so the next pass can read its own writes before the watch delivers them.
-    pub written: Option<Node>,
+    /// Boxed: a pass keeps every node's outcome until it ends, and a Node inline would make
+    /// each 1.5 KB even once the node is taken (7.5 MiB over a 5,000-node convergence).
+    pub written: Option<Box<Node>>,
     /// Labels or annotations were written.
     pub wrote_metadata: bool,
     /// Taints or the cordon were written.
@@ -790,11 +792,11 @@ impl Applier {
         }
         if let Some(n) = self.apply_spec(plan, observed, now).await? {
             out.wrote_spec = true;
-            out.written = Some(n);
+            out.written = Some(Box::new(n));
         }
         let (metadata, condition, written) = self.apply_record(policy, plan, observed, now).await?;
         (out.wrote_metadata, out.wrote_condition) = (metadata, condition);
-        out.written = written.or(out.written);
+        out.written = written.map(Box::new).or(out.written);
         // A repair step's object is made only once its start is recorded on the node, and its
         // making is recorded as soon as it exists: a new leader resumes the step, never makes
         // it twice, and tells its remediator deleting it from it not being made yet.
@@ -821,7 +823,7 @@ impl Applier {
                 }
                 let (metadata, _, written) = self.apply_record(policy, &made, observed, now).await?;
                 out.wrote_metadata |= metadata;
-                out.written = written.or(out.written);
+                out.written = written.map(Box::new).or(out.written);
             }
         }
         // A validation's Job, like a repair step's object, is made only once its start is
@@ -863,7 +865,7 @@ impl Applier {
                 done.markers.drained = Some(now);
                 let (metadata, _, written) = self.apply_record(policy, &done, observed, now).await?;
                 out.wrote_metadata |= metadata;
-                out.written = written.or(out.written);
+                out.written = written.map(Box::new).or(out.written);
             }
         }
         Ok(out)

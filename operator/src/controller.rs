@@ -459,7 +459,7 @@ fn node_done(ctx: &Context, np: &plan::NodePlan, node: &Node, result: &mut NodeR
         return;
     };
     if let Some(n) = outcome.written.take() {
-        ctx.caches.written.wrote(n, &ctx.caches.nodes);
+        ctx.caches.written.wrote(*n, &ctx.caches.nodes);
     }
     for part in outcome.parts_written() {
         ctx.metrics.node_write(part);

@@ -392,7 +392,7 @@ async fn apply(
         .await
 }
 
-fn rv(n: &Option<Node>) -> Option<&str> {
+fn rv(n: &Option<Box<Node>>) -> Option<&str> {
     n.as_ref().and_then(|n| n.metadata.resource_version.as_deref())
 }
 
