@@ -3,7 +3,9 @@
 # (GPUNODE_SCALE=1: inflight limits 5000), N KWOK GPU nodes, the load generator (the probe's
 # publisher, one loop per node), gpunode-operator as a release-built process with the chart's
 # ServiceAccount and RBAC, a plain concurrent client for the API server's patch limit, and
-# nfd-master as the peer. Results: docs/benchmarks/results.{json,md}, scale.png, raw/.
+# nfd-master as the peer. Results: docs/benchmarks/results.{json,md}, scale.png, raw/. Each N's
+# work files stay in .cluster/<cluster>-work/n<N>/: the operator's log, metrics and RSS/CPU
+# samples, the real probes' logs (real-probes/) and the control plane's (control-plane/).
 #
 # Usage:  bench/run.sh                       (make bench)
 # Environment (defaults in brackets):
@@ -124,6 +126,11 @@ for N in "${NS[@]}"; do
 			grep -v '^#' | grep -v '^$' | head -n 60 >"$RESULTS/raw/perf-$N.txt" || true
 	fi
 	log "N = $N done: $(tr -d '\n ' <"$out/n$N.json" | head -c 300)..."
+	# The control plane's logs stay beside the run's work files ($out/control-plane), to explain
+	# a tail in the results after the cluster is purged (not the audit log: read already, and
+	# gigabytes at 5,000 nodes).
+	mkdir -p "$out/control-plane"
+	find "$D/logs" -maxdepth 1 -name '*.log' ! -name audit.log -exec cp {} "$out/control-plane/" \; 2>/dev/null || true
 	[[ ${BENCH_KEEP:-0} == 1 && $N == "${NS[-1]}" ]] || e2e/cluster/down.sh "$NAME" --purge >/dev/null 2>&1 || true
 done
 

@@ -9,6 +9,7 @@
 //! boot, its first report is clean and the taint goes.
 
 use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpunode_e2e::probe::{Host, Probe};
@@ -37,6 +38,25 @@ const PROBE_LOG: &str = "info,gpunode_probe::publish=debug";
 pub struct RealProbes {
     hosts: Vec<Host>,
     probes: Vec<Probe>,
+    /// Where each probe's log is kept (`<node>.log`, every boot's in turn), to explain a slow
+    /// sample.
+    logs: PathBuf,
+}
+
+/// Appends a probe's log to `<dir>/<node>.log` (best effort: the figures are taken already).
+fn keep_log(dir: &Path, node: &str, probe: &Probe) {
+    use std::io::Write;
+    let path = dir.join(format!("{node}.log"));
+    let kept = std::fs::create_dir_all(dir).and_then(|()| {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        probe.lines().iter().try_for_each(|l| writeln!(f, "{l}"))
+    });
+    if let Err(e) = kept {
+        warn!(node, error = %e, "keeping a real probe's log");
+    }
 }
 
 /// What the real probes measured.
@@ -127,8 +147,11 @@ fn ms(from: Timestamp, to: Timestamp) -> f64 {
 }
 
 impl RealProbes {
-    /// Starts a probe for each of `names` (their reports are written within a second).
-    pub async fn start(admin: &Client, names: &[String]) -> Result<RealProbes, Error> {
+    /// Starts a probe for each of `names` (their reports are written within a second); their
+    /// logs are kept under `logs`.
+    pub async fn start(admin: &Client, names: &[String], logs: &Path) -> Result<RealProbes, Error> {
+        // A fresh directory: the logs are appended to, boot after boot.
+        let _ = std::fs::remove_dir_all(logs);
         let (mut hosts, mut probes) = (Vec::new(), Vec::new());
         for name in names {
             let host = Host::prepare(admin, name).await?;
@@ -141,7 +164,11 @@ impl RealProbes {
             probes.push(probe);
         }
         info!(probes = probes.len(), "real probes started");
-        Ok(RealProbes { hosts, probes })
+        Ok(RealProbes {
+            hosts,
+            probes,
+            logs: logs.to_path_buf(),
+        })
     }
 
     /// CPU seconds and peak RSS of each probe now.
@@ -157,6 +184,7 @@ impl RealProbes {
     pub async fn reaction(&mut self, tracker: &Tracker, rounds: usize) -> Measured {
         let count = self.hosts.len();
         let probes = std::mem::take(&mut self.probes);
+        let logs = &self.logs;
         let runs = self.hosts.iter().zip(probes).map(|(host, mut probe)| async move {
             let (mut obs, mut inj, mut failed) = (Vec::new(), Vec::new(), 0usize);
             let (mut to_pub, mut pub_to) = (Vec::new(), Vec::new());
@@ -198,6 +226,7 @@ impl RealProbes {
                 // A reboot: every process starts again, the probe too, on a new boot id with
                 // healthy GPUs; the fatal XID belonged to the old boot, and the taint goes.
                 let reboot = Instant::now();
+                keep_log(logs, &name, &probe);
                 let _ = probe.kill();
                 let (was, boot) = (format!("boot-{k}"), format!("boot-{}", k + 1));
                 let restarted = host.reboot(&was, &boot).and_then(|()| {
@@ -228,6 +257,7 @@ impl RealProbes {
                     break;
                 }
             }
+            keep_log(logs, &host.node, &probe);
             (obs, inj, to_pub, pub_to, failed, Some(probe))
         });
         let mut m = Measured {

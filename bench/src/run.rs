@@ -427,7 +427,7 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     // written once, then heartbeats.
     let k = args.real_probes.min(n);
     let mut real = if k > 0 {
-        Some(RealProbes::start(&client, &names[..k]).await?)
+        Some(RealProbes::start(&client, &names[..k], &args.out.join("real-probes")).await?)
     } else {
         None
     };
