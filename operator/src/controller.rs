@@ -22,7 +22,7 @@ use kube::{
     runtime::{
         Controller,
         controller::{self, Action},
-        events::{Recorder, Reporter},
+        events::Reporter,
         finalizer::{Event as FinalizerEvent, finalizer},
         reflector::ObjectRef,
         watcher,
@@ -613,13 +613,11 @@ pub async fn run(
         applier,
         caches: caches.clone(),
         events: crate::events::Publisher::start(
-            Recorder::new(
-                client.clone(),
-                Reporter {
-                    controller: "gpunode-operator".into(),
-                    instance: Some(options.instance),
-                },
-            ),
+            client.clone(),
+            Reporter {
+                controller: "gpunode-operator".into(),
+                instance: Some(options.instance),
+            },
             options.leadership.clone(),
             options.metrics.clone(),
         ),

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::{
-    Resource, ResourceExt,
-    runtime::events::{Event, EventType, Recorder},
+    Client, Resource, ResourceExt,
+    runtime::events::{Event, EventType, Recorder, Reporter},
 };
 use tokio::sync::mpsc;
 use tracing::warn;
@@ -43,15 +43,24 @@ pub struct Publisher {
 
 impl Publisher {
     /// Starts the worker, which runs until the publisher is dropped.
-    pub fn start(recorder: Recorder, leadership: Leadership, metrics: Arc<Metrics>) -> Publisher {
+    pub fn start(
+        client: Client,
+        reporter: Reporter,
+        leadership: Leadership,
+        metrics: Arc<Metrics>,
+    ) -> Publisher {
         let (tx, rx) = mpsc::channel(QUEUE);
         let worker_metrics = metrics.clone();
         tokio::spawn(
             futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
                 .for_each_concurrent(CONCURRENCY, move |batch| {
-                    let (recorder, leadership, metrics) =
-                        (recorder.clone(), leadership.clone(), worker_metrics.clone());
-                    async move { publish_now(&recorder, &leadership, &metrics, batch).await }
+                    let (client, reporter, leadership, metrics) = (
+                        client.clone(),
+                        reporter.clone(),
+                        leadership.clone(),
+                        worker_metrics.clone(),
+                    );
+                    async move { publish_now(&client, &reporter, &leadership, &metrics, batch).await }
                 }),
         );
         Publisher { tx, metrics }
@@ -77,7 +86,13 @@ impl Publisher {
     }
 }
 
-async fn publish_now(recorder: &Recorder, leadership: &Leadership, metrics: &Metrics, batch: Batch) {
+async fn publish_now(
+    client: &Client,
+    reporter: &Reporter,
+    leadership: &Leadership,
+    metrics: &Metrics,
+    batch: Batch,
+) {
     for e in &batch.events {
         // Fenced like every other write: none from a replica whose term has passed.
         if !leadership.is_leader() {
@@ -94,6 +109,12 @@ async fn publish_now(recorder: &Recorder, leadership: &Leadership, metrics: &Met
             action: e.reason.to_string(),
             secondary: None,
         };
+        // A Recorder of its own for each Event: a shared one counts an Event with the reason
+        // and object of an earlier one (within 6 minutes) as a repeat of it, keeping only the
+        // first note, so the second of two taints added in one pass, or of two GPUs
+        // quarantined, would never be told. gpunode plans an event only on a transition, so
+        // there is no noise for a series to fold.
+        let recorder = Recorder::new(client.clone(), reporter.clone());
         if let Err(err) = recorder.publish(&event, &batch.reference).await {
             warn!(node = %batch.node, error = %err, "publishing an event failed");
             metrics.reconcile_error(ErrorKind::Event);
