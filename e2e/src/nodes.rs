@@ -1,9 +1,9 @@
 //! Fake GPU nodes managed by KWOK, from the same template `e2e/cluster/nodes.sh` uses.
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::{core::v1::Node, events::v1::Event};
 use kube::{
     Api, Client,
-    api::{Patch, PatchParams},
+    api::{ListParams, Patch, PatchParams},
 };
 
 use std::time::Duration;
@@ -116,4 +116,16 @@ pub async fn until_labelled(
             .then_some(n))
     })
     .await
+}
+
+/// The Events about node `node` (Events about a cluster-scoped object go to `default`).
+pub async fn events(client: &Client, node: &str) -> Result<Vec<Event>, Error> {
+    let api: Api<Event> = Api::namespaced(client.clone(), "default");
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node))
+        .collect())
 }

@@ -11,12 +11,8 @@ use gpunode_e2e::{cluster::admin_client, nodes, scratch::rand_suffix, wait};
 use gpunode_operator::{
     events::Publisher, leader::Leadership, metrics::Metrics, plan::PlannedEvent, reasons::Reason,
 };
-use k8s_openapi::api::{core::v1::Node, events::v1::Event};
-use kube::{
-    Api,
-    api::{DeleteParams, ListParams},
-    runtime::events::Reporter,
-};
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, api::DeleteParams, runtime::events::Reporter};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -48,15 +44,11 @@ async fn events_of_one_reason_in_one_pass_each_keep_their_note() {
         .collect();
     publisher.publish(&node, &planned);
 
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
     let want: BTreeSet<String> = notes.iter().map(|n| n.to_string()).collect();
     let seen = wait::until("an Event for each note", DEADLINE, || async {
-        let seen: BTreeSet<String> = events
-            .list(&ListParams::default())
+        let seen: BTreeSet<String> = nodes::events(&client, &name)
             .await?
-            .items
             .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
             .filter(|e| e.reason.as_deref() == Some("Tainted"))
             .filter_map(|e| e.note)
             .collect();
@@ -65,11 +57,10 @@ async fn events_of_one_reason_in_one_pass_each_keep_their_note() {
     .await;
     // On failure, say what was there: a folded series shows as one note counted twice.
     if seen.is_err() {
-        let list = events.list(&ListParams::default()).await.unwrap();
-        let ours: Vec<(Option<String>, Option<i32>)> = list
-            .items
+        let ours: Vec<(Option<String>, Option<i32>)> = nodes::events(&client, &name)
+            .await
+            .unwrap()
             .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
             .map(|e| (e.note, e.series.map(|s| s.count)))
             .collect();
         panic!("expected the Events {want:?}; found (note, series count): {ours:?}");

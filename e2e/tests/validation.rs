@@ -28,7 +28,6 @@ use gpunode_e2e::{
 use k8s_openapi::api::{
     batch::v1::Job,
     core::v1::{Node, Pod},
-    events::v1::Event,
 };
 use kube::{
     Api, Client,
@@ -48,16 +47,26 @@ fn validation_label(n: &Node) -> Option<String> {
 
 /// The notes of `node`'s events with `reason`.
 async fn notes(client: &Client, node: &str, reason: &str) -> Vec<String> {
-    let api: Api<Event> = Api::namespaced(client.clone(), "default");
-    api.list(&ListParams::default())
+    nodes::events(client, node)
         .await
         .unwrap()
-        .items
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node))
         .filter(|e| e.reason.as_deref() == Some(reason))
         .filter_map(|e| e.note)
         .collect()
+}
+
+/// Waits until Job `name` is gone (or going).
+async fn until_job_gone(jobs: &Api<Job>, what: &str, name: &str) {
+    wait::until(what, DEADLINE, || async {
+        Ok(jobs
+            .get_opt(name)
+            .await?
+            .is_none_or(|j| j.metadata.deletion_timestamp.is_some())
+            .then_some(()))
+    })
+    .await
+    .unwrap();
 }
 
 /// A policy for `node`: a driver mismatch drains it; a validation Job whose pods carry
@@ -281,15 +290,7 @@ async fn a_recovered_node_returns_only_after_its_validation_job_passes() {
     assert!(nodes::cordoned(&n));
     assert_eq!(validation_label(&n).as_deref(), Some("failed"));
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns.name);
-    wait::until("the timed-out Job deleted", DEADLINE, || async {
-        Ok(jobs
-            .get_opt(&job_name)
-            .await?
-            .is_none_or(|j| j.metadata.deletion_timestamp.is_some())
-            .then_some(()))
-    })
-    .await
-    .unwrap();
+    until_job_gone(&jobs, "the timed-out Job deleted", &job_name).await;
 
     // A person removes the record: validated again.
     node_api
@@ -322,19 +323,7 @@ async fn a_recovered_node_returns_only_after_its_validation_job_passes() {
     .await
     .unwrap();
     node_api.delete(&hang, &DeleteParams::default()).await.unwrap();
-    wait::until(
-        &format!("{running} collected with its node"),
-        DEADLINE,
-        || async {
-            Ok(jobs
-                .get_opt(&running)
-                .await?
-                .is_none_or(|j| j.metadata.deletion_timestamp.is_some())
-                .then_some(()))
-        },
-    )
-    .await
-    .unwrap();
+    until_job_gone(&jobs, &format!("{running} collected with its node"), &running).await;
 
     operator.stop().await.unwrap();
 }
