@@ -21,7 +21,7 @@ use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_operator::{
     apply::Applier,
     cache::{GuardedReport, PolicyVerdicts, VerdictCache},
-    observe::{Heartbeats, Inputs, SelectorIndex, views},
+    observe::{CachedReport, Heartbeats, Inputs, SelectorIndex, views},
     plan::plan,
 };
 use jiff::Timestamp;
@@ -98,13 +98,15 @@ fn main() {
     let now: Timestamp = "2026-11-29T12:00:30Z".parse().unwrap();
     let index = SelectorIndex::new(&[Arc::new(DeserializeGuard(Ok(policy.clone())))]);
 
-    let (reports, mut report_writer) = reflector::store::<GuardedReport>();
+    let (reports, mut report_writer) = reflector::store::<CachedReport>();
     // Every probe's heartbeat Lease, renewed since its report: each view looks one up.
     let (leases, mut lease_writer) = reflector::store::<Lease>();
     let nodes: Vec<Arc<Node>> = (0..node_count)
         .map(|i| {
             let n = format!("gpu-node-{i:05}");
-            report_writer.apply_watcher_event(&watcher::Event::Apply(report(&healthy, &n, 1, observed)));
+            report_writer.apply_watcher_event(&watcher::Event::Apply(CachedReport::new(&report(
+                &healthy, &n, 1, observed,
+            ))));
             lease_writer.apply_watcher_event(&watcher::Event::Apply(lease(&n, observed)));
             Arc::new(node(&n, &name))
         })
@@ -116,9 +118,9 @@ fn main() {
         // One node's report changed since the last pass.
         version += 1;
         let changed = format!("gpu-node-{:05}", version as usize % node_count);
-        report_writer.apply_watcher_event(&watcher::Event::Apply(report(
+        report_writer.apply_watcher_event(&watcher::Event::Apply(CachedReport::new(&report(
             &healthy, &changed, version, observed,
-        )));
+        ))));
         let t = Instant::now();
         let inputs = Inputs {
             reports: &reports,

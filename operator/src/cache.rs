@@ -20,6 +20,7 @@ use kube::{Resource, ResourceExt, core::DeserializeGuard};
 
 use crate::{
     evaluate::{evaluate_heard, unchanged_until_heard},
+    observe::CachedReport,
     verdict::{REPORT_CHECK, Unknown, Verdict},
 };
 
@@ -34,7 +35,37 @@ pub fn evaluate_guarded(
     heard: Option<Timestamp>,
     now: Timestamp,
 ) -> (Verdict, Option<Timestamp>) {
-    match report.map(|g| &g.0) {
+    let report = report.map(|g| {
+        g.0.as_ref()
+            .map_err(|e| format!("the GpuNodeReport cannot be read: {}", e.error))
+    });
+    evaluate_readable(policy, report, heard, now)
+}
+
+/// [`evaluate_guarded`] on a report as the cache keeps it (decoded for this evaluation only).
+pub fn evaluate_cached(
+    policy: &GpuNodePolicy,
+    report: Option<&CachedReport>,
+    heard: Option<Timestamp>,
+    now: Timestamp,
+) -> (Verdict, Option<Timestamp>) {
+    let decoded = report.map(|c| c.report().map_err(|e| e.to_string()));
+    evaluate_readable(
+        policy,
+        decoded.as_ref().map(|r| r.as_ref().map_err(String::clone)),
+        heard,
+        now,
+    )
+}
+
+/// The verdict on a report (`Err`: why it cannot be read).
+fn evaluate_readable(
+    policy: &GpuNodePolicy,
+    report: Option<Result<&GpuNodeReport, String>>,
+    heard: Option<Timestamp>,
+    now: Timestamp,
+) -> (Verdict, Option<Timestamp>) {
+    match report {
         None => (
             evaluate_heard(&policy.spec, None, heard, now),
             Some(Timestamp::MAX),
@@ -43,12 +74,12 @@ pub fn evaluate_guarded(
             evaluate_heard(&policy.spec, Some(r), heard, now),
             unchanged_until_heard(&policy.spec, Some(r), heard, now),
         ),
-        Some(Err(e)) => (
+        Some(Err(reason)) => (
             Verdict::new(
                 Vec::new(),
                 vec![Unknown {
                     check: REPORT_CHECK.to_string(),
-                    reason: format!("the GpuNodeReport cannot be read: {}", e.error),
+                    reason,
                     gpu: None,
                 }],
             ),
@@ -86,7 +117,7 @@ pub struct PolicyVerdicts {
     misses: u64,
 }
 
-fn report_version(report: Option<&GuardedReport>) -> Option<&str> {
+fn report_version<K: Resource>(report: Option<&K>) -> Option<&str> {
     report.and_then(|r| r.meta().resource_version.as_deref())
 }
 
@@ -119,7 +150,7 @@ impl PolicyVerdicts {
         &mut self,
         policy: &GpuNodePolicy,
         node: &str,
-        report: Option<&GuardedReport>,
+        report: Option<&CachedReport>,
         heard: Option<Timestamp>,
         now: Timestamp,
     ) -> Verdict {
@@ -132,7 +163,7 @@ impl PolicyVerdicts {
             return e.verdict.clone();
         }
         self.misses += 1;
-        let (verdict, until) = evaluate_guarded(policy, report, heard, now);
+        let (verdict, until) = evaluate_cached(policy, report, heard, now);
         let entry = Entry {
             report: version.map(str::to_string),
             verdict: verdict.clone(),
@@ -240,6 +271,10 @@ mod tests {
         p
     }
 
+    fn c(r: &GuardedReport) -> CachedReport {
+        CachedReport::new(r)
+    }
+
     fn report(rv: &str, observed: &str, count: u32) -> GuardedReport {
         let mut r = GpuNodeReport::new("n1", Default::default());
         r.metadata.resource_version = Some(rv.to_string());
@@ -257,19 +292,25 @@ mod tests {
         let r1 = report("1", "2026-11-29T12:00:00Z", 1);
         let mut v = PolicyVerdicts::default();
         v.begin(&p);
-        let first = v.verdict(&p, "n1", Some(&r1), None, now);
+        let first = v.verdict(&p, "n1", Some(&c(&r1)), None, now);
         assert_eq!(v.stats(), (0, 1));
         v.begin(&p);
-        assert_eq!(v.verdict(&p, "n1", Some(&r1), None, now), first);
+        assert_eq!(v.verdict(&p, "n1", Some(&c(&r1)), None, now), first);
         assert_eq!(v.stats(), (1, 0), "same report, same policy, still fresh");
         v.begin(&p);
-        let _ = v.verdict(&p, "n1", Some(&report("2", "2026-11-29T12:00:20Z", 1)), None, now);
+        let _ = v.verdict(
+            &p,
+            "n1",
+            Some(&c(&report("2", "2026-11-29T12:00:20Z", 1))),
+            None,
+            now,
+        );
         assert_eq!(v.stats(), (0, 1), "a new report version is evaluated");
         v.begin(&policy(2));
         let _ = v.verdict(
             &policy(2),
             "n1",
-            Some(&report("2", "2026-11-29T12:00:20Z", 1)),
+            Some(&c(&report("2", "2026-11-29T12:00:20Z", 1))),
             None,
             now,
         );
@@ -278,7 +319,7 @@ mod tests {
         let stale = v.verdict(
             &policy(2),
             "n1",
-            Some(&report("2", "2026-11-29T12:00:20Z", 1)),
+            Some(&c(&report("2", "2026-11-29T12:00:20Z", 1))),
             None,
             ts("2026-11-29T12:03:21Z"),
         );
@@ -304,13 +345,13 @@ mod tests {
             content.unknowns.iter().all(|u| u.check != REPORT_CHECK),
             "{content:?}"
         );
-        let fresh = v.verdict(&p, "n1", Some(&r), heard, at("2026-11-29T12:10:00Z"));
+        let fresh = v.verdict(&p, "n1", Some(&c(&r)), heard, at("2026-11-29T12:10:00Z"));
         assert_eq!(fresh, content, "ten minutes old, heard from a minute ago");
         v.begin(&p);
-        let _ = v.verdict(&p, "n1", Some(&r), heard, at("2026-11-29T12:12:00Z"));
+        let _ = v.verdict(&p, "n1", Some(&c(&r)), heard, at("2026-11-29T12:12:00Z"));
         assert_eq!(v.stats(), (1, 0), "held until the heartbeat is staleAfter old");
         v.begin(&p);
-        let stale = v.verdict(&p, "n1", Some(&r), heard, at("2026-11-29T12:12:01Z"));
+        let stale = v.verdict(&p, "n1", Some(&c(&r)), heard, at("2026-11-29T12:12:01Z"));
         assert_eq!(v.stats(), (0, 1));
         assert_eq!(stale.unknowns.len(), 1);
         assert_eq!(stale.unknowns[0].check, REPORT_CHECK);
@@ -323,7 +364,7 @@ mod tests {
         let renewed = v.verdict(
             &p,
             "n1",
-            Some(&r),
+            Some(&c(&r)),
             Some(at("2026-11-29T12:12:00Z")),
             at("2026-11-29T12:12:02Z"),
         );
@@ -336,12 +377,12 @@ mod tests {
         let r1 = report("1", "2026-11-29T12:00:00Z", 1);
         let mut v = PolicyVerdicts::default();
         v.begin(&p);
-        let _ = v.verdict(&p, "n1", Some(&r1), None, now);
+        let _ = v.verdict(&p, "n1", Some(&c(&r1)), None, now);
         v.end();
         v.begin(&p);
         v.end();
         v.begin(&p);
-        let _ = v.verdict(&p, "n1", Some(&r1), None, now);
+        let _ = v.verdict(&p, "n1", Some(&c(&r1)), None, now);
         assert_eq!(v.stats(), (0, 1));
     }
 
@@ -358,7 +399,7 @@ mod tests {
             let pv = cache.policy("p");
             let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
             pv.begin(&p);
-            let _ = pv.verdict(&p, "n1", Some(&r1), None, now);
+            let _ = pv.verdict(&p, "n1", Some(&c(&r1)), None, now);
             pv.end();
         }
         let heartbeat = report("2", "2026-11-29T12:00:29Z", 1);
@@ -368,7 +409,7 @@ mod tests {
             let pv = cache.policy("p");
             let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
             pv.begin(&p);
-            let _ = pv.verdict(&p, "n1", Some(&heartbeat), None, now);
+            let _ = pv.verdict(&p, "n1", Some(&c(&heartbeat)), None, now);
             assert_eq!(pv.stats(), (1, 0));
         }
         let older = report("4", "2026-11-29T11:58:00Z", 1);

@@ -6,6 +6,7 @@
 //! which policies select which node. A reconcile takes a [`Snapshot`] of one policy's nodes from
 //! the [`Caches`] and turns it into the planner's [`NodeView`]s.
 
+pub mod compact;
 pub mod devices;
 pub mod heartbeats;
 pub mod index;
@@ -19,7 +20,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{StreamExt, stream::BoxStream};
+use futures::{StreamExt, TryStreamExt, stream::BoxStream};
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use jiff::Timestamp;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
@@ -43,6 +44,7 @@ use crate::{
     remediators::Remediators,
 };
 
+pub use compact::CachedReport;
 pub use heartbeats::Heartbeats;
 pub use index::{IndexCache, POD_SELECTOR_FIELD, SelectorIndex, selector_of};
 pub use own_writes::OwnWrites;
@@ -56,8 +58,8 @@ pub type Guarded<K> = DeserializeGuard<K>;
 pub struct Caches {
     /// Nodes (managed fields stripped).
     pub nodes: Store<Node>,
-    /// Reports.
-    pub reports: Store<Guarded<GpuNodeReport>>,
+    /// Reports, compacted ([`compact`]).
+    pub reports: Store<CachedReport>,
     /// The probes' heartbeat Leases.
     pub heartbeats: Heartbeats,
     /// Policies.
@@ -132,7 +134,7 @@ impl Caches {
     }
 
     /// The node's report as the cache holds it (readable or not).
-    pub fn report(&self, node: &str) -> Option<Arc<Guarded<GpuNodeReport>>> {
+    pub fn report(&self, node: &str) -> Option<Arc<CachedReport>> {
         self.reports.get(&ObjectRef::new(node))
     }
 
@@ -158,12 +160,8 @@ impl Caches {
 }
 
 /// When the report was observed, if it is readable and says.
-pub fn observed_at(report: Option<&Guarded<GpuNodeReport>>) -> Option<Timestamp> {
-    report
-        .and_then(|g| g.0.as_ref().ok())
-        .and_then(|r| r.status.as_ref())
-        .and_then(|s| s.observed_at.as_ref())
-        .map(|t| t.0)
+pub fn observed_at(report: Option<&CachedReport>) -> Option<Timestamp> {
+    report.and_then(CachedReport::observed_at)
 }
 
 /// The GPUs a readable report lists, by index and UUID.
@@ -303,7 +301,7 @@ pub async fn validation_jobs(
 /// What the views of a policy's nodes are made from besides the nodes themselves.
 pub struct Inputs<'a> {
     /// Reports.
-    pub reports: &'a Store<Guarded<GpuNodeReport>>,
+    pub reports: &'a Store<CachedReport>,
     /// The probes' heartbeats.
     pub heartbeats: &'a Heartbeats,
     /// Every policy's selectors, for conflicts.
@@ -343,14 +341,15 @@ pub fn views(
                 warn!(node = %name, error = %e, "ignoring unreadable gpunode annotation");
             }
             let last_heard = observed_at(report.as_deref()).map(|o| crate::evaluate::last_heard(o, heard));
-            let readable = report.as_deref().and_then(|g| g.0.as_ref().ok());
             let dra = inputs.slices.as_ref().and_then(|by_node| {
                 let slices = by_node.get(name).unwrap_or(&no_slices);
                 devices::node_devices(slices.iter().map(AsRef::as_ref), name, driver)
             });
-            let devices = devices::devices_of(dra, gpu_pods(readable));
+            let pods = report.as_deref().and_then(CachedReport::pods).cloned();
+            let gpus = report.as_deref().map(|r| r.gpus().to_vec()).unwrap_or_default();
+            let devices = devices::devices_of(dra, pods);
             view.heard_at(last_heard)
-                .with_gpus(gpu_views(readable), devices)
+                .with_gpus(gpus, devices)
                 .with_repair(inputs.repair_objects.get(name).cloned())
                 .with_validation(inputs.validation_jobs.get(name).cloned())
         })
@@ -391,7 +390,7 @@ impl Watches {
             .default_backoff()
             .modify(trim::node)
             .reflect(node_writer);
-        let (reports, report_writer) = reflector::store::<Guarded<GpuNodeReport>>();
+        let (reports, mut report_writer) = reflector::store::<CachedReport>();
         let report_stream = watcher(
             Api::<Guarded<GpuNodeReport>>::all(client.clone()),
             listing.clone(),
@@ -401,7 +400,9 @@ impl Watches {
             Ok(report) => trim::report(report),
             Err(_) => r.managed_fields_mut().clear(),
         })
-        .reflect(report_writer);
+        // The cache keeps each report compacted; the stream goes on with the whole object, for
+        // the trigger that evaluates it as it arrives.
+        .inspect_ok(move |e| report_writer.apply_watcher_event(&compact::event(e)));
         // Heartbeats change no decision by themselves (a probe that comes back after a gap
         // writes its whole report), so this watch only feeds the cache.
         let (leases, lease_writer) = reflector::store::<Lease>();
