@@ -346,7 +346,7 @@ pub fn views(
                 devices::node_devices(slices.iter().map(AsRef::as_ref), name, driver)
             });
             let pods = report.as_deref().and_then(CachedReport::pods).cloned();
-            let gpus = report.as_deref().map(|r| r.gpus().to_vec()).unwrap_or_default();
+            let gpus = report.as_deref().map(|r| r.gpus().clone()).unwrap_or_default();
             let devices = devices::devices_of(dra, pods);
             view.heard_at(last_heard)
                 .with_gpus(gpus, devices)

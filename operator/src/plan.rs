@@ -28,7 +28,10 @@ pub mod repair;
 pub mod validation;
 pub mod windows;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use gpunode_crds::{
     DriftClass, GpuNodePolicySpec,
@@ -76,7 +79,7 @@ pub struct NodeView {
     /// heartbeat): the report goes stale `staleAfter` later.
     pub last_heard: Option<Timestamp>,
     /// The GPUs the node's report lists.
-    pub gpus: Vec<GpuView>,
+    pub gpus: Arc<[GpuView]>,
     /// How the node's GPUs reach pods (DRA devices or the device plugin).
     pub devices: NodeDevices,
     /// The running repair step's object, as looked at before planning.
@@ -124,7 +127,7 @@ impl NodeView {
             verdict,
             conflicts,
             last_heard: None,
-            gpus: Vec::new(),
+            gpus: Arc::default(),
             devices: NodeDevices::Unknown,
             repair_object: None,
             validation_job: None,
@@ -140,8 +143,8 @@ impl NodeView {
     }
 
     /// The same view, with the GPUs the report lists and how they reach pods.
-    pub fn with_gpus(mut self, gpus: Vec<GpuView>, devices: NodeDevices) -> NodeView {
-        self.gpus = gpus;
+    pub fn with_gpus(mut self, gpus: impl Into<Arc<[GpuView]>>, devices: NodeDevices) -> NodeView {
+        self.gpus = gpus.into();
         self.devices = devices;
         self
     }
@@ -160,7 +163,7 @@ impl NodeView {
             verdict,
             conflicts: Vec::new(),
             last_heard: None,
-            gpus: Vec::new(),
+            gpus: Arc::default(),
             devices: NodeDevices::Unknown,
             repair_object: None,
             validation_job: None,

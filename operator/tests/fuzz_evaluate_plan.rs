@@ -195,9 +195,14 @@ fn evaluate_survives_mutated_reports() {
         };
         parsed.hit();
         let now = observed + SignedDuration::from_secs(offset);
-        // What the operator's cache keeps of the report decides the same.
+        // What the operator's cache keeps of the report (trimmed, then compacted and decoded
+        // when evaluated) decides the same.
         let mut trimmed = report.clone();
         gpunode_operator::observe::trim::report(&mut trimmed);
+        let cached =
+            gpunode_operator::observe::CachedReport::new(&kube::core::DeserializeGuard(Ok(trimmed.clone())));
+        let decoded = cached.report().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&decoded, &trimmed);
         for p in &policies {
             let verdict = evaluate(&p.spec, Some(&report), now);
             prop_assert!(!verdict.summary().is_empty());
@@ -247,7 +252,7 @@ fn evaluate_survives_mutated_reports() {
             ),
             ("missing report is Unknown", "5 policies".into()),
             (
-                "the cache's trimmed report gives the same verdict",
+                "the cache's trimmed, compacted report gives the same verdict",
                 "every verdict".into(),
             ),
         ],

@@ -98,7 +98,7 @@ fn node(name: &str) -> NodeView {
             index: i,
             uuid: Some(uuid(i)),
         })
-        .collect();
+        .collect::<Vec<_>>();
     NodeView::new(name, Verdict::new(Vec::new(), Vec::new())).with_gpus(gpus, dra_devices(name, 8))
 }
 
@@ -318,7 +318,9 @@ fn a_gpu_whose_device_is_not_published_is_reported_and_escalated_never_guessed()
 
     // A GPU the probe reports without a UUID cannot be matched either.
     let mut nodes = vec![node("n2")];
-    nodes[0].gpus[2].uuid = None;
+    let mut gpus = nodes[0].gpus.to_vec();
+    gpus[2].uuid = None;
+    nodes[0].gpus = gpus.into();
     nodes[0].verdict = xid_on(&[2]);
     let p = step(&policy, &mut nodes, at(0));
     assert!(matches!(

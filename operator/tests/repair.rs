@@ -583,7 +583,7 @@ fn with_gpus(mut nodes: Vec<NodeView>) -> Vec<NodeView> {
             index,
             uuid: Some(format!("GPU-0000000{index}")),
         })
-        .collect();
+        .collect::<Vec<_>>();
     nodes[0] = nodes[0].clone().with_gpus(gpus, NodeDevices::Unknown);
     nodes
 }
@@ -791,7 +791,7 @@ fn quarantine_node(holders: Vec<PodRef>) -> Vec<NodeView> {
             index,
             uuid: Some(uuid(index)),
         })
-        .collect();
+        .collect::<Vec<_>>();
     let by_gpu = (0..8)
         .map(|i| (uuid(i), if i == 5 { holders.clone() } else { Vec::new() }))
         .collect();

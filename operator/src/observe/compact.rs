@@ -6,7 +6,7 @@
 //! delivered, before it is compacted. At 5,000 nodes the cached reports were most of the
 //! operator's memory: the H100 fixture is 7.3 KB as Rust structs and 2 KB compressed.
 
-use std::borrow::Cow;
+use std::{borrow::Cow, sync::Arc};
 
 use gpunode_crds::GpuNodeReport;
 use jiff::Timestamp;
@@ -26,8 +26,8 @@ pub struct CachedReport {
     metadata: ObjectMeta,
     /// When its probe observed it (a readable report that says).
     observed_at: Option<Timestamp>,
-    /// The GPUs it lists, by index and UUID.
-    gpus: Box<[GpuView]>,
+    /// The GPUs it lists, by index and UUID (shared with every pass's view of the node).
+    gpus: Arc<[GpuView]>,
     /// The pods it says hold each GPU.
     pods: Option<GpuPods>,
     body: Body,
@@ -70,7 +70,7 @@ impl CachedReport {
                         .as_ref()
                         .and_then(|s| s.observed_at.as_ref())
                         .map(|t| t.0),
-                    gpus: gpu_views(Some(report)).into_boxed_slice(),
+                    gpus: gpu_views(Some(report)).into(),
                     pods: gpu_pods(Some(report)),
                     body: Body::Readable(lz4_flex::compress_prepend_size(&json).into_boxed_slice()),
                 },
@@ -85,7 +85,7 @@ impl CachedReport {
         CachedReport {
             metadata,
             observed_at: None,
-            gpus: Box::default(),
+            gpus: Arc::default(),
             pods: None,
             body: Body::Unreadable(reason),
         }
@@ -114,7 +114,7 @@ impl CachedReport {
     }
 
     /// The GPUs it lists.
-    pub fn gpus(&self) -> &[GpuView] {
+    pub fn gpus(&self) -> &Arc<[GpuView]> {
         &self.gpus
     }
 
@@ -198,7 +198,7 @@ mod tests {
         assert_eq!(cached.report().unwrap(), report);
         assert_eq!(cached.meta().resource_version.as_deref(), Some("42"));
         assert_eq!(cached.meta().name, report.metadata.name);
-        assert_eq!(cached.gpus(), gpu_views(Some(&report)).as_slice());
+        assert_eq!(&cached.gpus()[..], gpu_views(Some(&report)).as_slice());
         assert_eq!(cached.pods(), gpu_pods(Some(&report)).as_ref());
         assert!(cached.observed_at().is_some());
         assert_eq!(
