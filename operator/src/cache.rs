@@ -35,9 +35,10 @@ pub fn evaluate_guarded(
     heard: Option<Timestamp>,
     now: Timestamp,
 ) -> (Verdict, Option<Timestamp>) {
+    // The same reason as a cached unreadable report gives.
     let report = report.map(|g| {
         g.0.as_ref()
-            .map_err(|e| format!("the GpuNodeReport cannot be read: {}", e.error))
+            .map_err(|e| crate::observe::compact::Error::Unreadable(e.error.clone()).to_string())
     });
     evaluate_readable(policy, report, heard, now)
 }
@@ -49,13 +50,9 @@ pub fn evaluate_cached(
     heard: Option<Timestamp>,
     now: Timestamp,
 ) -> (Verdict, Option<Timestamp>) {
-    let decoded = report.map(|c| c.report().map_err(|e| e.to_string()));
-    evaluate_readable(
-        policy,
-        decoded.as_ref().map(|r| r.as_ref().map_err(String::clone)),
-        heard,
-        now,
-    )
+    let decoded = report.map(CachedReport::report);
+    let report = decoded.as_ref().map(|r| r.as_ref().map_err(ToString::to_string));
+    evaluate_readable(policy, report, heard, now)
 }
 
 /// The verdict on a report (`Err`: why it cannot be read).

@@ -103,11 +103,6 @@ impl CachedReport {
         }
     }
 
-    /// Whether the report deserialized when it arrived.
-    pub fn readable(&self) -> bool {
-        matches!(self.body, Body::Readable(_))
-    }
-
     /// When its probe observed it, if it is readable and says.
     pub fn observed_at(&self) -> Option<Timestamp> {
         self.observed_at
@@ -228,7 +223,7 @@ mod tests {
         .unwrap();
         assert!(bad.0.is_err(), "the fixture must not deserialize");
         let cached = CachedReport::new(&bad);
-        assert!(!cached.readable());
+        assert!(matches!(cached.report(), Err(Error::Unreadable(_))));
         assert_eq!(cached.meta().resource_version.as_deref(), Some("7"));
         assert!(cached.gpus().is_empty() && cached.pods().is_none() && cached.observed_at().is_none());
         let err = cached.report().unwrap_err().to_string();
