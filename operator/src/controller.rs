@@ -116,7 +116,7 @@ pub struct Context {
     pub applier: Applier,
     /// What the watches observed, and gpunode's own writes.
     pub caches: Caches,
-    /// Events, published in the background (one recorder, so repeats aggregate).
+    /// Events, published in the background (a Recorder per Event, so none folds into another).
     pub events: crate::events::Publisher,
     /// Whether this replica may write.
     pub leadership: Leadership,
