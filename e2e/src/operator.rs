@@ -41,6 +41,7 @@ impl InProcess {
                 metrics: metrics.clone(),
                 readiness: Readiness::new(),
                 heartbeat_namespace: crate::chart::NAMESPACE.to_string(),
+                apply_concurrency: gpunode_operator::apply::DEFAULT_APPLY_CONCURRENCY,
             },
             async move {
                 let _ = stopped.await;

@@ -153,6 +153,7 @@ async fn helm_lint_is_clean_and_the_values_schema_is_strict() {
         ("nodeProbe.podResources.gpuResources={gpu}", "gpuResources"),
         ("metrics.prometheusRule.for.drifted=soon", "drifted"),
         ("operator.image.pullPolicy=Sometimes", "pullPolicy"),
+        ("operator.applyConcurrency=0", "applyConcurrency"),
     ] {
         let err = helm(strings(&["template", "r", &chart_path(), "--set", set]))
             .await
@@ -264,6 +265,7 @@ async fn helm_template_defaults_and_each_toggle() {
         "--leader-elect=true",
         "--lease-namespace=$(POD_NAMESPACE)",
         "--metrics-addr=0.0.0.0:8080",
+        "--apply-concurrency=32",
     ] {
         assert!(a.iter().any(|x| x == want), "operator args {a:?} lack {want}");
     }
@@ -479,11 +481,13 @@ async fn helm_template_defaults_and_each_toggle() {
             "operator.leaderElection.enabled=false",
             "operator.replicas=1",
             "operator.podDisruptionBudget.enabled=false",
+            "operator.applyConcurrency=8",
         ],
     )
     .await;
     let op = one(&single, "Deployment", "-operator");
     assert!(args(op).iter().any(|a| a == "--leader-elect=false"));
+    assert!(args(op).iter().any(|a| a == "--apply-concurrency=8"));
     assert_eq!(op.data["spec"]["replicas"], 1);
     assert_eq!(count(&single, "PodDisruptionBudget"), 0);
     // No leader Role without leader election; the operator still reads the heartbeats.

@@ -552,6 +552,8 @@ pub struct Options {
     pub readiness: Readiness,
     /// Namespace of the probes' heartbeat Leases (the release namespace).
     pub heartbeat_namespace: String,
+    /// How many nodes of one policy are written at once.
+    pub apply_concurrency: std::num::NonZeroUsize,
 }
 
 /// Runs the controller until `shutdown` completes.
@@ -599,7 +601,9 @@ pub async fn run(
         device_changes,
         ..
     } = watches;
-    let mut applier = Applier::new(client.clone()).with_gate(options.leadership.clone());
+    let mut applier = Applier::new(client.clone())
+        .with_gate(options.leadership.clone())
+        .with_concurrency(options.apply_concurrency);
     if let Some(dra) = &caches.dra {
         applier = applier.with_devices(crate::apply::devices::DeviceWriter::new(
             client.clone(),

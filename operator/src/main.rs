@@ -50,6 +50,10 @@ enum Command {
         /// namespace).
         #[arg(long, env = "POD_NAMESPACE", default_value = "gpunode-system")]
         lease_namespace: String,
+        /// How many nodes of one policy are written at once (at least 1). More is not faster
+        /// once the API server's cores are busy; it only takes more of its in-flight budget.
+        #[arg(long, env = "GPUNODE_APPLY_CONCURRENCY", default_value_t = gpunode_operator::apply::DEFAULT_APPLY_CONCURRENCY)]
+        apply_concurrency: std::num::NonZeroUsize,
     },
     /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,
     /// 1 drifted, 2 unknown, 3 bad input (naming the file and field).
@@ -86,6 +90,7 @@ struct RunArgs {
     metrics_addr: std::net::SocketAddr,
     leader_elect: bool,
     lease_namespace: String,
+    apply_concurrency: std::num::NonZeroUsize,
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -195,6 +200,7 @@ fn run(args: RunArgs) -> ExitCode {
                 metrics,
                 readiness: readiness.clone(),
                 heartbeat_namespace: args.lease_namespace.clone(),
+                apply_concurrency: args.apply_concurrency,
             },
             async {
                 shutdown_signal().await;
@@ -255,12 +261,14 @@ fn main() -> ExitCode {
             metrics_addr,
             leader_elect,
             lease_namespace,
+            apply_concurrency,
         } => run(RunArgs {
             instance,
             log_json,
             metrics_addr,
             leader_elect,
             lease_namespace,
+            apply_concurrency,
         }),
         Command::Check {
             policy,

@@ -183,3 +183,16 @@ fn the_validation_gate_is_listed_and_a_template_the_operator_cannot_read_is_bad_
     );
     assert!(err.contains("invalid type"), "{err}");
 }
+
+#[test]
+fn run_refuses_a_zero_write_concurrency_naming_the_flag() {
+    // Refused while parsing, before any Kubernetes configuration is looked for.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpunode-operator"))
+        .args(["run", "--apply-concurrency", "0"])
+        .env_remove("GPUNODE_APPLY_CONCURRENCY")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--apply-concurrency"), "{err}");
+}
