@@ -68,9 +68,9 @@ const MAX_CONFLICT_RETRIES: usize = 5;
 
 /// How many nodes of one policy are written at once unless `--apply-concurrency` says otherwise.
 /// The scale benchmark's sweep of gpunode's own request: 8 in flight leaves the API server idle
-/// between requests; 16–32 is its fastest at 100 nodes (128 was 27 % slower: the server spends
-/// its cores switching between requests); from 32 to 512 all are alike at 1,000 and 5,000. 32
-/// also leaves most of the API server's default mutating in-flight budget (200) to others.
+/// between requests; 16–32 is its fastest at 100 nodes (128 was 27 % slower); from 32 to 512
+/// all are alike at 1,000 and 5,000. 32 also leaves most of the API server's default mutating
+/// in-flight budget (200) to others.
 pub const DEFAULT_APPLY_CONCURRENCY: NonZeroUsize = NonZeroUsize::new(32).unwrap();
 
 /// Why a write failed.
@@ -694,9 +694,9 @@ impl Applier {
 
     /// Applies policy `policy`'s plan to its nodes (`nodes`, as observed; each node's copy is
     /// released as soon as its write completes): only nodes with something to write, drain or
-    /// announce get a request, at most the applier's concurrency at once. `done` sees each node's result as
-    /// it completes (and may take the written node out of it); the results come back in the
-    /// plan's order.
+    /// announce get a request, at most the applier's concurrency at once. `done` sees each
+    /// node's result as it completes (and may take the written node out of it); the results
+    /// come back in the plan's order.
     #[tracing::instrument(skip_all, fields(policy = policy, nodes = plan.nodes.len()))]
     pub async fn apply_policy(
         &self,
