@@ -38,8 +38,8 @@ pub enum Tuning {
     Defaults,
     /// At its best: 128 updaters (gpunode writes 32 nodes at once by default; 128 was its
     /// setting before, and the API server takes 32 to 512 alike from 1,000 nodes), and the
-    /// client rate limit lifted (QPS and burst through bench/nfd-build.sh's wrapper), as gpunode's client
-    /// has none.
+    /// client rate limit lifted (QPS and burst through bench/nfd-build.sh's wrapper), as
+    /// gpunode's client has none.
     Best,
 }
 
