@@ -142,6 +142,24 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
     }
     let _ = writeln!(
         s,
+        "Each convergence run, in order: seconds to the last node (to 99 % of the nodes).\n"
+    );
+    for r in runs {
+        let g = &r.gpunode;
+        let each: Vec<String> = g
+            .convergence_runs_s
+            .iter()
+            .enumerate()
+            .map(|(i, last)| match g.convergence_runs_p99_s.get(i) {
+                Some(p99) => format!("{} ({})", f(*last), f(*p99)),
+                None => f(*last),
+            })
+            .collect();
+        let _ = writeln!(s, "- N = {}: {}", r.n, each.join(", "));
+    }
+    let _ = writeln!(s);
+    let _ = writeln!(
+        s,
         "### The limit by concurrency (writes/s, median [min–max] over the repetitions)\n"
     );
     let concurrencies: std::collections::BTreeSet<usize> = runs

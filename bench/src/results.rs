@@ -69,6 +69,10 @@ pub struct Gpunode {
     /// Median and spread of `convergence_runs_s`.
     #[serde(default)]
     pub convergence_spread: Spread,
+    /// Per run, as `convergence_runs_s`: the time by which 99 % of the nodes had converged. Near
+    /// the run's last node, the whole fleet was slow; far below it, a few nodes were late.
+    #[serde(default)]
+    pub convergence_runs_p99_s: Vec<f64>,
     /// Policy applied → first node, seconds.
     pub first_node_s: f64,
     /// Policy applied → half of the nodes, seconds.

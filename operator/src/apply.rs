@@ -589,6 +589,11 @@ impl Applier {
         self
     }
 
+    /// How many nodes are written at once: a policy's nodes, and the nodes released together.
+    pub fn concurrency(&self) -> NonZeroUsize {
+        self.concurrency
+    }
+
     /// Makes a validation's Job unless it exists; a leftover of an earlier run under the same
     /// name is deleted (the next pass makes the Job). The Job is owned by `node`: a node that
     /// is deleted (scaled down, replaced) takes its validation with it through the garbage

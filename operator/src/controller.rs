@@ -196,12 +196,14 @@ pub async fn reconcile(guarded: Arc<Guarded<GpuNodePolicy>>, ctx: Arc<Context>) 
 /// abandoned and retried.
 pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Releases each node in turn. Fails, rather than stopping quietly, when this replica stops
-/// leading part-way: a deleted policy must keep its finalizer until every node is released.
+/// Releases the nodes, at most the applier's concurrency at once. Fails, rather than stopping
+/// quietly, when this replica stops leading part-way: a deleted policy must keep its finalizer
+/// until every node is released.
 async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context, why: &str) -> Result<(), Error> {
     let now = Timestamp::now();
     release_each(
         nodes,
+        ctx.applier.concurrency().get(),
         || ctx.leadership.is_leader(),
         |n| async move {
             let wrote = ctx.applier.release(&n, now).await?;
@@ -223,25 +225,45 @@ async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context, why: &str) -> Resul
     .map_err(Error::from)
 }
 
-/// Releases nodes in order while `leading()` holds. Losing leadership part-way is an error
-/// naming the first node left, never a quiet success: a deleted policy's finalizer must stay
-/// until every node is released, by this replica or the next leader.
+/// Releases nodes, `concurrency` at once, while `leading()` holds. Losing leadership part-way
+/// is an error naming a node left, never a quiet success: a deleted policy's finalizer must
+/// stay until every node is released, by this replica or the next leader. After the first
+/// failure no further release starts; those under way finish.
 async fn release_each<F, Fut>(
     nodes: Vec<Arc<Node>>,
+    concurrency: usize,
     leading: impl Fn() -> bool,
-    mut release: F,
+    release: F,
 ) -> Result<(), crate::apply::ApplyError>
 where
-    F: FnMut(Arc<Node>) -> Fut,
+    F: Fn(Arc<Node>) -> Fut,
     Fut: std::future::Future<Output = Result<(), crate::apply::ApplyError>>,
 {
-    for n in nodes {
-        if !leading() {
-            return Err(crate::apply::ApplyError::NotLeader(n.name_any()));
+    let stopped = AtomicBool::new(false);
+    let (stopped, leading, release) = (&stopped, &leading, &release);
+    let mut results = futures::stream::iter(nodes)
+        .map(|n| async move {
+            if stopped.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let result = if leading() {
+                release(n).await
+            } else {
+                Err(crate::apply::ApplyError::NotLeader(n.name_any()))
+            };
+            if result.is_err() {
+                stopped.store(true, Ordering::Relaxed);
+            }
+            result
+        })
+        .buffer_unordered(concurrency.max(1));
+    let mut first = None;
+    while let Some(result) = results.next().await {
+        if let Err(e) = result {
+            first.get_or_insert(e);
         }
-        release(n).await?;
     }
-    Ok(())
+    first.map_or(Ok(()), Err)
 }
 
 /// How often the leader looks for nodes no policy governs, besides at start-up and whenever a
@@ -552,7 +574,7 @@ pub struct Options {
     pub readiness: Readiness,
     /// Namespace of the probes' heartbeat Leases (the release namespace).
     pub heartbeat_namespace: String,
-    /// How many nodes of one policy are written at once.
+    /// How many nodes of one policy are written, or released, at once.
     pub apply_concurrency: std::num::NonZeroUsize,
 }
 
@@ -743,9 +765,10 @@ mod tests {
         let nodes: Vec<Arc<Node>> = ["a", "b", "c"].into_iter().map(named).collect();
         let checks = std::cell::Cell::new(0);
         let released = std::cell::RefCell::new(Vec::new());
-        // Leading for the first node only.
+        // Leading for the first node only (one at a time: the order is the nodes').
         let result = release_each(
             nodes,
+            1,
             || {
                 checks.set(checks.get() + 1);
                 checks.get() == 1
@@ -763,7 +786,69 @@ mod tests {
         }
         // Leading throughout: every node, then success.
         let all: Vec<Arc<Node>> = ["a", "b"].into_iter().map(named).collect();
-        assert!(release_each(all, || true, |_| async { Ok(()) }).await.is_ok());
+        assert!(release_each(all, 1, || true, |_| async { Ok(()) }).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn releases_run_together_up_to_the_concurrency() {
+        let nodes: Vec<Arc<Node>> = (0..20).map(|i| named(&format!("n{i}"))).collect();
+        let (now, most) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        let released = std::cell::RefCell::new(Vec::new());
+        let result = release_each(
+            nodes,
+            4,
+            || true,
+            |n| {
+                let (now, most, released) = (&now, &most, &released);
+                async move {
+                    now.set(now.get() + 1);
+                    most.set(most.get().max(now.get()));
+                    tokio::task::yield_now().await;
+                    now.set(now.get() - 1);
+                    released.borrow_mut().push(n.name_any());
+                    Ok(())
+                }
+            },
+        )
+        .await;
+        assert!(result.is_ok());
+        assert_eq!(most.get(), 4, "four releases at once, never more");
+        assert_eq!(released.borrow().len(), 20, "every node released");
+    }
+
+    #[tokio::test]
+    async fn after_a_failed_release_no_other_starts_and_the_pass_fails() {
+        let nodes: Vec<Arc<Node>> = (0..20).map(|i| named(&format!("n{i}"))).collect();
+        let started = std::cell::RefCell::new(Vec::new());
+        let result = release_each(
+            nodes,
+            4,
+            || true,
+            |n| {
+                started.borrow_mut().push(n.name_any());
+                async move {
+                    tokio::task::yield_now().await;
+                    if n.name_any() == "n1" {
+                        Err(ApplyError::Conflict(n.name_any()))
+                    } else {
+                        Ok(())
+                    }
+                }
+            },
+        )
+        .await;
+        match result {
+            Err(ApplyError::Conflict(node)) => assert_eq!(node, "n1"),
+            other => panic!("a failed release must fail the pass, got {other:?}"),
+        }
+        // Those under way when n1 failed (four, and at most one that replaced a finished one)
+        // finished; none of the fifteen left started.
+        let started = started.into_inner();
+        assert!(started.contains(&"n1".to_string()));
+        assert!(
+            started.len() <= 5,
+            "releases started after the failure: {started:?}"
+        );
     }
 
     #[test]
