@@ -177,12 +177,23 @@ pub async fn reconcile(guarded: Arc<Guarded<GpuNodePolicy>>, ctx: Arc<Context>) 
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
     let api = Api::<GpuNodePolicy>::all(ctx.client.clone());
-    let pass = finalizer(&api, FINALIZER, policy, |event| async {
-        match event {
-            FinalizerEvent::Apply(p) => reconcile_policy(p, ctx.clone()).await,
-            FinalizerEvent::Cleanup(p) => release_policy(&p, &ctx).await,
+    let adds_finalizer =
+        policy.metadata.deletion_timestamp.is_none() && !policy.finalizers().iter().any(|f| f == FINALIZER);
+    let pass = async {
+        let action = finalized(&api, policy.clone(), &ctx).await?;
+        if !adds_finalizer {
+            return Ok(action);
         }
-    });
+        // The finalizer is stored now (the helper's patch tests the list it saw): pass over
+        // the nodes at once, not after the patch's watch event and another debounce, which on
+        // every new policy cost a watch round trip before the first node was written.
+        let mut with = (*policy).clone();
+        with.metadata
+            .finalizers
+            .get_or_insert_with(Vec::new)
+            .push(FINALIZER.to_string());
+        finalized(&api, Arc::new(with), &ctx).await
+    };
     // A request can go unanswered for good (sent as the API server went away; kube has no read
     // timeout by default, since watches idle): bound the pass, so it fails and is retried
     // instead of holding this policy, and every drain of it, until the connection dies.
@@ -190,6 +201,22 @@ pub async fn reconcile(guarded: Arc<Guarded<GpuNodePolicy>>, ctx: Arc<Context>) 
         Ok(r) => r.map_err(Error::from_finalizer),
         Err(_) => Err(Error::Timeout(RECONCILE_TIMEOUT)),
     }
+}
+
+/// One pass through kube's finalizer helper: adds the finalizer to a policy without it (and
+/// returns), reconciles one with it, releases the nodes of one being deleted.
+async fn finalized(
+    api: &Api<GpuNodePolicy>,
+    policy: Arc<GpuNodePolicy>,
+    ctx: &Arc<Context>,
+) -> Result<Action, kube::runtime::finalizer::Error<Error>> {
+    finalizer(api, FINALIZER, policy, |event| async {
+        match event {
+            FinalizerEvent::Apply(p) => reconcile_policy(p, ctx.clone()).await,
+            FinalizerEvent::Cleanup(p) => release_policy(&p, ctx).await,
+        }
+    })
+    .await
 }
 
 /// Longest a reconcile pass may take (a drain pass of a large node included) before it is
