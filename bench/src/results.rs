@@ -21,18 +21,21 @@ pub struct Latency {
     pub max_ms: f64,
 }
 
+/// The `q` quantile (0–1) of `sorted` (ascending), by nearest rank; 0 when empty.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
 impl Latency {
     /// Percentiles of `ms` (nearest rank).
     pub fn of(ms: &[f64]) -> Latency {
         let mut v = ms.to_vec();
         v.sort_by(f64::total_cmp);
-        let p = |q: f64| {
-            if v.is_empty() {
-                return 0.0;
-            }
-            let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-            v[rank - 1]
-        };
+        let p = |q: f64| percentile(&v, q);
         Latency {
             count: v.len(),
             p50_ms: p(0.5),

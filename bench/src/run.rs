@@ -29,7 +29,7 @@ use crate::{
     nfd,
     procs::{self, Measured},
     realprobes::RealProbes,
-    results::{Latency, Limit, Requests, RunResult, Spread},
+    results::{Latency, Limit, Requests, RunResult, Spread, percentile},
     tracker::{NODE_SELECTOR, Tracker},
 };
 
@@ -270,10 +270,17 @@ async fn start_operator(spec: &operator::Spec, log: &Path) -> Result<Measured, E
     Ok(op)
 }
 
-/// The time by which 99 % of `sorted` (ascending) had passed.
-fn p99(sorted: &[f64]) -> f64 {
-    let k = (sorted.len() * 99).div_ceil(100).max(1);
-    sorted.get(k - 1).copied().unwrap_or(0.0)
+/// Seconds from `t0` to each converged node, ascending.
+fn convergence_times(tracker: &Tracker, t0: Instant) -> Vec<f64> {
+    let mut times: Vec<f64> = tracker.with(|s| {
+        s.nodes
+            .values()
+            .filter_map(|e| e.converged_at)
+            .map(|t| t.saturating_duration_since(t0).as_secs_f64())
+            .collect()
+    });
+    times.sort_by(f64::total_cmp);
+    times
 }
 
 /// gpunode's convergence once more, on a fresh operator process: every node released (the policy
@@ -313,15 +320,8 @@ async fn converge_again(
             (s.converged >= n).then_some(())
         })
         .await?;
-    let mut times: Vec<f64> = tracker.with(|s| {
-        s.nodes
-            .values()
-            .filter_map(|e| e.converged_at)
-            .map(|t| t.saturating_duration_since(t0).as_secs_f64())
-            .collect()
-    });
-    times.sort_by(f64::total_cmp);
-    let (secs, p99) = (times.last().copied().unwrap_or(0.0), p99(&times));
+    let times = convergence_times(tracker, t0);
+    let (secs, p99) = (times.last().copied().unwrap_or(0.0), percentile(&times, 0.99));
     op.stop().await;
     info!(rep, seconds = secs, p99, "converged again");
     Ok((secs, p99))
@@ -483,19 +483,12 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
             (s.converged >= n).then_some(())
         })
         .await?;
-    let mut times: Vec<f64> = tracker.with(|s| {
-        s.nodes
-            .values()
-            .filter_map(|e| e.converged_at)
-            .map(|t| t.saturating_duration_since(t0).as_secs_f64())
-            .collect()
-    });
-    times.sort_by(f64::total_cmp);
+    let times = convergence_times(&tracker, t0);
     let g = &mut result.gpunode;
     g.convergence_s = times.last().copied().unwrap_or(0.0);
     g.first_node_s = times.first().copied().unwrap_or(0.0);
     g.half_nodes_s = times.get(times.len() / 2).copied().unwrap_or(0.0);
-    g.convergence_runs_p99_s = vec![p99(&times)];
+    g.convergence_runs_p99_s = vec![percentile(&times, 0.99)];
     g.compliant = tracker.with(|s| {
         s.nodes
             .values()

@@ -230,7 +230,7 @@ async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context, why: &str) -> Resul
     let now = Timestamp::now();
     release_each(
         nodes,
-        ctx.applier.concurrency().get(),
+        ctx.applier.concurrency(),
         || ctx.leadership.is_leader(),
         |n| async move {
             let wrote = ctx.applier.release(&n, now).await?;
@@ -258,7 +258,7 @@ async fn release_nodes(nodes: Vec<Arc<Node>>, ctx: &Context, why: &str) -> Resul
 /// failure no further release starts; those under way finish.
 async fn release_each<F, Fut>(
     nodes: Vec<Arc<Node>>,
-    concurrency: usize,
+    concurrency: std::num::NonZeroUsize,
     leading: impl Fn() -> bool,
     release: F,
 ) -> Result<(), crate::apply::ApplyError>
@@ -283,7 +283,7 @@ where
             }
             result
         })
-        .buffer_unordered(concurrency.max(1));
+        .buffer_unordered(concurrency.get());
     let mut first = None;
     while let Some(result) = results.next().await {
         if let Err(e) = result {
@@ -753,6 +753,7 @@ mod tests {
     use super::*;
     use crate::apply::{ApplyError, Step};
     use kube::runtime::finalizer::Error as Finalizer;
+    use std::num::NonZeroUsize;
 
     fn refused(code: u16) -> kube::Error {
         kube::Error::Api(Box::new(kube::core::Status {
@@ -795,7 +796,7 @@ mod tests {
         // Leading for the first node only (one at a time: the order is the nodes').
         let result = release_each(
             nodes,
-            1,
+            NonZeroUsize::MIN,
             || {
                 checks.set(checks.get() + 1);
                 checks.get() == 1
@@ -813,7 +814,11 @@ mod tests {
         }
         // Leading throughout: every node, then success.
         let all: Vec<Arc<Node>> = ["a", "b"].into_iter().map(named).collect();
-        assert!(release_each(all, 1, || true, |_| async { Ok(()) }).await.is_ok());
+        assert!(
+            release_each(all, NonZeroUsize::MIN, || true, |_| async { Ok(()) })
+                .await
+                .is_ok()
+        );
     }
 
     #[tokio::test]
@@ -823,7 +828,7 @@ mod tests {
         let released = std::cell::RefCell::new(Vec::new());
         let result = release_each(
             nodes,
-            4,
+            NonZeroUsize::new(4).unwrap(),
             || true,
             |n| {
                 let (now, most, released) = (&now, &most, &released);
@@ -849,7 +854,7 @@ mod tests {
         let started = std::cell::RefCell::new(Vec::new());
         let result = release_each(
             nodes,
-            4,
+            NonZeroUsize::new(4).unwrap(),
             || true,
             |n| {
                 started.borrow_mut().push(n.name_any());

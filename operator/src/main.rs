@@ -51,8 +51,8 @@ enum Command {
         #[arg(long, env = "POD_NAMESPACE", default_value = "gpunode-system")]
         lease_namespace: String,
         /// How many nodes of one policy are written (or released, when the policy goes) at once,
-        /// at least 1. More is not faster
-        /// once the API server's cores are busy; it only takes more of its in-flight budget.
+        /// at least 1. More is not faster once the API server's cores are busy; it only takes
+        /// more of its in-flight budget.
         #[arg(long, env = "GPUNODE_APPLY_CONCURRENCY", default_value_t = gpunode_operator::apply::DEFAULT_APPLY_CONCURRENCY)]
         apply_concurrency: std::num::NonZeroUsize,
     },
