@@ -26,7 +26,7 @@ use gpunode_e2e::{
     faults::{
         cluster::{FaultCluster, Restore},
         marks,
-        replica::Operator,
+        replica::{Launch, Operator},
         wave::{Wave, WaveSpec},
     },
     wait,
@@ -171,7 +171,17 @@ async fn a_deleted_policy_is_released_completely_when_its_leader_loses_the_lease
     let _turn = TURN.lock().await;
     let (fc, client) = FaultCluster::up().await.unwrap();
     let ns = "rel-release";
-    let mut a = Operator::start(&fc, &client, "rel-release-a", ns).await.unwrap();
+    // A releases two nodes at a time: with the default 32, most of the 40 releases are already
+    // on the wire when the test sees the first one done, and SIGSTOP cannot stop requests the
+    // API server has received, so nothing would be left to release after the pause. Two still
+    // runs the concurrent path (several releases in flight when leadership is lost).
+    let launch = Launch {
+        env: vec![("GPUNODE_APPLY_CONCURRENCY".into(), "2".into())],
+        ..Launch::default()
+    };
+    let mut a = Operator::start_with(&fc, &client, "rel-release-a", ns, launch)
+        .await
+        .unwrap();
     a.wait_leading(DEADLINE).await.unwrap();
     let b = Operator::start(&fc, &client, "rel-release-b", ns).await.unwrap();
 
@@ -185,7 +195,7 @@ async fn a_deleted_policy_is_released_completely_when_its_leader_loses_the_lease
         .await
         .unwrap();
     // Pause A as soon as its release has begun but not ended (tight polling: a release of 40
-    // nodes takes about a second).
+    // nodes two at a time takes about half a second).
     let nodes_api: Api<Node> = Api::all(client.clone());
     let lp = ListParams::default().labels(&wave.selector());
     let started = Instant::now();
