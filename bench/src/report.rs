@@ -157,6 +157,31 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
             .collect();
         let _ = writeln!(s, "- N = {}: {}", r.n, each.join(", "));
     }
+    let _ = writeln!(
+        s,
+        "\nThe limit from a cold client: N writes at the best concurrency, each pass from a client \
+         built just before it (its connections opened inside the pass, as a freshly started \
+         operator opens its own in its first run), seconds, median [min–max]; the first run over it.\n"
+    );
+    for r in runs {
+        let c = &r.limit.cold_seconds;
+        if c.count == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            s,
+            "- N = {}: {} [{}–{}] ×{} at {} in flight (warm: {}); first run {} = {:.2}x",
+            r.n,
+            f(c.median),
+            f(c.min),
+            f(c.max),
+            c.count,
+            r.limit.best_concurrency,
+            f(r.limit.n_over_rate_s),
+            f(r.gpunode.convergence_runs_s.first().copied().unwrap_or(0.0)),
+            r.first_run_vs_cold_limit,
+        );
+    }
     let _ = writeln!(s);
     let _ = writeln!(
         s,

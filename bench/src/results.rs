@@ -145,6 +145,14 @@ pub struct Limit {
     pub n_over_rate_s: f64,
     /// Failed writes.
     pub errors: u64,
+    /// Passes of N writes (each node once, as a convergence writes them) at the best
+    /// concurrency, each from a client built just before it: the pass opens its connections,
+    /// as a freshly started operator opens its own during its first convergence.
+    #[serde(default)]
+    pub cold: Vec<Sample>,
+    /// Seconds of those passes, median and spread: the limit for N writes from a cold client.
+    #[serde(default)]
+    pub cold_seconds: Spread,
 }
 
 /// NFD's figures.
@@ -194,6 +202,10 @@ pub struct RunResult {
     /// Each convergence run over N / the best median rate: the ratio's spread.
     #[serde(default)]
     pub convergence_vs_limit_spread: Spread,
+    /// The first convergence run (a freshly started operator, no connection open yet) over
+    /// the cold limit's median seconds; 0 when the cold limit was not measured.
+    #[serde(default)]
+    pub first_run_vs_cold_limit: f64,
     /// NFD at its defaults (absent when not run).
     pub nfd: Option<Nfd>,
     /// NFD's convergence at its defaults over gpunode's.

@@ -80,11 +80,23 @@ pub struct Args {
 }
 
 async fn admin(kubeconfig: &Path) -> Result<(Client, Kubeconfig), Error> {
+    let (config, kc) = config(kubeconfig).await?;
+    Ok((Client::try_from(config)?, kc))
+}
+
+/// A client with the operator's identity (`kubeconfig`), built as the operator builds its own
+/// (`gpunode_operator::client`).
+async fn operator_client(kubeconfig: &Path) -> Result<Client, Error> {
+    let (config, _) = config(kubeconfig).await?;
+    Ok(gpunode_operator::client::build(config)?)
+}
+
+async fn config(kubeconfig: &Path) -> Result<(Config, Kubeconfig), Error> {
     let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
     let config = Config::from_custom_kubeconfig(kc.clone(), &KubeConfigOptions::default())
         .await
         .map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
-    Ok((Client::try_from(config)?, kc))
+    Ok((config, kc))
 }
 
 /// Writes a copy of `kc` that authenticates with `token`.
@@ -330,16 +342,18 @@ async fn converge_again(
 /// The same-request limit (`limit.rs`) swept over `args.concurrency`, `args.reps` times,
 /// interleaved with gpunode's convergence: the first convergence is the main run's; each later
 /// sweep follows one more convergence run. The concurrencies' order rotates by repetition.
+/// Then `args.reps` passes of N writes at the best concurrency from a cold client.
 async fn limit_and_convergence(
     args: &Args,
-    op_client: &Client,
+    op_kc: &Path,
     spec: &operator::Spec,
     tracker: &Tracker,
     policies: &Api<DynamicObject>,
     policy: &DynamicObject,
     result: &mut RunResult,
 ) -> Result<(), Error> {
-    let as_operator: Api<Node> = Api::all(op_client.clone());
+    // Built as the operator builds its own: the same request, sent the same way.
+    let as_operator: Api<Node> = Api::all(operator_client(op_kc).await?);
     let bodies = limit::capture(&as_operator).await?;
     let mut out = Limit {
         request: format!(
@@ -380,7 +394,18 @@ async fn limit_and_convergence(
             out.best_concurrency = c;
         }
     }
-    out.errors = out.samples.iter().map(|s| s.errors).sum();
+    // The same N writes from a cold client, at the best concurrency: each pass's client is new,
+    // so the pass opens its connections (HTTP/1.1: one per write in flight), as a freshly
+    // started operator does in its first convergence.
+    for _ in 0..reps {
+        let fresh = operator_client(op_kc).await?;
+        let cold: Api<Node> = Api::all(fresh);
+        out.cold
+            .push(limit::pass(&cold, &bodies, out.best_concurrency, args.n).await);
+    }
+    let cold_seconds: Vec<f64> = out.cold.iter().map(|s| s.seconds).collect();
+    out.cold_seconds = Spread::of(&cold_seconds);
+    out.errors = out.samples.iter().chain(&out.cold).map(|s| s.errors).sum();
     out.n_over_rate_s = args.n as f64 / out.best_rate.max(f64::MIN_POSITIVE);
     let g = &mut result.gpunode;
     g.convergence_spread = Spread::of(&runs);
@@ -388,6 +413,11 @@ async fn limit_and_convergence(
     result.convergence_vs_limit = g.convergence_s / out.n_over_rate_s;
     let ratios: Vec<f64> = runs.iter().map(|r| r / out.n_over_rate_s).collect();
     result.convergence_vs_limit_spread = Spread::of(&ratios);
+    if let Some(first) = runs.first()
+        && out.cold_seconds.median > 0.0
+    {
+        result.first_run_vs_cold_limit = first / out.cold_seconds.median;
+    }
     g.convergence_runs_s = runs;
     result.limit = out;
     Ok(())
@@ -634,8 +664,7 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
         reps = args.reps,
         "measuring the same-request limit, interleaved with convergence runs"
     );
-    let (op_client, _) = admin(&op_kc).await?;
-    limit_and_convergence(args, &op_client, &spec, &tracker, &policies, &policy, &mut result).await?;
+    limit_and_convergence(args, &op_kc, &spec, &tracker, &policies, &policy, &mut result).await?;
 
     // The peer, at its defaults and at its best.
     let mut nfd_windows = Vec::new();

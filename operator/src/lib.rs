@@ -22,6 +22,7 @@
 pub mod apply;
 pub mod cache;
 pub mod check;
+pub mod client;
 pub mod controller;
 pub mod crdgen;
 pub mod events;

@@ -123,7 +123,7 @@ fn run(args: RunArgs) -> ExitCode {
         };
         // Refused evictions (429) are retried by the next reconcile, not hidden in the client.
         config.default_retry = false;
-        let client = match kube::Client::try_from(config) {
+        let client = match gpunode_operator::client::build(config) {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!(error = %e, "building the Kubernetes client");
