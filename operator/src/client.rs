@@ -19,7 +19,8 @@ use tower_http::trace::TraceLayer;
 
 /// A client for `config`, as `kube::Client::try_from` builds it but with `TCP_NODELAY` set.
 /// Not handled here, as the operator never needs them: a proxy URL (an error names it),
-/// kube's retry layer (the operator turns it off) and response compression (not enabled).
+/// kube's retry layer (the operator turns it off), response compression (not enabled) and the
+/// expiry of an exec plugin's client certificate (in a pod the operator uses its token).
 pub fn build(config: Config) -> Result<Client, kube::Error> {
     if let Some(proxy) = &config.proxy_url {
         return Err(kube::Error::ProxyProtocolUnsupported {
