@@ -168,6 +168,7 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
         if c.count == 0 {
             continue;
         }
+        let first = r.gpunode.convergence_runs_s.first().copied().unwrap_or(0.0);
         let _ = writeln!(
             s,
             "- N = {}: {} [{}–{}] ×{} at {} in flight (warm: {}); first run {} = {:.2}x",
@@ -178,8 +179,8 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
             c.count,
             r.limit.best_concurrency,
             f(r.limit.n_over_rate_s),
-            f(r.gpunode.convergence_runs_s.first().copied().unwrap_or(0.0)),
-            r.first_run_vs_cold_limit,
+            f(first),
+            first / c.median.max(f64::MIN_POSITIVE),
         );
     }
     let _ = writeln!(s);

@@ -202,10 +202,6 @@ pub struct RunResult {
     /// Each convergence run over N / the best median rate: the ratio's spread.
     #[serde(default)]
     pub convergence_vs_limit_spread: Spread,
-    /// The first convergence run (a freshly started operator, no connection open yet) over
-    /// the cold limit's median seconds; 0 when the cold limit was not measured.
-    #[serde(default)]
-    pub first_run_vs_cold_limit: f64,
     /// NFD at its defaults (absent when not run).
     pub nfd: Option<Nfd>,
     /// NFD's convergence at its defaults over gpunode's.

@@ -84,13 +84,6 @@ async fn admin(kubeconfig: &Path) -> Result<(Client, Kubeconfig), Error> {
     Ok((Client::try_from(config)?, kc))
 }
 
-/// A client with the operator's identity (`kubeconfig`), built as the operator builds its own
-/// (`gpunode_operator::client`).
-async fn operator_client(kubeconfig: &Path) -> Result<Client, Error> {
-    let (config, _) = config(kubeconfig).await?;
-    Ok(gpunode_operator::client::build(config)?)
-}
-
 async fn config(kubeconfig: &Path) -> Result<(Config, Kubeconfig), Error> {
     let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
     let config = Config::from_custom_kubeconfig(kc.clone(), &KubeConfigOptions::default())
@@ -352,8 +345,9 @@ async fn limit_and_convergence(
     policy: &DynamicObject,
     result: &mut RunResult,
 ) -> Result<(), Error> {
-    // Built as the operator builds its own: the same request, sent the same way.
-    let as_operator: Api<Node> = Api::all(operator_client(op_kc).await?);
+    // Clients built as the operator builds its own: the same request, sent the same way.
+    let (op_config, _) = config(op_kc).await?;
+    let as_operator: Api<Node> = Api::all(gpunode_operator::client::build(op_config.clone())?);
     let bodies = limit::capture(&as_operator).await?;
     let mut out = Limit {
         request: format!(
@@ -398,8 +392,7 @@ async fn limit_and_convergence(
     // so the pass opens its connections (HTTP/1.1: one per write in flight), as a freshly
     // started operator does in its first convergence.
     for _ in 0..reps {
-        let fresh = operator_client(op_kc).await?;
-        let cold: Api<Node> = Api::all(fresh);
+        let cold: Api<Node> = Api::all(gpunode_operator::client::build(op_config.clone())?);
         out.cold
             .push(limit::pass(&cold, &bodies, out.best_concurrency, args.n).await);
     }
@@ -413,11 +406,6 @@ async fn limit_and_convergence(
     result.convergence_vs_limit = g.convergence_s / out.n_over_rate_s;
     let ratios: Vec<f64> = runs.iter().map(|r| r / out.n_over_rate_s).collect();
     result.convergence_vs_limit_spread = Spread::of(&ratios);
-    if let Some(first) = runs.first()
-        && out.cold_seconds.median > 0.0
-    {
-        result.first_run_vs_cold_limit = first / out.cold_seconds.median;
-    }
     g.convergence_runs_s = runs;
     result.limit = out;
     Ok(())
