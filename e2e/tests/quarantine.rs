@@ -140,6 +140,31 @@ async fn device_of(client: &Client, ns: &str, pod: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Every pod of `ns` with its phase and device, and every claim with its allocation and users.
+async fn placements(client: &Client, ns: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut out = Vec::new();
+    for p in pods.list(&ListParams::default()).await.unwrap().items {
+        let name = p.name_any();
+        let phase = p.status.as_ref().and_then(|s| s.phase.clone());
+        let deleting = p.metadata.deletion_timestamp.is_some();
+        let device = device_of(client, ns, &name).await;
+        out.push(format!("pod {name} {phase:?} deleting={deleting} {device:?}"));
+    }
+    let claims: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), ns, &resource("ResourceClaim", "resourceclaims"));
+    for c in claims.list(&ListParams::default()).await.unwrap().items {
+        out.push(format!(
+            "claim {} device={} reservedFor={} deleting={}",
+            c.name_any(),
+            c.data["status"]["allocation"]["devices"]["results"][0]["device"],
+            c.data["status"]["reservedFor"],
+            c.metadata.deletion_timestamp.is_some()
+        ));
+    }
+    out.join("\n")
+}
+
 async fn running(client: &Client, ns: &str, pod: &str) -> bool {
     gpunode_e2e::pods::is_running(&Api::namespaced(client.clone(), ns), pod).await
 }
@@ -160,6 +185,9 @@ use gpunode_e2e::nodes::label;
 
 #[tokio::test]
 async fn an_xid_on_gpu_5_quarantines_that_gpu_alone_and_recovery_gives_it_back() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
     let client = admin_client().await.unwrap();
     crds::install(&client).await.unwrap();
     let operator_client = chart::operator_client(&client).await.unwrap();
@@ -346,7 +374,12 @@ async fn an_xid_on_gpu_5_quarantines_that_gpu_alone_and_recovery_gives_it_back()
     })
     .await
     .unwrap();
-    assert_eq!(after, "gpu-5");
+    assert_eq!(
+        after,
+        "gpu-5",
+        "placements: {}",
+        placements(&client, &ns.name).await
+    );
     wait::until("8 healthy GPUs again", DEADLINE, || async {
         let n = node_api.get(&node).await?;
         Ok((label(&n, "gpunode.dev/healthy-gpus").as_deref() == Some("8")).then_some(()))

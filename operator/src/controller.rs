@@ -635,7 +635,9 @@ pub async fn run(
             if ready.await {
                 synced.store(true, Ordering::Release);
                 readiness.set_ready();
-                info!("node, report and heartbeat caches synced");
+                info!(
+                    "caches synced (nodes, reports, heartbeats and, on a DRA cluster, ResourceSlices and DeviceTaintRules)"
+                );
                 // Start-up: anything gpunode left on nodes that no policy governs.
                 sweep.notify_one();
             }

@@ -468,20 +468,18 @@ impl Watches {
         }
     }
 
-    /// A future that completes once the node, report and Lease caches hold a full list (never,
-    /// if a watch's store is dropped first). Without the Leases every report not rewritten in
-    /// `staleAfter` would look stale.
+    /// A future that completes once the node, report and Lease caches, and on a DRA cluster the
+    /// ResourceSlice and DeviceTaintRule caches, hold a full list (never, if a watch's store is
+    /// dropped first). Without the Leases every report not rewritten in `staleAfter` would look
+    /// stale; without the ResourceSlices every DRA node would look like a device-plugin node,
+    /// where a quarantined GPU cannot be held on its own: its node's rules would drain it.
     pub fn synced(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
-        let (nodes, reports, leases) = (
+        all_synced(
             self.caches.nodes.clone(),
             self.caches.reports.clone(),
             self.leases.clone(),
-        );
-        async move {
-            nodes.wait_until_ready().await.is_ok()
-                && reports.wait_until_ready().await.is_ok()
-                && leases.wait_until_ready().await.is_ok()
-        }
+            self.caches.dra.clone(),
+        )
     }
 
     /// The Lease watch's task, to abort once the controller stops (the node and report watches
@@ -489,6 +487,25 @@ impl Watches {
     pub fn lease_task(&self) -> tokio::task::AbortHandle {
         self.lease_task.abort_handle()
     }
+}
+
+/// Whether every cache the planner reads holds a full list: see [`Watches::synced`].
+async fn all_synced(
+    nodes: Store<Node>,
+    reports: Store<CachedReport>,
+    leases: Store<Lease>,
+    dra: Option<DraCaches>,
+) -> bool {
+    let dra_ready = match dra {
+        Some(dra) => {
+            dra.slices.wait_until_ready().await.is_ok() && dra.rules.wait_until_ready().await.is_ok()
+        }
+        None => true,
+    };
+    dra_ready
+        && nodes.wait_until_ready().await.is_ok()
+        && reports.wait_until_ready().await.is_ok()
+        && leases.wait_until_ready().await.is_ok()
 }
 
 /// The ResourceSlice and DeviceTaintRule watches: their caches, and their changes as stand-in
@@ -575,5 +592,82 @@ pub async fn list_strategy(client: &Client) -> watcher::Config {
             warn!("no answer on whether the API server streams lists; watches list from its cache");
             watcher::Config::default().any_semantic()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Poll;
+
+    use kube::{
+        core::{ApiResource, GroupVersionKind},
+        runtime::{reflector::store::Writer, watcher::Event},
+    };
+
+    use super::*;
+
+    /// A store whose watch has listed everything (an empty list).
+    fn listed<K>(writer: &mut Writer<K>)
+    where
+        K: kube::Resource + Clone + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone,
+    {
+        writer.apply_watcher_event(&Event::Init);
+        writer.apply_watcher_event(&Event::InitDone);
+    }
+
+    fn resource(kind: &str, plural: &str) -> ApiResource {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("resource.k8s.io", "v1", kind), plural)
+    }
+
+    /// Before the ResourceSlices are listed every DRA node looks like a device-plugin node,
+    /// where a quarantined GPU is not held on its own: a restarted operator planning then
+    /// escalated quarantines to its node's Drain.
+    #[tokio::test]
+    async fn planning_waits_for_the_resource_slices_and_device_taint_rules_too() {
+        let (nodes, mut node_writer) = reflector::store::<Node>();
+        let (reports, mut report_writer) = reflector::store::<CachedReport>();
+        let (leases, mut lease_writer) = reflector::store::<Lease>();
+        let api = devices::Dra {
+            slices: resource("ResourceSlice", "resourceslices"),
+            rules: resource("DeviceTaintRule", "devicetaintrules"),
+        };
+        let mut slice_writer = Writer::<devices::ResourceSlice>::new(api.slices.clone());
+        let mut rule_writer = Writer::<devices::DeviceTaintRule>::new(api.rules.clone());
+        let dra = DraCaches {
+            slices: slice_writer.as_reader(),
+            rules: rule_writer.as_reader(),
+            api,
+        };
+        let synced = all_synced(nodes, reports, leases, Some(dra));
+        tokio::pin!(synced);
+
+        listed(&mut node_writer);
+        listed(&mut report_writer);
+        listed(&mut lease_writer);
+        listed(&mut rule_writer);
+        assert!(
+            matches!(futures::poll!(synced.as_mut()), Poll::Pending),
+            "synced before the ResourceSlices were listed"
+        );
+        listed(&mut slice_writer);
+        assert!(
+            matches!(futures::poll!(synced.as_mut()), Poll::Ready(true)),
+            "not synced once every cache was listed"
+        );
+    }
+
+    #[tokio::test]
+    async fn without_dra_the_node_report_and_lease_caches_are_enough() {
+        let (nodes, mut node_writer) = reflector::store::<Node>();
+        let (reports, mut report_writer) = reflector::store::<CachedReport>();
+        let (leases, mut lease_writer) = reflector::store::<Lease>();
+        let synced = all_synced(nodes, reports, leases, None);
+        tokio::pin!(synced);
+        listed(&mut node_writer);
+        listed(&mut report_writer);
+        assert!(matches!(futures::poll!(synced.as_mut()), Poll::Pending));
+        listed(&mut lease_writer);
+        assert!(matches!(futures::poll!(synced.as_mut()), Poll::Ready(true)));
     }
 }
