@@ -127,6 +127,7 @@ fn main() {
             heartbeats: &heartbeats,
             index: &index,
             slices: None,
+            rules: Default::default(),
             repair_objects: Default::default(),
             validation_jobs: Default::default(),
         };
@@ -174,6 +175,7 @@ fn main() {
             heartbeats: &heartbeats,
             index: &index,
             slices: None,
+            rules: Default::default(),
             repair_objects: Default::default(),
             validation_jobs: Default::default(),
         };

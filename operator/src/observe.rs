@@ -94,6 +94,17 @@ impl DraCaches {
         }
         out
     }
+
+    /// gpunode's rules by the node they name (its label, as [`crate::apply::devices`] writes it).
+    pub fn rules_by_node(&self) -> HashMap<String, Vec<Arc<devices::DeviceTaintRule>>> {
+        let mut out: HashMap<String, Vec<Arc<devices::DeviceTaintRule>>> = HashMap::new();
+        for r in self.rules.state() {
+            if let Some(node) = r.labels().get(crate::apply::devices::NODE_LABEL).cloned() {
+                out.entry(node).or_default().push(r);
+            }
+        }
+        out
+    }
 }
 
 /// What one reconcile of one policy sees.
@@ -153,6 +164,11 @@ impl Caches {
             heartbeats: &self.heartbeats,
             index,
             slices: self.dra.as_ref().map(DraCaches::by_node),
+            rules: self
+                .dra
+                .as_ref()
+                .map(DraCaches::rules_by_node)
+                .unwrap_or_default(),
             repair_objects: HashMap::new(),
             validation_jobs: HashMap::new(),
         }
@@ -308,6 +324,8 @@ pub struct Inputs<'a> {
     pub index: &'a SelectorIndex,
     /// On a DRA cluster, the ResourceSlices by node.
     pub slices: Option<HashMap<String, Vec<Arc<devices::ResourceSlice>>>>,
+    /// On a DRA cluster, gpunode's DeviceTaintRules by their node label.
+    pub rules: HashMap<String, Vec<Arc<devices::DeviceTaintRule>>>,
     /// The running repair steps' objects, by node ([`repair_objects`]).
     pub repair_objects: HashMap<String, StepObject>,
     /// The running validations' Jobs, by node ([`validation_jobs`]).
@@ -327,6 +345,7 @@ pub fn views(
     let policy_name = policy.name_any();
     let driver = policy.spec.quarantine.dra_driver.as_str();
     let no_slices = Vec::new();
+    let no_rules = Vec::new();
     verdicts.begin(policy);
     let views = nodes
         .iter()
@@ -343,7 +362,17 @@ pub fn views(
             let last_heard = observed_at(report.as_deref()).map(|o| crate::evaluate::last_heard(o, heard));
             let dra = inputs.slices.as_ref().and_then(|by_node| {
                 let slices = by_node.get(name).unwrap_or(&no_slices);
-                devices::node_devices(slices.iter().map(AsRef::as_ref), name, driver)
+                let rules = inputs
+                    .rules
+                    .get(&crate::apply::devices::label_value(name))
+                    .unwrap_or(&no_rules);
+                devices::held_node_devices(
+                    slices.iter().map(AsRef::as_ref),
+                    rules.iter().map(AsRef::as_ref),
+                    name,
+                    driver,
+                    &policy_name,
+                )
             });
             let pods = report.as_deref().and_then(CachedReport::pods).cloned();
             let gpus = report.as_deref().map(|r| r.gpus().clone()).unwrap_or_default();

@@ -130,7 +130,7 @@ pub fn desired(
 
 /// Label values are at most 63 characters: node names and UUIDs longer than that are cut (the
 /// rule's name, not its labels, identifies it).
-fn label_value(s: &str) -> String {
+pub(crate) fn label_value(s: &str) -> String {
     let cut: String = s.chars().take(63).collect();
     cut.trim_end_matches(['-', '_', '.']).to_string()
 }

@@ -16,7 +16,12 @@ use kube::{
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use crate::plan::{DeviceRef, GpuPods, NodeDevices};
+use kube::ResourceExt;
+
+use crate::{
+    apply::devices::{DEVICE_TAINT_KEY, GPU_LABEL},
+    plan::{DeviceRef, GpuPods, NodeDevices},
+};
 
 /// A ResourceSlice, as gpunode reads it.
 pub type ResourceSlice = Object<SliceSpec, NotUsed>;
@@ -132,6 +137,48 @@ pub fn node_devices<'a>(
         }
     }
     found.then_some(out)
+}
+
+/// The devices of `node` that `policy` may quarantine on: those `driver` publishes in its
+/// `slices` ([`node_devices`]) and, for each GPU the policy holds quarantined by one of gpunode's
+/// rules of the node (`rules`) that the slices do not list, the device that rule names. A DRA
+/// driver that restarts withdraws and republishes its slices; a quarantine in effect stays
+/// through that gap instead of escalating to the node's rules (its drain). `None` when neither
+/// names a device of the node (a device-plugin node).
+pub fn held_node_devices<'a>(
+    slices: impl IntoIterator<Item = &'a ResourceSlice>,
+    rules: impl IntoIterator<Item = &'a DeviceTaintRule>,
+    node: &str,
+    driver: &str,
+    policy: &str,
+) -> Option<BTreeMap<String, DeviceRef>> {
+    let mut out = node_devices(slices, node, driver);
+    for rule in rules {
+        let selector = &rule.spec.device_selector;
+        let (Some(gpu), Some(pool), Some(device)) = (
+            rule.labels().get(GPU_LABEL),
+            selector.pool.as_ref(),
+            selector.device.as_ref(),
+        ) else {
+            continue;
+        };
+        let policy_of = rule.spec.taint.value.as_deref();
+        if selector.driver.as_deref() != Some(driver)
+            || rule.spec.taint.key != DEVICE_TAINT_KEY
+            || policy_of != Some(policy)
+            || rule.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        out.get_or_insert_with(BTreeMap::new)
+            .entry(gpu.clone())
+            .or_insert_with(|| DeviceRef {
+                driver: driver.to_string(),
+                pool: pool.clone(),
+                device: device.clone(),
+            });
+    }
+    out
 }
 
 /// How a node's GPUs reach pods: its DRA devices when `driver` publishes any for it, otherwise
@@ -277,5 +324,55 @@ mod tests {
             "another driver's slice: a device-plugin node"
         );
         assert_eq!(node_devices(&all, "n9", "gpu.nvidia.com"), None);
+    }
+
+    fn rule(gpu: &str, driver: &str, pool: &str, device: &str, policy: &str) -> DeviceTaintRule {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": format!("gpunode-n1-{}", gpu.to_ascii_lowercase()),
+                         "labels": {"app.kubernetes.io/managed-by": "gpunode", "gpunode.dev/node": "n1", "gpunode.dev/gpu": gpu}},
+            "spec": {"deviceSelector": {"driver": driver, "pool": pool, "device": device},
+                     "taint": {"key": DEVICE_TAINT_KEY, "value": policy, "effect": "NoExecute"}},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A DRA driver restarting withdraws its slices: the quarantines in effect keep their
+    /// devices (and so their rules) instead of escalating to the node's drain; a GPU nobody
+    /// quarantined is not invented, and the slices win when they are back.
+    #[test]
+    fn a_quarantined_gpu_keeps_its_device_while_the_slices_are_gone() {
+        let held = rule("GPU-e", "gpu.nvidia.com", "n1", "gpu-5", "p");
+        let other_policy = rule("GPU-f", "gpu.nvidia.com", "n1", "gpu-6", "q");
+        let other_driver = rule("GPU-g", "other.example.com", "n1", "gpu-7", "p");
+        let rules = [held.clone(), other_policy, other_driver];
+        let none: [ResourceSlice; 0] = [];
+        let gone = held_node_devices(&none, &rules, "n1", "gpu.nvidia.com", "p").unwrap_or_default();
+        assert_eq!(gone.len(), 1, "{gone:?}");
+        assert_eq!(gone["GPU-e"].device, "gpu-5");
+        assert_eq!(gone["GPU-e"].pool, "n1");
+        assert_eq!(
+            held_node_devices(&none, &[], "n1", "gpu.nvidia.com", "p"),
+            None,
+            "no slice and no rule: a device-plugin node"
+        );
+        let back = slice(
+            "n1",
+            "gpu.nvidia.com",
+            serde_json::json!([
+                {"name": "gpu-0", "attributes": {"uuid": {"string": "GPU-a"}}},
+                {"name": "renamed-5", "attributes": {"uuid": {"string": "GPU-e"}}},
+            ]),
+        );
+        let both = held_node_devices([&back], &rules, "n1", "gpu.nvidia.com", "p").unwrap_or_default();
+        assert_eq!(both.len(), 2, "{both:?}");
+        assert_eq!(both["GPU-e"].device, "renamed-5", "the slices win");
+        let mut deleting = held;
+        deleting.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        assert_eq!(
+            held_node_devices(&none, [&deleting], "n1", "gpu.nvidia.com", "p"),
+            None,
+            "a rule being deleted holds nothing"
+        );
     }
 }
