@@ -39,6 +39,35 @@ fn relists(fc: &FaultCluster, user: &str, resource: &str, since: jiff::Timestamp
         .count()
 }
 
+/// When the operator's `source` watch (node, report) first finished listing after `since`: its
+/// "watch listed" log line, whose text starts with the time it was written.
+fn listed_after(log: &str, source: &str, since: jiff::Timestamp) -> Option<jiff::Timestamp> {
+    let tag = format!("source=\"{source}\"");
+    log.lines()
+        .map(without_colours)
+        .filter(|l| l.contains("watch listed") && l.contains(&tag))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<jiff::Timestamp>().ok())
+        .find(|at| *at > since)
+}
+
+/// A log line without its terminal colour codes (ESC [ ... m).
+fn without_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[tokio::test]
 async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches() {
     let (fc, client) = FaultCluster::up().await.unwrap();
@@ -62,6 +91,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     fc.ctl("stop", "kube-apiserver").await.unwrap();
     cluster::hold("API server outage", outage()).await.unwrap();
     fc.ctl("start", "kube-apiserver").await.unwrap();
+    let started = jiff::Timestamp::now();
     guard.done();
     let back = Instant::now();
     fc.wait_api(&client, DEADLINE).await.unwrap();
@@ -114,6 +144,16 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     })
     .await
     .unwrap();
+    // How stale the operator's caches stayed: its node and report watches listed again.
+    let relisted =
+        gpunode_e2e::wait::until("the node and report watches to list again", DEADLINE, || async {
+            let log = op.log_text();
+            Ok(listed_after(&log, "node", started).zip(listed_after(&log, "report", started)))
+        })
+        .await
+        .unwrap();
+    let relist_ms = |at: jiff::Timestamp| (at - started).get_milliseconds().max(0) as u64;
+    let relisted_ms = relist_ms(relisted.0).max(relist_ms(relisted.1));
     let expired = op.log_text().matches("code: 410").count();
     let node_relists = relists(&fc, &user, "nodes", before);
     let report_relists = relists(&fc, &user, "gpunodereports", before);
@@ -151,10 +191,15 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
             Check::new(
                 "operator carried on after relisting (next node drained)",
                 !second.is_empty(),
-                format!("{second} drained after {first}"),
+                format!(
+                    "{second} drained after {first}; the node and report watches listed again {} ms \
+                     and {} ms after the API server was started again",
+                    relist_ms(relisted.0),
+                    relist_ms(relisted.1)
+                ),
             ),
         ],
-        recovery_ms: None,
+        recovery_ms: Some(relisted_ms),
     })
     .unwrap();
 

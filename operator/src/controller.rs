@@ -615,7 +615,8 @@ pub async fn run(
         Api::<Guarded<GpuNodePolicy>>::all(client.clone()),
         watcher::Config::default().any_semantic(),
     )
-    .with_config(controller::Config::default().debounce(Duration::from_millis(20)));
+    .with_config(controller::Config::default().debounce(Duration::from_millis(20)))
+    .trigger_backoff(crate::observe::backoff::watch());
     let verdicts = Arc::new(VerdictCache::new());
     let watches = Watches::start(
         &client,

@@ -6,6 +6,7 @@
 //! which policies select which node. A reconcile takes a [`Snapshot`] of one policy's nodes from
 //! the [`Caches`] and turns it into the planner's [`NodeView`]s.
 
+pub mod backoff;
 pub mod compact;
 pub mod devices;
 pub mod heartbeats;
@@ -416,7 +417,7 @@ impl Watches {
         let listing = list_strategy(client).await;
         let (nodes, node_writer) = reflector::store::<Node>();
         let node_stream = watcher(Api::<Node>::all(client.clone()), listing.clone())
-            .default_backoff()
+            .backoff(backoff::watch())
             .modify(trim::node)
             .reflect(node_writer);
         let (reports, mut report_writer) = reflector::store::<CachedReport>();
@@ -424,7 +425,7 @@ impl Watches {
             Api::<Guarded<GpuNodeReport>>::all(client.clone()),
             listing.clone(),
         )
-        .default_backoff()
+        .backoff(backoff::watch())
         .modify(|r: &mut Guarded<GpuNodeReport>| match &mut r.0 {
             Ok(report) => trim::report(report),
             Err(_) => r.managed_fields_mut().clear(),
@@ -439,7 +440,7 @@ impl Watches {
             Api::<Lease>::namespaced(client.clone(), heartbeat_namespace),
             listing.clone().labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
         )
-        .default_backoff()
+        .backoff(backoff::watch())
         .modify(heartbeats::trim)
         .reflect(lease_writer);
         let lease_task = tokio::spawn(lease_stream.for_each(|event| async move {
@@ -550,7 +551,7 @@ fn dra_watches(
         Api::<devices::ResourceSlice>::all_with(client.clone(), &api.slices),
         listing.clone(),
     )
-    .default_backoff()
+    .backoff(backoff::watch())
     .modify(devices::trim_slice)
     .reflect(slice_writer)
     .touched_objects()
@@ -561,7 +562,7 @@ fn dra_watches(
         Api::<devices::DeviceTaintRule>::all_with(client.clone(), &api.rules),
         listing.clone().labels(crate::apply::devices::RULE_SELECTOR),
     )
-    .default_backoff()
+    .backoff(backoff::watch())
     .modify(|r: &mut devices::DeviceTaintRule| r.metadata.managed_fields = None)
     .reflect(rule_writer)
     .touched_objects()

@@ -33,6 +33,7 @@ use kube::{
         watcher,
     },
 };
+use tracing::info;
 
 use crate::{
     cache::{GuardedReport, VerdictCache},
@@ -91,6 +92,8 @@ where
                 }
                 Ok(watcher::Event::InitDone) => {
                     let listed = relisted.take().unwrap_or_default();
+                    // Also how a reader of the log times a relist after an outage.
+                    info!(source, objects = listed.len(), "watch listed");
                     let gone: Vec<String> = known.iter().filter(|n| !listed.contains(*n)).cloned().collect();
                     gone.into_iter()
                         .map(|name| {
