@@ -589,15 +589,7 @@ pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
             || n.repair.polls()
             || n.validation.polls()
     });
-    // Nodes queued for the budget are admitted by the reconcile after the one whose write freed
-    // a slot. The watch event of that write normally triggers it; after an API server restart
-    // the watches can take a minute to recover (410 Gone, relists), so a queue is looked at as
-    // often as a drain and never waits on that event alone.
-    let cap = if draining || plan.budget_queued > 0 {
-        DRAIN_REQUEUE
-    } else {
-        IDLE_REQUEUE
-    };
+    let cap = if draining { DRAIN_REQUEUE } else { IDLE_REQUEUE };
     // Just after: a change due exactly `now` has not happened yet.
     (wait + std::time::Duration::from_millis(100)).min(cap)
 }

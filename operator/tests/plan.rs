@@ -751,16 +751,6 @@ fn each_node_plan_says_when_it_next_changes_and_why() {
     );
     assert_eq!(requeue_after(&p, at(0)), DRAIN_REQUEUE);
 
-    // No slot for a drifted node: it is queued, and the queue is looked at every few seconds,
-    // not only when a watch event says a slot was freed.
-    let mut closed = policy.clone();
-    closed.disruption.max_unavailable = gpunode_crds::MaxUnavailable::Count(0);
-    let mut nodes = vec![node("q")];
-    nodes[0].verdict = drifted(&[DriftClass::Xid]);
-    let p = step(&closed, &mut nodes, at(0));
-    assert_eq!(p.budget_queued, 1);
-    assert_eq!(requeue_after(&p, at(0)), DRAIN_REQUEUE);
-
     // Compliant and never heard from: nothing is due; looked at again after the idle interval.
     let p = plan("first", &policy, &[node("c")], at(0));
     assert_eq!(of(&p, "c").next_change, None);
