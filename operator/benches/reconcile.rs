@@ -126,8 +126,7 @@ fn main() {
             reports: &reports,
             heartbeats: &heartbeats,
             index: &index,
-            slices: None,
-            rules: Default::default(),
+            dra: None,
             repair_objects: Default::default(),
             validation_jobs: Default::default(),
         };
@@ -174,8 +173,7 @@ fn main() {
             reports: &reports,
             heartbeats: &heartbeats,
             index: &index,
-            slices: None,
-            rules: Default::default(),
+            dra: None,
             repair_objects: Default::default(),
             validation_jobs: Default::default(),
         };

@@ -38,6 +38,7 @@ use kube::{
 use tracing::{info, warn};
 
 use crate::{
+    apply::devices::RulesByNode,
     cache::{PolicyVerdicts, VerdictCache},
     markers,
     metrics::Metrics,
@@ -84,27 +85,29 @@ pub struct DraCaches {
     pub rules: Store<devices::DeviceTaintRule>,
 }
 
+/// The DRA caches grouped by node, built once per reconcile (a lookup per node would be
+/// quadratic).
+#[derive(Default)]
+pub struct DraByNode {
+    /// The ResourceSlices by their node name.
+    pub slices: HashMap<String, Vec<Arc<devices::ResourceSlice>>>,
+    /// gpunode's DeviceTaintRules by node.
+    pub rules: RulesByNode,
+}
+
 impl DraCaches {
-    /// The slices by node name (built once per reconcile: a lookup per node would be quadratic).
-    pub fn by_node(&self) -> HashMap<String, Vec<Arc<devices::ResourceSlice>>> {
-        let mut out: HashMap<String, Vec<Arc<devices::ResourceSlice>>> = HashMap::new();
+    /// The slices and gpunode's rules, by node.
+    pub fn by_node(&self) -> DraByNode {
+        let mut slices: HashMap<String, Vec<Arc<devices::ResourceSlice>>> = HashMap::new();
         for s in self.slices.state() {
             if let Some(node) = s.spec.node_name.clone() {
-                out.entry(node).or_default().push(s);
+                slices.entry(node).or_default().push(s);
             }
         }
-        out
-    }
-
-    /// gpunode's rules by the node they name (its label, as [`crate::apply::devices`] writes it).
-    pub fn rules_by_node(&self) -> HashMap<String, Vec<Arc<devices::DeviceTaintRule>>> {
-        let mut out: HashMap<String, Vec<Arc<devices::DeviceTaintRule>>> = HashMap::new();
-        for r in self.rules.state() {
-            if let Some(node) = r.labels().get(crate::apply::devices::NODE_LABEL).cloned() {
-                out.entry(node).or_default().push(r);
-            }
+        DraByNode {
+            slices,
+            rules: RulesByNode::new(self.rules.state()),
         }
-        out
     }
 }
 
@@ -164,12 +167,7 @@ impl Caches {
             reports: &self.reports,
             heartbeats: &self.heartbeats,
             index,
-            slices: self.dra.as_ref().map(DraCaches::by_node),
-            rules: self
-                .dra
-                .as_ref()
-                .map(DraCaches::rules_by_node)
-                .unwrap_or_default(),
+            dra: self.dra.as_ref().map(DraCaches::by_node),
             repair_objects: HashMap::new(),
             validation_jobs: HashMap::new(),
         }
@@ -323,10 +321,8 @@ pub struct Inputs<'a> {
     pub heartbeats: &'a Heartbeats,
     /// Every policy's selectors, for conflicts.
     pub index: &'a SelectorIndex,
-    /// On a DRA cluster, the ResourceSlices by node.
-    pub slices: Option<HashMap<String, Vec<Arc<devices::ResourceSlice>>>>,
-    /// On a DRA cluster, gpunode's DeviceTaintRules by their node label.
-    pub rules: HashMap<String, Vec<Arc<devices::DeviceTaintRule>>>,
+    /// On a DRA cluster, its ResourceSlices and gpunode's DeviceTaintRules by node.
+    pub dra: Option<DraByNode>,
     /// The running repair steps' objects, by node ([`repair_objects`]).
     pub repair_objects: HashMap<String, StepObject>,
     /// The running validations' Jobs, by node ([`validation_jobs`]).
@@ -346,7 +342,6 @@ pub fn views(
     let policy_name = policy.name_any();
     let driver = policy.spec.quarantine.dra_driver.as_str();
     let no_slices = Vec::new();
-    let no_rules = Vec::new();
     verdicts.begin(policy);
     let views = nodes
         .iter()
@@ -361,15 +356,11 @@ pub fn views(
                 warn!(node = %name, error = %e, "ignoring unreadable gpunode annotation");
             }
             let last_heard = observed_at(report.as_deref()).map(|o| crate::evaluate::last_heard(o, heard));
-            let dra = inputs.slices.as_ref().and_then(|by_node| {
-                let slices = by_node.get(name).unwrap_or(&no_slices);
-                let rules = inputs
-                    .rules
-                    .get(&crate::apply::devices::label_value(name))
-                    .unwrap_or(&no_rules);
+            let dra = inputs.dra.as_ref().and_then(|by_node| {
+                let slices = by_node.slices.get(name).unwrap_or(&no_slices);
                 devices::held_node_devices(
                     slices.iter().map(AsRef::as_ref),
-                    rules.iter().map(AsRef::as_ref),
+                    by_node.rules.of(name).iter().map(AsRef::as_ref),
                     name,
                     driver,
                     &policy_name,

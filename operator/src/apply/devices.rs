@@ -5,7 +5,7 @@
 //! labels are never read, changed or deleted.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     hash::{DefaultHasher, Hash, Hasher},
     sync::Arc,
 };
@@ -130,7 +130,7 @@ pub fn desired(
 
 /// Label values are at most 63 characters: node names and UUIDs longer than that are cut (the
 /// rule's name, not its labels, identifies it).
-pub(crate) fn label_value(s: &str) -> String {
+fn label_value(s: &str) -> String {
     let cut: String = s.chars().take(63).collect();
     cut.trim_end_matches(['-', '_', '.']).to_string()
 }
@@ -164,11 +164,31 @@ pub fn diff<'a>(
     (apply, delete)
 }
 
-/// Whether a rule is gpunode's rule for `node` (by its labels).
-pub fn is_ours_for(rule: &DeviceTaintRule, node: &str) -> bool {
-    let labels = rule.labels();
-    labels.get(MANAGED_BY.0).is_some_and(|v| v == MANAGED_BY.1)
-        && labels.get(NODE_LABEL).is_some_and(|v| *v == label_value(node))
+/// gpunode's rules (by their managed-by label) grouped by the node they are for (by their node
+/// label): the one reading of the labels [`desired`] writes, for the writer and for observe.
+#[derive(Default)]
+pub struct RulesByNode(HashMap<String, Vec<Arc<DeviceTaintRule>>>);
+
+impl RulesByNode {
+    /// Groups `rules`; rules without gpunode's labels are left out.
+    pub fn new(rules: impl IntoIterator<Item = Arc<DeviceTaintRule>>) -> RulesByNode {
+        let mut out: HashMap<String, Vec<Arc<DeviceTaintRule>>> = HashMap::new();
+        for r in rules {
+            let labels = r.labels();
+            if labels.get(MANAGED_BY.0).is_none_or(|v| v != MANAGED_BY.1) {
+                continue;
+            }
+            if let Some(node) = labels.get(NODE_LABEL).cloned() {
+                out.entry(node).or_default().push(r);
+            }
+        }
+        RulesByNode(out)
+    }
+
+    /// gpunode's rules for `node`.
+    pub fn of(&self, node: &str) -> &[Arc<DeviceTaintRule>] {
+        self.0.get(&label_value(node)).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// Why the rules of a node could not be brought to its plan.
@@ -222,11 +242,7 @@ impl DeviceWriter {
     }
 
     fn existing(&self, node: &str) -> Vec<Arc<DeviceTaintRule>> {
-        self.rules
-            .state()
-            .into_iter()
-            .filter(|r| is_ours_for(r, node))
-            .collect()
+        RulesByNode::new(self.rules.state()).of(node).to_vec()
     }
 
     /// What would be written for `plan`'s node: rules to apply and to delete. `None` when the
@@ -347,7 +363,11 @@ mod tests {
         assert_eq!(rule.spec.taint.key, DEVICE_TAINT_KEY);
         assert_eq!(rule.labels()[NODE_LABEL], "n1");
         assert_eq!(rule.owner_references()[0].uid, "u-1");
-        assert!(is_ours_for(rule, "n1") && !is_ours_for(rule, "n2"));
+        let mut foreign = rule.clone();
+        foreign.labels_mut().remove(MANAGED_BY.0);
+        let by_node = RulesByNode::new([Arc::new(rule.clone()), Arc::new(foreign)]);
+        assert_eq!(by_node.of("n1").len(), 1, "only gpunode's own rule");
+        assert!(by_node.of("n2").is_empty());
         assert_eq!(
             rule_name(&"n".repeat(250), "GPU-1").len(),
             "gpunode-".len() + 16,

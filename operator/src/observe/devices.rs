@@ -10,13 +10,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{
-    Client,
+    Client, ResourceExt,
     core::{ApiResource, NotUsed, Object},
 };
 use serde::{Deserialize, Serialize};
 use tracing::info;
-
-use kube::ResourceExt;
 
 use crate::{
     apply::devices::{DEVICE_TAINT_KEY, GPU_LABEL},
