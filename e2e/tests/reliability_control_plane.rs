@@ -44,28 +44,9 @@ fn relists(fc: &FaultCluster, user: &str, resource: &str, since: jiff::Timestamp
 fn listed_after(log: &str, source: &str, since: jiff::Timestamp) -> Option<jiff::Timestamp> {
     let tag = format!("source=\"{source}\"");
     log.lines()
-        .map(without_colours)
         .filter(|l| l.contains("watch listed") && l.contains(&tag))
         .filter_map(|l| l.split_whitespace().next()?.parse::<jiff::Timestamp>().ok())
         .find(|at| *at > since)
-}
-
-/// A log line without its terminal colour codes (ESC [ ... m).
-fn without_colours(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 #[tokio::test]

@@ -100,7 +100,10 @@ fn run(args: RunArgs) -> ExitCode {
 
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colour codes only on a terminal: a pod's log, or a file, gets plain text.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     if args.log_json {
         builder.json().init();
     } else {
