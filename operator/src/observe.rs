@@ -87,7 +87,6 @@ pub struct DraCaches {
 
 /// The DRA caches grouped by node, built once per reconcile (a lookup per node would be
 /// quadratic).
-#[derive(Default)]
 pub struct DraByNode {
     /// The ResourceSlices by their node name.
     pub slices: HashMap<String, Vec<Arc<devices::ResourceSlice>>>,
@@ -407,20 +406,15 @@ impl Watches {
     ) -> Watches {
         let listing = list_strategy(client).await;
         let (nodes, node_writer) = reflector::store::<Node>();
-        let node_stream =
-            backoff::relist_at_once(watcher(Api::<Node>::all(client.clone()), listing.clone()), "node")
-                .backoff(backoff::watch())
-                .modify(trim::node)
-                .reflect(node_writer);
+        let node_stream = backoff::watcher(Api::<Node>::all(client.clone()), listing.clone(), "node")
+            .modify(trim::node)
+            .reflect(node_writer);
         let (reports, mut report_writer) = reflector::store::<CachedReport>();
-        let report_stream = backoff::relist_at_once(
-            watcher(
-                Api::<Guarded<GpuNodeReport>>::all(client.clone()),
-                listing.clone(),
-            ),
+        let report_stream = backoff::watcher(
+            Api::<Guarded<GpuNodeReport>>::all(client.clone()),
+            listing.clone(),
             "report",
         )
-        .backoff(backoff::watch())
         .modify(|r: &mut Guarded<GpuNodeReport>| match &mut r.0 {
             Ok(report) => trim::report(report),
             Err(_) => r.managed_fields_mut().clear(),
@@ -431,14 +425,11 @@ impl Watches {
         // Heartbeats change no decision by themselves (a probe that comes back after a gap
         // writes its whole report), so this watch only feeds the cache.
         let (leases, lease_writer) = reflector::store::<Lease>();
-        let lease_stream = backoff::relist_at_once(
-            watcher(
-                Api::<Lease>::namespaced(client.clone(), heartbeat_namespace),
-                listing.clone().labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
-            ),
+        let lease_stream = backoff::watcher(
+            Api::<Lease>::namespaced(client.clone(), heartbeat_namespace),
+            listing.clone().labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
             "lease",
         )
-        .backoff(backoff::watch())
         .modify(heartbeats::trim)
         .reflect(lease_writer);
         let lease_task = tokio::spawn(lease_stream.for_each(|event| async move {
@@ -545,28 +536,22 @@ fn dra_watches(
 ) -> (DraCaches, BoxStream<'static, Result<Node, watcher::Error>>) {
     let slice_writer = reflector::store::Writer::new(api.slices.clone());
     let slices = slice_writer.as_reader();
-    let slice_stream = backoff::relist_at_once(
-        watcher(
-            Api::<devices::ResourceSlice>::all_with(client.clone(), &api.slices),
-            listing.clone(),
-        ),
+    let slice_stream = backoff::watcher(
+        Api::<devices::ResourceSlice>::all_with(client.clone(), &api.slices),
+        listing.clone(),
         "resourceslice",
     )
-    .backoff(backoff::watch())
     .modify(devices::trim_slice)
     .reflect(slice_writer)
     .touched_objects()
     .map(|r| r.map(|s| node_named(s.spec.node_name.as_deref().unwrap_or_default())));
     let rule_writer = reflector::store::Writer::new(api.rules.clone());
     let rules = rule_writer.as_reader();
-    let rule_stream = backoff::relist_at_once(
-        watcher(
-            Api::<devices::DeviceTaintRule>::all_with(client.clone(), &api.rules),
-            listing.clone().labels(crate::apply::devices::RULE_SELECTOR),
-        ),
+    let rule_stream = backoff::watcher(
+        Api::<devices::DeviceTaintRule>::all_with(client.clone(), &api.rules),
+        listing.clone().labels(crate::apply::devices::RULE_SELECTOR),
         "devicetaintrule",
     )
-    .backoff(backoff::watch())
     .modify(|r: &mut devices::DeviceTaintRule| r.metadata.managed_fields = None)
     .reflect(rule_writer)
     .touched_objects()

@@ -164,9 +164,18 @@ pub fn diff<'a>(
     (apply, delete)
 }
 
-/// gpunode's rules (by their managed-by label) grouped by the node they are for (by their node
-/// label): the one reading of the labels [`desired`] writes, for the writer and for observe.
-#[derive(Default)]
+/// The node label of a rule that is gpunode's (its managed-by label): the one reading of the
+/// labels [`desired`] writes, for the writer and for observe.
+fn node_label_of(rule: &DeviceTaintRule) -> Option<&String> {
+    let labels = rule.labels();
+    labels
+        .get(MANAGED_BY.0)
+        .is_some_and(|v| v == MANAGED_BY.1)
+        .then(|| labels.get(NODE_LABEL))
+        .flatten()
+}
+
+/// gpunode's rules grouped by the node they are for.
 pub struct RulesByNode(HashMap<String, Vec<Arc<DeviceTaintRule>>>);
 
 impl RulesByNode {
@@ -174,11 +183,7 @@ impl RulesByNode {
     pub fn new(rules: impl IntoIterator<Item = Arc<DeviceTaintRule>>) -> RulesByNode {
         let mut out: HashMap<String, Vec<Arc<DeviceTaintRule>>> = HashMap::new();
         for r in rules {
-            let labels = r.labels();
-            if labels.get(MANAGED_BY.0).is_none_or(|v| v != MANAGED_BY.1) {
-                continue;
-            }
-            if let Some(node) = labels.get(NODE_LABEL).cloned() {
+            if let Some(node) = node_label_of(&r).cloned() {
                 out.entry(node).or_default().push(r);
             }
         }
@@ -242,7 +247,12 @@ impl DeviceWriter {
     }
 
     fn existing(&self, node: &str) -> Vec<Arc<DeviceTaintRule>> {
-        RulesByNode::new(self.rules.state()).of(node).to_vec()
+        let label = label_value(node);
+        self.rules
+            .state()
+            .into_iter()
+            .filter(|r| node_label_of(r) == Some(&label))
+            .collect()
     }
 
     /// What would be written for `plan`'s node: rules to apply and to delete. `None` when the

@@ -41,6 +41,20 @@ pub fn watch() -> impl Backoff + 'static {
     )
 }
 
+/// A watch of `api` as every operator watch runs: [`relist_at_once`], then [`watch`]'s backoff.
+/// `name` names it in the log.
+pub fn watcher<K>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+    name: &'static str,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    use kube::runtime::WatchStreamExt;
+    relist_at_once(watcher::watcher(api, config), name).backoff(watch())
+}
+
 /// Lets a watch's 410 Gone by without a wait, so that it lists again at once, unless a 410 came
 /// already since the watch last finished a list or saw a change: a server that answered every
 /// list with 410 would otherwise be asked in a loop, so that one goes through the backoff.
