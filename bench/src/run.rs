@@ -526,7 +526,9 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     let perf = if args.perf {
         let path = args.out.join(format!("perf-{n}.data"));
         std::process::Command::new("perf")
-            .args(["record", "-F", "199", "-g", "-o"])
+            // The CPU clock, not the PMU's cycles (a VM may have none: perf then records next
+            // to nothing); no call graphs (release builds have no frame pointers).
+            .args(["record", "-e", "cpu-clock", "-F", "199", "-o"])
             .arg(&path)
             .args(["-p", &op.pid().to_string()])
             .stdout(std::process::Stdio::null())
