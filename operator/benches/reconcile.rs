@@ -3,7 +3,8 @@
 //!
 //! - a reconcile pass (views, plan, and the check of which nodes need a write) after one report
 //!   changed: *cold* re-evaluates every node (what every event cost before verdicts were
-//!   remembered), *warm* reuses the remembered verdicts and evaluates the changed one;
+//!   remembered), *warm* reuses the remembered verdicts and evaluates the changed one (and the
+//!   medians of its three steps);
 //! - one report heartbeat event (new `observedAt` and temperatures, same verdict): the check
 //!   that finds it immaterial, so it triggers no reconcile at all.
 //!
@@ -130,25 +131,25 @@ fn main() {
             repair_objects: Default::default(),
             validation_jobs: Default::default(),
         };
-        let plan = plan(
-            &name,
-            &policy.spec,
-            &views(&policy, &nodes, &inputs, verdicts, now),
-            now,
-        );
+        let v = views(&policy, &nodes, &inputs, verdicts, now);
+        let viewed = t.elapsed();
+        let plan = plan(&name, &policy.spec, &v, now);
+        let planned = t.elapsed();
         let writes = plan
             .nodes
             .iter()
             .zip(&nodes)
             .filter(|(np, n)| Applier::needs_work(&name, np, n))
             .count();
-        (t.elapsed(), writes, verdicts.stats())
+        let checked = t.elapsed();
+        let steps = [viewed, planned - viewed, checked - planned];
+        (checked, writes, verdicts.stats(), steps)
     };
 
     let mut cold = Vec::new();
     let mut cold_stats = (0, 0);
     for _ in 0..runs {
-        let (d, writes, stats) = pass(&mut PolicyVerdicts::default());
+        let (d, writes, stats, _) = pass(&mut PolicyVerdicts::default());
         assert_eq!(writes, 0, "nodes already as planned");
         cold.push(d);
         cold_stats = stats;
@@ -156,11 +157,15 @@ fn main() {
     let mut warm_verdicts = PolicyVerdicts::default();
     let _ = pass(&mut warm_verdicts);
     let mut warm = Vec::new();
+    let mut warm_steps: [Vec<_>; 3] = Default::default();
     let mut warm_stats = (0, 0);
     for _ in 0..runs {
-        let (d, writes, stats) = pass(&mut warm_verdicts);
+        let (d, writes, stats, steps) = pass(&mut warm_verdicts);
         assert_eq!(writes, 0, "nodes already as planned");
         warm.push(d);
+        for (all, step) in warm_steps.iter_mut().zip(steps) {
+            all.push(step);
+        }
         warm_stats = stats;
     }
 
@@ -201,6 +206,8 @@ fn main() {
         warm_stats.1,
         support::median(warm)
     );
+    let [viewed, planned, checked] = warm_steps.map(support::median);
+    println!("  of which views {viewed:?}, plan {planned:?}, check of what to write {checked:?}");
     println!(
         "heartbeat event (immaterial, triggers no reconcile):       median {:?}",
         support::median(events)

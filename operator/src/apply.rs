@@ -426,16 +426,12 @@ fn is_ours_annotation(key: &str) -> bool {
     key.starts_with(crate::markers::PREFIX) && key != CORDONED_ANNOTATION
 }
 
-fn ours(map: Option<&BTreeMap<String, String>>, keep: fn(&str) -> bool) -> BTreeMap<&str, &str> {
-    map.into_iter()
-        .flatten()
-        .filter(|(k, _)| keep(k))
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect()
-}
-
-fn as_refs(map: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
-    map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+/// The entries of `map` whose keys `keep` accepts, in key order.
+fn ours(
+    map: Option<&BTreeMap<String, String>>,
+    keep: fn(&str) -> bool,
+) -> impl Iterator<Item = (&String, &String)> {
+    map.into_iter().flatten().filter(move |(k, _)| keep(k))
 }
 
 fn to_taint(t: &DriftTaint, now: Timestamp) -> Taint {
@@ -466,8 +462,10 @@ fn condition_unchanged(plan: &NodePlan, observed: &Node) -> bool {
 
 fn metadata_unchanged(policy: &str, plan: &NodePlan, observed: &Node) -> bool {
     let meta = &observed.metadata;
-    ours(meta.labels.as_ref(), is_ours_label) == as_refs(&desired_labels(policy, plan))
-        && ours(meta.annotations.as_ref(), is_ours_annotation) == as_refs(&desired_annotations(plan))
+    // Both sides iterate in key order, so comparing the sequences compares the maps (every
+    // pass checks every node: no map is built for the observed side).
+    ours(meta.labels.as_ref(), is_ours_label).eq(&desired_labels(policy, plan))
+        && ours(meta.annotations.as_ref(), is_ours_annotation).eq(&desired_annotations(plan))
 }
 
 /// The write of taints and cordon that brings `node` to the plan.
@@ -1052,8 +1050,10 @@ impl Applier {
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| cs.iter().any(|c| c.type_ == CONDITION_TYPE));
-        let has_metadata = !ours(meta.labels.as_ref(), is_ours_label).is_empty()
-            || !ours(meta.annotations.as_ref(), is_ours_annotation).is_empty();
+        let has_metadata = ours(meta.labels.as_ref(), is_ours_label).next().is_some()
+            || ours(meta.annotations.as_ref(), is_ours_annotation)
+                .next()
+                .is_some();
         let mut wrote = false;
         if let Some(d) = &self.devices {
             self.may_write(&name)?;

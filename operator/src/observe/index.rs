@@ -83,9 +83,10 @@ impl SelectorIndex {
 
     /// The policies other than `policy` that select a node with these labels, by name.
     pub fn conflicts(&self, policy: &str, labels: &BTreeMap<String, String>) -> Vec<String> {
+        // Asked for every node of every pass: names are copied only for the conflicts.
         self.selecting(labels)
+            .filter(|g| g.meta().name.as_deref() != Some(policy))
             .map(|g| g.name_any())
-            .filter(|name| name != policy)
             .collect()
     }
 
