@@ -11,7 +11,10 @@
 # what the demo runs under. A training Deployment with a PodDisruptionBudget sits on the node that
 # will fail. Then it applies examples/ and shows what happens until the end state is reached.
 #
-# Environment: DEMO_TIMEOUT (seconds to reach the end state, default 300), GPUNODE_CACHE.
+# Environment: DEMO_TIMEOUT (seconds to reach the end state, default 300), GPUNODE_CACHE,
+# GPUNODE_DEMO_CLUSTER and GPUNODE_DEMO_METRICS_PORT (see lib.sh; `make test` runs the demo with
+# both set, e2e/tests/demo.rs). On a terminal the live view is redrawn in place; otherwise (a log,
+# CI) each screen is printed once, when it changes.
 # Stop it with `make demo-down`; explore it with e2e/demo/ctl.sh (printed at the end).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -34,10 +37,10 @@ for b in gpunode-operator gpunode-probe libfake_nvml.so; do
 	[[ -e $BIN/$b ]] || die "cargo build did not produce $BIN/$b"
 done
 
-step 3 "Starting the local control plane (.cluster/demo)"
+step 3 "Starting the local control plane (.cluster/$DEMO_CLUSTER)"
 demo_stop_processes
-GPUNODE_CLUSTER_NAME=demo e2e/cluster/down.sh --purge >/dev/null 2>&1 || true
-KUBECONFIG=$(GPUNODE_CLUSTER_NAME=demo e2e/cluster/up.sh | tail -1)
+GPUNODE_CLUSTER_NAME=$DEMO_CLUSTER e2e/cluster/down.sh --purge >/dev/null 2>&1 || true
+KUBECONFIG=$(GPUNODE_CLUSTER_NAME=$DEMO_CLUSTER e2e/cluster/up.sh | tail -1)
 export KUBECONFIG
 mkdir -p "$WORK" "$LOGS"
 echo "$KUBECONFIG" >"$WORK/kubeconfig-path"
@@ -81,19 +84,17 @@ wait_for "a GpuNodeReport from every GPU node" 120 all_reports_published
 wait_for "$XID's probe listening for XID events" 60 probe_listening "$XID"
 ln -sfn "$NVML_FIXTURES/ecc-xid79.json" "$WORK/nodes/$XID/nvml.json"
 
-step 8 "Applying examples/ (h100-training, a100-inference, roce-fabric)"
+step 8 "Applying examples/ ($(example_names))"
+# Each example selects its own pool (tests/examples.rs in the operator proves they coexist); the
+# demo's 20 nodes are the H100 training pool of examples/h100-training.yaml.
 "$KUBECTL" apply -f examples/
 note "watching until: $HOT tainted, $XID cordoned and drained within the PDB, $ROCE drifted, the rest compliant"
 START=$(date +%s)
 while true; do
-	screen >"$WORK/screen.txt" 2>&1 || true
-	if [[ -t 1 ]]; then clear; fi
-	cat "$WORK/screen.txt"
+	show_screen
 	if end_state_reached; then
 		# The final screen, drawn after the end state was seen, so it shows it.
-		screen >"$WORK/screen.txt" 2>&1 || true
-		if [[ -t 1 ]]; then clear; fi
-		cat "$WORK/screen.txt"
+		show_screen final
 		break
 	fi
 	if (($(date +%s) - START > TIMEOUT)); then

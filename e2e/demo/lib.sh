@@ -3,7 +3,16 @@
 
 # shellcheck disable=SC2034 # used by the scripts that source this file
 ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-CLUSTER_DIR=$ROOT/.cluster/demo
+# GPUNODE_DEMO_CLUSTER names the demo's control plane (.cluster/NAME, default demo): `make test`
+# runs the demo under another name, so it never stops a demo someone is exploring.
+DEMO_CLUSTER=${GPUNODE_DEMO_CLUSTER:-demo}
+[[ $DEMO_CLUSTER =~ ^[a-z0-9][a-z0-9-]*$ ]] || {
+	echo "demo: GPUNODE_DEMO_CLUSTER must be lower-case letters, digits and '-', not '$DEMO_CLUSTER'" >&2
+	exit 2
+}
+CLUSTER_DIR=$ROOT/.cluster/$DEMO_CLUSTER
+# The operators' /metrics ports: this one and the next (GPUNODE_DEMO_METRICS_PORT, default 18080).
+METRICS_PORT=${GPUNODE_DEMO_METRICS_PORT:-18080}
 WORK=$CLUSTER_DIR/demo
 LOGS=$WORK/logs
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug
@@ -125,7 +134,7 @@ start_operators() {
 	local i=0 pod port
 	for pod in $(running_pods "$NS" app.kubernetes.io/component=operator | awk '{print $1}'); do
 		kubeconfig_for gpunode-operator "$pod" "$WORK/operator-$i.kubeconfig"
-		port=$((18080 + i))
+		port=$((METRICS_PORT + i))
 		run_bg "operator-$i" "KUBECONFIG=$WORK/operator-$i.kubeconfig" "POD_NAMESPACE=$NS" RUST_LOG=info -- \
 			"$BIN/gpunode-operator" run --leader-elect=true --lease-namespace "$NS" --instance "$pod" \
 			--metrics-addr "127.0.0.1:$port"
@@ -215,6 +224,28 @@ leader_metrics() {
 		printf '\n$ curl <leader>:%s/metrics   (gpunode_actions_total)\n' "$port"
 		awk -F'[{}" ]+' '/^gpunode_actions_total\{/ && $NF != "0" {printf "  %s %s: %s\n", $3, $5, $NF}' <<<"$m" | paste -sd' ' | fold -s -w 110
 	done
+}
+
+# show_screen [final]: draw the live view. On a terminal it replaces the last one; elsewhere (a
+# log) a screen is printed only when it differs from the last one printed, clock line aside, and
+# the final one always.
+show_screen() {
+	screen >"$WORK/screen.txt" 2>&1 || true
+	if [[ -t 1 ]]; then
+		clear
+		cat "$WORK/screen.txt"
+		return
+	fi
+	if [[ ${1:-} == final ]] || ! tail -n +2 "$WORK/screen.txt" | cmp -s - "$WORK/screen.last" 2>/dev/null; then
+		cat "$WORK/screen.txt"
+		echo
+	fi
+	tail -n +2 "$WORK/screen.txt" >"$WORK/screen.last"
+}
+
+# The names of the policies in examples/, comma-separated.
+example_names() {
+	sed -n 's/^  name: //p' "$ROOT"/examples/*.yaml | paste -sd, | sed 's/,/, /g'
 }
 
 end_state_reached() {

@@ -15,6 +15,18 @@ fn check(policy: &str, report: &str, extra: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("run gpunode-operator check: {e}"))
 }
 
+/// The healthy H100 report with its GPUs as H200s (141 GB), written to a temporary file.
+fn h200_report() -> String {
+    let text = std::fs::read_to_string(format!("{FIXTURES}/healthy-h100-report.yaml")).unwrap();
+    let h200 = text
+        .replace("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+        .replace("memoryMiB: 81559", "memoryMiB: 143771");
+    assert_ne!(h200, text, "the fixture's product or memory moved");
+    let file = std::env::temp_dir().join(format!("gpunode-check-h200-{}.yaml", std::process::id()));
+    std::fs::write(&file, h200).unwrap();
+    file.to_string_lossy().into_owned()
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -128,7 +140,7 @@ fn the_per_gpu_plan_names_the_pods_a_quarantine_evicts_on_a_device_plugin_node()
     let file = std::env::temp_dir().join(format!("gpunode-check-pods-{}.yaml", std::process::id()));
     std::fs::write(&file, serde_yaml::to_string(&report).unwrap()).unwrap();
     let o = check(
-        &format!("{EXAMPLES}/h100-per-gpu.yaml"),
+        &format!("{EXAMPLES}/h100-nvl-per-gpu.yaml"),
         file.to_str().unwrap(),
         &["--now", NOW],
     );
@@ -148,11 +160,9 @@ fn the_per_gpu_plan_names_the_pods_a_quarantine_evicts_on_a_device_plugin_node()
 
 #[test]
 fn the_validation_gate_is_listed_and_a_template_the_operator_cannot_read_is_bad_input() {
-    let o = check(
-        &format!("{EXAMPLES}/h100-training.yaml"),
-        &format!("{FIXTURES}/healthy-h100-report.yaml"),
-        &["--now", NOW],
-    );
+    // The healthy H100 node's report, as an H200 node's (the example selects H200 nodes).
+    let h200 = h200_report();
+    let o = check(&format!("{EXAMPLES}/h200-training.yaml"), &h200, &["--now", NOW]);
     assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(
         stdout(&o).contains(
@@ -164,17 +174,14 @@ fn the_validation_gate_is_listed_and_a_template_the_operator_cannot_read_is_bad_
 
     // The API server keeps the template as written past its basics; check reads it as the
     // operator does, and names the field it cannot read.
-    let text = std::fs::read_to_string(format!("{EXAMPLES}/h100-training.yaml")).unwrap();
+    let text = std::fs::read_to_string(format!("{EXAMPLES}/h200-training.yaml")).unwrap();
     let bad = text.replace("command: [dcgmi, diag, -r, \"2\"]", "command: dcgmi diag -r 2");
     assert_ne!(bad, text, "the example's command line moved");
     let file = std::env::temp_dir().join(format!("gpunode-check-validation-{}.yaml", std::process::id()));
     std::fs::write(&file, bad).unwrap();
-    let o = check(
-        file.to_str().unwrap(),
-        &format!("{FIXTURES}/healthy-h100-report.yaml"),
-        &["--now", NOW],
-    );
+    let o = check(file.to_str().unwrap(), &h200, &["--now", NOW]);
     let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&h200);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(

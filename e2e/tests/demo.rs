@@ -1,0 +1,214 @@
+//! `make demo`, end to end and headless: the same script a user runs (e2e/demo/demo.sh, under its
+//! own cluster name and metrics ports so a demo someone is exploring is left alone) must reach
+//! its end state within its own timeout, its final screen must be the end state the README prints
+//! (volatile parts aside: ages, pod names, which healthy node a trainer landed on, the order of
+//! events, how often a PodDisruptionBudget refused an eviction), and `make demo-down` must leave
+//! no process behind. The demo once failed for weeks with nothing in `make test` noticing.
+//!
+//! `GPUNODE_DEMO_RUNS=N` runs it N times in a row (the demo's flakiness budget is zero).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use gpunode_e2e::fixtures::repo_root;
+
+/// The control plane the test's demo runs (`.cluster/NAME`).
+const CLUSTER: &str = "demo-test";
+/// Build (cached by `make test`'s earlier steps), start, and reach the end state (300 s of it).
+const DEADLINE: Duration = Duration::from_secs(900);
+
+/// Stops the test's demo, whatever happened, if the test did not.
+struct Down<'a>(&'a Path);
+
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let _ = demo_command(self.0, "e2e/demo/down.sh").status();
+    }
+}
+
+fn demo_command(root: &Path, script: &str) -> Command {
+    let mut cmd = Command::new("bash");
+    cmd.arg(root.join(script))
+        .current_dir(root)
+        .env("GPUNODE_DEMO_CLUSTER", CLUSTER)
+        .env("GPUNODE_DEMO_METRICS_PORT", free_port_pair().to_string())
+        // `make test` sets these for the e2e suite's own control plane.
+        .env_remove("GPUNODE_CLUSTER_NAME")
+        .env_remove("GPUNODE_CLUSTER_DIR")
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// A port that is free, with the next one free too (the demo's two operators).
+fn free_port_pair() -> u16 {
+    (20_000..30_000)
+        .step_by(7)
+        .find(|p| {
+            std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()
+                && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok()
+        })
+        .expect("no two free ports in 20000-30000")
+}
+
+/// Runs the demo script to its end, output to `log`; panics past the deadline.
+fn run_demo(root: &Path, log: &Path) {
+    let out = fs::File::create(log).unwrap();
+    let mut child = demo_command(root, "e2e/demo/demo.sh")
+        .env("DEMO_TIMEOUT", "300")
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            panic!("make demo still running after {DEADLINE:?}; log: {}", log.display());
+        }
+        std::thread::sleep(Duration::from_millis(500)); // poll interval of the child's exit
+    };
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+    assert!(
+        status.success(),
+        "make demo failed ({status}) after {:?}; log {}:\n{}",
+        start.elapsed(),
+        log.display(),
+        tail.join("\n")
+    );
+    assert!(text.contains("End state reached"), "no 'End state reached' in {}", log.display());
+    eprintln!("make demo reached its end state in {:?}", start.elapsed());
+}
+
+/// The end state the README prints under "What `make demo` shows".
+fn readme_end_state(root: &Path) -> String {
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let section = readme
+        .split_once("### What `make demo` shows")
+        .expect("README has no section 'What `make demo` shows'")
+        .1;
+    let block = section
+        .split_once("```text\n")
+        .expect("the README's demo section has no ```text block")
+        .1;
+    block.split_once("```").expect("unterminated ```text block").0.to_string()
+}
+
+/// A screen with its volatile parts replaced by placeholders, and events sorted.
+fn normalise(screen: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut events = Vec::new();
+    let mut section = "";
+    for line in screen.lines().map(str::trim_end) {
+        if line.starts_with("gpunode demo ") || line.is_empty() {
+            continue;
+        }
+        if let Some(cmd) = line.strip_prefix("$ ") {
+            out.append(&mut events);
+            section = if cmd.starts_with("kubectl get events") { "events" } else { cmd };
+            out.push(line.to_string());
+            continue;
+        }
+        let line = mask(section, line);
+        if section == "events" {
+            events.push(line);
+            events.sort();
+        } else {
+            out.push(line);
+        }
+    }
+    out.append(&mut events);
+    out
+}
+
+fn mask(section: &str, line: &str) -> String {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    if section == "kubectl get gnp" && words.first() != Some(&"NAME") {
+        // The last column is the policy's age.
+        return words[..words.len().saturating_sub(1)].join(" ") + " <age>";
+    }
+    if words.first().is_some_and(|w| w.starts_with("pod/trainer-")) {
+        // pod/trainer-<replicaset hash>-<suffix>, on one of the healthy nodes.
+        let node = words.get(2).map_or("", |n| if n.starts_with("h100-0") { "h100-0<NN>" } else { n });
+        return format!("pod/trainer-<id> {} {node}", words.get(1).unwrap_or(&""));
+    }
+    if section.starts_with("curl ") {
+        // How often the PDB refused an eviction depends on when the replacement pod ran.
+        return mask_after(&words.join(" "), "evict blocked: ");
+    }
+    words.join(" ")
+}
+
+/// `text` with the number after `label` replaced by `<n>`.
+fn mask_after(text: &str, label: &str) -> String {
+    match text.split_once(label) {
+        Some((head, tail)) => {
+            let rest = tail.trim_start_matches(|c: char| c.is_ascii_digit());
+            format!("{head}{label}<n>{rest}")
+        }
+        None => text.to_string(),
+    }
+}
+
+/// Every process still running from the test's demo: its control plane's, probes' and
+/// operators' (found by the cluster directory in their command line or environment).
+fn leftover_processes(cluster_dir: &Path) -> Vec<String> {
+    let needle = cluster_dir.to_string_lossy().into_owned();
+    let mut left = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) || name == std::process::id().to_string() {
+            continue;
+        }
+        let read = |f: &str| fs::read(entry.path().join(f)).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&read("cmdline")).replace('\0', " ");
+        let environ = String::from_utf8_lossy(&read("environ")).into_owned();
+        if cmdline.contains(&needle) || environ.contains(&needle) {
+            left.push(format!("{name}: {cmdline}"));
+        }
+    }
+    left
+}
+
+fn log_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("demo");
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn make_demo_reaches_the_readme_end_state_and_demo_down_leaves_nothing_running() {
+    let root = repo_root();
+    let cluster_dir = root.join(".cluster").join(CLUSTER);
+    let runs: u32 = std::env::var("GPUNODE_DEMO_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(1);
+    let expected = normalise(&readme_end_state(&root));
+    for run in 1..=runs {
+        let down = Down(&root);
+        let log = log_dir().join(format!("demo-{run}.log"));
+        run_demo(&root, &log);
+        let screen = fs::read_to_string(cluster_dir.join("demo/screen.txt")).unwrap();
+        let got = normalise(&screen);
+        assert_eq!(
+            got.join("\n"),
+            expected.join("\n"),
+            "run {run}: the demo's final screen (left) is not the README's end state (right); screen:\n{screen}"
+        );
+
+        let status = demo_command(&root, "e2e/demo/down.sh").status().unwrap();
+        std::mem::forget(down);
+        assert!(status.success(), "run {run}: make demo-down failed: {status}");
+        let left = leftover_processes(&cluster_dir);
+        assert!(left.is_empty(), "run {run}: make demo-down left processes running:\n{}", left.join("\n"));
+        eprintln!("demo run {run} of {runs}: end state reached, stopped cleanly");
+    }
+}
