@@ -317,39 +317,12 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
     let mut node = view(inputs, verdict.clone(), observed_at);
     let policy = inputs.policy.metadata.name.clone().unwrap_or_default();
     let first = plan::plan(&policy, spec, std::slice::from_ref(&node), now);
-    let maintenance = spec.maintenance.as_ref().map(|_| match &first.window {
-        plan::windows::WindowState::Open => "a window is open: disruptive actions may start".to_string(),
-        plan::windows::WindowState::Closed { opens } => {
-            format!("outside the windows: disruptive actions wait until {opens}, unless urgent")
-        }
-        plan::windows::WindowState::Invalid(why) => format!("every window stays closed: {why}"),
-    });
+    let maintenance = spec.maintenance.as_ref().map(|_| window_line(&first.window));
     let p = first.nodes.into_iter().next()?;
-    let validation = spec.validation.as_ref().map(|v| {
-        let mut gate = format!(
-            "before gpunode undoes its cordon and taints, a Job in namespace {} must pass (timeout {})",
-            v.namespace, v.timeout
-        );
-        if let Some(p) = &v.periodic {
-            gate = format!(
-                "{gate}; idle nodes are validated every {}, at most {} an hour",
-                p.every, p.max_per_hour
-            );
-        }
-        match &p.validation.state {
-            plan::ValidationState::Idle => gate,
-            plan::ValidationState::Running { job, since } => format!("{gate}; Job {job} runs since {since}"),
-            plan::ValidationState::Passed { job } => format!("{gate}; Job {job} passed"),
-            plan::ValidationState::Failed {
-                job,
-                outcome,
-                message,
-            } => {
-                format!("{gate}; Job {job} {}: {message}", outcome.as_str())
-            }
-            plan::ValidationState::Waiting(w) => format!("{gate}; waiting: {}", w.describe()),
-        }
-    });
+    let validation = spec
+        .validation
+        .as_ref()
+        .map(|v| validation_line(v, &p.validation.state));
     // Replay the plan as if applied, then look again once the longest `after` has passed.
     node.markers = p.markers.clone();
     node.taints = p.taints.clone();
@@ -399,9 +372,51 @@ pub fn check(inputs: &Inputs, now: Timestamp) -> Option<Outcome> {
     })
 }
 
+/// Where a policy's maintenance windows stand, in one line (for `check` and `kubectl gpunode
+/// why`).
+pub fn window_line(window: &plan::windows::WindowState) -> String {
+    match window {
+        plan::windows::WindowState::Open => "a window is open: disruptive actions may start".to_string(),
+        plan::windows::WindowState::Closed { opens } => {
+            format!("outside the windows: disruptive actions wait until {opens}, unless urgent")
+        }
+        plan::windows::WindowState::Invalid(why) => format!("every window stays closed: {why}"),
+    }
+}
+
+/// The validation gate `v` and where a node's validation stands (`state`), in one line.
+pub fn validation_line(
+    v: &gpunode_crds::validation::ValidationPolicy,
+    state: &plan::ValidationState,
+) -> String {
+    let mut gate = format!(
+        "before gpunode undoes its cordon and taints, a Job in namespace {} must pass (timeout {})",
+        v.namespace, v.timeout
+    );
+    if let Some(p) = &v.periodic {
+        gate = format!(
+            "{gate}; idle nodes are validated every {}, at most {} an hour",
+            p.every, p.max_per_hour
+        );
+    }
+    match state {
+        plan::ValidationState::Idle => gate,
+        plan::ValidationState::Running { job, since } => format!("{gate}; Job {job} runs since {since}"),
+        plan::ValidationState::Passed { job } => format!("{gate}; Job {job} passed"),
+        plan::ValidationState::Failed {
+            job,
+            outcome,
+            message,
+        } => {
+            format!("{gate}; Job {job} {}: {message}", outcome.as_str())
+        }
+        plan::ValidationState::Waiting(w) => format!("{gate}; waiting: {}", w.describe()),
+    }
+}
+
 /// One line per tracked GPU (`gpu 5 (GPU-…): Xid since …; quarantined NoExecute`), then the
 /// escalation, if any.
-fn gpu_lines(p: &plan::NodePlan) -> Vec<String> {
+pub fn gpu_lines(p: &plan::NodePlan) -> Vec<String> {
     let mut out: Vec<String> = p
         .markers
         .gpus
