@@ -34,9 +34,9 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
                 .await
                 .map_err(|e| Error::Kubeconfig(format!("{}: {}", path.display(), one_line(&e))))?
         }
-        (None, Some(_)) => Config::from_kubeconfig(&options)
+        (None, Some(name)) => Config::from_kubeconfig(&options)
             .await
-            .map_err(|e| Error::Kubeconfig(one_line(&e)))?,
+            .map_err(|e| Error::Kubeconfig(format!("context {name}: {}", one_line(&e))))?,
         (None, None) => Config::infer()
             .await
             .map_err(|e| Error::Kubeconfig(one_line(&e)))?,

@@ -217,6 +217,19 @@ fn quarantines(snapshot: &Snapshot, node: &Node, view: Option<&NodeView>) -> BTr
     out
 }
 
+/// The distinct classes of a GPU's findings (`Memory,Xid`), for the table; JSON and YAML list
+/// each check.
+fn classes(findings: &[String]) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for f in findings {
+        let class = f.split_once(' ').map_or(f.as_str(), |(c, _)| c).to_string();
+        if !seen.contains(&class) {
+            seen.push(class);
+        }
+    }
+    list(&seen, ",")
+}
+
 impl Gpus {
     /// Whether no GPU drifts, is unknown or quarantined.
     pub fn all_ok(&self) -> bool {
@@ -259,7 +272,7 @@ impl Gpus {
                 g.uuid.as_deref().unwrap_or("-").into(),
                 g.product.as_deref().unwrap_or("-").into(),
                 Cell::toned(state, tone),
-                list(&g.drifts, ", ").into(),
+                classes(&g.drifts).into(),
                 quarantine,
                 match &g.pods {
                     None => "-".to_string(),
@@ -278,5 +291,99 @@ impl Gpus {
             out.push_str(&format!("\nnote: {n}\n"));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(
+        index: u32,
+        state: GpuState,
+        drifts: &[&str],
+        quarantine: Option<Quarantine>,
+        pods: Option<&[&str]>,
+    ) -> GpuRow {
+        GpuRow {
+            node: "gpu-1".into(),
+            index,
+            uuid: Some(format!("GPU-{index}")),
+            product: Some("NVIDIA H100 80GB HBM3".into()),
+            state,
+            drifts: drifts.iter().map(|s| s.to_string()).collect(),
+            quarantine,
+            pods: pods.map(|p| p.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn one_row_per_gpu_with_its_classes_quarantine_and_pods() {
+        let gpus = Gpus {
+            gpus: vec![
+                row(0, GpuState::Ok, &[], None, Some(&[])),
+                row(
+                    5,
+                    GpuState::Drifted,
+                    &[
+                        "Memory gpu.allowRowRemapFailure",
+                        "Xid gpu.fatalXids",
+                        "Memory gpu.maxVolatileUncorrectedEcc",
+                    ],
+                    Some(Quarantine {
+                        by: "DeviceTaintRule".into(),
+                        name: Some("gpunode-gpu-1-GPU-5".into()),
+                        effect: Some("NoExecute".into()),
+                    }),
+                    Some(&["training/a", "training/b"]),
+                ),
+                row(6, GpuState::Unknown, &["Unknown gpu.eccMode"], None, None),
+                row(
+                    7,
+                    GpuState::Ungoverned,
+                    &[],
+                    Some(Quarantine {
+                        by: "annotation".into(),
+                        name: None,
+                        effect: None,
+                    }),
+                    None,
+                ),
+            ],
+            notes: Vec::new(),
+        };
+        let want = "\
+NODE    GPU   UUID    PRODUCT                 STATE     DRIFTS       QUARANTINE                  PODS
+gpu-1   0     GPU-0   NVIDIA H100 80GB HBM3   ok        -            -                           none
+gpu-1   5     GPU-5   NVIDIA H100 80GB HBM3   drifted   Memory,Xid   DeviceTaintRule NoExecute   training/a,training/b
+gpu-1   6     GPU-6   NVIDIA H100 80GB HBM3   unknown   Unknown      -                           -
+gpu-1   7     GPU-7   NVIDIA H100 80GB HBM3   -         -            annotation                  -
+";
+        assert_eq!(gpus.text(Style::plain()), want);
+        assert!(!gpus.all_ok());
+        let v = serde_json::to_value(&gpus).unwrap_or_default();
+        assert_eq!(v["gpus"][1]["quarantine"]["by"], "DeviceTaintRule");
+        assert_eq!(v["gpus"][1]["drifts"][1], "Xid gpu.fatalXids");
+        assert_eq!(v["gpus"][3]["state"], "ungoverned");
+        assert!(
+            v["gpus"][2].get("pods").is_none(),
+            "absent when the probe does not read pods"
+        );
+    }
+
+    #[test]
+    fn a_gpu_is_unknown_when_the_whole_report_is() {
+        let verdict = Verdict::new(
+            Vec::new(),
+            vec![gpunode_operator::verdict::Unknown {
+                check: "report".into(),
+                reason: "report is 5m old (staleAfter 3m)".into(),
+                gpu: None,
+            }],
+        );
+        assert_eq!(
+            gpu_verdict(&verdict, 3),
+            (GpuState::Unknown, vec!["Unknown report".to_string()])
+        );
     }
 }

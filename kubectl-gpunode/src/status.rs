@@ -295,6 +295,13 @@ impl Status {
 
     /// The text screen.
     pub fn text(&self, style: Style) -> String {
+        if self.policies.is_empty() {
+            let mut out = "no GpuNodePolicy on this cluster\n".to_string();
+            for n in &self.notes {
+                let _ = writeln!(out, "note: {n}");
+            }
+            return out;
+        }
         let mut t = Table::new(&[
             "POLICY",
             "NODES",
@@ -476,4 +483,164 @@ fn repairs_line(repairs: &[NodeRepair], none: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision(done: &[&str], pending: &[&str], waiting_for: Option<&str>) -> Decision {
+        Decision {
+            done: done.iter().map(|s| s.to_string()).collect(),
+            due: Vec::new(),
+            pending: pending.iter().map(|s| s.to_string()).collect(),
+            waiting_for: waiting_for.map(str::to_string),
+            approval: None,
+            drain: None,
+            repair: None,
+            next_change: None,
+        }
+    }
+
+    fn fixture() -> Status {
+        Status {
+            policies: vec![PolicyStatus {
+                name: "h200-training".into(),
+                mode: Some("dry run".into()),
+                matched: 4,
+                compliant: 1,
+                drifted: 3,
+                unknown: 0,
+                budget: Budget {
+                    in_use: 1,
+                    allowed: 1,
+                    max_unavailable: "1".into(),
+                    waiting: 1,
+                },
+                circuit_breaker: Breaker {
+                    open: false,
+                    recently_drifted: 1,
+                    opens_above: Some(1),
+                    window: "10m".into(),
+                },
+                maintenance: Some(Windows {
+                    open: false,
+                    opens_at: Some("2026-12-05T21:00:00Z".into()),
+                    invalid: None,
+                }),
+                problems: vec!["Degraded=True (DrainStuck): drain of gpu-2 past its timeout".into()],
+                approvals: vec![NodeApproval {
+                    node: "gpu-1".into(),
+                    rungs: vec!["Drain".into()],
+                    command: "kubectl annotate --overwrite node gpu-1 gpunode.dev/approve=Drain".into(),
+                }],
+                repairs: vec![NodeRepair {
+                    node: "gpu-2".into(),
+                    repair: decision::Repair {
+                        state: "Running".into(),
+                        step: Some("reboot".into()),
+                        detail: "since 2026-11-29T12:00:00Z".into(),
+                    },
+                }],
+                needs_human: vec![NodeRepair {
+                    node: "gpu-3".into(),
+                    repair: decision::Repair {
+                        state: "NeedsHuman".into(),
+                        step: None,
+                        detail: "every repair step for Xid was tried".into(),
+                    },
+                }],
+                nodes: vec![
+                    NodeRow {
+                        node: "gpu-1".into(),
+                        state: NodeState::Drifted,
+                        classes: vec!["Driver".into()],
+                        decision: decision(&[], &["Drain"], Some("waiting for approval of Drain")),
+                    },
+                    NodeRow {
+                        node: "gpu-2".into(),
+                        state: NodeState::Drifted,
+                        classes: vec!["Xid".into()],
+                        decision: decision(&["Cordon", "Drain"], &[], None),
+                    },
+                ],
+            }],
+            notes: vec!["heartbeat Leases not readable (forbidden)".into()],
+        }
+    }
+
+    #[test]
+    fn one_screen_per_policy_with_budget_breaker_windows_approvals_repairs_and_people() {
+        let text = fixture().text(Style::plain());
+        let want = "\
+POLICY          NODES   COMPLIANT   DRIFTED   UNKNOWN   BUDGET   BREAKER   WINDOW
+h200-training   4       1           3         0         1/1      closed    closed
+
+h200-training (dry run)
+  budget       1 of 1 in use (maxUnavailable 1), 1 node waiting
+  breaker      closed: 1 of 4 nodes began drifting within 10m (opens above 1)
+  windows      closed: disruptive actions wait until 2026-12-05T21:00:00Z
+  problem      Degraded=True (DrainStuck): drain of gpu-2 past its timeout
+  approvals    gpu-1 waits for Drain (kubectl gpunode approve gpu-1 Drain)
+  repairs      gpu-2: step reboot Running (since 2026-11-29T12:00:00Z)
+  needs human  gpu-3: every repair step for Xid was tried
+  NODE    STATE     CLASSES   DONE            WAITING
+  gpu-1   drifted   Driver    -               Drain: waiting for approval of Drain
+  gpu-2   drifted   Xid       Cordon, Drain   -
+
+note: heartbeat Leases not readable (forbidden)
+";
+        assert_eq!(text, want);
+        assert!(!fixture().all_compliant());
+    }
+
+    #[test]
+    fn json_uses_the_documented_field_names() {
+        let v = serde_json::to_value(fixture()).unwrap_or_default();
+        let p = &v["policies"][0];
+        for key in [
+            "name",
+            "matched",
+            "compliant",
+            "drifted",
+            "unknown",
+            "budget",
+            "circuitBreaker",
+            "maintenance",
+            "approvals",
+            "repairs",
+            "needsHuman",
+            "nodes",
+        ] {
+            assert!(p.get(key).is_some(), "{key} missing in {p}");
+        }
+        assert_eq!(p["budget"]["inUse"], 1);
+        assert_eq!(p["nodes"][0]["waitingFor"], "waiting for approval of Drain");
+        assert_eq!(p["needsHuman"][0]["state"], "NeedsHuman");
+    }
+
+    #[test]
+    fn a_closed_breaker_above_100_percent_is_disabled_and_an_open_one_says_so() {
+        let mut s = fixture();
+        s.policies[0].circuit_breaker.opens_above = None;
+        assert!(
+            s.text(Style::plain())
+                .contains("breaker      disabled (maxDriftedPercent 100)")
+        );
+        s.policies[0].circuit_breaker = Breaker {
+            open: true,
+            recently_drifted: 3,
+            opens_above: Some(1),
+            window: "10m".into(),
+        };
+        let text = s.text(Style::plain());
+        assert!(
+            text.contains("breaker      OPEN, no new disruption: 3 of 4 nodes"),
+            "{text}"
+        );
+        assert!(
+            text.lines().nth(1).is_some_and(|l| l.contains("   open   ")),
+            "{text}"
+        );
+    }
 }

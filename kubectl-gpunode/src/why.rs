@@ -267,3 +267,84 @@ fn on(gpu: Option<u32>, device: Option<&str>) -> String {
         (None, None) => "-".to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpunode_crds::DriftClass;
+
+    fn fixture() -> Why {
+        Why {
+            node: "gpu-7".into(),
+            policy: "h100-training".into(),
+            state: NodeState::Drifted,
+            classes: vec!["Driver".into()],
+            labelled: Some("drifted".into()),
+            condition: Some(ConditionLine {
+                status: "False".into(),
+                reason: "AwaitingApproval".into(),
+                message: "drifted (Driver): ...".into(),
+            }),
+            drifts: vec![Drift {
+                class: DriftClass::Driver,
+                check: "gpu.driverVersion".into(),
+                expected: ">=550".into(),
+                actual: "535.129.03".into(),
+                gpu: None,
+                device: None,
+            }],
+            unknowns: vec![Unknown {
+                check: "gpu.eccMode".into(),
+                reason: "NVML: NotSupported".into(),
+                gpu: Some(3),
+            }],
+            decision: Decision {
+                done: Vec::new(),
+                due: vec!["Taint NoSchedule (driver)".into()],
+                pending: vec!["Drain".into()],
+                waiting_for: Some("waiting for approval of Drain: kubectl annotate ...".into()),
+                approval: Some(crate::decision::Approval {
+                    rungs: vec!["Drain".into()],
+                    command: "kubectl annotate ...".into(),
+                }),
+                drain: None,
+                repair: None,
+                next_change: None,
+            },
+            budget: "0 of 1 in use (maxUnavailable 1)".into(),
+            gpus: Vec::new(),
+            maintenance: None,
+            validation: None,
+            last_heard: Some("2026-11-29T12:00:00Z".into()),
+            notes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn findings_in_a_table_then_what_is_done_waiting_and_when_it_changes() {
+        let want = "\
+node gpu-7 under policy h100-training: drifted (Driver)
+condition:  GpuPolicyCompliant=False (AwaitingApproval): drifted (Driver): ...
+findings:
+  CLASS     CHECK               ON      EXPECTED   ACTUAL
+  Driver    gpu.driverVersion   -       >=550      535.129.03
+  Unknown   gpu.eccMode         gpu 3   -          NVML: NotSupported
+done:       -
+due now:    Taint NoSchedule (driver) (the operator's next pass)
+waiting:    Drain: waiting for approval of Drain: kubectl annotate ...
+approve:    kubectl gpunode approve gpu-7 Drain
+budget:     0 of 1 in use (maxUnavailable 1)
+heard:      the probe, at 2026-11-29T12:00:00Z
+changes:    only when the node, its report or the policy changes
+";
+        assert_eq!(fixture().text(Style::plain()), want);
+        assert!(!fixture().compliant());
+    }
+
+    #[test]
+    fn colour_marks_the_state_only_when_asked() {
+        let colored = fixture().text(Style::colored());
+        assert!(colored.contains("\x1b[31mdrifted\x1b[0m"), "{colored}");
+        assert!(!fixture().text(Style::plain()).contains('\x1b'));
+    }
+}
