@@ -514,6 +514,67 @@ async fn approvals(client: &Client, kubeconfig: &Path) {
     let _ = api.delete(&node, &DeleteParams::default()).await;
 }
 
+/// A GPU quarantined on a device-plugin node (the annotation gpunode.dev/unhealthy-gpus) shows in
+/// `gpus` with its effect.
+async fn quarantine(client: &Client, kubeconfig: &Path) {
+    let node = format!("plugin-quarantine-{:06x}", rand_suffix());
+    nodes::create(
+        client,
+        std::slice::from_ref(&node),
+        &nodes::GpuNodeShape::default(),
+    )
+    .await
+    .unwrap();
+    let mut status = reports::one_gpu("550.54.15", "boot-1", json!([{"xid": 79, "at": now()}]));
+    status["gpus"][0]["uuid"] = json!("GPU-plugin-0");
+    reports::publish(client, &node, status).await.unwrap();
+    crds::create_policy(
+        client,
+        &node,
+        json!({
+            "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+            "gpu": {"fatalXids": [79]},
+            "remediation": [{"classes": ["Xid"], "action": "TaintDevice", "effect": "NoSchedule"}],
+            "disruption": {"maxUnavailable": 1, "circuitBreaker": {"maxDriftedPercent": 100}},
+            "staleAfter": "5m",
+        }),
+    )
+    .await
+    .unwrap();
+    let api: Api<Node> = Api::all(client.clone());
+    wait::until("the GPU quarantined by annotation", DEADLINE, || async {
+        let n = api.get(&node).await?;
+        let a = n.metadata.annotations.unwrap_or_default();
+        Ok((a.get("gpunode.dev/unhealthy-gpus").map(String::as_str) == Some("GPU-plugin-0")).then_some(()))
+    })
+    .await
+    .unwrap();
+    let gpus = plugin(kubeconfig, &["gpus", &node, "-o", "json"]).await;
+    assert_eq!(gpus.code, 1, "{gpus:?}");
+    let v: Value = serde_json::from_str(&gpus.stdout).unwrap();
+    assert_eq!(
+        v["gpus"][0]["quarantine"],
+        json!({"by": "annotation", "effect": "NoSchedule"}),
+        "{v}"
+    );
+    assert_eq!(v["gpus"][0]["drifts"], json!(["Xid gpu.fatalXids"]));
+    let text = plugin(kubeconfig, &["gpus", &node]).await;
+    assert!(
+        text.stdout.contains("drifted   Xid      annotation NoSchedule"),
+        "{}",
+        text.stdout
+    );
+    let why = plugin(kubeconfig, &["why", &node]).await;
+    assert!(
+        why.stdout
+            .contains("done:       TaintDevice NoSchedule (gpu 0 (GPU-plugin-0))"),
+        "{}",
+        why.stdout
+    );
+    delete_policy(client, &node).await;
+    let _ = api.delete(&node, &DeleteParams::default()).await;
+}
+
 async fn node_now(client: &Client, name: &str) -> Node {
     node(client, name).await
 }
@@ -528,6 +589,7 @@ async fn the_demo_state_through_status_why_gpus_and_approvals() {
     screens(&kubeconfig).await;
     machine_output(&kubeconfig).await;
     approvals(&client, &kubeconfig).await;
+    quarantine(&client, &kubeconfig).await;
     cleanup_demo(&client).await;
     operator.stop().await.unwrap();
 }

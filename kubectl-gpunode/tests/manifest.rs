@@ -20,7 +20,10 @@ fn the_krew_manifest_names_this_binary_and_version() {
         let uri = p["uri"].as_str().unwrap();
         assert!(uri.contains(&format!("/{version}/")), "{uri}");
         let sha = p["sha256"].as_str().unwrap();
-        assert!(sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()), "{sha}");
+        assert!(
+            sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{sha}"
+        );
         assert!(p["selector"]["matchLabels"]["os"].is_string());
     }
 }
