@@ -1,9 +1,11 @@
 //! `/metrics` and `/healthz`.
 //!
-//! GPU metrics carry the DCGM field names and dcgm-exporter's labels (`gpu`, `UUID`,
-//! `pci_bus_id`, `modelName`, `Hostname`), so existing dashboards and alerts keep working; values
-//! DCGM has no field for use a `gpunode_` prefix. The exposition is rendered from the latest
-//! observation on each scrape, so a GPU or port that disappears leaves no stale series.
+//! GPU series are named `gpunode_probe_gpu_*`, never after DCGM fields: dcgm-exporter often runs
+//! on the same node, and a dashboard summing a shared name would count each GPU twice (README
+//! "Metrics and alerts" maps each series to its DCGM field). They keep dcgm-exporter's labels
+//! (`gpu`, `UUID`, `pci_bus_id`, `modelName`, `Hostname`), so the two join on `UUID`. The
+//! exposition is rendered from the latest observation on each scrape, so a GPU or port that
+//! disappears leaves no stale series. [`exported_series`] lists every series name it can hold.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -57,6 +59,37 @@ impl GaugeFamily {
     }
 }
 
+/// A counter family being filled: the report holds each counter's current value, so it is set
+/// (once, on a fresh registry per scrape) rather than incremented.
+struct CounterFamily {
+    name: &'static str,
+    help: &'static str,
+    family: Family<Labels, Counter<f64, AtomicU64>>,
+    used: bool,
+}
+
+impl CounterFamily {
+    fn new(name: &'static str, help: &'static str) -> Self {
+        CounterFamily {
+            name,
+            help,
+            family: Family::default(),
+            used: false,
+        }
+    }
+
+    fn set(&mut self, labels: Labels, value: f64) {
+        self.family.get_or_create(&labels).inc_by(value);
+        self.used = true;
+    }
+
+    fn register(self, registry: &mut Registry) {
+        if self.used {
+            registry.register(self.name, self.help, self.family);
+        }
+    }
+}
+
 fn gpu_labels(gpu: &GpuStatus, host: &str) -> Labels {
     vec![
         ("gpu".into(), gpu.index.to_string()),
@@ -80,103 +113,147 @@ fn bool_f(b: bool) -> f64 {
     if b { 1.0 } else { 0.0 }
 }
 
-/// Per-GPU gauges: (DCGM name, help, value).
-type GpuMetric = (&'static str, &'static str, fn(&GpuStatus) -> Option<f64>);
+/// How a per-GPU value is exposed: a gauge, or a counter (exposed with `_total`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Gauge,
+    Counter,
+}
 
+/// A per-GPU series: name (without `_total` for counters), help, kind, value.
+type GpuMetric = (&'static str, &'static str, Kind, fn(&GpuStatus) -> Option<f64>);
+
+/// Bytes in a MiB: the report keeps memory in MiB, the metric in bytes (a base unit).
+const MIB: f64 = 1024.0 * 1024.0;
+
+// gpunode's own names, not the DCGM field names: on a node that also runs dcgm-exporter, series
+// of the same name would be summed twice by every dashboard. README "Metrics and alerts" maps
+// each to the DCGM field it corresponds to.
 const GPU_METRICS: &[GpuMetric] = &[
-    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", |g| {
-        g.temperature_celsius.map(f64::from)
-    }),
-    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", |g| {
-        g.memory_temperature_celsius.map(f64::from)
-    }),
     (
-        "DCGM_FI_DEV_SLOWDOWN_TEMP",
+        "gpunode_probe_gpu_temperature_celsius",
+        "GPU temperature (in C).",
+        Kind::Gauge,
+        |g| g.temperature_celsius.map(f64::from),
+    ),
+    (
+        "gpunode_probe_gpu_memory_temperature_celsius",
+        "Memory temperature (in C).",
+        Kind::Gauge,
+        |g| g.memory_temperature_celsius.map(f64::from),
+    ),
+    (
+        "gpunode_probe_gpu_slowdown_temperature_celsius",
         "Slowdown temperature threshold (in C).",
+        Kind::Gauge,
         |g| g.slowdown_celsius.map(f64::from),
     ),
     (
-        "DCGM_FI_DEV_SHUTDOWN_TEMP",
+        "gpunode_probe_gpu_shutdown_temperature_celsius",
         "Shutdown temperature threshold (in C).",
+        Kind::Gauge,
         |g| g.shutdown_celsius.map(f64::from),
     ),
     (
-        "DCGM_FI_DEV_GPU_TEMP_LIMIT",
+        "gpunode_probe_gpu_slowdown_margin_celsius",
         "Margin to the slowdown threshold (in C).",
+        Kind::Gauge,
         |g| Some(f64::from(g.slowdown_celsius? - g.temperature_celsius?)),
     ),
-    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", |g| {
-        g.power_watts.map(f64::from)
-    }),
     (
-        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        "gpunode_probe_gpu_power_watts",
+        "Power draw (in W).",
+        Kind::Gauge,
+        |g| g.power_watts.map(f64::from),
+    ),
+    (
+        "gpunode_probe_gpu_power_limit_watts",
         "Enforced power limit (in W).",
+        Kind::Gauge,
         |g| g.power_limit_watts.map(f64::from),
     ),
-    ("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory (in MiB).", |g| {
-        g.memory_mib.map(|m| m as f64)
-    }),
-    ("DCGM_FI_DEV_ECC_CURRENT", "ECC mode (1 = enabled).", |g| {
-        enabled(g.ecc_mode)
-    }),
     (
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-        "Volatile corrected ECC errors.",
+        "gpunode_probe_gpu_memory_bytes",
+        "Framebuffer memory (in bytes).",
+        Kind::Gauge,
+        |g| g.memory_mib.map(|m| m as f64 * MIB),
+    ),
+    (
+        "gpunode_probe_gpu_ecc_enabled",
+        "ECC mode (1 = enabled).",
+        Kind::Gauge,
+        |g| enabled(g.ecc_mode),
+    ),
+    (
+        "gpunode_probe_gpu_ecc_volatile_corrected_errors",
+        "Corrected ECC errors since the driver loaded.",
+        Kind::Counter,
         |g| g.ecc.as_ref().map(|e| e.volatile_corrected as f64),
     ),
     (
-        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        "Volatile uncorrected ECC errors.",
+        "gpunode_probe_gpu_ecc_volatile_uncorrected_errors",
+        "Uncorrected ECC errors since the driver loaded.",
+        Kind::Counter,
         |g| g.ecc.as_ref().map(|e| e.volatile_uncorrected as f64),
     ),
     (
-        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-        "Aggregate corrected ECC errors.",
+        "gpunode_probe_gpu_ecc_aggregate_corrected_errors",
+        "Corrected ECC errors over the GPU's life.",
+        Kind::Counter,
         |g| g.ecc.as_ref().map(|e| e.aggregate_corrected as f64),
     ),
     (
-        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-        "Aggregate uncorrected ECC errors.",
+        "gpunode_probe_gpu_ecc_aggregate_uncorrected_errors",
+        "Uncorrected ECC errors over the GPU's life.",
+        Kind::Counter,
         |g| g.ecc.as_ref().map(|e| e.aggregate_uncorrected as f64),
     ),
     (
-        "DCGM_FI_DEV_RETIRED_SBE",
+        "gpunode_probe_gpu_retired_pages_single_bit",
         "Pages retired for single-bit errors.",
+        Kind::Gauge,
         |g| g.retired_pages.as_ref().map(|r| r.single_bit as f64),
     ),
     (
-        "DCGM_FI_DEV_RETIRED_DBE",
+        "gpunode_probe_gpu_retired_pages_double_bit",
         "Pages retired for double-bit errors.",
+        Kind::Gauge,
         |g| g.retired_pages.as_ref().map(|r| r.double_bit as f64),
     ),
     (
-        "DCGM_FI_DEV_RETIRED_PENDING",
+        "gpunode_probe_gpu_retired_pages_pending",
         "Page retirement pending (1 = yes).",
+        Kind::Gauge,
         |g| g.retired_pages.as_ref().map(|r| bool_f(r.pending)),
     ),
     (
-        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "gpunode_probe_gpu_remapped_rows_correctable",
         "Rows remapped for correctable errors.",
+        Kind::Gauge,
         |g| g.remapped_rows.as_ref().map(|r| r.correctable as f64),
     ),
     (
-        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "gpunode_probe_gpu_remapped_rows_uncorrectable",
         "Rows remapped for uncorrectable errors.",
+        Kind::Gauge,
         |g| g.remapped_rows.as_ref().map(|r| r.uncorrectable as f64),
     ),
     (
-        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "gpunode_probe_gpu_row_remap_pending",
         "Row remap pending (1 = yes).",
+        Kind::Gauge,
         |g| g.remapped_rows.as_ref().map(|r| bool_f(r.pending)),
     ),
     (
-        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "gpunode_probe_gpu_row_remap_failed",
         "Row remap failed (1 = yes).",
+        Kind::Gauge,
         |g| g.remapped_rows.as_ref().map(|r| bool_f(r.failure)),
     ),
     (
-        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "gpunode_probe_gpu_clocks_event_reasons",
         "Clock throttle reasons (NVML bitmask).",
+        Kind::Gauge,
         |g| {
             let mask = ThrottleReason::BITS
                 .iter()
@@ -185,45 +262,70 @@ const GPU_METRICS: &[GpuMetric] = &[
             Some(mask.fold(0u64, |acc, b| acc | b) as f64)
         },
     ),
-    ("DCGM_FI_DEV_PCIE_LINK_GEN", "PCIe link generation.", |g| {
-        g.pcie.as_ref().map(|p| f64::from(p.current_generation))
-    }),
-    ("DCGM_FI_DEV_PCIE_LINK_WIDTH", "PCIe link width (lanes).", |g| {
-        g.pcie.as_ref().map(|p| f64::from(p.current_width))
-    }),
     (
-        "DCGM_FI_DEV_PCIE_MAX_LINK_GEN",
+        "gpunode_probe_gpu_pcie_link_generation",
+        "PCIe link generation.",
+        Kind::Gauge,
+        |g| g.pcie.as_ref().map(|p| f64::from(p.current_generation)),
+    ),
+    (
+        "gpunode_probe_gpu_pcie_link_width",
+        "PCIe link width (lanes).",
+        Kind::Gauge,
+        |g| g.pcie.as_ref().map(|p| f64::from(p.current_width)),
+    ),
+    (
+        "gpunode_probe_gpu_pcie_max_link_generation",
         "Maximum PCIe link generation.",
+        Kind::Gauge,
         |g| g.pcie.as_ref().map(|p| f64::from(p.max_generation)),
     ),
     (
-        "DCGM_FI_DEV_PCIE_MAX_LINK_WIDTH",
+        "gpunode_probe_gpu_pcie_max_link_width",
         "Maximum PCIe link width (lanes).",
+        Kind::Gauge,
         |g| g.pcie.as_ref().map(|p| f64::from(p.max_width)),
     ),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "PCIe replays.", |g| {
-        g.pcie.as_ref().map(|p| p.replay_counter as f64)
-    }),
     (
-        "DCGM_FI_DEV_PERSISTENCE_MODE",
+        "gpunode_probe_gpu_pcie_replays",
+        "PCIe replays.",
+        Kind::Counter,
+        |g| g.pcie.as_ref().map(|p| p.replay_counter as f64),
+    ),
+    (
+        "gpunode_probe_gpu_persistence_mode_enabled",
         "Persistence mode (1 = enabled).",
+        Kind::Gauge,
         |g| enabled(g.persistence_mode),
     ),
-    ("DCGM_FI_DEV_MIG_MODE", "MIG mode (1 = enabled).", |g| {
-        enabled(g.mig_mode)
-    }),
-    ("DCGM_FI_DEV_XID_ERRORS", "Last XID seen on the GPU.", |g| {
-        g.xids.last().map(|x| f64::from(x.xid))
-    }),
-    ("gpunode_gpu_nvlink_active", "NVLinks up.", |g| {
-        g.nvlink.as_ref().map(|n| f64::from(n.active))
-    }),
-    ("gpunode_gpu_nvlink_total", "NVLinks the GPU has.", |g| {
-        g.nvlink.as_ref().map(|n| f64::from(n.total))
-    }),
     (
-        "gpunode_gpu_field_errors",
+        "gpunode_probe_gpu_mig_mode_enabled",
+        "MIG mode (1 = enabled).",
+        Kind::Gauge,
+        |g| enabled(g.mig_mode),
+    ),
+    (
+        "gpunode_probe_gpu_last_xid",
+        "Last XID seen on the GPU.",
+        Kind::Gauge,
+        |g| g.xids.last().map(|x| f64::from(x.xid)),
+    ),
+    (
+        "gpunode_probe_gpu_nvlinks_active",
+        "NVLinks up.",
+        Kind::Gauge,
+        |g| g.nvlink.as_ref().map(|n| f64::from(n.active)),
+    ),
+    (
+        "gpunode_probe_gpu_nvlinks",
+        "NVLinks the GPU has.",
+        Kind::Gauge,
+        |g| g.nvlink.as_ref().map(|n| f64::from(n.total)),
+    ),
+    (
+        "gpunode_probe_gpu_field_errors",
         "GPU fields NVML could not read.",
+        Kind::Gauge,
         |g| Some(g.errors.len() as f64),
     ),
 ];
@@ -300,17 +402,30 @@ fn node_metrics(registry: &mut Registry, report: &GpuNodeReportStatus, host: &st
 }
 
 fn gpu_metrics(registry: &mut Registry, report: &GpuNodeReportStatus, host: &str) {
-    for (name, help, value) in GPU_METRICS {
-        let mut family = GaugeFamily::new(name, help);
-        for gpu in &report.gpus {
-            if let Some(v) = value(gpu) {
-                family.set(gpu_labels(gpu, host), v);
+    for &(name, help, kind, value) in GPU_METRICS {
+        match kind {
+            Kind::Gauge => {
+                let mut family = GaugeFamily::new(name, help);
+                for gpu in &report.gpus {
+                    if let Some(v) = value(gpu) {
+                        family.set(gpu_labels(gpu, host), v);
+                    }
+                }
+                family.register(registry);
+            }
+            Kind::Counter => {
+                let mut family = CounterFamily::new(name, help);
+                for gpu in &report.gpus {
+                    if let Some(v) = value(gpu) {
+                        family.set(gpu_labels(gpu, host), v);
+                    }
+                }
+                family.register(registry);
             }
         }
-        family.register(registry);
     }
     let mut reasons = GaugeFamily::new(
-        "gpunode_gpu_throttle_reason",
+        "gpunode_probe_gpu_throttle_reason",
         "Active clock throttle reasons (1 = active).",
     );
     for gpu in &report.gpus {
@@ -439,6 +554,44 @@ fn xid_state_metrics(registry: &mut Registry, p: &crate::nvml::Persistence, host
     );
 }
 
+/// Series registered outside the GPU and port tables, as exposed (counters with `_total`).
+const OTHER_SERIES: &[&str] = &[
+    "gpunode_gpu_count",
+    "gpunode_throttled_gpus",
+    "gpunode_collector_up",
+    "gpunode_collector_duration_seconds",
+    "gpunode_probe_gpu_throttle_reason",
+    "gpunode_probe_gpu_xid_errors_total",
+    "gpunode_sensor_celsius",
+    "gpunode_sensor_crit_celsius",
+    "gpunode_fan_rpm",
+    "gpunode_rdma_pfc_enabled",
+    "gpunode_rdma_ecn_enabled",
+    "gpunode_rdma_pfc_pause_frames",
+    "gpunode_probe_xid_state_enabled",
+    "gpunode_probe_xid_state_restored",
+    "gpunode_probe_xid_state_ignored_total",
+    "gpunode_probe_xid_state_save_failures_total",
+    "gpunode_publish_total",
+    "gpunode_probe_policy_watch_synced",
+    "gpunode_probe_policies",
+    "gpunode_probe_policy_watch_errors_total",
+];
+
+/// Every series name [`render`] can expose, as Prometheus stores it (counters with `_total`).
+/// Kept equal to what a fully populated state renders by this module's tests, so other code
+/// (the chart's coexistence test with dcgm-exporter) can rely on it.
+pub fn exported_series() -> Vec<String> {
+    let gpu = GPU_METRICS.iter().map(|&(name, _, kind, _)| match kind {
+        Kind::Gauge => name.to_owned(),
+        Kind::Counter => format!("{name}_total"),
+    });
+    let port = PORT_METRICS.iter().map(|&(name, _, _)| name.to_owned());
+    gpu.chain(port)
+        .chain(OTHER_SERIES.iter().map(|&n| n.to_owned()))
+        .collect()
+}
+
 /// The Prometheus text exposition of the probe's state.
 pub fn render(state: &ProbeState) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::default();
@@ -449,9 +602,9 @@ pub fn render(state: &ProbeState) -> Result<String, std::fmt::Error> {
         cooling_metrics(&mut registry, &report, host);
         network_metrics(&mut registry, &report, host);
         if let Some(xids) = state.xids() {
-            let mut family = GaugeFamily::new(
-                "DCGM_EXP_XID_ERRORS_COUNT",
-                "XIDs received since the probe started.",
+            let mut family = CounterFamily::new(
+                "gpunode_probe_gpu_xid_errors",
+                "XIDs received since the probe started, by GPU and XID.",
             );
             for ((index, xid), count) in xids.counts() {
                 let labels = report.gpus.iter().find(|g| g.index == index).map_or_else(
@@ -543,4 +696,146 @@ pub async fn serve(
         .with_state(state);
     let task = tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(shutdown).await });
     Ok((bound, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::nvml::XidLog;
+    use crate::xid_state::XidStore;
+
+    /// A report in which every field the metrics read is set.
+    fn full_report() -> GpuNodeReportStatus {
+        serde_json::from_value(serde_json::json!({
+            "gpuCount": 1,
+            "throttledGpus": 1,
+            "collectors": [{"name": "nvml", "ok": true, "durationMs": 12}],
+            "gpus": [{
+                "index": 0,
+                "uuid": "GPU-0",
+                "product": "NVIDIA H100 80GB HBM3",
+                "pciBusId": "00000000:1B:00.0",
+                "memoryMiB": 81559,
+                "eccMode": "Enabled",
+                "ecc": {"volatileCorrected": 1, "volatileUncorrected": 0,
+                        "aggregateCorrected": 12, "aggregateUncorrected": 0},
+                "retiredPages": {"singleBit": 1, "doubleBit": 0, "pending": false},
+                "remappedRows": {"correctable": 0, "uncorrectable": 0, "pending": false, "failure": false},
+                "temperatureCelsius": 41,
+                "memoryTemperatureCelsius": 45,
+                "slowdownCelsius": 89,
+                "shutdownCelsius": 92,
+                "powerWatts": 71,
+                "powerLimitWatts": 700,
+                "throttleReasons": ["HwThermalSlowdown"],
+                "pcie": {"currentGeneration": 5, "maxGeneration": 5, "currentWidth": 16,
+                         "maxWidth": 16, "replayCounter": 3},
+                "nvlink": {"active": 18, "total": 18},
+                "persistenceMode": "Enabled",
+                "migMode": "Disabled",
+                "xids": [{"xid": 79, "at": "2025-01-01T00:00:00Z"}],
+                "errors": [{"field": "fanSpeed", "reason": "NVML: NotSupported"}]
+            }],
+            "cooling": {
+                "sensors": [{"chip": "nvme", "label": "Composite", "celsius": 40.0, "critCelsius": 85.0}],
+                "fans": [{"name": "fan1", "rpm": 9000}]
+            },
+            "network": {"rdmaDevices": [{
+                "device": "mlx5_0", "port": 1, "netdev": "eth0", "state": "Active",
+                "rateGbps": 400, "mtu": 9000, "roceV2Gid": true,
+                "pfcPriorities": [3], "ecnPriorities": [3],
+                "pfcPause": [{"priority": 3, "rx": 1, "tx": 2}],
+                "errors": [{"field": "trust", "reason": "unreadable"}]
+            }]}
+        }))
+        .unwrap()
+    }
+
+    /// The metric name of each sample line of an exposition.
+    fn sample_names(text: &str) -> BTreeSet<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn exported_series_are_exactly_what_a_full_state_renders() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc_root = dir.path().join("proc");
+        std::fs::create_dir_all(proc_root.join("sys/kernel/random")).unwrap();
+        std::fs::write(proc_root.join("sys/kernel/random/boot_id"), "b-1\n").unwrap();
+        let store = XidStore::open(&dir.path().join("state"), "node-a", &proc_root).unwrap();
+        let xids = Arc::new(XidLog::persistent(store));
+        xids.record(0, 79, jiff::Timestamp::UNIX_EPOCH);
+        let state = ProbeState::new("node-a", Duration::from_secs(60), Some(xids));
+        state.set_latest(full_report());
+        state.set_policies(Some(1));
+        state.record_publish(true);
+
+        let rendered = sample_names(&render(&state).unwrap());
+        let listed: Vec<String> = exported_series();
+        let listed_set: BTreeSet<String> = listed.iter().cloned().collect();
+        assert_eq!(listed.len(), listed_set.len(), "a name listed twice: {listed:?}");
+        assert_eq!(
+            rendered.difference(&listed_set).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "rendered but not in exported_series()"
+        );
+        assert_eq!(
+            listed_set.difference(&rendered).collect::<Vec<_>>(),
+            Vec::<&String>::new(),
+            "in exported_series() but not rendered by a full state"
+        );
+    }
+
+    #[test]
+    fn gpu_series_use_base_units_and_counters_end_in_total() {
+        let state = ProbeState::new(
+            "node-a",
+            Duration::from_secs(60),
+            Some(Arc::new(XidLog::default())),
+        );
+        state.set_latest(full_report());
+        let text = render(&state).unwrap();
+        let sample = |name: &str| -> f64 {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&format!("{name}{{")))
+                .unwrap_or_else(|| panic!("no {name} in:\n{text}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        // The report's MiB, exposed in bytes.
+        assert_eq!(
+            sample("gpunode_probe_gpu_memory_bytes"),
+            81559.0 * 1024.0 * 1024.0
+        );
+        assert_eq!(sample("gpunode_probe_gpu_temperature_celsius"), 41.0);
+        assert_eq!(sample("gpunode_probe_gpu_slowdown_margin_celsius"), 48.0);
+        assert_eq!(sample("gpunode_probe_gpu_pcie_replays_total"), 3.0);
+        assert_eq!(
+            sample("gpunode_probe_gpu_ecc_aggregate_corrected_errors_total"),
+            12.0
+        );
+        assert!(
+            text.contains("# TYPE gpunode_probe_gpu_pcie_replays counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE gpunode_probe_gpu_temperature_celsius gauge"),
+            "{text}"
+        );
+        // dcgm-exporter's labels stay, so the two join on UUID.
+        assert!(text.contains("UUID=\"GPU-0\""), "{text}");
+        for name in sample_names(&text) {
+            assert!(
+                name.starts_with("gpunode_"),
+                "{name} is not one of gpunode's names"
+            );
+        }
+    }
 }

@@ -225,7 +225,7 @@ async fn run_publishes_and_stops_on_shutdown() {
 }
 
 #[tokio::test]
-async fn metrics_use_dcgm_names_and_healthz_follows_observations() {
+async fn gpu_metrics_have_gpunode_names_and_dcgm_exporter_labels_and_healthz_follows_observations() {
     let fake = FakeNvml::new("throttled");
     let tree = sysfs_tree("lossless-8port");
     let args = [
@@ -271,7 +271,7 @@ async fn metrics_use_dcgm_names_and_healthz_follows_observations() {
     assert!(metrics.starts_with("HTTP/1.1 200"));
     let line = metrics
         .lines()
-        .find(|l| l.starts_with("DCGM_FI_DEV_GPU_TEMP{") && l.contains("gpu=\"2\""))
+        .find(|l| l.starts_with("gpunode_probe_gpu_temperature_celsius{") && l.contains("gpu=\"2\""))
         .unwrap_or_else(|| panic!("no GPU 2 temperature:\n{metrics}"));
     for label in [
         "UUID=\"GPU-",
@@ -283,10 +283,16 @@ async fn metrics_use_dcgm_names_and_healthz_follows_observations() {
     }
     assert!(line.ends_with(" 87.0"), "{line}");
     assert!(
-        metrics.contains("gpunode_gpu_throttle_reason{") && metrics.contains("reason=\"HwThermalSlowdown\"")
+        metrics.contains("gpunode_probe_gpu_throttle_reason{")
+            && metrics.contains("reason=\"HwThermalSlowdown\"")
     );
     assert!(metrics.contains("gpunode_throttled_gpus{Hostname=\"node-a\"} 1"));
-    assert!(metrics.contains("DCGM_FI_DEV_CLOCKS_EVENT_REASONS{"));
+    assert!(metrics.contains("gpunode_probe_gpu_clocks_event_reasons{"));
+    // dcgm-exporter's namespace stays its own: a dashboard summing its series must not add ours.
+    assert!(
+        !metrics.lines().any(|l| l.starts_with("DCGM_")),
+        "a series in dcgm-exporter's namespace:\n{metrics}"
+    );
     assert!(metrics.contains("gpunode_rdma_pfc_pause_frames{"));
     assert!(metrics.contains("gpunode_sensor_celsius{chip=\"nvme\",label=\"Composite\""));
     assert!(metrics.contains("gpunode_publish_total{result=\"ok\"} 0"));
