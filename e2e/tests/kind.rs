@@ -975,7 +975,7 @@ async fn a_deleted_probe_pod_comes_back_and_its_node_stays_drifted() {
             "get",
             "--raw",
             &format!(
-                "/api/v1/namespaces/{}/pods/{fresh_name}:9400/proxy/metrics",
+                "/api/v1/namespaces/{}/pods/{fresh_name}:21400/proxy/metrics",
                 chart::NAMESPACE
             ),
         ])

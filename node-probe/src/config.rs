@@ -11,6 +11,14 @@ use crate::change::ChangeConfig;
 use crate::nvml::DEFAULT_LIB;
 use crate::publish::PublishConfig;
 
+/// Default port of /metrics and /healthz, on the host network. Not dcgm-exporter's 9400, which
+/// often runs on the same node, nor any port of the other common GPU-node agents (node-exporter,
+/// the GPU Operator's components, kubelet, kube-proxy, CNI agents, NFD); outside the range
+/// Prometheus allocates to exporters (9100-9999, all taken), below the NodePort range and the
+/// ephemeral ports, and outside the ranges GPU workloads bind (Ray's workers 10002-19999,
+/// torchrun's 29400 and 29500). README "With the GPU Operator and dcgm-exporter" has the list.
+pub const DEFAULT_METRICS_PORT: u16 = 21400;
+
 /// Output format of `--once`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Output {
@@ -156,7 +164,7 @@ pub struct Config {
     pub margin_bands: Vec<i32>,
 
     /// Address of /metrics and /healthz.
-    #[arg(long, env = "GPUNODE_METRICS_ADDR", default_value = "0.0.0.0:9400")]
+    #[arg(long, env = "GPUNODE_METRICS_ADDR", default_value_t = SocketAddr::from(([0, 0, 0, 0], DEFAULT_METRICS_PORT)))]
     pub metrics_addr: SocketAddr,
 
     /// Log format.
@@ -196,7 +204,7 @@ mod tests {
         assert_eq!(c.recovery_gap, Duration::from_secs(120));
         assert!(!c.no_policy_watch);
         assert!(!c.gpu_reset, "GPU resets are off unless asked for");
-        assert_eq!(c.metrics_addr.port(), 9400);
+        assert_eq!(c.metrics_addr, "0.0.0.0:21400".parse().unwrap());
         assert_eq!(c.margin_bands, vec![0, 3, 5, 10, 15]);
         let c = Config::try_parse_from([
             "gpunode-probe",
