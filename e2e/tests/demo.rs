@@ -73,12 +73,22 @@ fn run_demo(root: &Path, log: &Path) {
         }
         if start.elapsed() > DEADLINE {
             let _ = child.kill();
-            panic!("make demo still running after {DEADLINE:?}; log: {}", log.display());
+            panic!(
+                "make demo still running after {DEADLINE:?}; log: {}",
+                log.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(500)); // poll interval of the child's exit
     };
     let text = fs::read_to_string(log).unwrap_or_default();
-    let tail: Vec<&str> = text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+    let tail: Vec<&str> = text
+        .lines()
+        .rev()
+        .take(40)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
     assert!(
         status.success(),
         "make demo failed ({status}) after {:?}; log {}:\n{}",
@@ -86,7 +96,11 @@ fn run_demo(root: &Path, log: &Path) {
         log.display(),
         tail.join("\n")
     );
-    assert!(text.contains("End state reached"), "no 'End state reached' in {}", log.display());
+    assert!(
+        text.contains("End state reached"),
+        "no 'End state reached' in {}",
+        log.display()
+    );
     eprintln!("make demo reached its end state in {:?}", start.elapsed());
 }
 
@@ -101,7 +115,11 @@ fn readme_end_state(root: &Path) -> String {
         .split_once("```text\n")
         .expect("the README's demo section has no ```text block")
         .1;
-    block.split_once("```").expect("unterminated ```text block").0.to_string()
+    block
+        .split_once("```")
+        .expect("unterminated ```text block")
+        .0
+        .to_string()
 }
 
 /// A screen with its volatile parts replaced by placeholders, and events sorted.
@@ -110,12 +128,19 @@ fn normalise(screen: &str) -> Vec<String> {
     let mut events = Vec::new();
     let mut section = "";
     for line in screen.lines().map(str::trim_end) {
-        if line.starts_with("gpunode demo ") || line.is_empty() {
+        // The clock line, and blank lines.
+        if (line.contains("gpunode demo") && line.contains("KUBECONFIG=")) || line.is_empty() {
             continue;
         }
         if let Some(cmd) = line.strip_prefix("$ ") {
             out.append(&mut events);
-            section = if cmd.starts_with("kubectl get events") { "events" } else { cmd };
+            // The leader's metrics port is the test's, not the README's.
+            let line = &mask_after(line, "<leader>:");
+            section = if cmd.starts_with("kubectl get events") {
+                "events"
+            } else {
+                cmd
+            };
             out.push(line.to_string());
             continue;
         }
@@ -139,12 +164,22 @@ fn mask(section: &str, line: &str) -> String {
     }
     if words.first().is_some_and(|w| w.starts_with("pod/trainer-")) {
         // pod/trainer-<replicaset hash>-<suffix>, on one of the healthy nodes.
-        let node = words.get(2).map_or("", |n| if n.starts_with("h100-0") { "h100-0<NN>" } else { n });
+        let node = words
+            .get(2)
+            .map_or("", |n| if n.starts_with("h100-0") { "h100-0<NN>" } else { n });
         return format!("pod/trainer-<id> {} {node}", words.get(1).unwrap_or(&""));
     }
     if section.starts_with("curl ") {
-        // How often the PDB refused an eviction depends on when the replacement pod ran.
-        return mask_after(&words.join(" "), "evict blocked: ");
+        // The metrics come in no fixed order; how often the PDB refused an eviction (none at all,
+        // then the series is not shown) depends on when the replacement pod ran.
+        let mut items: Vec<String> = line
+            .split("   ")
+            .map(str::trim)
+            .filter(|i| !i.is_empty() && !i.starts_with("evict blocked: "))
+            .map(str::to_string)
+            .collect();
+        items.sort();
+        return items.join(", ");
     }
     words.join(" ")
 }
@@ -190,7 +225,10 @@ fn log_dir() -> PathBuf {
 fn make_demo_reaches_the_readme_end_state_and_demo_down_leaves_nothing_running() {
     let root = repo_root();
     let cluster_dir = root.join(".cluster").join(CLUSTER);
-    let runs: u32 = std::env::var("GPUNODE_DEMO_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(1);
+    let runs: u32 = std::env::var("GPUNODE_DEMO_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1);
     let expected = normalise(&readme_end_state(&root));
     for run in 1..=runs {
         let down = Down(&root);
@@ -208,7 +246,11 @@ fn make_demo_reaches_the_readme_end_state_and_demo_down_leaves_nothing_running()
         std::mem::forget(down);
         assert!(status.success(), "run {run}: make demo-down failed: {status}");
         let left = leftover_processes(&cluster_dir);
-        assert!(left.is_empty(), "run {run}: make demo-down left processes running:\n{}", left.join("\n"));
+        assert!(
+            left.is_empty(),
+            "run {run}: make demo-down left processes running:\n{}",
+            left.join("\n")
+        );
         eprintln!("demo run {run} of {runs}: end state reached, stopped cleanly");
     }
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use gpunode_crds::{GpuNodePolicy, selector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::SelectorExt;
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples");
 
@@ -53,7 +54,10 @@ fn no_example_selects_the_nodes_another_example_is_written_for() {
         let own = selector::parse("spec.nodeSelector", &policy.spec.node_selector)
             .unwrap_or_else(|e| panic!("{file}: {e}"));
         let node = node_for(&policy.spec.node_selector);
-        assert!(own.matches(&node), "{file}: its own node {node:?} is not selected");
+        assert!(
+            own.matches(&node),
+            "{file}: its own node {node:?} is not selected"
+        );
         for (other_file, other) in examples.iter().filter(|(f, _)| f != file) {
             let theirs = selector::parse("spec.nodeSelector", &other.spec.node_selector)
                 .unwrap_or_else(|e| panic!("{other_file}: {e}"));
