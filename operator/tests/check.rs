@@ -17,13 +17,14 @@ fn check(policy: &str, report: &str, extra: &[&str]) -> Output {
 
 /// The healthy H100 report with its GPUs as H200s (141 GB), written to a temporary file.
 fn h200_report() -> String {
-    let text = std::fs::read_to_string(format!("{FIXTURES}/healthy-h100-report.yaml")).unwrap();
+    let path = format!("{FIXTURES}/healthy-h100-report.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let h200 = text
         .replace("NVIDIA H100 80GB HBM3", "NVIDIA H200")
         .replace("memoryMiB: 81559", "memoryMiB: 143771");
     assert_ne!(h200, text, "the fixture's product or memory moved");
     let file = std::env::temp_dir().join(format!("gpunode-check-h200-{}.yaml", std::process::id()));
-    std::fs::write(&file, h200).unwrap();
+    std::fs::write(&file, h200).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     file.to_string_lossy().into_owned()
 }
 
