@@ -374,6 +374,11 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
     let mut last_policy_observe: Option<Instant> = None;
     let mut xid_pending = false;
     let mut policy_pending = false;
+    // The XID count last seen: a notification that leaves it unchanged is a wake (after a GPU
+    // reset), whose observation is written whole even when nothing changed, since the operator
+    // judges the reset by the first report written after its outcome.
+    let mut xids_seen = xids.as_mut().map(|rx| *rx.borrow_and_update());
+    let mut woken = false;
     let mut published: Option<GpuNodeReportStatus> = None;
     // Last write of the whole report, and last write of anything (report or Lease).
     let mut last_report_at: Option<Instant> = None;
@@ -403,7 +408,7 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
         };
         let xid_changed = async {
             match xids.as_mut() {
-                Some(rx) if !xid_pending => rx.changed().await.is_ok(),
+                Some(rx) if !xid_pending => rx.changed().await.ok().map(|()| *rx.borrow_and_update()),
                 _ => std::future::pending().await,
             }
         };
@@ -416,11 +421,14 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
         tokio::select! {
             () = &mut shutdown => break,
             () = tokio::time::sleep_until(wake) => {}
-            alive = xid_changed => {
-                if alive {
-                    xid_pending = true;
-                } else {
-                    xids = None;
+            seen = xid_changed => {
+                match seen {
+                    Some(total) => {
+                        xid_pending = true;
+                        woken |= xids_seen == Some(total);
+                        xids_seen = Some(total);
+                    }
+                    None => xids = None,
                 }
                 continue;
             }
@@ -463,6 +471,7 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
             }
             xid_pending = false;
             policy_pending = false;
+            let forced = std::mem::take(&mut woken);
             while next_tick <= now {
                 next_tick += config.interval;
             }
@@ -487,7 +496,9 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
                             why: text.join("; "),
                             recovery: changes.iter().all(crate::change::Change::is_recovery),
                         })
-                    } else if last_report_at.is_none_or(|t| now.duration_since(t) >= config.report_refresh) {
+                    } else if forced
+                        || last_report_at.is_none_or(|t| now.duration_since(t) >= config.report_refresh)
+                    {
                         Some(Due::Refresh)
                     } else if last_write_at.is_none_or(|t| now.duration_since(t) >= config.heartbeat) {
                         Some(Due::Heartbeat)

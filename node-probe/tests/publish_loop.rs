@@ -606,3 +606,37 @@ async fn a_value_flapping_on_a_threshold_publishes_drifts_at_once_and_recoveries
     );
     h.stop().await;
 }
+
+/// After a GPU reset the probe wakes the loop without an XID (`XidLog::wake`: the watch is
+/// notified, its value unchanged). The operator judges the reset by the first report written
+/// after the outcome, so that wake writes the whole report even when the observation shows
+/// nothing new: a regular observation may already have published what the reset changed, just
+/// before the outcome was written (seen in the demo: the repair then waited for a report that
+/// came only with the refresh, past the step's timeout).
+#[tokio::test(start_paused = true)]
+async fn a_wake_without_an_xid_writes_the_whole_report_even_when_nothing_changed() {
+    // Lease renewals are not reports: only the wake can write one within the test.
+    let h = start(PublishConfig {
+        heartbeat: Duration::from_secs(3600),
+        ..PublishConfig::default()
+    });
+    h.sink.lease.store(true, Ordering::SeqCst);
+    first_report(&h).await;
+    h.run_for(Duration::from_secs(15)).await;
+    assert_eq!(h.sink.published().len(), 1, "nothing changed: no report");
+    let woken = Instant::now();
+    h.xid_tx.send_modify(|_| {});
+    assert!(
+        h.wait_for(Duration::from_secs(3), |h| h.sink.published().len() == 2)
+            .await,
+        "the wake wrote no report: {:?}",
+        h.sink.published()
+    );
+    let (at, _) = h.sink.published()[1];
+    assert!(
+        at.duration_since(woken) < Duration::from_secs(2),
+        "{:?}",
+        at.duration_since(woken)
+    );
+    h.stop().await;
+}
