@@ -7,8 +7,8 @@
 //! two API-server cores. The kubelet splits its own heartbeat from Node status the same way.
 //!
 //! The operator counts a report as fresh from the later of its `status.observedAt` and its
-//! Lease's `spec.renewTime`. This module is the contract between the two: the Lease's name,
-//! label and holder.
+//! Lease's `spec.renewTime`. This module is the contract between the two: the Lease's name
+//! (derived in [`crate::names`]), label and holder.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
@@ -20,17 +20,9 @@ pub const LEASE_LABEL_VALUE: &str = "node-probe";
 /// Label selector of the probe heartbeat Leases.
 pub const LEASE_SELECTOR: &str = "gpunode.dev/heartbeat=node-probe";
 /// Prefix of a probe heartbeat Lease's name; the rest is the node's name.
-pub const LEASE_PREFIX: &str = "gpunode-probe-";
-/// Longest Kubernetes object name (a DNS subdomain).
-const MAX_NAME: usize = 253;
-
-/// Name of the heartbeat Lease of `node`: `gpunode-probe-<node>`. `None` when that name would be
-/// longer than an object name may be (a node name over 239 characters): such a probe heartbeats
-/// by writing its whole report instead.
-pub fn lease_name(node: &str) -> Option<String> {
-    let name = format!("{LEASE_PREFIX}{node}");
-    (!node.is_empty() && name.len() <= MAX_NAME).then_some(name)
-}
+pub use crate::names::LEASE_PREFIX;
+/// Name of the heartbeat Lease of `node` ([`crate::names::heartbeat_lease_name`]).
+pub use crate::names::heartbeat_lease_name as lease_name;
 
 /// The node a heartbeat Lease is about: its name without [`LEASE_PREFIX`], when its
 /// `spec.holderIdentity` names the same node (the admission policy makes a probe write only its
@@ -78,6 +70,7 @@ pub fn lease(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names::MAX_NAME;
 
     #[test]
     fn lease_names_round_trip_and_overlong_nodes_have_none() {

@@ -9,6 +9,7 @@ pub mod duration;
 pub mod generate;
 pub mod heartbeat;
 pub mod maintenance;
+pub mod names;
 pub mod policy;
 pub mod repair;
 pub mod report;

@@ -549,6 +549,9 @@ pub struct RemediationRule {
 /// comma-separated list of rule actions (Taint, Cordon, Drain) and repair step names.
 pub const APPROVE_ANNOTATION: &str = "gpunode.dev/approve";
 
+/// Where the drain's pod selector is, in errors and conditions.
+pub const POD_SELECTOR_FIELD: &str = "spec.disruption.drain.podSelector";
+
 impl RemediationRule {
     /// The classes as a set.
     pub fn class_set(&self) -> BTreeSet<DriftClass> {

@@ -1,6 +1,6 @@
 //! `GpuResetRequest`: the operator asks a node's probe to reset one GPU (a `GpuReset` repair
 //! step), and the probe writes back how it went. One per node and GPU, named
-//! `<node>-gpu-<index>`, cluster-scoped like the node.
+//! `<node>-gpu-<index>` ([`crate::names::reset_request_name`]), cluster-scoped like the node.
 //!
 //! The operator creates and deletes requests; the probe only reads its own node's and patches
 //! their status (RBAC and the chart's admission policy keep it to its own node). A request
@@ -12,14 +12,13 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Label on every request naming its node (the probe lists its own node's by it).
+/// Label on every request naming its node through [`crate::names::label_value`] (the probe lists
+/// its own node's by it).
 pub const NODE_LABEL: &str = "gpunode.dev/node";
 /// The condition a request's status carries when the reset finished: True succeeded, False
 /// failed (the medik8s remediation convention, so the repair step reads it like any
 /// remediator's).
 pub const SUCCEEDED: &str = "Succeeded";
-/// Longest object name (a DNS subdomain).
-const MAX_NAME: usize = 253;
 
 /// GpuResetRequest asks the gpunode node-probe on `spec.nodeName` to reset one GPU through NVML.
 /// The operator makes one for a GpuReset repair step; the probe writes the outcome to status.
@@ -125,12 +124,9 @@ impl GpuResetRequestStatus {
     }
 }
 
-/// The name of the request to reset GPU `index` of `node`: `<node>-gpu-<index>`; `None` when
-/// that is longer than an object name may be.
-pub fn request_name(node: &str, index: u32) -> Option<String> {
-    let name = format!("{node}-gpu-{index}");
-    (!node.is_empty() && name.len() <= MAX_NAME).then_some(name)
-}
+/// The name of the request to reset GPU `index` of `node`
+/// ([`crate::names::reset_request_name`]).
+pub use crate::names::reset_request_name as request_name;
 
 #[cfg(test)]
 mod tests {

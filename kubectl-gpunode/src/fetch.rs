@@ -4,7 +4,7 @@
 use std::{path::Path, time::Duration};
 
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport, heartbeat};
-use gpunode_operator::observe::{Guarded, devices};
+use gpunode_operator::{devices, observe::Guarded};
 use jiff::Timestamp;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
@@ -145,7 +145,7 @@ pub async fn dra(
         .list(&ListParams::default())
         .await
         .map_err(|e| Error::from_kube("list resourceslices", String::new, e).to_string())?;
-    let lp = ListParams::default().labels("app.kubernetes.io/managed-by=gpunode");
+    let lp = ListParams::default().labels(devices::rules::RULE_SELECTOR);
     let rules = Api::<devices::DeviceTaintRule>::all_with(client.clone(), &dra.rules)
         .list(&lp)
         .await

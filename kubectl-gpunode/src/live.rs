@@ -11,9 +11,10 @@ use std::{
 use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
 use gpunode_operator::{
     cache::evaluate_guarded,
+    devices::{self, rules},
     evaluate::last_heard,
     markers,
-    observe::{Guarded, SelectorIndex, devices, gpu_pods, gpu_views, selector_of},
+    observe::{Guarded, SelectorIndex, gpu_pods, gpu_views, selector_of},
     plan::{self, NodeView, PolicyPlan},
 };
 use jiff::Timestamp;
@@ -205,7 +206,7 @@ impl Snapshot {
         let dra = self.dra.as_ref().and_then(|d| {
             devices::held_node_devices(
                 d.slices.iter(),
-                d.rules.iter().filter(|r| rule_node(r) == Some(name.as_str())),
+                rules::for_node(&d.rules, &name),
                 &name,
                 &policy.spec.quarantine.dra_driver,
                 &policy_name,
@@ -225,8 +226,8 @@ impl Snapshot {
         self.dra
             .iter()
             .flat_map(|d| d.rules.iter())
-            .filter(|r| rule_node(r) == Some(node))
-            .filter_map(|r| Some((r.labels().get(GPU_LABEL)?.clone(), r)))
+            .filter(|r| rules::is_for(r, node))
+            .filter_map(|r| Some((rules::gpu_of(r)?.to_string(), r)))
             .collect()
     }
 }
@@ -243,18 +244,14 @@ fn governing_name(index: &SelectorIndex, node: &Node) -> Option<String> {
     let mut selecting: Vec<String> = index.selecting(node.labels()).map(|p| p.name_any()).collect();
     selecting.sort();
     labelled
-        .filter(|p| selecting.contains(p))
+        .and_then(|l| {
+            selecting
+                .iter()
+                .find(|p| gpunode_crds::names::label_value(p) == *l)
+        })
         .or_else(|| selecting.first())
         .or(labelled)
         .cloned()
-}
-
-const NODE_LABEL: &str = "gpunode.dev/node";
-const GPU_LABEL: &str = "gpunode.dev/gpu";
-
-/// The node a DeviceTaintRule of gpunode's is about (its label).
-fn rule_node(rule: &devices::DeviceTaintRule) -> Option<&str> {
-    rule.labels().get(NODE_LABEL).map(String::as_str)
 }
 
 impl Governed {

@@ -17,7 +17,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use gpunode_crds::GpuResetRequest;
-use gpunode_crds::reset::{GpuResetRequestStatus, NODE_LABEL, ResetPhase, SUCCEEDED};
+use gpunode_crds::{
+    names,
+    reset::{GpuResetRequestStatus, NODE_LABEL, ResetPhase, SUCCEEDED},
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -145,8 +148,14 @@ pub fn watch_resets(
     });
 }
 
+/// The label selector of `node`'s requests: the node label as the operator writes it
+/// (`names::label_value`, which hashes a name too long for a label).
+pub fn selector(node: &str) -> String {
+    format!("{NODE_LABEL}={}", names::label_value(node))
+}
+
 async fn run(api: Api<GpuResetRequest>, node: String, nvml: Arc<NvmlCollector>) {
-    let config = watcher::Config::default().labels(&format!("{NODE_LABEL}={node}"));
+    let config = watcher::Config::default().labels(&selector(&node));
     let mut requests = std::pin::pin!(
         watcher::watcher(api.clone(), config)
             .default_backoff()
@@ -263,6 +272,19 @@ async fn write(api: &Api<GpuResetRequest>, name: &str, status: &GpuResetRequestS
 mod tests {
     use super::*;
     use gpunode_crds::GpuResetRequestSpec;
+
+    /// The probe selects its requests by the node label the operator writes: the name itself,
+    /// or for a name too long for a label its beginning and a digest (two nodes that share
+    /// their first 63 characters select different requests).
+    #[test]
+    fn requests_are_selected_by_the_node_label_the_operator_writes() {
+        assert_eq!(selector("gpu-1"), "gpunode.dev/node=gpu-1");
+        let prefix = "a".repeat(63);
+        let (a, b) = (selector(&format!("{prefix}-1")), selector(&format!("{prefix}-2")));
+        assert_ne!(a, b);
+        let value = a.trim_start_matches("gpunode.dev/node=");
+        assert!(names::is_label_value(value), "{value}");
+    }
 
     fn request(node: &str, phase: Option<ResetPhase>) -> GpuResetRequest {
         let mut r = GpuResetRequest::new(

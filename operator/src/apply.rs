@@ -30,7 +30,7 @@ use std::{
 use futures::StreamExt;
 
 use gpunode_crds::{
-    policy::DrainPolicy,
+    policy::{DrainPolicy, POD_SELECTOR_FIELD},
     selector::{self, InvalidSelector},
 };
 use jiff::Timestamp;
@@ -55,7 +55,6 @@ use crate::{
         self, CONDITION_TYPE, CORDONED_ANNOTATION, DRIFT_LABEL_PREFIX, DriftTaint, TAINT_KEY, drift_taints,
     },
     metrics::{ErrorKind, WritePart},
-    observe::POD_SELECTOR_FIELD,
     plan::{DrainStep, InEffect, NodePlan, PolicyPlan, Quarantine, QuarantineTarget},
     remediators::Remediators,
 };
@@ -391,7 +390,10 @@ impl Applied {
 /// The labels a node plan implies: every `gpunode.dev/` label gpunode owns.
 pub fn desired_labels(policy: &str, plan: &NodePlan) -> BTreeMap<String, String> {
     let mut out = BTreeMap::from([
-        (markers::POLICY_LABEL.to_string(), policy.to_string()),
+        (
+            markers::POLICY_LABEL.to_string(),
+            gpunode_crds::names::label_value(policy),
+        ),
         (markers::STATE_LABEL.to_string(), plan.state.to_string()),
     ]);
     for c in &plan.drifting {

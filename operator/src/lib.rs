@@ -13,7 +13,9 @@
 //!
 //! Around it: [`controller`] (the driver: the reconcile, releases, the sweep, the watches wired
 //! to the kube-runtime controller), [`markers`] (gpunode's labels, annotations, taint and
-//! condition on a node), [`reasons`] (Event and condition reasons, policy condition types),
+//! condition on a node), [`devices`] (DRA ResourceSlices and gpunode's DeviceTaintRules: their
+//! types, names, labels and which node's they are; read by observe, written by apply),
+//! [`reasons`] (Event and condition reasons, policy condition types),
 //! [`remediators`] (the objects of repair steps, read before planning and written by apply),
 //! [`events`] (Events, published off the reconcile path), [`sweep`] (nodes no policy governs),
 //! [`leader`] (leader election and the write fence), [`metrics`] and [`server`] (`/metrics`,
@@ -25,6 +27,7 @@ pub mod check;
 pub mod client;
 pub mod controller;
 pub mod crdgen;
+pub mod devices;
 pub mod events;
 pub mod leader;
 pub mod markers;

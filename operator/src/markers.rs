@@ -3,7 +3,7 @@
 //!
 //! | marker | meaning |
 //! |---|---|
-//! | label `gpunode.dev/policy` | the policy governing the node |
+//! | label `gpunode.dev/policy` | the policy governing the node (its name through `gpunode_crds::names::label_value`) |
 //! | label `gpunode.dev/state` | `compliant`, `drifted` or `unknown` |
 //! | label `gpunode.dev/drift.<class>` | `true` per active drift class |
 //! | taint `gpunode.dev/drift=<class>:<effect>` | from the remediation ladder; any taint with this key is gpunode's |
@@ -15,7 +15,7 @@
 //! | annotation `gpunode.dev/escalated` | when the node's GPU faults were handed to the node's own rules |
 //! | annotation `gpunode.dev/unhealthy-gpus` | the UUIDs of the GPUs gpunode quarantines, comma-separated (for a scheduler extension or Kueue) |
 //! | label `gpunode.dev/healthy-gpus` | how many of the node's GPUs neither drift nor are quarantined |
-//! | DeviceTaintRule labelled `gpunode.dev/node=<node>` | the quarantine of one GPU on a DRA node |
+//! | DeviceTaintRule annotated `gpunode.dev/node=<node>` | the quarantine of one GPU on a DRA node ([`crate::devices::rules`]) |
 //! | annotation `gpunode.dev/validation` | the validation of a recovered node: its Job, when it started, how it ended (JSON) |
 //! | label `gpunode.dev/validation` | `running` while a validation Job runs on the node, `failed` while a failed one holds it |
 //! | annotation `gpunode.dev/repair` | the repair of a drained node: the step running or last run, the objects it created, the step starts within the window, and whether it needs a person (JSON) |
@@ -26,7 +26,7 @@ use gpunode_crds::{DriftClass, policy::TaintEffect};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-/// Label naming the governing policy.
+/// Label naming the governing policy (`gpunode_crds::names::label_value` of its name).
 pub const POLICY_LABEL: &str = "gpunode.dev/policy";
 /// Label with the node's state.
 pub const STATE_LABEL: &str = "gpunode.dev/state";

@@ -8,7 +8,6 @@
 
 pub mod backoff;
 pub mod compact;
-pub mod devices;
 pub mod heartbeats;
 pub mod index;
 pub mod own_writes;
@@ -38,8 +37,8 @@ use kube::{
 use tracing::{info, warn};
 
 use crate::{
-    apply::devices::RulesByNode,
     cache::{PolicyVerdicts, VerdictCache},
+    devices::{self, rules::RulesByNode},
     markers,
     metrics::Metrics,
     plan::{GpuPods, GpuView, NodeView, PodRef, StepObject},
@@ -128,10 +127,11 @@ impl Caches {
     /// Nodes labelled by `policy` that no policy selects any more: everything gpunode did to
     /// them is to be undone. (A node another policy selects is left to that policy's plan.)
     pub fn orphans(&self, policy: &str, index: &SelectorIndex) -> Vec<Arc<Node>> {
+        let label = gpunode_crds::names::label_value(policy);
         self.nodes
             .state()
             .into_iter()
-            .filter(|n| n.labels().get(markers::POLICY_LABEL).is_some_and(|p| p == policy))
+            .filter(|n| n.labels().get(markers::POLICY_LABEL).is_some_and(|p| *p == label))
             .filter(|n| !index.selects_any(n.labels()))
             .collect()
     }
@@ -359,7 +359,7 @@ pub fn views(
                 let slices = by_node.slices.get(name).unwrap_or(&no_slices);
                 devices::held_node_devices(
                     slices.iter().map(AsRef::as_ref),
-                    by_node.rules.of(name).iter().map(AsRef::as_ref),
+                    by_node.rules.of(name),
                     name,
                     driver,
                     &policy_name,
@@ -549,22 +549,13 @@ fn dra_watches(
     let rules = rule_writer.as_reader();
     let rule_stream = backoff::watcher(
         Api::<devices::DeviceTaintRule>::all_with(client.clone(), &api.rules),
-        listing.clone().labels(crate::apply::devices::RULE_SELECTOR),
+        listing.clone().labels(devices::rules::RULE_SELECTOR),
         "devicetaintrule",
     )
     .modify(|r: &mut devices::DeviceTaintRule| r.metadata.managed_fields = None)
     .reflect(rule_writer)
     .touched_objects()
-    .map(|r| {
-        r.map(|rule| {
-            node_named(
-                rule.labels()
-                    .get(crate::apply::devices::NODE_LABEL)
-                    .map(String::as_str)
-                    .unwrap_or_default(),
-            )
-        })
-    });
+    .map(|r| r.map(|rule| node_named(devices::rules::node_of(&rule).unwrap_or_default())));
     let changes = futures::stream::select(slice_stream, rule_stream)
         .filter(|r| {
             std::future::ready(

@@ -8,7 +8,7 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use gpunode_crds::{GpuResetRequestSpec, repair::RemediatorTemplate};
+use gpunode_crds::{GpuResetRequestSpec, names, repair::RemediatorTemplate};
 use jiff::Timestamp;
 use kube::{
     Api, Client,
@@ -23,7 +23,8 @@ use crate::{
     plan::{EnsureObject, MadeFrom, StepObject, repair::fold},
 };
 
-/// Label naming the node a step's object repairs (the probe finds its GpuResetRequests by it).
+/// Label naming the node a step's object repairs, through `names::label_value` (the probe finds
+/// its GpuResetRequests by it).
 pub use gpunode_crds::reset::NODE_LABEL;
 /// Annotation naming the step that made an object.
 pub const STEP_ANNOTATION: &str = "gpunode.dev/repair-step";
@@ -230,8 +231,8 @@ impl Remediators {
         let mut obj = DynamicObject::new(&e.object.name, &ar).data(json!({ "spec": spec }));
         obj.metadata.namespace = e.object.namespace.clone();
         obj.metadata.labels = Some(BTreeMap::from([
-            (NODE_LABEL.to_string(), node.to_string()),
-            (POLICY_LABEL.to_string(), policy.to_string()),
+            (NODE_LABEL.to_string(), names::label_value(node)),
+            (POLICY_LABEL.to_string(), names::label_value(policy)),
             ("app.kubernetes.io/managed-by".to_string(), "gpunode".to_string()),
         ]));
         obj.metadata.annotations = Some(BTreeMap::from([

@@ -51,7 +51,7 @@ pub fn unowned(nodes: &[Arc<Node>], index: &SelectorIndex) -> Option<Vec<Arc<Nod
             .filter(|n| {
                 n.labels()
                     .get(markers::POLICY_LABEL)
-                    .is_none_or(|p| !index.exists(p))
+                    .is_none_or(|p| !index.labels_a_policy(p))
             })
             .filter(|n| !index.selects_any(n.labels()))
             .cloned()

@@ -21,7 +21,7 @@ use kube::{
 use super::Guarded;
 
 /// Where the drain's pod selector is, in errors and conditions.
-pub const POD_SELECTOR_FIELD: &str = "spec.disruption.drain.podSelector";
+pub use gpunode_crds::policy::POD_SELECTOR_FIELD;
 
 /// The policy's node selector, parsed as strictly as the API server validates it. Also checks
 /// the drain's pod selector: a policy with any unusable selector selects no node at all.
@@ -41,6 +41,9 @@ pub struct SelectorIndex {
     unreadable: bool,
     /// The name of every policy, readable or not, deleted or not.
     names: std::collections::BTreeSet<String>,
+    /// The same names as the `gpunode.dev/policy` label of their nodes has them
+    /// (`names::label_value`).
+    labels: std::collections::BTreeSet<String>,
 }
 
 impl SelectorIndex {
@@ -48,6 +51,9 @@ impl SelectorIndex {
     pub fn new(policies: &[Arc<Guarded<GpuNodePolicy>>]) -> SelectorIndex {
         let mut index = SelectorIndex::default();
         for g in policies {
+            index
+                .labels
+                .insert(gpunode_crds::names::label_value(&g.name_any()));
             index.names.insert(g.name_any());
             let Ok(policy) = g.0.as_ref() else {
                 index.unreadable = true;
@@ -93,6 +99,12 @@ impl SelectorIndex {
     /// Whether a policy of this name exists (readable or not, deleted or not).
     pub fn exists(&self, policy: &str) -> bool {
         self.names.contains(policy)
+    }
+
+    /// Whether the policy that a node's `gpunode.dev/policy` label `value` names exists
+    /// (readable or not, deleted or not).
+    pub fn labels_a_policy(&self, value: &str) -> bool {
+        self.labels.contains(value)
     }
 
     /// Some policy cannot be read: which nodes it selects cannot be told.
@@ -149,6 +161,8 @@ fn versions(policies: &[Arc<Guarded<GpuNodePolicy>>]) -> Option<u64> {
         keys.push((g.name_any(), g.meta().resource_version.as_deref()?));
     }
     keys.sort_unstable();
+    // In memory only (compared with the last value of this process, never written anywhere):
+    // DefaultHasher may change between Rust releases, which cannot matter here.
     let mut h = DefaultHasher::new();
     keys.hash(&mut h);
     Some(h.finish())
@@ -208,6 +222,7 @@ mod tests {
         assert!(!index.selects_any(&labels(&[("gpu", "l4")])));
         assert!(!index.selects_any(&BTreeMap::new()), "no labels, no policy");
         assert!(index.exists("gone") && index.exists("bad") && !index.exists("x"));
+        assert!(index.labels_a_policy("gone") && !index.labels_a_policy("x"));
         assert!(!index.has_unreadable());
     }
 
@@ -240,5 +255,20 @@ mod tests {
             !cache.get().selects_any(&labels(&[("gpu", "a100")])),
             "a deleted policy selects nothing"
         );
+    }
+
+    /// A node's `gpunode.dev/policy` label names its policy through `names::label_value`: a
+    /// policy name too long for a label is found by its hashed value, and a policy of the same
+    /// first 63 characters is not taken for it.
+    #[test]
+    fn a_long_policy_name_is_found_by_its_label_value() {
+        let long = format!("{}-1", "p".repeat(70));
+        let index = SelectorIndex::new(&[policy(&long, serde_json::json!({}), false)]);
+        assert!(index.labels_a_policy(&gpunode_crds::names::label_value(&long)));
+        assert!(!index.labels_a_policy(&gpunode_crds::names::label_value(&format!(
+            "{}-2",
+            "p".repeat(70)
+        ))));
+        assert!(!index.labels_a_policy(&"p".repeat(63)));
     }
 }

@@ -110,7 +110,9 @@ where
         .flatten()
 }
 
-/// Everything about a Node that gpunode reads, hashed.
+/// Everything about a Node that gpunode reads, hashed. In memory only (compared with the last
+/// fingerprint this process saw, never persisted): `DefaultHasher` may change between Rust
+/// releases, which cannot matter here; persisted names use `gpunode_crds::names`.
 pub fn node_fingerprint(node: &Node) -> u64 {
     let mut h = DefaultHasher::new();
     node.metadata.labels.hash(&mut h);

@@ -23,9 +23,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpunode_crds::{
-    DriftClass, GpuResetRequest,
+    DriftClass, GpuResetRequest, names,
     repair::{RemediatorTemplate, RepairAction, RepairPolicy, RepairStep},
-    reset::{SUCCEEDED, request_name},
+    reset::SUCCEEDED,
 };
 use jiff::{SignedDuration, Timestamp};
 use kube::Resource;
@@ -236,7 +236,7 @@ pub fn object_of(template: &RemediatorTemplate, node: &str) -> StepObjectRef {
         api_version: template.api_version.clone(),
         kind: template.created_kind().to_string(),
         namespace: template.namespace.clone(),
-        name: node.to_string(),
+        name: names::remediation_name(node),
     }
 }
 
@@ -246,7 +246,7 @@ pub fn reset_request_of(node: &str, gpu: &ResetGpu) -> Option<StepObjectRef> {
         api_version: GpuResetRequest::api_version(&()).into_owned(),
         kind: GpuResetRequest::kind(&()).into_owned(),
         namespace: None,
-        name: request_name(node, gpu.index)?,
+        name: names::reset_request_name(node, gpu.index)?,
     })
 }
 

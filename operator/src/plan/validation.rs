@@ -19,7 +19,7 @@
 //! - A validation no longer wanted (the node drifts again, or a person undid gpunode's
 //!   actions) is forgotten; a Job still running is deleted.
 
-use gpunode_crds::{DriftClass, validation::ValidationPolicy};
+use gpunode_crds::{DriftClass, names, validation::ValidationPolicy};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::{
     api::{
@@ -39,8 +39,8 @@ use crate::{
     verdict::Drift,
 };
 
-/// The label on a validation Job and its pod: the node it validates. A drain never evicts a pod
-/// carrying it.
+/// The label on a validation Job and its pod: the node it validates (through
+/// `names::label_value`). A drain never evicts a pod carrying it.
 pub const NODE_LABEL: &str = "gpunode.dev/validation-node";
 /// The annotation on a validation Job: when its validation started.
 pub const STARTED_ANNOTATION: &str = "gpunode.dev/validation-started";
@@ -277,7 +277,7 @@ pub fn idle(gpus: usize, devices: &super::NodeDevices, namespace: &str) -> bool 
 }
 
 /// The prefix of every validation Job's name (and so of its pods').
-pub const JOB_PREFIX: &str = "gpunode-validation-";
+pub use gpunode_crds::names::JOB_PREFIX;
 
 /// What [`decide`] needs to know about one node.
 #[derive(Clone, Copy, Debug)]
@@ -316,49 +316,11 @@ pub struct ValidationInput<'a> {
     pub now: Timestamp,
 }
 
-/// The name of the Job that validates `node`, started at `started`: a DNS label (at most 63
-/// characters) made of the node's name (cut to fit), a hash of the whole name (two long names
-/// that share a beginning get different Jobs) and the start time.
+/// The name of the Job that validates `node`, started at `started`
+/// ([`names::validation_job_name`]: a DNS label made of the node's name, cut to fit, a digest of
+/// the whole name and the start time).
 pub fn job_name(node: &str, started: Timestamp) -> String {
-    let when = base36(u64::try_from(started.as_second()).unwrap_or(0));
-    let hash = format!("{:05x}", fnv1a(node.as_bytes()) & 0xf_ffff);
-    let room = 63 - "gpunode-validation---".len() - hash.len() - when.len();
-    let mut part: String = node
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .take(room)
-        .collect();
-    while part.ends_with('-') {
-        part.pop();
-    }
-    format!("gpunode-validation-{part}-{hash}-{when}")
-}
-
-fn base36(mut n: u64) -> String {
-    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    let mut out = Vec::new();
-    loop {
-        out.push(DIGITS[usize::try_from(n % 36).unwrap_or(0)]);
-        n /= 36;
-        if n == 0 {
-            break;
-        }
-    }
-    out.reverse();
-    String::from_utf8(out).unwrap_or_default()
-}
-
-/// FNV-1a: a stable hash (the standard library's is not stable across releases).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    names::validation_job_name(node, started.as_second())
 }
 
 fn add(at: Timestamp, d: SignedDuration) -> Timestamp {
@@ -620,8 +582,8 @@ pub fn job(
     let mut template = template;
     let labels = |extra: Option<std::collections::BTreeMap<String, String>>| {
         let mut l = extra.unwrap_or_default();
-        l.insert(NODE_LABEL.to_string(), label_value(node));
-        l.insert(markers::POLICY_LABEL.to_string(), policy_name.to_string());
+        l.insert(NODE_LABEL.to_string(), names::label_value(node));
+        l.insert(markers::POLICY_LABEL.to_string(), names::label_value(policy_name));
         l.insert("app.kubernetes.io/managed-by".to_string(), "gpunode".to_string());
         l
     };
@@ -679,20 +641,6 @@ pub fn job(
         }),
         status: None,
     }
-}
-
-/// A node name as a label value (at most 63 characters): the name, or for a longer one its
-/// beginning and a hash.
-pub fn label_value(node: &str) -> String {
-    if node.len() <= 63 {
-        return node.to_string();
-    }
-    let hash = format!("{:08x}", fnv1a(node.as_bytes()) & 0xffff_ffff);
-    let mut head: String = node.chars().take(63 - 9).collect();
-    while head.ends_with(['-', '.', '_']) {
-        head.pop();
-    }
-    format!("{head}-{hash}")
 }
 
 /// How a Job stands, for a validation that started at `started`.
@@ -766,8 +714,8 @@ mod tests {
 
     #[test]
     fn long_node_names_make_label_values() {
-        assert_eq!(label_value("node-1"), "node-1");
-        let v = label_value(&("n".repeat(70)));
+        assert_eq!(names::label_value("node-1"), "node-1");
+        let v = names::label_value(&("n".repeat(70)));
         assert!(v.len() <= 63, "{v}");
     }
 }

@@ -1,28 +1,17 @@
-//! DRA devices: the GPUs a DRA driver publishes in ResourceSlices, trimmed to what a quarantine
-//! needs (node, driver, pool, device name, UUID), and gpunode's own DeviceTaintRules.
-//!
-//! The API group `resource.k8s.io` has served these kinds under several versions (v1alpha3,
-//! v1beta1, v1beta2, v1); the fields gpunode reads and writes have the same names in each, except
-//! that v1beta1 nests a device's attributes under `basic`. The version is discovered once at
-//! start; a cluster that serves neither kind has no DRA and every node is a device-plugin node.
+//! ResourceSlices: the devices a DRA driver publishes for a node, trimmed to what a quarantine
+//! needs (node, driver, pool, device name, UUID), and how they make a node's devices for the
+//! planner, with the devices gpunode's rules hold while the slices are gone. Pure; it may not
+//! import observe or apply.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{
-    Client, ResourceExt,
-    core::{ApiResource, NotUsed, Object},
-};
 use serde::{Deserialize, Serialize};
-use tracing::info;
 
-use crate::{
-    apply::devices::{DEVICE_TAINT_KEY, GPU_LABEL},
-    plan::{DeviceRef, GpuPods, NodeDevices},
-};
+use super::rules::{self, DEVICE_TAINT_KEY, DeviceTaintRule};
+use crate::plan::{DeviceRef, GpuPods, NodeDevices};
 
 /// A ResourceSlice, as gpunode reads it.
-pub type ResourceSlice = Object<SliceSpec, NotUsed>;
+pub type ResourceSlice = kube::core::Object<SliceSpec, kube::core::NotUsed>;
 
 /// The parts of a ResourceSlice's spec gpunode reads.
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
@@ -154,7 +143,7 @@ pub fn held_node_devices<'a>(
     for rule in rules {
         let selector = &rule.spec.device_selector;
         let (Some(gpu), Some(pool), Some(device)) = (
-            rule.labels().get(GPU_LABEL),
+            rules::gpu_of(rule),
             selector.pool.as_ref(),
             selector.device.as_ref(),
         ) else {
@@ -169,7 +158,7 @@ pub fn held_node_devices<'a>(
             continue;
         }
         out.get_or_insert_with(BTreeMap::new)
-            .entry(gpu.clone())
+            .entry(gpu.to_string())
             .or_insert_with(|| DeviceRef {
                 driver: driver.to_string(),
                 pool: pool.clone(),
@@ -188,91 +177,10 @@ pub fn devices_of(dra: Option<BTreeMap<String, DeviceRef>>, pods: Option<GpuPods
     }
 }
 
-/// A DeviceTaintRule, as gpunode writes it.
-pub type DeviceTaintRule = Object<RuleSpec, serde_json::Value>;
-
-/// A DeviceTaintRule's spec.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct RuleSpec {
-    /// Which device.
-    pub device_selector: RuleSelector,
-    /// The taint.
-    pub taint: RuleTaint,
-}
-
-/// The device a rule selects.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct RuleSelector {
-    /// The driver.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver: Option<String>,
-    /// The pool.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pool: Option<String>,
-    /// The device.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device: Option<String>,
-}
-
-/// A device taint.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct RuleTaint {
-    /// The key.
-    pub key: String,
-    /// The value.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    /// `None`, `NoSchedule` or `NoExecute`.
-    pub effect: String,
-    /// When it was added (set by the API server when left out).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub time_added: Option<Time>,
-}
-
-/// Where the DRA kinds are served.
-#[derive(Clone, Debug)]
-pub struct Dra {
-    /// ResourceSlices.
-    pub slices: ApiResource,
-    /// DeviceTaintRules.
-    pub rules: ApiResource,
-}
-
-/// The versions gpunode understands, newest first.
-const VERSIONS: [&str; 4] = ["v1", "v1beta2", "v1beta1", "v1alpha3"];
-
-/// Where this cluster serves ResourceSlices and DeviceTaintRules (the newest version that serves
-/// both); `None` when it does not.
-pub async fn discover(client: &Client) -> Option<Dra> {
-    let group = match kube::discovery::group(client, "resource.k8s.io").await {
-        Ok(g) => g,
-        Err(e) => {
-            info!(reason = %e, "no DRA API (resource.k8s.io): every node is a device-plugin node");
-            return None;
-        }
-    };
-    for version in VERSIONS {
-        let resources = group.versioned_resources(version);
-        let find = |plural: &str| {
-            resources
-                .iter()
-                .find(|(r, _)| r.plural == plural)
-                .map(|(r, _)| r.clone())
-        };
-        if let (Some(slices), Some(rules)) = (find("resourceslices"), find("devicetaintrules")) {
-            info!(version, "DRA: ResourceSlices and DeviceTaintRules served");
-            return Some(Dra { slices, rules });
-        }
-    }
-    info!("resource.k8s.io serves no DeviceTaintRules: every node is a device-plugin node");
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn slice(node: &str, driver: &str, devices: serde_json::Value) -> ResourceSlice {
         serde_json::from_value(serde_json::json!({
