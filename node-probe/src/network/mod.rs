@@ -35,6 +35,12 @@ pub enum NetworkError {
     Sysfs(#[from] SysfsError),
 }
 
+impl From<NetworkError> for CollectError {
+    fn from(e: NetworkError) -> Self {
+        CollectError::new(e)
+    }
+}
+
 /// The network collector.
 pub struct NetworkCollector {
     sys_root: PathBuf,

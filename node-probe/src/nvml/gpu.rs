@@ -2,7 +2,7 @@
 //! that field unknown (None) with a [`FieldError`] and the rest of the GPU intact.
 //!
 //! Queries only: it changes no GPU setting, uses no `unsafe` (the calls nvml-wrapper does not
-//! wrap go through [`super::raw`]) and leaves the XIDs and pods of a GPU to their own sources.
+//! wrap go through `super::raw`) and leaves the XIDs and pods of a GPU to their own sources.
 
 use gpunode_crds::report::{
     EccCounters, FieldError, GpuStatus, NvlinkStatus, PcieStatus, RemappedRows, RetiredPages,
@@ -16,7 +16,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 
-use super::{nvml_reason, raw};
+use super::raw;
+use super::reason::nvml_reason;
 
 /// NVML_FI_DEV_MEMORY_TEMP: HBM temperature, only readable as a field value.
 const FIELD_MEMORY_TEMP: u32 = 82;
