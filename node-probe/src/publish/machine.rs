@@ -17,6 +17,7 @@
 //! | `Writing` | `Wrote` | `Waiting(Clear)`, backoff reset | `Wait` |
 //! | `Writing` | `WriteFailed` | `Waiting(Failed)`, backoff doubled up to its cap | `Wait` |
 //! | `Stopped` | any | `Stopped` | `Stop` |
+//! | any other | an event that does not belong to it (the driver sends none) | unchanged | repeated |
 //!
 //! What an observation makes due ([`Due`]): the first one creates the report ("first
 //! observation"); a material change ([`crate::change::decide`]) writes the whole report at once
@@ -25,6 +26,12 @@
 //! the Lease ([`Write::Heartbeat`]) unless a write failed since the last success or the last
 //! write is two heartbeats old, when it writes the whole report. Report writes are at least
 //! `min_gap` apart; a failed write waits out the backoff ([`Backlog::Failed`]).
+//!
+//! The machine does not tell API errors apart: every failed write is retried after the
+//! backoff. What an answer means is the sink's business ([`super::kube_sink`]: a report deleted
+//! under it is recreated at once, a Lease it may not write turns heartbeats into report
+//! writes); server-side apply with `force` has no conflicts, and the policy watch's relists
+//! (410) are kube-runtime's watcher's ([`crate::policies`]).
 //!
 //! Pure: [`step`] reads no clock (every instant comes in an event or was stored by one), sleeps
 //! on nothing, calls no API, logs nothing and touches no shared state; the driver does all of
