@@ -9,7 +9,8 @@
 # node with its healthy 8x H100 report, then times:
 #   report status, server-side apply    the whole status with a new observedAt (a report heartbeat)
 #   report status, merge patch          only observedAt (the cheapest report write there is)
-#   heartbeat Lease, server-side apply  what the probe writes instead (publish.rs renew_lease)
+#   heartbeat Lease, server-side apply  what the probe writes instead
+#                                       (publish/kube_sink.rs renew_lease)
 #   Node label, merge patch             a built-in object of similar size, for scale
 #   Node status, server-side apply      gpunode's record of a node (labels, annotations and its
 #                                       condition, field manager gpunode-operator, nodes/status)

@@ -83,8 +83,9 @@ impl Line {
     }
 }
 
-/// The probe's writes per node and hour at its defaults (publish.rs `PublishConfig::default`:
-/// a Lease renewal every 60 s, the whole report every 600 s) — material changes come on top.
+/// The probe's writes per node and hour at its defaults (publish/config.rs
+/// `PublishConfig::default`: a Lease renewal every 60 s, the whole report every 600 s) —
+/// material changes come on top.
 const LEASE_PER_HOUR: f64 = 60.0;
 const REPORTS_PER_HOUR: f64 = 6.0;
 

@@ -157,7 +157,7 @@ async fn each_service_account_may_do_exactly_what_its_binary_needs() {
             "admissionregistration.k8s.io/validatingadmissionpolicies",
         ),
     ];
-    // Every call gpunode-probe makes (node-probe/src/publish.rs, policies.rs).
+    // Every call gpunode-probe makes (node-probe/src/publish/kube_sink.rs, policies.rs).
     let probe_allowed = [
         ask("create", "gpunode.dev/gpunodereports"),
         // The read-only policy watch the publish decision runs the operator's checks on.
@@ -360,8 +360,9 @@ fn leases(client: &Client, namespace: &str) -> Api<Lease> {
     Api::namespaced(client.clone(), namespace)
 }
 
-/// What the probe writes as its heartbeat (node-probe/src/publish.rs KubeSink::heartbeat()): a
-/// server-side apply of Lease `name` in `namespace`, held by `holder`, owned by `owner`.
+/// What the probe writes as its heartbeat (node-probe/src/publish/kube_sink.rs
+/// KubeSink::heartbeat()): a server-side apply of Lease `name` in `namespace`, held by `holder`,
+/// owned by `owner`.
 async fn renew_lease(
     client: &Client,
     namespace: &str,

@@ -2,6 +2,9 @@
 //!
 //! Collectors are independent: one failing makes only its own section unknown (and is recorded
 //! in `collectors[]`), the others still run.
+//!
+//! The collectors import this module, never the other way round: it knows them only as
+//! `dyn Collector`, and their errors only as a [`CollectError`].
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,21 +23,19 @@ pub struct Outcome {
     pub note: Option<String>,
 }
 
-/// Why a collector failed as a whole.
+/// Why a collector failed as a whole: the collector's own typed error, kept as the source (its
+/// message is what `collectors[]` records). Each collector module converts its error into this
+/// one (`impl From<..> for CollectError`), so that this module, which the collectors import,
+/// names none of them.
 #[derive(Debug, thiserror::Error)]
-pub enum CollectError {
-    /// NVML could not be used.
-    #[error(transparent)]
-    Nvml(#[from] crate::nvml::NvmlCollectError),
-    /// The cooling collector failed.
-    #[error(transparent)]
-    Cooling(#[from] crate::cooling::CoolingError),
-    /// The network collector failed.
-    #[error(transparent)]
-    Network(#[from] crate::network::NetworkError),
-    /// The kubelet's PodResources API could not be read.
-    #[error(transparent)]
-    PodResources(#[from] crate::pods::PodResourcesError),
+#[error(transparent)]
+pub struct CollectError(Box<dyn std::error::Error + Send + Sync + 'static>);
+
+impl CollectError {
+    /// Wraps a collector's error.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        CollectError(Box::new(error))
+    }
 }
 
 /// One source of observations.

@@ -24,6 +24,12 @@ pub enum CoolingError {
     Sysfs(#[from] SysfsError),
 }
 
+impl From<CoolingError> for CollectError {
+    fn from(e: CoolingError) -> Self {
+        CollectError::new(e)
+    }
+}
+
 /// The cooling collector.
 pub struct CoolingCollector {
     sys_root: PathBuf,

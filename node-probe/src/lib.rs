@@ -6,8 +6,9 @@
 //! * [`limits`]: keeps a report inside the CRD schema's bounds.
 //! * [`change`]: whether an observation differs materially from the last published one (the
 //!   contract with the operator); [`policies`]: the GpuNodePolicies it decides by.
-//! * [`publish`]: the publish loop and the server-side-apply sink; [`metrics`]: `/metrics`,
-//!   `/healthz`; [`app`]: wiring for the binary (`--once` and [`app::run`]).
+//! * [`publish`]: the publish loop (a pure state machine and the driver that carries out its
+//!   actions) and the server-side-apply sink; [`metrics`]: `/metrics`, `/healthz`; [`app`]:
+//!   wiring for the binary (`--once` and [`app::run`]).
 //! * [`xid_state`]: the XIDs of the current boot, kept across probe restarts.
 //! * [`resets`]: `--gpu-reset`, the GPU resets the operator requests (GpuResetRequest).
 #![warn(missing_docs)]

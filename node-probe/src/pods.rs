@@ -29,6 +29,12 @@ pub enum PodResourcesError {
     Runtime(#[source] std::io::Error),
 }
 
+impl From<PodResourcesError> for CollectError {
+    fn from(e: PodResourcesError) -> Self {
+        CollectError::new(e)
+    }
+}
+
 /// Reads the kubelet's PodResources socket and fills each GPU's `pods`.
 pub struct PodResourcesCollector {
     socket: PathBuf,

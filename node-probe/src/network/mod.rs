@@ -5,6 +5,10 @@
 //!
 //! A field that cannot be read is absent from its port with an entry in that port's `errors`;
 //! only an unreadable `class/infiniband` directory fails the collector.
+//!
+//! It only reads (sysfs files, a DCB netlink query, ethtool statistics): it never changes a
+//! setting of the node, and it does not decide what a value means for the node's health (the
+//! operator's checks do).
 
 pub mod dcb;
 pub mod ethtool;
@@ -29,6 +33,12 @@ pub enum NetworkError {
     /// `class/infiniband` exists but cannot be listed.
     #[error("network: {0}")]
     Sysfs(#[from] SysfsError),
+}
+
+impl From<NetworkError> for CollectError {
+    fn from(e: NetworkError) -> Self {
+        CollectError::new(e)
+    }
 }
 
 /// The network collector.
@@ -101,6 +111,9 @@ impl NetworkCollector {
         Ok(status)
     }
 
+    /// One port: its link (state, rate, RoCE v2 GIDs) and, behind its interface, the lossless
+    /// settings. Each field that cannot be read is absent with an entry in `errors`, in the order
+    /// the fields are read.
     fn read_port(&self, name: &str, device_dir: &Path, port: u32, port_dir: &Path) -> RdmaDevice {
         let _span = tracing::debug_span!("rdma_port", device = name, port).entered();
         let mut d = RdmaDevice {
@@ -108,92 +121,44 @@ impl NetworkCollector {
             port,
             ..RdmaDevice::default()
         };
-        let mut errors = Vec::new();
-        let mut fail = |field: &str, reason: String| {
-            errors.push(FieldError {
-                field: field.to_owned(),
-                reason,
-            })
-        };
+        let mut errors = Errors::default();
+        let (infiniband, v2) = read_link(&mut d, port_dir, &mut errors);
+        match ports::netdev(device_dir, port_dir, &v2) {
+            Some(netdev) => {
+                self.read_lossless(&mut d, &netdev, device_dir, &mut errors);
+                d.netdev = Some(netdev);
+            }
+            None if !infiniband => errors.fail("netdev", "no network interface found for this port".into()),
+            None => {}
+        }
+        d.errors = errors.0;
+        d
+    }
 
-        let path = port_dir.join("state");
-        match sysfs::read_text(&path).and_then(|t| ports::parse_state(&path, &t)) {
-            Ok(state) => d.state = Some(state),
-            Err(e) => fail("state", e.to_string()),
-        }
-        let path = port_dir.join("phys_state");
-        match sysfs::read_text(&path).and_then(|t| ports::parse_phys_state(&path, &t)) {
-            Ok(state) => d.physical_state = Some(state),
-            Err(e) => fail("physicalState", e.to_string()),
-        }
-        let path = port_dir.join("rate");
-        match sysfs::read_text(&path).and_then(|t| ports::parse_rate(&path, &t)) {
-            Ok(rate) => d.rate_gbps = Some(rate),
-            Err(e) => fail("rateGbps", e.to_string()),
-        }
-        let infiniband = sysfs::read_text(&port_dir.join("link_layer")).is_ok_and(|l| l == "InfiniBand");
-        let v2 = match ports::roce_v2_indexes(port_dir) {
-            Ok(Some(v2)) => {
-                d.roce_v2_gid = Some(!v2.is_empty());
-                v2
-            }
-            Ok(None) if infiniband => Vec::new(),
-            Ok(None) => {
-                fail("roceV2Gid", format!("{}: no gid_attrs/types", port_dir.display()));
-                Vec::new()
-            }
-            Err(e) => {
-                fail("roceV2Gid", e.to_string());
-                Vec::new()
-            }
-        };
-
-        let Some(netdev) = ports::netdev(device_dir, port_dir, &v2) else {
-            if !infiniband {
-                fail("netdev", "no network interface found for this port".into());
-            }
-            d.errors = errors;
-            return d;
-        };
-        let net = self.sys_root.join("class/net").join(&netdev);
+    /// The settings of interface `netdev`: MTU, then (on the physical function behind a bond)
+    /// ECN, trust and PFC priorities, and PFC pause counters.
+    fn read_lossless(&self, d: &mut RdmaDevice, netdev: &str, device_dir: &Path, errors: &mut Errors) {
+        let net = self.sys_root.join("class/net").join(netdev);
         match sysfs::read_num::<u32>(&net.join("mtu")) {
             Ok(mtu) => d.mtu = Some(mtu),
-            Err(e) => fail("mtu", e.to_string()),
+            Err(e) => errors.fail("mtu", e.to_string()),
         }
         // DCB, ECN and statistics live on the physical function, not on a bond over it.
-        let physical = self.physical_netdev(&netdev, device_dir);
+        let physical = self.physical_netdev(netdev, device_dir);
         let phys_net = self.sys_root.join("class/net").join(&physical);
 
         match read_ecn(&phys_net.join("ecn/roce_np/enable")) {
             Ok(ecn) => d.ecn_priorities = ecn,
-            Err(e) => fail("ecnPriorities", e.to_string()),
+            Err(e) => errors.fail("ecnPriorities", e.to_string()),
         }
 
         let dcb = self.dcb.ieee(&physical);
-        let trust_file = match sysfs::read_optional(&phys_net.join("qos/trust")) {
-            Ok(Some(t)) if t == "dscp" => Some(ObservedTrust::Dscp),
-            Ok(Some(t)) if t == "pcp" => Some(ObservedTrust::Pcp),
-            Ok(Some(t)) => {
-                fail(
-                    "trust",
-                    format!(
-                        "{}: unknown trust mode {t:?}",
-                        phys_net.join("qos/trust").display()
-                    ),
-                );
-                None
-            }
-            Ok(None) => None,
-            Err(e) => {
-                fail("trust", e.to_string());
-                None
-            }
-        };
+        let trust_file = read_trust_file(&phys_net, errors);
         match &dcb {
             Ok(config) => {
                 d.pfc_priorities = config.pfc_priorities();
                 if d.pfc_priorities.is_none() {
-                    fail(
+                    errors.fail(
                         "pfcPriorities",
                         format!("{physical}: DCB reply has no PFC settings"),
                     );
@@ -201,7 +166,7 @@ impl NetworkCollector {
                 d.trust = Some(trust_file.unwrap_or_else(|| config.trust_from_app_table()));
             }
             Err(e) => {
-                fail("pfcPriorities", format!("{physical}: {e}"));
+                errors.fail("pfcPriorities", format!("{physical}: {e}"));
                 d.trust = Some(trust_file.unwrap_or(ObservedTrust::Unknown));
             }
         }
@@ -213,12 +178,9 @@ impl NetworkCollector {
                     tracing::debug!(netdev = %physical, error = %e, "pause counters from DCB instead of ethtool");
                     d.pfc_pause = counters;
                 }
-                None => fail("pfcPause", format!("{physical}: {e}")),
+                None => errors.fail("pfcPause", format!("{physical}: {e}")),
             },
         }
-        d.netdev = Some(netdev);
-        d.errors = errors;
-        d
     }
 
     /// The interface whose DCB settings apply: for a bond, its slave on this RDMA device's PCI
@@ -253,6 +215,76 @@ impl Collector for NetworkCollector {
     fn collect(&self, report: &mut GpuNodeReportStatus) -> Result<Outcome, CollectError> {
         report.network = Some(self.read()?);
         Ok(Outcome::default())
+    }
+}
+
+/// The field errors of one port, in the order its fields are read.
+#[derive(Default)]
+struct Errors(Vec<FieldError>);
+
+impl Errors {
+    fn fail(&mut self, field: &str, reason: String) {
+        self.0.push(FieldError {
+            field: field.to_owned(),
+            reason,
+        });
+    }
+}
+
+/// The port's link: state, physical state, rate and RoCE v2 GIDs. Returns whether the link
+/// layer is InfiniBand (which has no interface and no RoCE GIDs to miss) and the indexes of
+/// the RoCE v2 GIDs.
+fn read_link(d: &mut RdmaDevice, port_dir: &Path, errors: &mut Errors) -> (bool, Vec<u32>) {
+    let path = port_dir.join("state");
+    match sysfs::read_text(&path).and_then(|t| ports::parse_state(&path, &t)) {
+        Ok(state) => d.state = Some(state),
+        Err(e) => errors.fail("state", e.to_string()),
+    }
+    let path = port_dir.join("phys_state");
+    match sysfs::read_text(&path).and_then(|t| ports::parse_phys_state(&path, &t)) {
+        Ok(state) => d.physical_state = Some(state),
+        Err(e) => errors.fail("physicalState", e.to_string()),
+    }
+    let path = port_dir.join("rate");
+    match sysfs::read_text(&path).and_then(|t| ports::parse_rate(&path, &t)) {
+        Ok(rate) => d.rate_gbps = Some(rate),
+        Err(e) => errors.fail("rateGbps", e.to_string()),
+    }
+    let infiniband = sysfs::read_text(&port_dir.join("link_layer")).is_ok_and(|l| l == "InfiniBand");
+    let v2 = match ports::roce_v2_indexes(port_dir) {
+        Ok(Some(v2)) => {
+            d.roce_v2_gid = Some(!v2.is_empty());
+            v2
+        }
+        Ok(None) if infiniband => Vec::new(),
+        Ok(None) => {
+            errors.fail("roceV2Gid", format!("{}: no gid_attrs/types", port_dir.display()));
+            Vec::new()
+        }
+        Err(e) => {
+            errors.fail("roceV2Gid", e.to_string());
+            Vec::new()
+        }
+    };
+    (infiniband, v2)
+}
+
+/// The trust mode from the OFED `qos/trust` file of interface directory `phys_net`; None
+/// without the file (inbox driver) or when it cannot be read (with an error).
+fn read_trust_file(phys_net: &Path, errors: &mut Errors) -> Option<ObservedTrust> {
+    let path = phys_net.join("qos/trust");
+    match sysfs::read_optional(&path) {
+        Ok(Some(t)) if t == "dscp" => Some(ObservedTrust::Dscp),
+        Ok(Some(t)) if t == "pcp" => Some(ObservedTrust::Pcp),
+        Ok(Some(t)) => {
+            errors.fail("trust", format!("{}: unknown trust mode {t:?}", path.display()));
+            None
+        }
+        Ok(None) => None,
+        Err(e) => {
+            errors.fail("trust", e.to_string());
+            None
+        }
     }
 }
 

@@ -1,5 +1,8 @@
 //! Reading one GPU into a [`GpuStatus`]: every field on its own, so a call that fails leaves
 //! that field unknown (None) with a [`FieldError`] and the rest of the GPU intact.
+//!
+//! Queries only: it changes no GPU setting, uses no `unsafe` (the calls nvml-wrapper does not
+//! wrap go through `super::raw`) and leaves the XIDs and pods of a GPU to their own sources.
 
 use gpunode_crds::report::{
     EccCounters, FieldError, GpuStatus, NvlinkStatus, PcieStatus, RemappedRows, RetiredPages,
@@ -13,7 +16,8 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 
-use super::{nvml_reason, raw};
+use super::raw;
+use super::reason::nvml_reason;
 
 /// NVML_FI_DEV_MEMORY_TEMP: HBM temperature, only readable as a field value.
 const FIELD_MEMORY_TEMP: u32 = 82;
@@ -70,82 +74,95 @@ pub fn read_gpu(nvml: &Nvml, index: u32) -> GpuStatus {
         }
     };
     let mut errors = Errors(Vec::new());
-    let e = &mut errors;
     let mut gpu = GpuStatus {
         index,
-        uuid: e.take("uuid", device.uuid().map_err(ReadError::from)),
-        product: e.take("product", device.name().map_err(ReadError::from)),
-        pci_bus_id: e.take(
-            "pciBusId",
-            device.pci_info().map(|p| p.bus_id).map_err(ReadError::from),
-        ),
-        memory_mib: e.take(
-            "memoryMiB",
-            device
-                .memory_info()
-                .map(|m| m.total / (1024 * 1024))
-                .map_err(ReadError::from),
-        ),
-        ecc_mode: e.take(
-            "eccMode",
-            device
-                .is_ecc_enabled()
-                .map(|m| enabled(m.currently_enabled))
-                .map_err(ReadError::from),
-        ),
-        ecc: e.take("ecc", ecc_counters(&device)),
-        retired_pages: e.take("retiredPages", retired_pages(&device)),
-        remapped_rows: e.take("remappedRows", remapped_rows(nvml, &device)),
-        temperature_celsius: e.take(
-            "temperatureCelsius",
-            celsius(device.temperature(TemperatureSensor::Gpu)),
-        ),
-        memory_temperature_celsius: e.take("memoryTemperatureCelsius", memory_temperature(&device)),
-        slowdown_celsius: e.take(
-            "slowdownCelsius",
-            celsius(device.temperature_threshold(TemperatureThreshold::Slowdown)),
-        ),
-        shutdown_celsius: e.take(
-            "shutdownCelsius",
-            celsius(device.temperature_threshold(TemperatureThreshold::Shutdown)),
-        ),
-        power_watts: e.take("powerWatts", watts(device.power_usage())),
-        power_limit_watts: e.take("powerLimitWatts", watts(device.enforced_power_limit())),
-        throttle_reasons: e
-            .take(
-                "throttleReasons",
-                device
-                    .current_throttle_reasons()
-                    .map(|r| ThrottleReason::from_bits(r.bits()))
-                    .map_err(ReadError::from),
-            )
-            .unwrap_or_default(),
-        pcie: e.take("pcie", pcie(&device)),
-        nvlink: e.take("nvlink", nvlink(&device)),
-        persistence_mode: e.take(
-            "persistenceMode",
-            device
-                .is_in_persistent_mode()
-                .map(enabled)
-                .map_err(ReadError::from),
-        ),
-        mig_mode: e.take("migMode", mig_mode(&device)),
-        xids: Vec::new(),
-        errors: Vec::new(),
-        // Filled by the PodResources collector, when it runs.
-        pods: None,
+        ..GpuStatus::default()
     };
+    read_identity(nvml, &device, &mut gpu, &mut errors);
+    read_thermal(&device, &mut gpu, &mut errors);
+    read_links_and_modes(&device, &mut gpu, &mut errors);
+    gpu.errors = errors.0;
+    gpu
+}
+
+/// Identity, memory and its health: UUID, product, PCI bus id, memory size, ECC mode and
+/// counters, retired pages, remapped rows.
+fn read_identity(nvml: &Nvml, device: &Device<'_>, gpu: &mut GpuStatus, e: &mut Errors) {
+    gpu.uuid = e.take("uuid", device.uuid().map_err(ReadError::from));
+    gpu.product = e.take("product", device.name().map_err(ReadError::from));
+    gpu.pci_bus_id = e.take(
+        "pciBusId",
+        device.pci_info().map(|p| p.bus_id).map_err(ReadError::from),
+    );
+    gpu.memory_mib = e.take(
+        "memoryMiB",
+        device
+            .memory_info()
+            .map(|m| m.total / (1024 * 1024))
+            .map_err(ReadError::from),
+    );
+    gpu.ecc_mode = e.take(
+        "eccMode",
+        device
+            .is_ecc_enabled()
+            .map(|m| enabled(m.currently_enabled))
+            .map_err(ReadError::from),
+    );
+    gpu.ecc = e.take("ecc", ecc_counters(device));
+    gpu.retired_pages = e.take("retiredPages", retired_pages(device));
+    gpu.remapped_rows = e.take("remappedRows", remapped_rows(nvml, device));
+}
+
+/// Temperatures and their thresholds, power and its limit, throttle reasons.
+fn read_thermal(device: &Device<'_>, gpu: &mut GpuStatus, e: &mut Errors) {
+    gpu.temperature_celsius = e.take(
+        "temperatureCelsius",
+        celsius(device.temperature(TemperatureSensor::Gpu)),
+    );
+    gpu.memory_temperature_celsius = e.take("memoryTemperatureCelsius", memory_temperature(device));
+    gpu.slowdown_celsius = e.take(
+        "slowdownCelsius",
+        celsius(device.temperature_threshold(TemperatureThreshold::Slowdown)),
+    );
+    gpu.shutdown_celsius = e.take(
+        "shutdownCelsius",
+        celsius(device.temperature_threshold(TemperatureThreshold::Shutdown)),
+    );
+    gpu.power_watts = e.take("powerWatts", watts(device.power_usage()));
+    gpu.power_limit_watts = e.take("powerLimitWatts", watts(device.enforced_power_limit()));
+    gpu.throttle_reasons = e
+        .take(
+            "throttleReasons",
+            device
+                .current_throttle_reasons()
+                .map(|r| ThrottleReason::from_bits(r.bits()))
+                .map_err(ReadError::from),
+        )
+        .unwrap_or_default();
+}
+
+/// PCIe (with its replay counter), NVLink, persistence and MIG modes. `xids` and `pods` are
+/// left empty: the XID log and the PodResources collector fill them.
+fn read_links_and_modes(device: &Device<'_>, gpu: &mut GpuStatus, e: &mut Errors) {
+    gpu.pcie = e.take("pcie", pcie(device));
+    gpu.nvlink = e.take("nvlink", nvlink(device));
+    gpu.persistence_mode = e.take(
+        "persistenceMode",
+        device
+            .is_in_persistent_mode()
+            .map(enabled)
+            .map_err(ReadError::from),
+    );
+    gpu.mig_mode = e.take("migMode", mig_mode(device));
     if let Some(pcie) = gpu.pcie.as_mut() {
         match device.pcie_replay_counter() {
             Ok(replays) => pcie.replay_counter = u64::from(replays),
-            Err(err) => errors.0.push(FieldError {
+            Err(err) => e.0.push(FieldError {
                 field: "pcie.replayCounter".to_owned(),
                 reason: nvml_reason(&err),
             }),
         }
     }
-    gpu.errors = errors.0;
-    gpu
 }
 
 fn enabled(on: bool) -> EnabledState {

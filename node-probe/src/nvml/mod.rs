@@ -3,9 +3,13 @@
 //!
 //! The library is loaded on the first collection and, while loading or `nvmlInit` fails, retried
 //! on every collection: a driver installed after the probe started is picked up.
+//!
+//! Its submodules never import this module: `reason` and `raw` are leaves the others use, and
+//! the collector here sits on top of [`gpu`], [`reset`] and [`xid`].
 
 pub mod gpu;
 mod raw;
+mod reason;
 pub mod reset;
 pub mod xid;
 
@@ -15,9 +19,9 @@ use std::time::Duration;
 
 use gpunode_crds::report::{CollectorName, FieldError, GpuNodeReportStatus, MAX_GPUS};
 use nvml_wrapper::Nvml;
-use nvml_wrapper::error::NvmlError;
 
-use crate::collect::{Collector, Outcome};
+use crate::collect::{CollectError, Collector, Outcome};
+pub use reason::nvml_reason;
 pub use xid::{Persistence, XidLog, XidWatcher};
 
 use crate::xid_state::XidStore;
@@ -43,13 +47,9 @@ pub enum NvmlCollectError {
     DeviceCount(String),
 }
 
-/// A short, stable reason for an NVML error, as shown in `FieldError.reason`.
-pub fn nvml_reason(e: &NvmlError) -> String {
-    match e {
-        NvmlError::UnexpectedVariant(n) => format!("NVML: unexpected value or return code {n}"),
-        NvmlError::LibloadingError(e) => format!("NVML library: {e}"),
-        NvmlError::FailedToLoadSymbol(s) => format!("NVML: missing symbol: {s}"),
-        other => format!("NVML: {other:?}"),
+impl From<NvmlCollectError> for CollectError {
+    fn from(e: NvmlCollectError) -> Self {
+        CollectError::new(e)
     }
 }
 
@@ -251,7 +251,7 @@ impl Collector for NvmlCollector {
         CollectorName::Nvml
     }
 
-    fn collect(&self, report: &mut GpuNodeReportStatus) -> Result<Outcome, crate::collect::CollectError> {
+    fn collect(&self, report: &mut GpuNodeReportStatus) -> Result<Outcome, CollectError> {
         let _shared = self
             .resetting
             .read()

@@ -9,7 +9,7 @@ use nvml_wrapper::{
     error::NvmlError,
 };
 
-use super::nvml_reason;
+use super::reason::nvml_reason;
 
 /// Why a reset was not done, or did not finish.
 #[derive(Debug, thiserror::Error, PartialEq)]

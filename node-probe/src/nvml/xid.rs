@@ -326,7 +326,7 @@ fn watch_events(
         Ok(registered) => registered,
         Err(e) => {
             tracing::warn!(error = %e, "cannot listen for XID events");
-            log.set_watcher_error(Some(format!("XID events: {}", super::nvml_reason(&e))));
+            log.set_watcher_error(Some(format!("XID events: {}", super::reason::nvml_reason(&e))));
             mark_ready(ready);
             return;
         }
@@ -377,7 +377,10 @@ fn watch_events(
             Err(e) => {
                 // A failing wait (GPU lost, driver reloaded) must not spin: back off, capped.
                 failures = failures.saturating_add(1);
-                log.set_watcher_error(Some(format!("XID event wait: {}", super::nvml_reason(&e))));
+                log.set_watcher_error(Some(format!(
+                    "XID event wait: {}",
+                    super::reason::nvml_reason(&e)
+                )));
                 mark_ready(ready);
                 slice_ms = full_slice;
                 let pause = Duration::from_millis(100u64 << failures.min(6));
@@ -405,7 +408,7 @@ fn register(nvml: &Nvml) -> Result<Registered<'_>, NvmlError> {
         let device = match nvml.device_by_index(index) {
             Ok(device) => device,
             Err(e) => {
-                skipped.push(format!("GPU {index}: {}", super::nvml_reason(&e)));
+                skipped.push(format!("GPU {index}: {}", super::reason::nvml_reason(&e)));
                 continue;
             }
         };
@@ -416,7 +419,7 @@ fn register(nvml: &Nvml) -> Result<Registered<'_>, NvmlError> {
                 continue;
             }
             Err(e) => {
-                skipped.push(format!("GPU {index}: {}", super::nvml_reason(&e)));
+                skipped.push(format!("GPU {index}: {}", super::reason::nvml_reason(&e)));
                 continue;
             }
         }
@@ -426,7 +429,7 @@ fn register(nvml: &Nvml) -> Result<Registered<'_>, NvmlError> {
                 registered.push(index);
             }
             Err(e) => {
-                skipped.push(format!("GPU {index}: {}", super::nvml_reason(&e.error)));
+                skipped.push(format!("GPU {index}: {}", super::reason::nvml_reason(&e.error)));
                 set = nvml.create_event_set()?;
                 let mut kept = Vec::new();
                 for &again in &registered {
