@@ -50,10 +50,13 @@ pub async fn run_loop_with_policies<O: Observe, S: ReportSink>(
     tokio::pin!(shutdown);
     let (mut machine, mut action) =
         Machine::start(config, Instant::now(), xids.is_some(), policies.is_some());
+    let mut xids = xids;
+    let xids_seen = xids.as_mut().map(|rx| *rx.borrow_and_update());
     let mut effects = Effects {
         observer,
         sink,
         xids,
+        xids_seen,
         policies,
         state,
     };
@@ -83,6 +86,8 @@ struct Effects<'a, O, S> {
     observer: Arc<O>,
     sink: &'a mut S,
     xids: Option<watch::Receiver<u64>>,
+    /// The XID count last seen: a notification that leaves it as it was asks for a report.
+    xids_seen: Option<u64>,
     policies: Option<watch::Receiver<Known>>,
     state: Arc<ProbeState>,
 }
@@ -116,8 +121,23 @@ impl<O: Observe, S: ReportSink> Effects<'_, O, S> {
         tokio::select! {
             () = shutdown => Event::Shutdown,
             () = tokio::time::sleep_until(until) => Event::Woke { now: Instant::now() },
-            alive = xid_changed => notice(Source::Xids, alive),
+            alive = xid_changed => {
+                let source = self.xid_source();
+                notice(source, alive)
+            }
             alive = policies_changed => notice(Source::Policies, alive),
+        }
+    }
+
+    /// What a notification on the XID channel was: new XIDs, or (the count unchanged) a report
+    /// asked for.
+    fn xid_source(&mut self) -> Source {
+        let total = self.xids.as_mut().map(|rx| *rx.borrow_and_update());
+        let seen = std::mem::replace(&mut self.xids_seen, total);
+        if total.is_some() && total == seen {
+            Source::ReportAsked
+        } else {
+            Source::Xids
         }
     }
 

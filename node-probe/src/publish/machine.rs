@@ -9,6 +9,7 @@
 //! | `Waiting` | `Woke`, no observation due, a pending write ready | `Writing` | `Write` |
 //! | `Waiting` | `Woke`, nothing due | `Waiting` | `Wait` |
 //! | `Waiting` | `Notified` (XID, policies) | `Waiting` | `Wait`, earlier, not listening to that source |
+//! | `Waiting` | `Notified` (a report asked for) | `Waiting`, the report asked for | `Wait`, as for an XID |
 //! | `Waiting` | `Closed` (XID, policies channel) | `Waiting` | `Wait`, never listening to it again |
 //! | `Waiting` | `Shutdown` | `Stopped` | `Stop` |
 //! | `Observing` | `Observed`, a write due and ready | `Writing` | `Write` |
@@ -22,7 +23,9 @@
 //! What an observation makes due ([`Due`]): the first one creates the report ("first
 //! observation"); a material change ([`crate::change::decide`]) writes the whole report at once
 //! (a recovery only `recovery_gap` after the last report write); with no change, the whole
-//! report every `report_refresh` and otherwise a heartbeat every `heartbeat`. A heartbeat renews
+//! report every `report_refresh`, or when one was asked for ([`Source::ReportAsked`]: after a
+//! GPU reset, whose outcome the operator judges by the first report written after it) until an
+//! observation made after the ask is written, and otherwise a heartbeat every `heartbeat`. A heartbeat renews
 //! the Lease ([`Write::Heartbeat`]) unless a write failed since the last success or the last
 //! write is two heartbeats old, when it writes the whole report. Report writes are at least
 //! `min_gap` apart; a failed write waits out the backoff ([`Backlog::Failed`]).
@@ -57,6 +60,9 @@ pub enum Source {
     Xids,
     /// The known policies changed.
     Policies,
+    /// A whole report was asked for on the XID channel, without a new XID (the probe's GPU
+    /// reset: [`crate::nvml::xid::XidLog::wake`]).
+    ReportAsked,
 }
 
 /// Why an observation is made (the `reason` of the "observed" log line).
@@ -214,6 +220,18 @@ impl Channel {
     }
 }
 
+/// Where a report asked for ([`Source::ReportAsked`]) stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    /// None asked for.
+    None,
+    /// Asked for; no observation made since.
+    Asked,
+    /// An observation made since the ask waits to be written whole (the backlog keeps only
+    /// the newest observation, so whatever is written next was made after the ask).
+    Observed,
+}
+
 /// What the loop remembers whatever its state.
 #[derive(Debug, Clone, PartialEq)]
 struct Memory {
@@ -231,6 +249,8 @@ struct Memory {
     next_attempt: Instant,
     /// The delay after the next failure.
     backoff: Duration,
+    /// A whole report asked for, until one observed after the ask is written.
+    ask: Ask,
 }
 
 /// The publish loop's state and memory.
@@ -254,6 +274,7 @@ impl Machine {
             last_write_at: None,
             next_attempt: now,
             backoff: config.backoff_initial,
+            ask: Ask::None,
         };
         let state = State::Waiting(Backlog::Clear);
         let action = memory.action(config, &state);
@@ -278,6 +299,9 @@ pub fn step(config: &PublishConfig, machine: Machine, event: Event) -> (Machine,
     let state = match (state, event) {
         (State::Waiting(_), Event::Shutdown) => State::Stopped,
         (State::Waiting(backlog), Event::Notified(source)) => {
+            if source == Source::ReportAsked {
+                memory.ask = Ask::Asked;
+            }
             let channel = memory.channel(source);
             if channel.notice == Notice::Listening {
                 channel.notice = Notice::Noticed;
@@ -307,7 +331,7 @@ pub fn step(config: &PublishConfig, machine: Machine, event: Event) -> (Machine,
 impl Memory {
     fn channel(&mut self, source: Source) -> &mut Channel {
         match source {
-            Source::Xids => &mut self.xids,
+            Source::Xids | Source::ReportAsked => &mut self.xids,
             Source::Policies => &mut self.policies,
         }
     }
@@ -387,6 +411,9 @@ impl Memory {
                 self.next_tick += config.interval;
             }
         }
+        if self.ask == Ask::Asked {
+            self.ask = Ask::Observed;
+        }
         let due = self.due(config, &obs, at);
         let backlog = backlog.after_observation(obs.status, due);
         self.write_or_wait(config, backlog, obs.now)
@@ -407,7 +434,7 @@ impl Memory {
         let since = |last: Option<Instant>, gap: Duration| last.is_none_or(|t| at.duration_since(t) >= gap);
         if !changes.is_empty() {
             Some(Due::changed(&changes))
-        } else if since(self.last_report_at, config.report_refresh) {
+        } else if self.ask == Ask::Observed || since(self.last_report_at, config.report_refresh) {
             Some(Due::Refresh)
         } else if since(self.last_write_at, config.heartbeat) {
             Some(Due::Heartbeat)
@@ -449,6 +476,9 @@ impl Memory {
         if beat == Beat::Report {
             self.published = Some(pending.status);
             self.last_report_at = Some(at);
+            if self.ask == Ask::Observed {
+                self.ask = Ask::None;
+            }
         }
         self.last_write_at = Some(at);
         self.backoff = config.backoff_initial;

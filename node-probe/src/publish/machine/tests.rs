@@ -732,3 +732,60 @@ fn a_zero_interval_does_not_hang_the_step() {
     let (_, action) = step(&config, m, observed(at(0), quiet("a")));
     assert!(matches!(action, Action::Write { .. }));
 }
+
+#[test]
+fn a_report_asked_for_is_written_whole_from_an_observation_made_after_the_ask() {
+    // The reset's effect was published at 10 s by the tick; the probe then asks for a report
+    // (the reset's outcome is written): an observation made after the ask is written whole
+    // even though nothing changed since 10 s, once `min_gap` allows (11 s).
+    let m = drive(
+        observing(published(), 10),
+        [observed(at(10), throttled("b")), Event::Wrote(Beat::Report)],
+    );
+    let m = drive(
+        m,
+        [
+            Event::Notified(Source::ReportAsked),
+            Event::Woke { now: at_ms(10_200) },
+            observed(at_ms(10_200), throttled("c")),
+        ],
+    );
+    assert!(
+        matches!(m.state(), State::Waiting(Backlog::Held(p)) if p.due == Due::Refresh),
+        "{:?}",
+        m.state()
+    );
+    assert_eq!(m.memory.ask, Ask::Observed);
+    // A later observation with nothing new keeps it due, with the newer observation.
+    let m = drive(m, [Event::Woke { now: at(11) }]);
+    assert!(
+        matches!(m.state(), State::Writing { write: Write::Report, pending, .. } if pending.status == throttled("c")),
+        "{:?}",
+        m.state()
+    );
+    let m = drive(m, [Event::Wrote(Beat::Report)]);
+    assert_eq!(m.memory.ask, Ask::None, "answered");
+    // Answered: the next quiet observation is no report.
+    let m = drive(m, [Event::Woke { now: at(20) }, observed(at(20), throttled("d"))]);
+    assert!(
+        matches!(m.state(), State::Waiting(Backlog::Clear)),
+        "{:?}",
+        m.state()
+    );
+}
+
+#[test]
+fn a_report_asked_for_is_not_answered_by_a_write_of_an_earlier_observation() {
+    // A change observed at 10.5 s waits for `min_gap` (11 s); the ask comes at 10.6 s, before
+    // any observation after it: writing the earlier one does not answer it.
+    let m = drive(
+        held(),
+        [Event::Notified(Source::ReportAsked), Event::Woke { now: at(1) }],
+    );
+    assert!(
+        matches!(m.state(), State::Observing { .. } | State::Writing { .. }),
+        "{:?}",
+        m.state()
+    );
+    assert_ne!(m.memory.ask, Ask::None);
+}
