@@ -1,15 +1,17 @@
 //! `make demo`, end to end and headless: the same script a user runs (e2e/demo/demo.sh, under its
 //! own cluster name and metrics ports so a demo someone is exploring is left alone) must reach
 //! its end state within its own timeout, its final screen must be the end state the README prints
-//! (volatile parts aside: ages, pod names, which healthy node a trainer landed on, the order of
-//! events, how often a PodDisruptionBudget refused an eviction), and `make demo-down` must leave
-//! no process behind. The demo once failed for weeks with nothing in `make test` noticing.
+//! (volatile parts aside: ages, times, pod names, which healthy node a trainer landed on, the
+//! order of events and metrics, how long the GPU reset took, how often an action was blocked and
+//! retried), the `kubectl gpunode` outputs it prints at the end must be the README's, and
+//! `make demo-down` must leave no process behind. The demo once failed for weeks with nothing in `make test` noticing.
 //!
 //! `GPUNODE_DEMO_RUNS=N` runs it N times in a row (the demo's flakiness budget is zero).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
+    collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -126,6 +128,8 @@ fn readme_end_state(root: &Path) -> String {
 fn normalise(screen: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut events = Vec::new();
+    // The metrics, folded over lines at a width that depends on their counts: one sorted list.
+    let mut metrics = Vec::new();
     let mut section = "";
     for line in screen.lines().map(str::trim_end) {
         // The clock line, and blank lines.
@@ -144,6 +148,10 @@ fn normalise(screen: &str) -> Vec<String> {
             out.push(line.to_string());
             continue;
         }
+        if section.starts_with("curl ") {
+            metrics.extend(metric_items(line));
+            continue;
+        }
         let line = mask(section, line);
         if section == "events" {
             events.push(line);
@@ -153,6 +161,10 @@ fn normalise(screen: &str) -> Vec<String> {
         }
     }
     out.append(&mut events);
+    if !metrics.is_empty() {
+        metrics.sort();
+        out.push(metrics.join(", "));
+    }
     out
 }
 
@@ -169,19 +181,93 @@ fn mask(section: &str, line: &str) -> String {
             .map_or("", |n| if n.starts_with("h100-0") { "h100-0<NN>" } else { n });
         return format!("pod/trainer-<id> {} {node}", words.get(1).unwrap_or(&""));
     }
-    if section.starts_with("curl ") {
-        // The metrics come in no fixed order; how often the PDB refused an eviction (none at all,
-        // then the series is not shown) depends on when the replacement pod ran.
-        let mut items: Vec<String> = line
-            .split("   ")
-            .map(str::trim)
-            .filter(|i| !i.is_empty() && !i.starts_with("evict blocked: "))
-            .map(str::to_string)
-            .collect();
-        items.sort();
-        return items.join(", ");
+    if section == "events" {
+        // How long the GPU reset took; the line is cut at a fixed width after it.
+        let line = regex_lite::Regex::new(r"after [0-9.]+[mµn]?s:")
+            .unwrap()
+            .replace(&words.join(" "), "after <duration>:")
+            .into_owned();
+        return line.chars().take(110).collect();
     }
     words.join(" ")
+}
+
+/// The `action outcome: count` items of one line of the metrics. How often an action was
+/// blocked and retried (the PDB refusing an eviction, a label write waiting; none at all, then
+/// the series is not shown) depends on timing: those items are left out.
+fn metric_items(line: &str) -> Vec<String> {
+    line.split("   ")
+        .map(str::trim)
+        .filter(|i| !i.is_empty() && !i.contains(" blocked: "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `text` with its RFC 3339 times replaced by `<time>`, trailing blanks and blank end lines
+/// removed.
+fn untimed(text: &str) -> String {
+    let time = regex_lite::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z").unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| time.replace_all(l.trim_end(), "<time>").into_owned())
+        .collect();
+    lines.join("\n").trim_end().to_string()
+}
+
+/// The README's section on kubectl gpunode: each `$ kubectl gpunode ...` line of its ```text
+/// blocks with the output under it, untimed.
+fn readme_plugin_outputs(root: &Path) -> BTreeMap<String, String> {
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let section = readme
+        .split_once("\n## kubectl gpunode\n")
+        .expect("README has no section '## kubectl gpunode'")
+        .1;
+    let section = section.split_once("\n## ").map_or(section, |(s, _)| s);
+    let mut outputs = BTreeMap::new();
+    for block in section.split("```text\n").skip(1) {
+        let block = block.split_once("```").map_or(block, |(b, _)| b);
+        let mut current: Option<(String, Vec<&str>)> = None;
+        for line in block.lines() {
+            if line.starts_with("$ kubectl gpunode ") {
+                if let Some((cmd, body)) = current.take() {
+                    outputs.insert(cmd, untimed(&body.join("\n")));
+                }
+                current = Some((line.to_string(), Vec::new()));
+            } else if let Some((_, body)) = current.as_mut() {
+                body.push(line);
+            }
+        }
+        if let Some((cmd, body)) = current {
+            outputs.insert(cmd, untimed(&body.join("\n")));
+        }
+    }
+    outputs
+}
+
+/// Checks each `kubectl gpunode` output the demo printed (`demo/plugin/*.txt`: the command
+/// line, then its output) against the README's.
+fn check_plugin_outputs(cluster_dir: &Path, readme: &BTreeMap<String, String>, run: u32) {
+    let dir = cluster_dir.join("demo/plugin");
+    let mut files: Vec<PathBuf> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    files.sort();
+    assert!(
+        files.len() >= 5,
+        "run {run}: the demo printed {} plugin outputs in {}",
+        files.len(),
+        dir.display()
+    );
+    for file in files {
+        let text = fs::read_to_string(&file).unwrap();
+        let (cmd, output) = text.split_once('\n').unwrap_or((text.as_str(), ""));
+        let want = readme
+            .get(cmd)
+            .unwrap_or_else(|| panic!("run {run}: README's kubectl gpunode section does not show `{cmd}`"));
+        assert_eq!(
+            untimed(output),
+            *want,
+            "run {run}: `{cmd}` printed (left) what README does not show (right)"
+        );
+    }
 }
 
 /// `text` with the number after `label` replaced by `<n>`.
@@ -230,6 +316,7 @@ fn make_demo_reaches_the_readme_end_state_and_demo_down_leaves_nothing_running()
         .and_then(|r| r.parse().ok())
         .unwrap_or(1);
     let expected = normalise(&readme_end_state(&root));
+    let plugin_outputs = readme_plugin_outputs(&root);
     for run in 1..=runs {
         let down = Down(&root);
         let log = log_dir().join(format!("demo-{run}.log"));
@@ -241,6 +328,8 @@ fn make_demo_reaches_the_readme_end_state_and_demo_down_leaves_nothing_running()
             expected.join("\n"),
             "run {run}: the demo's final screen (left) is not the README's end state (right); screen:\n{screen}"
         );
+
+        check_plugin_outputs(&cluster_dir, &plugin_outputs, run);
 
         let status = demo_command(&root, "e2e/demo/down.sh").status().unwrap();
         std::mem::forget(down);
