@@ -308,7 +308,14 @@ leader_metrics() {
 		m=$(curl -sf --max-time 2 "http://127.0.0.1:$port/metrics") || continue
 		grep -q '^gpunode_leader 1' <<<"$m" || continue
 		printf '\n$ curl <leader>:%s/metrics   (gpunode_actions_total)\n' "$port"
-		awk -F'[{}" ]+' '/^gpunode_actions_total\{/ && $NF != "0" {printf "  %s %s: %s\n", $3, $5, $NF}' <<<"$m" | paste -sd' ' | fold -s -w 110
+		# Wrapped between items only, never inside one, so every line holds whole items.
+		awk -F'[{}" ]+' '
+			/^gpunode_actions_total\{/ && $NF != "0" {
+				item = sprintf("%s %s: %s", $3, $5, $NF)
+				if (line != "" && length(line) + 3 + length(item) > 108) { print "  " line; line = "" }
+				line = (line == "" ? item : line "   " item)
+			}
+			END { if (line != "") print "  " line }' <<<"$m"
 	done
 }
 
