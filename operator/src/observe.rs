@@ -21,7 +21,7 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt, stream::BoxStream};
-use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport, policy::APPROVE_ANNOTATION};
 use jiff::Timestamp;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
@@ -41,8 +41,10 @@ use crate::{
     devices::{self, rules::RulesByNode},
     markers,
     metrics::Metrics,
-    plan::{GpuPods, GpuView, NodeView, PodRef, StepObject},
+    plan::{GpuPods, GpuView, NodeView, PodRef, StepObject, approvals},
+    reasons::Reason,
     remediators::Remediators,
+    verdict::{NodeState, Verdict},
 };
 
 pub use compact::CachedReport;
@@ -53,6 +55,52 @@ pub use own_writes::OwnWrites;
 /// A watched object that may not have deserialized: one malformed policy or report is logged
 /// and skipped instead of stalling the watch.
 pub type Guarded<K> = DeserializeGuard<K>;
+
+impl NodeView {
+    /// What gpunode has in effect on `node`: skip label, cordon, its taints, its bookkeeping,
+    /// its state label and condition reason. Unreadable bookkeeping is returned to be logged.
+    pub fn observe(
+        node: &Node,
+        verdict: Verdict,
+        conflicts: Vec<String>,
+    ) -> (NodeView, Vec<markers::MarkerError>) {
+        let empty = BTreeMap::new();
+        let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+        let (markers, errors) =
+            markers::Markers::from_annotations(node.metadata.annotations.as_ref().unwrap_or(&empty));
+        let spec = node.spec.as_ref();
+        let reason = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == markers::CONDITION_TYPE))
+            .and_then(|c| c.reason.as_deref())
+            .and_then(Reason::parse);
+        let view = NodeView {
+            skip: labels.get(markers::SKIP_LABEL).is_some_and(|v| v == "true"),
+            unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            taints: markers::drift_taints(node),
+            markers,
+            current_state: labels.get(markers::STATE_LABEL).and_then(|v| match v.as_str() {
+                "compliant" => Some(NodeState::Compliant),
+                "drifted" => Some(NodeState::Drifted),
+                "unknown" => Some(NodeState::Unknown),
+                _ => None,
+            }),
+            current_reason: reason,
+            conflicts,
+            approved: node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(APPROVE_ANNOTATION))
+                .map(|v| approvals(v))
+                .unwrap_or_default(),
+            ..NodeView::new(node.metadata.name.as_deref().unwrap_or_default(), verdict)
+        };
+        (view, errors)
+    }
+}
 
 /// The caches a reconcile reads.
 #[derive(Clone)]

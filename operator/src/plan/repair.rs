@@ -19,6 +19,9 @@
 //! - No step left, or no attempt left: `NeedsHuman`, kept until the node recovers (its report
 //!   is compliant again, even while it is still drained) or a person removes the
 //!   `gpunode.dev/repair` annotation.
+//!
+//! A feature planner: it may import the layers below it (view, output, hysteresis, admission),
+//! never the pass or another feature planner.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -30,7 +33,12 @@ use gpunode_crds::{
 use jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 
-use super::{Block, DrainStep, PlannedEvent, signed};
+use super::{
+    admission::{Block, approve_command},
+    hysteresis::signed,
+    output::{DrainStep, NodeCondition, PlannedEvent},
+    view::StepObject,
+};
 use crate::{
     markers::{
         NeedsHuman, REPAIR_ANNOTATION, RepairTrack, ResetGpu, StepEnd, StepObjectRef, StepOutcome, StepRun,
@@ -38,21 +46,6 @@ use crate::{
     reasons::Reason,
     verdict::NodeState,
 };
-
-/// What the running step's object looks like, as observed before planning.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StepObject {
-    /// It does not exist.
-    Absent,
-    /// It exists and has not finished.
-    Running,
-    /// Its completion condition is True, since then (its lastTransitionTime, if it has one).
-    Succeeded(Option<Timestamp>),
-    /// Its completion condition is False: the message says why.
-    Failed(String),
-    /// It cannot be made or read for good: its template is missing, or its kind is not served.
-    Unavailable(String),
-}
 
 /// An object a step needs, to be created if it does not exist.
 #[derive(Clone, Debug, PartialEq)]
@@ -618,7 +611,7 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         plan.state = RepairState::Waiting {
             step: step.name.clone(),
             block: Block::Approval {
-                command: super::approve_command(input.node, input.approved, &rungs),
+                command: approve_command(input.node, input.approved, &rungs),
                 rungs,
             },
         };
@@ -679,4 +672,32 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
     };
     plan.deadline = Some(add(now, signed(step.timeout)));
     plan
+}
+
+/// The node condition while a repair runs, waits or has stopped.
+pub fn condition(condition: &mut NodeCondition, state: &RepairState) {
+    match state {
+        RepairState::Idle => {}
+        RepairState::Running { step, since } => {
+            condition.reason = Reason::Repairing;
+            condition.message = format!("{}; repair step {step} running since {since}", condition.message);
+        }
+        RepairState::AwaitingReport { step } => {
+            condition.message = format!(
+                "{}; repair step {step} finished, waiting for the probe's next report",
+                condition.message
+            );
+        }
+        RepairState::Waiting { step, block } => {
+            condition.message = format!(
+                "{}; repair step {step} waiting ({})",
+                condition.message,
+                block.describe()
+            );
+        }
+        RepairState::NeedsHuman(why) => {
+            condition.reason = Reason::NeedsHuman;
+            condition.message = format!("{}; repair stopped, needs a person: {why}", condition.message);
+        }
+    }
 }

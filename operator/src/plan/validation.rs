@@ -18,6 +18,9 @@
 //!   and a leftover of an earlier run is told apart.
 //! - A validation no longer wanted (the node drifts again, or a person undid gpunode's
 //!   actions) is forgotten; a Job still running is deleted.
+//!
+//! A feature planner: it may import the layers below it (view, output, hysteresis, admission),
+//! never the pass or another feature planner.
 
 use gpunode_crds::{DriftClass, names, validation::ValidationPolicy};
 use jiff::{SignedDuration, Timestamp};
@@ -32,7 +35,13 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
-use super::{Block, PlannedEvent, signed};
+pub use super::view::JobState;
+use super::{
+    admission::Block,
+    hysteresis::signed,
+    output::{NodeCondition, PlannedEvent},
+    view::NodeDevices,
+};
 use crate::{
     markers::{self, RepairTrack, StepOutcome, ValidationEnd, ValidationOutcome, ValidationTrack},
     reasons::Reason,
@@ -46,21 +55,6 @@ pub const NODE_LABEL: &str = "gpunode.dev/validation-node";
 pub const STARTED_ANNOTATION: &str = "gpunode.dev/validation-started";
 /// How long a finished validation Job is kept, for a person to read its logs.
 pub const KEEP_FINISHED_SECS: i32 = 24 * 3600;
-
-/// A validation Job, as observed before planning.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum JobState {
-    /// It does not exist (or it is a leftover of an earlier run).
-    Absent,
-    /// It exists and has not finished.
-    Running,
-    /// It completed.
-    Passed,
-    /// It failed: the reason and message of its Failed condition.
-    Failed(String),
-    /// It ran past its deadline (Failed, reason DeadlineExceeded).
-    TimedOut(String),
-}
 
 /// Where a node's validation stands after this plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -263,8 +257,8 @@ pub fn periodic_due(
 
 /// Whether a node's GPUs are known to be idle: the report lists the pods of every GPU, and the
 /// only ones are validation pods (in `namespace`, named after their Job).
-pub fn idle(gpus: usize, devices: &super::NodeDevices, namespace: &str) -> bool {
-    let super::NodeDevices::DevicePlugin(Some(pods)) = devices else {
+pub fn idle(gpus: usize, devices: &NodeDevices, namespace: &str) -> bool {
+    let NodeDevices::DevicePlugin(Some(pods)) = devices else {
         return false;
     };
     gpus > 0
@@ -681,6 +675,41 @@ pub fn job_state(job: Option<&Job>, started: Timestamp) -> JobState {
         };
     }
     JobState::Running
+}
+
+/// The node condition while a validation runs, waits or has failed.
+pub fn condition(condition: &mut NodeCondition, state: &ValidationState) {
+    match state {
+        ValidationState::Idle | ValidationState::Passed { .. } => {}
+        ValidationState::Running { job, since } => {
+            condition.reason = Reason::Validating;
+            condition.message = format!(
+                "{}; validation Job {job} running since {since}, gpunode's cordon and taints stay until it passes",
+                condition.message
+            );
+        }
+        ValidationState::Failed {
+            job,
+            outcome,
+            message,
+        } => {
+            condition.status = "False";
+            condition.reason = Reason::ValidationFailed;
+            condition.message = format!(
+                "{}; validation Job {job} {}: {message}",
+                condition.message,
+                outcome.as_str()
+            );
+        }
+        ValidationState::Waiting(wait) => {
+            condition.reason = Reason::Validating;
+            condition.message = format!(
+                "{}; validation waiting ({}), gpunode's cordon and taints stay until it passes",
+                condition.message,
+                wait.describe()
+            );
+        }
+    }
 }
 
 #[cfg(test)]
