@@ -14,8 +14,8 @@
 //!
 //! A feature planner: it says what the `TaintDevice` rules want and where a quarantine goes;
 //! whether one may start now is admission's answer, asked by the pass like for any action of
-//! the ladder. It may import the layers below it (view, output, hysteresis), never admission's
-//! callers or another feature planner.
+//! the ladder. It may import the layers below it (view, output, hysteresis), never admission (it
+//! decides nothing), the node plan, the pass or another feature planner.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,7 +27,7 @@ use jiff::Timestamp;
 
 use super::{
     hysteresis::{elapsed, signed, track_set},
-    output::{GpuTaint, PlannedEvent},
+    output::{Action, GpuTaint, NodeCondition, PlannedEvent},
     view::{DeviceRef, NodeDevices, NodeView, PodRef},
 };
 use crate::{
@@ -341,11 +341,91 @@ pub fn healthy(node: &NodeView, quarantined: &BTreeSet<u32>) -> Option<u32> {
     Some(u32::try_from(healthy).unwrap_or(u32::MAX))
 }
 
+/// The node's GPUs once a plan's actions are in effect.
+pub struct GpusAfter<'e> {
+    /// The quarantines in effect, by GPU key.
+    pub taints: BTreeMap<&'e str, &'e GpuTaint>,
+    /// Each GPU's track, recording its quarantine; those with nothing active and no quarantine
+    /// are dropped.
+    pub tracks: BTreeMap<String, GpuTrack>,
+    /// The quarantines, each with where it goes.
+    pub quarantines: Vec<Quarantine>,
+    /// For the `gpunode.dev/healthy-gpus` label: GPUs neither drifting nor quarantined.
+    pub healthy: Option<u32>,
+}
+
+/// The node's GPUs once `effective` (the actions in effect after the plan) is: each GPU's track
+/// records the quarantine in effect, and each quarantine where it goes.
+pub fn after<'e>(
+    policy: &GpuNodePolicySpec,
+    node: &NodeView,
+    effective: &'e BTreeSet<Action>,
+    mut tracks: BTreeMap<String, GpuTrack>,
+) -> GpusAfter<'e> {
+    let taints: BTreeMap<&str, &GpuTaint> = effective
+        .iter()
+        .filter_map(|a| match a {
+            Action::TaintDevice(t) => Some((t.gpu.as_str(), t)),
+            _ => None,
+        })
+        .collect();
+    for (key, track) in &mut tracks {
+        track.quarantined = taints.get(key.as_str()).map(|t| t.effect);
+    }
+    tracks.retain(|_, t| !t.classes.is_empty() || t.quarantined.is_some());
+    let driver = policy.quarantine.dra_driver.as_str();
+    let quarantines: Vec<Quarantine> = taints
+        .values()
+        .filter_map(|t| {
+            target(&t.gpu, t.effect, &node.devices, driver)
+                .ok()
+                .map(|target| Quarantine {
+                    taint: (*t).clone(),
+                    target,
+                })
+        })
+        .collect();
+    let quarantined: BTreeSet<u32> = taints.values().map(|t| t.index).collect();
+    let healthy = healthy(node, &quarantined);
+    GpusAfter {
+        taints,
+        tracks,
+        quarantines,
+        healthy,
+    }
+}
+
 /// ` on device <driver>/<pool>/<device>` when the GPU's quarantine is a DRA device taint.
 pub fn on_device(quarantines: &[Quarantine], t: &GpuTaint) -> String {
     match quarantine_of(quarantines, &t.gpu).map(|q| &q.target) {
         Some(QuarantineTarget::Dra(device)) => format!(" on device {device}"),
         _ => String::new(),
+    }
+}
+
+/// The node condition's words for its GPUs: the quarantines in effect and an escalation.
+pub fn condition(
+    condition: &mut NodeCondition,
+    taints: &BTreeMap<&str, &GpuTaint>,
+    quarantines: &[Quarantine],
+    escalation: Option<&Escalation>,
+) {
+    if !taints.is_empty() {
+        let list: Vec<String> = taints
+            .values()
+            .map(|t| {
+                format!(
+                    "{} {}{}",
+                    t.subject(),
+                    t.effect.as_str(),
+                    on_device(quarantines, t)
+                )
+            })
+            .collect();
+        condition.message = format!("{}; quarantined: {}", condition.message, list.join(", "));
+    }
+    if let Some(e) = escalation {
+        condition.message = format!("{}; escalated: {}", condition.message, e.describe());
     }
 }
 

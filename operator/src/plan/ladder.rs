@@ -1,10 +1,11 @@
 //! The node's ladder: what the policy's remediation rules ask for on a node given its tracks
 //! (taints, the cordon, the drain), which of those a person must approve first, and what
-//! gpunode has in effect on the node now. Per-GPU quarantines are planned by [`super::gpus`].
+//! gpunode has in effect on the node now, and the rule that people win (a person's uncordon
+//! cancels gpunode's cordon and drain). Per-GPU quarantines are planned by [`super::gpus`].
 //!
 //! A feature planner: pure, it says what is *wanted*, never whether it may start (that is
-//! admission's). It may import the layers below it (view, output, hysteresis), never admission's
-//! callers or another feature planner.
+//! admission's). It may import the layers below it (view, output, hysteresis), never admission (it
+//! decides nothing), the node plan, the pass or another feature planner.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -125,4 +126,35 @@ pub(super) fn current(node: &NodeView) -> BTreeSet<Action> {
         })
     }));
     out
+}
+
+/// People win: a person who uncordons a node gpunode cordoned (or is draining) cancels that,
+/// and gpunode does not cordon it again until the node has recovered. Takes the cordon and the
+/// drain out of what is `wanted` and the cancelled drain out of what is `current`ly in effect;
+/// returns since when a person's uncordon holds (none once the ladder no longer wants the
+/// cordon).
+pub(super) fn people_win(
+    node: &NodeView,
+    wanted: &mut BTreeSet<Action>,
+    current: &mut BTreeSet<Action>,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let mut user_uncordoned = node.markers.user_uncordoned;
+    if node.markers.cordoned_by_us && !node.unschedulable {
+        user_uncordoned = Some(now);
+        current.remove(&Action::Drain);
+    }
+    if user_uncordoned.is_some() {
+        // A drain a person cancelled is over, whatever the ladder wants now: its stale
+        // marker takes no capacity and must not count against the budget (it would let
+        // another disruptive action onto the node without a slot).
+        current.remove(&Action::Drain);
+        if wanted.contains(&Action::Cordon) {
+            wanted.remove(&Action::Cordon);
+            wanted.remove(&Action::Drain);
+        } else {
+            user_uncordoned = None;
+        }
+    }
+    user_uncordoned
 }

@@ -1,10 +1,12 @@
 //! One node's plan ([`NodePlan`]): what the node should look like after this pass, assembled
-//! from what the pass decided for it (the actions admitted, the validation) and the feature
-//! planners' parts (its GPUs' quarantines, its repair), with the words for it: its condition,
-//! its Events, and when it next changes with time alone.
+//! from what the pass decided for it (the node as it worked on it, [`Work`]; what admission let
+//! its actions do, [`Admitted`]; its validation) and the parts the feature planners add (its
+//! GPUs' quarantines, its repair), with the words for it: its condition, its Events, and when it
+//! next changes with time alone.
 //!
-//! Pure. It may import every layer below it (view, output, hysteresis, admission, the feature
-//! planners), never the pass ([`super::plan`]).
+//! Pure. It decides nothing of its own: the repair planner it calls asks admission whether a
+//! step may start. It may import every layer below it (view, output, hysteresis, admission, the
+//! feature planners), never the pass ([`super::plan`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -12,20 +14,20 @@ use gpunode_crds::{DriftClass, GpuNodePolicySpec};
 use jiff::{SignedDuration, Timestamp};
 
 use super::{
-    admission::Block,
-    gpus::{self, Escalation, Quarantine},
-    hysteresis::{changes, elapsed, signed},
+    admission::{Admission, Block, Candidate},
+    gpus::{self, Escalation, GpusAfter, Quarantine},
+    hysteresis::{at, changes, elapsed, signed},
     ladder::current,
     output::{
-        Action, ChangeCause, DrainStep, GpuTaint, InEffect, NextChange, NodeCondition, PlannedEvent,
-        RepairInEffect, is_disrupted, validating,
+        Action, ChangeCause, DrainStep, InEffect, NextChange, NodeCondition, PlannedEvent, RepairInEffect,
+        is_disrupted, validating,
     },
     repair::{self, RepairPlan, RepairState},
     validation::{self, ValidationPlan, ValidationState},
     view::NodeView,
 };
 use crate::{
-    markers::{self, ClassTrack, DriftTaint, GpuTrack, Markers},
+    markers::{ClassTrack, DriftTaint, GpuTrack, Markers},
     reasons::Reason,
     verdict::NodeState,
 };
@@ -109,37 +111,75 @@ impl NodePlan {
     }
 }
 
-/// Why wanted actions wait, and what keeps a repair step from starting.
-pub(super) struct Gates {
-    pub(super) blocked: Option<Block>,
-    pub(super) repair: Option<Block>,
-}
-
-/// A node's tracks after this plan: its classes, its GPUs, and its escalation.
-pub(super) struct Tracks {
-    pub(super) classes: BTreeMap<DriftClass, ClassTrack>,
-    pub(super) gpus: BTreeMap<String, GpuTrack>,
+/// One node as the pass works on it: what admission knows of it, its tracks, what the ladder
+/// wants and what gpunode has in effect.
+pub(super) struct Work<'a> {
+    /// The node, as admission knows it.
+    pub(super) node: Candidate<'a>,
+    /// Its classes' tracks after this plan.
+    pub(super) tracks: BTreeMap<DriftClass, ClassTrack>,
+    /// Its GPUs' tracks after this plan (the quarantines in effect are recorded at the end).
+    pub(super) gpu_tracks: BTreeMap<String, GpuTrack>,
+    /// Why the node's own rules act on its GPU faults, if they do.
     pub(super) escalation: Option<Escalation>,
+    /// What the ladder wants in effect (what a due validation holds included), but what waits
+    /// for a person.
+    pub(super) wanted: BTreeSet<Action>,
+    /// What gpunode has in effect now (a drain a person cancelled is not).
+    pub(super) current: BTreeSet<Action>,
+    /// The actions that wait for a person's approval.
+    pub(super) awaiting: BTreeSet<Action>,
+    /// Why they wait, and the command that approves them.
+    pub(super) approval: Option<Block>,
+    /// Since when a person's uncordon holds gpunode's cordon off.
+    pub(super) user_uncordoned: Option<Timestamp>,
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What admission let the node's actions do.
+pub(super) struct Admitted {
+    /// The actions in effect after this plan.
+    pub(super) effective: BTreeSet<Action>,
+    /// The actions wanted but held back.
+    pub(super) pending: Vec<Action>,
+    /// Why they are held back.
+    pub(super) blocked: Option<Block>,
+}
+
+/// A node's plan before it is put together: what its condition, Events and next change are
+/// said from.
+struct Parts<'p> {
+    node: &'p NodeView,
+    blocked: &'p Option<Block>,
+    pending: &'p [Action],
+    taints: &'p BTreeSet<DriftTaint>,
+    cordon: Option<bool>,
+    drain: DrainStep,
+    user_uncordoned: Option<Timestamp>,
+    gpus: &'p GpusAfter<'p>,
+    escalation: Option<&'p Escalation>,
+    repair: &'p RepairPlan,
+    validation: &'p ValidationPlan,
+}
+
+/// The plan of one node of policy `name`: the node as the pass worked on it (`w`), what
+/// admission let its actions do, and its validation.
 pub(super) fn node_plan(
     name: &str,
     policy: &GpuNodePolicySpec,
-    node: &NodeView,
-    tracks: Tracks,
-    user_uncordoned: Option<Timestamp>,
-    since: Option<Timestamp>,
-    effective: BTreeSet<Action>,
-    pending: Vec<Action>,
-    gates: Gates,
+    admission: &Admission,
+    w: Work<'_>,
+    admitted: Admitted,
     validation: ValidationPlan,
     now: Timestamp,
 ) -> NodePlan {
-    let blocked = gates.blocked;
+    let node = w.node.view;
+    let Admitted {
+        effective,
+        pending,
+        blocked,
+    } = admitted;
     let defer_to = node.conflicts.iter().filter(|c| c.as_str() < name).min().cloned();
     let write = defer_to.is_none() && !matches!(blocked, Some(Block::Skip | Block::Paused));
-    let disrupted_after = is_disrupted(&effective);
     let taints: BTreeSet<DriftTaint> = effective
         .iter()
         .filter_map(|a| match a {
@@ -147,189 +187,73 @@ pub(super) fn node_plan(
             _ => None,
         })
         .collect();
-    let want_cordon = effective.contains(&Action::Cordon);
-    let want_drain = effective.contains(&Action::Drain);
-
-    // Cordon: only if nobody else did; uncordon only what gpunode cordoned.
-    let (cordon, cordoned_by_us) = if want_cordon {
-        if node.markers.cordoned_by_us && node.unschedulable {
-            (None, true)
-        } else if node.unschedulable {
-            (None, false) // cordoned by someone else: leave it theirs
-        } else {
-            (Some(true), true)
-        }
-    } else if node.markers.cordoned_by_us && node.unschedulable {
-        (Some(false), false)
-    } else {
-        (None, false)
-    };
-
-    let drain_started = if want_drain {
-        Some(node.markers.drain_started.unwrap_or(now))
-    } else {
-        None
-    };
+    let (cordon, cordoned_by_us) = cordon(node, effective.contains(&Action::Cordon));
+    let drain_started = effective
+        .contains(&Action::Drain)
+        .then(|| node.markers.drain_started.unwrap_or(now));
     let timeout = signed(policy.disruption.drain.timeout);
     // A drain that starts now is not done, whatever an old `drained` marker says.
     let drained_before = node.markers.drain_started.and(node.markers.drained);
     let drain = drain_step(drain_started, drained_before, timeout, now);
-    let before = InEffect {
-        actions: current(node).into_iter().collect(),
-        tainted: !node.taints.is_empty(),
-        cordoned: node.markers.cordoned_by_us && node.unschedulable,
-        drain: drain_step(node.markers.drain_started, node.markers.drained, timeout, now),
-        repair: RepairInEffect::of(&node.markers.repair),
-        validating: validating(node.markers.validation.as_ref()),
-    };
-    let drained = match drain {
-        DrainStep::Done { finished, .. } => Some(finished),
-        _ => None,
-    };
-
-    // Each GPU's track records the quarantine in effect after this plan.
-    let gpu_taints: BTreeMap<&str, &GpuTaint> = effective
-        .iter()
-        .filter_map(|a| match a {
-            Action::TaintDevice(t) => Some((t.gpu.as_str(), t)),
-            _ => None,
-        })
-        .collect();
-    let mut gpu_tracks = tracks.gpus;
-    for (key, track) in &mut gpu_tracks {
-        track.quarantined = gpu_taints.get(key.as_str()).map(|t| t.effect);
-    }
-    gpu_tracks.retain(|_, t| !t.classes.is_empty() || t.quarantined.is_some());
-    let driver = policy.quarantine.dra_driver.as_str();
-    let quarantines: Vec<Quarantine> = gpu_taints
-        .values()
-        .filter_map(|t| {
-            gpus::target(&t.gpu, t.effect, &node.devices, driver)
-                .ok()
-                .map(|target| Quarantine {
-                    taint: (*t).clone(),
-                    target,
-                })
-        })
-        .collect();
-    let quarantined: BTreeSet<u32> = gpu_taints.values().map(|t| t.index).collect();
-    let healthy_gpus = gpus::healthy(node, &quarantined);
-    let escalation = tracks.escalation;
-    let escalated = escalation.as_ref().map(|_| node.markers.escalated.unwrap_or(now));
-
-    let state = node.verdict.state;
+    let mut gpus = gpus::after(policy, node, &effective, w.gpu_tracks);
     let drifting = node.verdict.classes();
     let repair = repair::decide(repair::RepairInput {
         policy: policy.repair.as_ref(),
         node: &node.name,
         track: &node.markers.repair,
         drain: &drain,
-        state,
+        state: node.verdict.state,
         drifting: &drifting,
         last_heard: node.last_heard,
         object: node.repair_object.as_ref(),
-        drifting_gpus: &drifting_gpus(node),
-        approved: &node.approved,
-        quarantined: &quarantines.iter().filter_map(Quarantine::idle_gpu).collect(),
-        gate: gates.repair.as_ref(),
+        drifting_gpus: &repair::drifting_gpus(node),
+        quarantined: &gpus.quarantines.iter().filter_map(Quarantine::idle_gpu).collect(),
+        admission,
+        candidate: &w.node,
         drain_pending: pending.contains(&Action::Drain),
         now,
     });
-
     let markers = Markers {
-        classes: tracks.classes,
+        classes: w.tracks,
         cordoned_by_us,
         drain_started,
-        drained,
-        user_uncordoned,
-        gpus: gpu_tracks,
-        escalated,
+        drained: match drain {
+            DrainStep::Done { finished, .. } => Some(finished),
+            _ => None,
+        },
+        user_uncordoned: w.user_uncordoned,
+        gpus: std::mem::take(&mut gpus.tracks),
+        escalated: w
+            .escalation
+            .as_ref()
+            .map(|_| node.markers.escalated.unwrap_or(now)),
         repair: repair.track.clone(),
         validation: validation.track.clone(),
     };
-
-    let mut condition = condition(node, &drain, &blocked, &pending);
-    validation::condition(&mut condition, &validation.state);
-    repair::condition(&mut condition, &repair.state);
-    // A rung waits for a person: the condition says so, and how to approve it.
-    let approval = match (&blocked, &repair.state) {
-        (Some(Block::Approval { command, .. }), _)
-        | (
-            _,
-            RepairState::Waiting {
-                block: Block::Approval { command, .. },
-                ..
-            },
-        ) => Some(command.clone()),
-        _ => None,
-    };
-    if approval.is_some() && matches!(condition.reason, Reason::Drifted | Reason::Drained) {
-        condition.reason = Reason::AwaitingApproval;
-    }
-    if !gpu_taints.is_empty() {
-        let list: Vec<String> = gpu_taints
-            .values()
-            .map(|t| {
-                format!(
-                    "{} {}{}",
-                    t.subject(),
-                    t.effect.as_str(),
-                    gpus::on_device(&quarantines, t)
-                )
-            })
-            .collect();
-        condition.message = format!("{}; quarantined: {}", condition.message, list.join(", "));
-    }
-    if let Some(e) = &escalation {
-        condition.message = format!("{}; escalated: {}", condition.message, e.describe());
-    }
-    let mut events = events(
+    let parts = Parts {
         node,
-        state,
-        &taints,
+        blocked: &blocked,
+        pending: &pending,
+        taints: &taints,
         cordon,
-        &drain,
-        user_uncordoned,
-        &blocked,
-        &pending,
-    );
-    events.extend(gpus::events(node, &gpu_taints, &quarantines, escalation.as_ref()));
-    events.extend(validation.events.iter().cloned());
-    events.extend(repair.events.iter().cloned());
-    if let Some(command) = approval
-        && condition.reason == Reason::AwaitingApproval
-        && node.current_reason != Some(Reason::AwaitingApproval)
-    {
-        events.push(PlannedEvent {
-            warning: true,
-            reason: Reason::AwaitingApproval,
-            note: format!("a rung of the policy requires a person's approval; to approve it: {command}"),
-        });
-    }
-    let next_change = next_change(policy, &markers, &drain, node.last_heard, now);
-    let next_change = NextChange::earliest(
-        next_change,
-        repair.deadline.filter(|d| *d > now),
-        ChangeCause::RepairTimeout,
-    );
-    let next_change = NextChange::earliest(
-        next_change,
-        validation.deadline.filter(|d| *d > now),
-        ChangeCause::ValidationTimeout,
-    );
-    // What waits for a window is planned again when it opens.
-    let repair_waits = match &repair.state {
-        RepairState::Waiting { block, .. } => Some(block),
-        _ => None,
+        drain,
+        user_uncordoned: w.user_uncordoned,
+        gpus: &gpus,
+        escalation: w.escalation.as_ref(),
+        repair: &repair,
+        validation: &validation,
     };
-    let window_opens = [blocked.as_ref().filter(|_| !pending.is_empty()), repair_waits]
-        .into_iter()
-        .flatten()
-        .find_map(|b| match b {
-            Block::OutsideWindow { opens } if *opens > now => Some(*opens),
-            _ => None,
-        });
-    let next_change = NextChange::earliest(next_change, window_opens, ChangeCause::WindowOpens);
+    let condition = condition(&parts);
+    let events = events(&parts, &condition);
+    let next_change = next_change(policy, &markers, &parts, now);
+    let (quarantines, healthy_gpus) = (gpus.quarantines, gpus.healthy);
+    let state = node.verdict.state;
+    let forget_approval = !node.approved.is_empty()
+        && state == NodeState::Compliant
+        && !is_disrupted(&effective)
+        && drain == DrainStep::None
+        && repair.state == RepairState::Idle
+        && validation.state == ValidationState::Idle;
     NodePlan {
         node: node.name.clone(),
         write,
@@ -345,46 +269,153 @@ pub(super) fn node_plan(
         blocked,
         condition,
         events,
-        since,
-        before,
+        since: w.node.since,
+        before: before(node, timeout, now),
         next_change,
-        forget_approval: !node.approved.is_empty()
-            && state == NodeState::Compliant
-            && !disrupted_after
-            && drain == DrainStep::None
-            && repair.state == RepairState::Idle
-            && validation.state == ValidationState::Idle,
+        forget_approval,
         quarantines,
-        escalation,
+        escalation: w.escalation,
         healthy_gpus,
         repair,
         validation,
     }
 }
 
-/// The node's drifting GPUs by class, those with a UUID (a GpuReset step's targets).
-fn drifting_gpus(node: &NodeView) -> BTreeMap<DriftClass, BTreeSet<markers::ResetGpu>> {
-    let uuids: BTreeMap<u32, &str> = node
-        .gpus
-        .iter()
-        .filter_map(|g| Some((g.index, g.uuid.as_deref()?)))
-        .collect();
-    let mut out: BTreeMap<DriftClass, BTreeSet<markers::ResetGpu>> = BTreeMap::new();
-    for d in &node.verdict.drifts {
-        if let Some(index) = d.gpu
-            && let Some(uuid) = uuids.get(&index)
-        {
-            out.entry(d.class).or_default().insert(markers::ResetGpu {
-                index,
-                uuid: (*uuid).to_string(),
-            });
-        }
+/// Cordon only if nobody else did; uncordon only what gpunode cordoned. What to write
+/// (`Some(true)`: cordon, `Some(false)`: uncordon), and whether gpunode's cordon is on the node
+/// after this plan.
+fn cordon(node: &NodeView, want: bool) -> (Option<bool>, bool) {
+    let ours = node.markers.cordoned_by_us && node.unschedulable;
+    match (want, ours, node.unschedulable) {
+        (true, true, _) => (None, true),
+        // Cordoned by someone else: leave it theirs.
+        (true, false, true) => (None, false),
+        (true, false, false) => (Some(true), true),
+        (false, true, _) => (Some(false), false),
+        (false, false, _) => (None, false),
     }
-    out
 }
 
-/// The drain that began at `started` (if any): done once it found nothing left to evict at
-/// `drained`, stuck once it has run for `timeout`.
+/// What gpunode had in effect on the node before this plan (what stays in effect when the plan
+/// is not written).
+fn before(node: &NodeView, timeout: SignedDuration, now: Timestamp) -> InEffect {
+    InEffect {
+        actions: current(node).into_iter().collect(),
+        tainted: !node.taints.is_empty(),
+        cordoned: node.markers.cordoned_by_us && node.unschedulable,
+        drain: drain_step(node.markers.drain_started, node.markers.drained, timeout, now),
+        repair: RepairInEffect::of(&node.markers.repair),
+        validating: validating(node.markers.validation.as_ref()),
+    }
+}
+
+/// The command that approves what waits for a person on the node (an action of the ladder or
+/// a repair step), if anything does.
+fn approval<'p>(p: &Parts<'p>) -> Option<&'p str> {
+    match (p.blocked, &p.repair.state) {
+        (Some(Block::Approval { command, .. }), _)
+        | (
+            _,
+            RepairState::Waiting {
+                block: Block::Approval { command, .. },
+                ..
+            },
+        ) => Some(command),
+        _ => None,
+    }
+}
+
+/// The node's condition: its verdict and drain, what waits and why, its validation and repair,
+/// a person's approval awaited, its GPUs.
+fn condition(p: &Parts<'_>) -> NodeCondition {
+    let mut condition = verdict_condition(p.node, &p.drain, p.blocked, p.pending);
+    validation::condition(&mut condition, &p.validation.state);
+    repair::condition(&mut condition, &p.repair.state);
+    // A rung waits for a person: the condition says so, and how to approve it.
+    if approval(p).is_some() && matches!(condition.reason, Reason::Drifted | Reason::Drained) {
+        condition.reason = Reason::AwaitingApproval;
+    }
+    gpus::condition(&mut condition, &p.gpus.taints, &p.gpus.quarantines, p.escalation);
+    condition
+}
+
+/// The node's Events: its state, taints, cordon and drain, its GPUs, its validation and repair,
+/// and a person's approval newly awaited.
+fn events(p: &Parts<'_>, condition: &NodeCondition) -> Vec<PlannedEvent> {
+    let node = p.node;
+    let mut events = state_events(node, p.blocked, p.pending);
+    events.extend(taint_events(node, p.taints));
+    events.extend(cordon_event(p.cordon));
+    events.extend(drain_event(node, &p.drain, p.user_uncordoned));
+    events.extend(gpus::events(
+        node,
+        &p.gpus.taints,
+        &p.gpus.quarantines,
+        p.escalation,
+    ));
+    events.extend(p.validation.events.iter().cloned());
+    events.extend(p.repair.events.iter().cloned());
+    if let Some(command) = approval(p)
+        && condition.reason == Reason::AwaitingApproval
+        && node.current_reason != Some(Reason::AwaitingApproval)
+    {
+        events.push(PlannedEvent {
+            warning: true,
+            reason: Reason::AwaitingApproval,
+            note: format!("a rung of the policy requires a person's approval; to approve it: {command}"),
+        });
+    }
+    events
+}
+
+/// When a node's plan next changes with time alone: a rule's `after` passing for one of its
+/// classes, a cleared class reaching `healthyFor`, the drain reaching its timeout, the report
+/// going stale, a repair step or validation timing out, a window opening for what waits for it.
+/// The earliest after `now`. (A fatal XID leaving `gpu.xidWindow` is not among them: that
+/// verdict change waits for the next look, at most [`super::IDLE_REQUEUE`] away.)
+fn next_change(
+    policy: &GpuNodePolicySpec,
+    markers: &Markers,
+    p: &Parts<'_>,
+    now: Timestamp,
+) -> Option<NextChange> {
+    let mut changes = changes(policy, &markers.classes, &markers.gpus);
+    if let DrainStep::Run {
+        started,
+        stuck: false,
+    } = p.drain
+    {
+        changes.extend(at(
+            started,
+            policy.disruption.drain.timeout,
+            ChangeCause::DrainTimeout,
+        ));
+    }
+    // From the heartbeat as it is now: a verdict cache's bound would be from when the verdict
+    // was computed, and a pass would wake for each node's long-renewed heartbeat in turn.
+    if let Some(heard) = p.node.last_heard {
+        changes.extend(at(heard, policy.stale_after, ChangeCause::Stale));
+    }
+    let next = changes.into_iter().filter(|c| c.at > now).min_by_key(|c| c.at);
+    let repair = p.repair.deadline.filter(|d| *d > now);
+    let next = NextChange::earliest(next, repair, ChangeCause::RepairTimeout);
+    let validation = p.validation.deadline.filter(|d| *d > now);
+    let next = NextChange::earliest(next, validation, ChangeCause::ValidationTimeout);
+    // What waits for a window is planned again when it opens.
+    let repair_waits = match &p.repair.state {
+        RepairState::Waiting { block, .. } => Some(block),
+        _ => None,
+    };
+    let window_opens = [p.blocked.as_ref().filter(|_| !p.pending.is_empty()), repair_waits]
+        .into_iter()
+        .flatten()
+        .find_map(|b| match b {
+            Block::OutsideWindow { opens } if *opens > now => Some(*opens),
+            _ => None,
+        });
+    NextChange::earliest(next, window_opens, ChangeCause::WindowOpens)
+}
+
 fn drain_step(
     started: Option<Timestamp>,
     drained: Option<Timestamp>,
@@ -401,42 +432,8 @@ fn drain_step(
     }
 }
 
-/// When a node's plan next changes with time alone: a rule's `after` passing for one of its
-/// classes, a cleared class reaching `healthyFor`, the drain reaching its timeout, the report
-/// going stale. The earliest after `now`. (A fatal XID leaving `gpu.xidWindow` is not among
-/// them: that verdict change waits for the next look, at most [`super::IDLE_REQUEUE`] away.)
-fn next_change(
-    policy: &GpuNodePolicySpec,
-    markers: &Markers,
-    drain: &DrainStep,
-    last_heard: Option<Timestamp>,
-    now: Timestamp,
-) -> Option<NextChange> {
-    let mut changes = changes(policy, &markers.classes, &markers.gpus);
-    if let DrainStep::Run {
-        started,
-        stuck: false,
-    } = drain
-    {
-        changes.extend(super::hysteresis::at(
-            *started,
-            policy.disruption.drain.timeout,
-            ChangeCause::DrainTimeout,
-        ));
-    }
-    // From the heartbeat as it is now: a verdict cache's bound would be from when the verdict
-    // was computed, and a pass would wake for each node's long-renewed heartbeat in turn.
-    if let Some(heard) = last_heard {
-        changes.extend(super::hysteresis::at(
-            heard,
-            policy.stale_after,
-            ChangeCause::Stale,
-        ));
-    }
-    changes.into_iter().filter(|c| c.at > now).min_by_key(|c| c.at)
-}
-
-fn condition(
+/// The condition from the verdict and the drain, with what waits and why.
+fn verdict_condition(
     node: &NodeView,
     drain: &DrainStep,
     blocked: &Option<Block>,
@@ -481,18 +478,11 @@ fn condition(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn events(
-    node: &NodeView,
-    state: NodeState,
-    taints: &BTreeSet<DriftTaint>,
-    cordon: Option<bool>,
-    drain: &DrainStep,
-    user_uncordoned: Option<Timestamp>,
-    blocked: &Option<Block>,
-    pending: &[Action],
-) -> Vec<PlannedEvent> {
+/// An Event when the node's state changes (its first verdict being Compliant is not news), and
+/// one when something new waits for a gate other than skip, pause or dry run.
+fn state_events(node: &NodeView, blocked: &Option<Block>, pending: &[Action]) -> Vec<PlannedEvent> {
     let mut out = Vec::new();
+    let state = node.verdict.state;
     // A node's first verdict being Compliant is not news: an Event per node there made a third
     // of all writes when a policy is first applied (the scale benchmark).
     let first_and_fine = node.current_state.is_none() && state == NodeState::Compliant;
@@ -518,47 +508,66 @@ fn events(
             });
         }
     }
-    for t in taints.difference(&node.taints) {
-        out.push(PlannedEvent {
-            warning: true,
-            reason: Reason::Tainted,
-            note: format!("added taint {}", t.display()),
-        });
-    }
-    for t in node.taints.difference(taints) {
-        out.push(PlannedEvent {
-            warning: false,
-            reason: Reason::TaintRemoved,
-            note: format!("removed taint {}", t.display()),
-        });
-    }
+    out
+}
+
+/// Events for gpunode's taints added and removed.
+fn taint_events(node: &NodeView, taints: &BTreeSet<DriftTaint>) -> Vec<PlannedEvent> {
+    let added = taints.difference(&node.taints).map(|t| PlannedEvent {
+        warning: true,
+        reason: Reason::Tainted,
+        note: format!("added taint {}", t.display()),
+    });
+    let removed = node.taints.difference(taints).map(|t| PlannedEvent {
+        warning: false,
+        reason: Reason::TaintRemoved,
+        note: format!("removed taint {}", t.display()),
+    });
+    added.chain(removed).collect()
+}
+
+/// The Event for a cordon written or lifted.
+fn cordon_event(cordon: Option<bool>) -> Option<PlannedEvent> {
     match cordon {
-        Some(true) => out.push(PlannedEvent {
+        Some(true) => Some(PlannedEvent {
             warning: true,
             reason: Reason::Cordoned,
             note: "marked unschedulable by gpunode".to_string(),
         }),
-        Some(false) => out.push(PlannedEvent {
+        Some(false) => Some(PlannedEvent {
             warning: false,
             reason: Reason::Uncordoned,
             note: "gpunode's cordon lifted after recovery".to_string(),
         }),
-        None => {}
+        None => None,
     }
+}
+
+/// The Event for a drain that starts, gets stuck, is done, is cancelled by a person or ends.
+fn drain_event(
+    node: &NodeView,
+    drain: &DrainStep,
+    user_uncordoned: Option<Timestamp>,
+) -> Option<PlannedEvent> {
+    let event = |warning, reason, note: &str| {
+        Some(PlannedEvent {
+            warning,
+            reason,
+            note: note.to_string(),
+        })
+    };
     match (node.markers.drain_started, drain) {
-        (None, DrainStep::Run { .. }) => out.push(PlannedEvent {
-            warning: true,
-            reason: Reason::DrainStarted,
-            note: "evicting pods through the Eviction API".to_string(),
-        }),
-        (Some(_), DrainStep::Run { stuck: true, .. })
-            if node.current_reason != Some(Reason::DrainStuck) =>
-        {
-            out.push(PlannedEvent {
-                warning: true,
-                reason: Reason::DrainStuck,
-                note: "drain has run past its timeout; still retrying, never forcing".to_string(),
-            })
+        (None, DrainStep::Run { .. }) => event(
+            true,
+            Reason::DrainStarted,
+            "evicting pods through the Eviction API",
+        ),
+        (Some(_), DrainStep::Run { stuck: true, .. }) if node.current_reason != Some(Reason::DrainStuck) => {
+            event(
+                true,
+                Reason::DrainStuck,
+                "drain has run past its timeout; still retrying, never forcing",
+            )
         }
         // Once: the condition says Drained from then on, or what the repair after it says.
         (Some(_), DrainStep::Done { .. })
@@ -574,27 +583,20 @@ fn events(
                 )
             ) =>
         {
-            out.push(PlannedEvent {
-                warning: false,
-                reason: Reason::Drained,
-                note: "every pod the drain may evict has been evicted; the node stays cordoned until it recovers"
-                    .to_string(),
-            })
+            event(
+                false,
+                Reason::Drained,
+                "every pod the drain may evict has been evicted; the node stays cordoned until it recovers",
+            )
         }
         (Some(_), DrainStep::None) if user_uncordoned.is_some() && node.markers.user_uncordoned.is_none() => {
-            out.push(PlannedEvent {
-                warning: true,
-                reason: Reason::DrainCancelled,
-                note: "node uncordoned by a user; gpunode will not cordon it again until it recovers"
-                    .to_string(),
-            })
+            event(
+                true,
+                Reason::DrainCancelled,
+                "node uncordoned by a user; gpunode will not cordon it again until it recovers",
+            )
         }
-        (Some(_), DrainStep::None) => out.push(PlannedEvent {
-            warning: false,
-            reason: Reason::DrainEnded,
-            note: "drain no longer needed".to_string(),
-        }),
-        _ => {}
+        (Some(_), DrainStep::None) => event(false, Reason::DrainEnded, "drain no longer needed"),
+        _ => None,
     }
-    out
 }

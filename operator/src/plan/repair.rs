@@ -7,9 +7,9 @@
 //! - A node that is not drained but has GPUs under a NoExecute quarantine that no pod holds
 //!   any more gets a GPU-scoped repair: only GpuReset steps, only of those GPUs; it ends when
 //!   the quarantines do.
-//! - One step at a time. A step starts only when nothing gates disruption on the node (pause,
-//!   dry run, skip, a conflict, the circuit breaker) and the node has attempts left in the
-//!   window; it is recorded on the node before its object is created, and its object is created
+//! - One step at a time. A step starts only when admission lets it (`Step::Repair`: pause,
+//!   dry run, skip, a conflict, the circuit breaker, the windows, then a person's approval of a
+//!   step with `requireApproval`) and the node has attempts left in the window; it is recorded on the node before its object is created, and its object is created
 //!   once (by name), so a new leader resumes it and never runs it twice.
 //! - A step ends when its object reports its completion condition (True: succeeded, False:
 //!   failed), is deleted by its remediator (succeeded), cannot be made (failed), or at its
@@ -20,8 +20,9 @@
 //!   is compliant again, even while it is still drained) or a person removes the
 //!   `gpunode.dev/repair` annotation.
 //!
-//! A feature planner: it may import the layers below it (view, output, hysteresis, admission),
-//! never the pass or another feature planner.
+//! A feature planner: it holds no gate of its own, it asks [`super::admission`]. It may import
+//! the layers below it (view, output, hysteresis, admission), never the node plan, the pass or
+//! another feature planner.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -34,10 +35,10 @@ use jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 
 use super::{
-    admission::{Block, approve_command},
+    admission::{Admission, Block, Candidate, Step},
     hysteresis::signed,
     output::{DrainStep, NodeCondition, PlannedEvent},
-    view::StepObject,
+    view::{NodeView, StepObject},
 };
 use crate::{
     markers::{
@@ -212,15 +213,49 @@ pub struct RepairInput<'a> {
     /// The node's GPUs under a NoExecute quarantine that no pod holds any more: on a node that
     /// is not drained, the GpuReset steps repair these.
     pub quarantined: &'a BTreeSet<ResetGpu>,
-    /// The rungs a person approved on the node (step names among them).
-    pub approved: &'a BTreeSet<String>,
-    /// What blocks disruption on the node, if anything.
-    pub gate: Option<&'a Block>,
+    /// Whether a step may start on the node now (what holds disruption on it, a person's
+    /// approval of the step).
+    pub admission: &'a Admission,
+    /// The node, as admission knows it.
+    pub candidate: &'a Candidate<'a>,
     /// The drain is wanted but held back (dry run, pause, ...): the step that would follow it
     /// is listed as waiting too.
     pub drain_pending: bool,
     /// Now.
     pub now: Timestamp,
+}
+
+impl RepairInput<'_> {
+    /// What holds `step` back on the node now, if anything (`approval`: ask for a person's
+    /// approval of it too, when it requires one).
+    fn may_start(&self, step: &RepairStep, approval: bool) -> Option<Block> {
+        let step = Step::Repair {
+            step: &step.name,
+            approval,
+        };
+        self.admission.may(self.candidate, step)
+    }
+}
+
+/// The node's drifting GPUs by class, those with a UUID (a GpuReset step's targets).
+pub fn drifting_gpus(node: &NodeView) -> BTreeMap<DriftClass, BTreeSet<ResetGpu>> {
+    let uuids: BTreeMap<u32, &str> = node
+        .gpus
+        .iter()
+        .filter_map(|g| Some((g.index, g.uuid.as_deref()?)))
+        .collect();
+    let mut out: BTreeMap<DriftClass, BTreeSet<ResetGpu>> = BTreeMap::new();
+    for d in &node.verdict.drifts {
+        if let Some(index) = d.gpu
+            && let Some(uuid) = uuids.get(&index)
+        {
+            out.entry(d.class).or_default().insert(ResetGpu {
+                index,
+                uuid: (*uuid).to_string(),
+            });
+        }
+    }
+    out
 }
 
 /// The object a step creates on `node`.
@@ -383,12 +418,12 @@ pub fn decide(input: RepairInput<'_>) -> RepairPlan {
             // A dry run (or a pause, a conflict) lists the step that would follow the drain.
             if input.drain_pending
                 && input.state == NodeState::Drifted
-                && let Some(block) = input.gate
                 && let Some(step) = first_for(policy, 0, &input)
+                && let Some(block) = input.may_start(step, false)
             {
                 plan.state = RepairState::Waiting {
                     step: step.name.clone(),
-                    block: block.clone(),
+                    block,
                 };
             }
             return plan;
@@ -599,21 +634,10 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         stop(&mut plan, why);
         return plan;
     };
-    if let Some(block) = input.gate {
+    if let Some(block) = input.may_start(step, step.require_approval) {
         plan.state = RepairState::Waiting {
             step: step.name.clone(),
-            block: block.clone(),
-        };
-        return plan;
-    }
-    if step.require_approval && !input.approved.contains(&step.name) {
-        let rungs = vec![step.name.clone()];
-        plan.state = RepairState::Waiting {
-            step: step.name.clone(),
-            block: Block::Approval {
-                command: approve_command(input.node, input.approved, &rungs),
-                rungs,
-            },
+            block,
         };
         return plan;
     }
