@@ -173,51 +173,21 @@ pub(super) fn node_plan(
     now: Timestamp,
 ) -> NodePlan {
     let node = w.node.view;
+    let timeout = signed(policy.disruption.drain.timeout);
+    let level = node_level(node, &admitted, timeout, now);
     let Admitted {
         effective,
         pending,
         blocked,
     } = admitted;
-    let defer_to = node.conflicts.iter().filter(|c| c.as_str() < name).min().cloned();
-    let write = defer_to.is_none() && !matches!(blocked, Some(Block::Skip | Block::Paused));
-    let taints: BTreeSet<DriftTaint> = effective
-        .iter()
-        .filter_map(|a| match a {
-            Action::Taint(t) => Some(t.clone()),
-            _ => None,
-        })
-        .collect();
-    let (cordon, cordoned_by_us) = cordon(node, effective.contains(&Action::Cordon));
-    let drain_started = effective
-        .contains(&Action::Drain)
-        .then(|| node.markers.drain_started.unwrap_or(now));
-    let timeout = signed(policy.disruption.drain.timeout);
-    // A drain that starts now is not done, whatever an old `drained` marker says.
-    let drained_before = node.markers.drain_started.and(node.markers.drained);
-    let drain = drain_step(drain_started, drained_before, timeout, now);
     let mut gpus = gpus::after(policy, node, &effective, w.gpu_tracks);
     let drifting = node.verdict.classes();
-    let repair = repair::decide(repair::RepairInput {
-        policy: policy.repair.as_ref(),
-        node: &node.name,
-        track: &node.markers.repair,
-        drain: &drain,
-        state: node.verdict.state,
-        drifting: &drifting,
-        last_heard: node.last_heard,
-        object: node.repair_object.as_ref(),
-        drifting_gpus: &repair::drifting_gpus(node),
-        quarantined: &gpus.quarantines.iter().filter_map(Quarantine::idle_gpu).collect(),
-        admission,
-        candidate: &w.node,
-        drain_pending: pending.contains(&Action::Drain),
-        now,
-    });
+    let repair = repair_of(policy, admission, &w.node, &level, &gpus, &drifting, now);
     let markers = Markers {
         classes: w.tracks,
-        cordoned_by_us,
-        drain_started,
-        drained: match drain {
+        cordoned_by_us: level.cordoned_by_us,
+        drain_started: level.drain_started,
+        drained: match level.drain {
             DrainStep::Done { finished, .. } => Some(finished),
             _ => None,
         },
@@ -234,9 +204,9 @@ pub(super) fn node_plan(
         node,
         blocked: &blocked,
         pending: &pending,
-        taints: &taints,
-        cordon,
-        drain,
+        taints: &level.taints,
+        cordon: level.cordon,
+        drain: level.drain,
         user_uncordoned: w.user_uncordoned,
         gpus: &gpus,
         escalation: w.escalation.as_ref(),
@@ -246,24 +216,19 @@ pub(super) fn node_plan(
     let condition = condition(&parts);
     let events = events(&parts, &condition);
     let next_change = next_change(policy, &markers, &parts, now);
+    let forget_approval = forget_approval(&parts, &effective);
+    let defer_to = node.conflicts.iter().filter(|c| c.as_str() < name).min().cloned();
     let (quarantines, healthy_gpus) = (gpus.quarantines, gpus.healthy);
-    let state = node.verdict.state;
-    let forget_approval = !node.approved.is_empty()
-        && state == NodeState::Compliant
-        && !is_disrupted(&effective)
-        && drain == DrainStep::None
-        && repair.state == RepairState::Idle
-        && validation.state == ValidationState::Idle;
     NodePlan {
         node: node.name.clone(),
-        write,
+        write: defer_to.is_none() && !matches!(blocked, Some(Block::Skip | Block::Paused)),
         defer_to,
-        state,
+        state: node.verdict.state,
         drifting,
         markers,
-        taints,
-        cordon,
-        drain,
+        taints: level.taints,
+        cordon: level.cordon,
+        drain: level.drain,
         actions: effective.into_iter().collect(),
         pending,
         blocked,
@@ -279,6 +244,85 @@ pub(super) fn node_plan(
         repair,
         validation,
     }
+}
+
+/// What the node's own actions come to after this plan: gpunode's taints, cordon and drain.
+struct NodeLevel {
+    taints: BTreeSet<DriftTaint>,
+    /// What to write to `spec.unschedulable`, if anything.
+    cordon: Option<bool>,
+    /// gpunode's cordon is on the node after this plan.
+    cordoned_by_us: bool,
+    drain_started: Option<Timestamp>,
+    drain: DrainStep,
+    /// The drain is wanted but held back.
+    drain_pending: bool,
+}
+
+/// The node's taints, cordon and drain once `admitted` is in effect.
+fn node_level(node: &NodeView, admitted: &Admitted, timeout: SignedDuration, now: Timestamp) -> NodeLevel {
+    let effective = &admitted.effective;
+    let taints: BTreeSet<DriftTaint> = effective
+        .iter()
+        .filter_map(|a| match a {
+            Action::Taint(t) => Some(t.clone()),
+            _ => None,
+        })
+        .collect();
+    let (cordon, cordoned_by_us) = cordon(node, effective.contains(&Action::Cordon));
+    let drain_started = effective
+        .contains(&Action::Drain)
+        .then(|| node.markers.drain_started.unwrap_or(now));
+    // A drain that starts now is not done, whatever an old `drained` marker says.
+    let drained_before = node.markers.drain_started.and(node.markers.drained);
+    NodeLevel {
+        taints,
+        cordon,
+        cordoned_by_us,
+        drain_started,
+        drain: drain_step(drain_started, drained_before, timeout, now),
+        drain_pending: admitted.pending.contains(&Action::Drain),
+    }
+}
+
+/// The node's repair, once its drain and its GPUs' quarantines are known.
+fn repair_of(
+    policy: &GpuNodePolicySpec,
+    admission: &Admission,
+    candidate: &Candidate<'_>,
+    level: &NodeLevel,
+    gpus: &GpusAfter<'_>,
+    drifting: &BTreeSet<DriftClass>,
+    now: Timestamp,
+) -> RepairPlan {
+    let node = candidate.view;
+    repair::decide(repair::RepairInput {
+        policy: policy.repair.as_ref(),
+        node: &node.name,
+        track: &node.markers.repair,
+        drain: &level.drain,
+        state: node.verdict.state,
+        drifting,
+        last_heard: node.last_heard,
+        object: node.repair_object.as_ref(),
+        drifting_gpus: &repair::drifting_gpus(node),
+        quarantined: &gpus.quarantines.iter().filter_map(Quarantine::idle_gpu).collect(),
+        admission,
+        candidate,
+        drain_pending: level.drain_pending,
+        now,
+    })
+}
+
+/// The node recovered with nothing of gpunode's in effect: a person's approvals on it were for
+/// this incident and are removed, so the next drift asks again.
+fn forget_approval(p: &Parts<'_>, effective: &BTreeSet<Action>) -> bool {
+    !p.node.approved.is_empty()
+        && p.node.verdict.state == NodeState::Compliant
+        && !is_disrupted(effective)
+        && p.drain == DrainStep::None
+        && p.repair.state == RepairState::Idle
+        && p.validation.state == ValidationState::Idle
 }
 
 /// Cordon only if nobody else did; uncordon only what gpunode cordoned. What to write

@@ -549,45 +549,8 @@ fn first_for<'p>(policy: &'p RepairPolicy, from: usize, input: &RepairInput<'_>)
 /// After the last step (or before the first): wait for the report, start the next step, or
 /// stop.
 fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) -> RepairPlan {
-    let now = input.now;
-    if let Some(h) = &plan.track.needs_human {
-        // The node recovered while still drained (it waits out `healthyFor`, or its
-        // validation): the drift that stopped the repair is gone, and so is the stop. A drift
-        // that follows (a failed validation) climbs the ladder from where it was.
-        if input.state != NodeState::Compliant {
-            plan.state = RepairState::NeedsHuman(h.why.clone());
-            return plan;
-        }
-        plan.track.needs_human = None;
-    }
-    if let Some(step) = plan.track.step.as_mut()
-        && let Some(end) = step.ended.as_mut()
-        && end.outcome == StepOutcome::Succeeded
-        && input.last_heard.is_none_or(|r| r < end.at)
-    {
-        let timeout = policy
-            .step(&step.name)
-            .map_or(SignedDuration::ZERO, |(_, s)| signed(s.timeout));
-        let deadline = add(step.started, timeout);
-        if now < deadline {
-            plan.state = RepairState::AwaitingReport {
-                step: step.name.clone(),
-            };
-            plan.deadline = Some(deadline);
-            return plan;
-        }
-        // No report since it finished: not shown to have repaired anything.
-        end.outcome = StepOutcome::TimedOut;
-        let ran = now.duration_since(step.started);
-        plan.events.push(ended_event(
-            &step.name,
-            StepOutcome::TimedOut,
-            ran,
-            &format!(
-                "the probe sent no report within its timeout of {} after it finished",
-                human(timeout)
-            ),
-        ));
+    if still_stopped(&mut plan, input) || awaiting_report(&mut plan, policy, input) {
+        return plan;
     }
     // Nothing (left) to repair: in a GPU-scoped repair, the quarantined GPUs no longer drift.
     if input.state != NodeState::Drifted || input.drifting.is_empty() {
@@ -599,28 +562,7 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         .as_ref()
         .and_then(|s| policy.step(&s.name))
         .map_or(0, |(i, _)| i + 1);
-    let candidate = first_for(policy, from, input);
-    let stays = if gpu_scoped(input) {
-        "its quarantined GPUs stay quarantined"
-    } else {
-        "the node stays cordoned"
-    };
-    let stop = |plan: &mut RepairPlan, why: String| {
-        plan.events.push(PlannedEvent {
-            warning: true,
-            reason: Reason::NeedsHuman,
-            note: format!(
-                "{why}; {stays}. To start its repair again: kubectl annotate node {} {REPAIR_ANNOTATION}-",
-                input.node
-            ),
-        });
-        plan.track.needs_human = Some(NeedsHuman {
-            at: now,
-            why: why.clone(),
-        });
-        plan.state = RepairState::NeedsHuman(why);
-    };
-    let Some(step) = candidate else {
+    let Some(step) = first_for(policy, from, input) else {
         if gpu_scoped(input) && from == 0 {
             // No GpuReset step for these quarantines: they stay, as without a repair.
             return plan;
@@ -631,7 +573,7 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         } else {
             format!("every repair step for {} was tried", classes.join(", "))
         };
-        stop(&mut plan, why);
+        stop(&mut plan, input, why);
         return plan;
     };
     if let Some(block) = input.may_start(step, step.require_approval) {
@@ -643,17 +585,101 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
     }
     let used = u32::try_from(plan.track.attempts.len()).unwrap_or(u32::MAX);
     if used >= policy.max_attempts {
-        stop(
-            &mut plan,
-            format!(
-                "the node used its {} repair attempts within {}",
-                policy.max_attempts,
-                human(signed(policy.window))
-            ),
+        let why = format!(
+            "the node used its {} repair attempts within {}",
+            policy.max_attempts,
+            human(signed(policy.window))
         );
+        stop(&mut plan, input, why);
         return plan;
     }
-    // Start it: recorded on the node before its objects are made.
+    start(plan, policy, input, step, used)
+}
+
+/// A repair that stopped stays stopped while the node is not compliant (true then). The node
+/// recovered while still drained (it waits out `healthyFor`, or its validation): the drift that
+/// stopped the repair is gone, and so is the stop; a drift that follows (a failed validation)
+/// climbs the ladder from where it was.
+fn still_stopped(plan: &mut RepairPlan, input: &RepairInput<'_>) -> bool {
+    let Some(h) = &plan.track.needs_human else {
+        return false;
+    };
+    if input.state != NodeState::Compliant {
+        plan.state = RepairState::NeedsHuman(h.why.clone());
+        return true;
+    }
+    plan.track.needs_human = None;
+    false
+}
+
+/// A step that succeeded waits for the probe's next report within its timeout (true while it
+/// does); with no report by then it counts as timed out.
+fn awaiting_report(plan: &mut RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) -> bool {
+    let now = input.now;
+    let Some(step) = plan.track.step.as_mut() else {
+        return false;
+    };
+    let Some(end) = step.ended.as_mut() else {
+        return false;
+    };
+    if end.outcome != StepOutcome::Succeeded || input.last_heard.is_some_and(|r| r >= end.at) {
+        return false;
+    }
+    let timeout = policy
+        .step(&step.name)
+        .map_or(SignedDuration::ZERO, |(_, s)| signed(s.timeout));
+    let deadline = add(step.started, timeout);
+    if now < deadline {
+        plan.state = RepairState::AwaitingReport {
+            step: step.name.clone(),
+        };
+        plan.deadline = Some(deadline);
+        return true;
+    }
+    // No report since it finished: not shown to have repaired anything.
+    end.outcome = StepOutcome::TimedOut;
+    let ran = now.duration_since(step.started);
+    let why = format!(
+        "the probe sent no report within its timeout of {} after it finished",
+        human(timeout)
+    );
+    plan.events
+        .push(ended_event(&step.name, StepOutcome::TimedOut, ran, &why));
+    false
+}
+
+/// The repair stops for `why` and waits for a person.
+fn stop(plan: &mut RepairPlan, input: &RepairInput<'_>, why: String) {
+    let stays = if gpu_scoped(input) {
+        "its quarantined GPUs stay quarantined"
+    } else {
+        "the node stays cordoned"
+    };
+    plan.events.push(PlannedEvent {
+        warning: true,
+        reason: Reason::NeedsHuman,
+        note: format!(
+            "{why}; {stays}. To start its repair again: kubectl annotate node {} {REPAIR_ANNOTATION}-",
+            input.node
+        ),
+    });
+    plan.track.needs_human = Some(NeedsHuman {
+        at: input.now,
+        why: why.clone(),
+    });
+    plan.state = RepairState::NeedsHuman(why);
+}
+
+/// Starts `step`, the node's attempt `used + 1`: recorded on the node before its objects are
+/// made.
+fn start(
+    mut plan: RepairPlan,
+    policy: &RepairPolicy,
+    input: &RepairInput<'_>,
+    step: &RepairStep,
+    used: u32,
+) -> RepairPlan {
+    let now = input.now;
     let run = StepRun {
         name: step.name.clone(),
         started: now,
