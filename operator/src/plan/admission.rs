@@ -391,3 +391,164 @@ pub fn approve_command(node: &str, approved: &BTreeSet<String>, rungs: &[String]
         all.into_iter().collect::<Vec<_>>().join(",")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use gpunode_crds::policy::TaintEffect;
+    use serde_json::json;
+
+    use super::*;
+    use crate::{markers::DriftTaint, verdict::Verdict};
+
+    fn now() -> Timestamp {
+        "2026-12-02T12:00:00Z".parse().unwrap()
+    }
+
+    fn policy(spec: serde_json::Value) -> GpuNodePolicySpec {
+        serde_json::from_value(spec).unwrap()
+    }
+
+    fn view(name: &str) -> NodeView {
+        NodeView::new(name, Verdict::new(Vec::new(), Vec::new()))
+    }
+
+    fn taint(effect: TaintEffect) -> Action {
+        Action::Taint(DriftTaint {
+            effect,
+            value: "thermal".to_string(),
+        })
+    }
+
+    #[test]
+    fn skip_pause_and_dry_run_hold_every_step_but_a_rung_awaiting_approval() {
+        let mut skipped = view("a");
+        skipped.skip = true;
+        let node = Candidate::new(&skipped);
+        let admission = Admission::new(&policy(json!({})), 1, now());
+        let rungs = ["Drain".to_string()];
+        for step in [
+            Step::Undo,
+            Step::Action(&taint(TaintEffect::PreferNoSchedule)),
+            Step::Action(&Action::Drain),
+            Step::Repair {
+                step: "reboot",
+                approval: true,
+            },
+            Step::Validation,
+            Step::PeriodicValidation,
+        ] {
+            assert_eq!(admission.may(&node, step), Some(Block::Skip), "{step:?}");
+        }
+        assert!(matches!(
+            admission.may(&node, Step::Rungs(&rungs)),
+            Some(Block::Approval { .. })
+        ));
+
+        let paused = Admission::new(&policy(json!({"paused": true, "dryRun": true})), 1, now());
+        let free = view("b");
+        assert_eq!(
+            paused.may(&Candidate::new(&free), Step::Undo),
+            Some(Block::Paused)
+        );
+    }
+
+    #[test]
+    fn a_full_budget_holds_disruption_of_a_node_without_a_slot_only() {
+        let spec = policy(json!({"disruption": {"maxUnavailable": 1}}));
+        let mut admission = Admission::new(&spec, 2, now());
+        let (a, b) = (view("a"), view("b"));
+        let mut first = Candidate::new(&a);
+        let second = Candidate::new(&b);
+        let drain = Step::Action(&Action::Drain);
+        assert_eq!(admission.may(&first, drain), None);
+        admission.started(&mut first, drain);
+        assert_eq!(admission.budget_in_use(), 1);
+        assert_eq!(admission.may(&second, drain), Some(Block::Budget));
+        assert_eq!(
+            admission.may(&first, Step::Action(&Action::Cordon)),
+            None,
+            "holds its slot"
+        );
+        let hint = Step::Action(&taint(TaintEffect::PreferNoSchedule));
+        assert_eq!(admission.may(&second, hint), None, "a hint takes no capacity");
+        let repair = Step::Repair {
+            step: "reboot",
+            approval: false,
+        };
+        assert_eq!(
+            admission.may(&second, repair),
+            None,
+            "a drained node holds its slot"
+        );
+    }
+
+    #[test]
+    fn a_repair_step_waits_for_the_window_before_its_approval_and_on_an_urgent_node_for_its_approval_only() {
+        let spec = policy(json!({"maintenance": {
+            "windows": [{"days": ["Sat"], "start": "22:00", "end": "23:00", "timeZone": "UTC"}],
+            "urgentClasses": ["Xid"],
+        }}));
+        let admission = Admission::new(&spec, 1, now());
+        let v = view("a");
+        let mut node = Candidate::new(&v);
+        let repair = Step::Repair {
+            step: "replace",
+            approval: true,
+        };
+        let opens: Timestamp = "2026-12-05T22:00:00Z".parse().unwrap();
+        assert_eq!(admission.may(&node, repair), Some(Block::OutsideWindow { opens }));
+        assert_eq!(
+            admission.may(&node, Step::Validation),
+            Some(Block::Validations(0))
+        );
+        node.urgent = true;
+        let Some(Block::Approval { rungs, command }) = admission.may(&node, repair) else {
+            panic!("an urgent node's step still waits for its approval");
+        };
+        assert_eq!(rungs, vec!["replace".to_string()]);
+        assert!(command.ends_with("gpunode.dev/approve=replace"), "{command}");
+    }
+
+    #[test]
+    fn validations_count_against_max_concurrent_and_periodic_ones_against_max_per_hour() {
+        let spec = policy(json!({
+            "disruption": {"maxUnavailable": 5},
+            "validation": {"namespace": "v", "maxConcurrent": 2, "template": {},
+                           "periodic": {"every": "1h", "maxPerHour": 1}},
+        }));
+        let mut admission = Admission::new(&spec, 3, now());
+        let (a, b, c) = (view("a"), view("b"), view("c"));
+        let (mut a, mut b, c) = (Candidate::new(&a), Candidate::new(&b), Candidate::new(&c));
+        assert_eq!(admission.may(&a, Step::PeriodicValidation), None);
+        admission.started(&mut a, Step::PeriodicValidation);
+        assert_eq!(
+            admission.may(&b, Step::PeriodicValidation),
+            Some(Block::ValidationsThisHour(1))
+        );
+        assert_eq!(admission.may(&b, Step::Validation), None);
+        admission.started(&mut b, Step::Validation);
+        assert_eq!(admission.may(&c, Step::Validation), Some(Block::Validations(2)));
+        assert_eq!(admission.budget_in_use(), 2, "each validating node holds a slot");
+    }
+
+    #[test]
+    fn the_breaker_opens_past_its_percentage_and_never_for_one_node() {
+        let spec = policy(json!({"disruption": {"circuitBreaker": {"maxDriftedPercent": 10}}}));
+        let views: Vec<NodeView> = (0..3).map(|i| view(&format!("n{i}"))).collect();
+        let drifting = |v| Candidate {
+            since: Some(now()),
+            ..Candidate::new(v)
+        };
+        let mut one = Admission::new(&spec, 3, now());
+        one.count(&drifting(&views[0]));
+        assert!(!one.circuit_open(), "one drifting node is a node fault");
+        let mut two = one.clone();
+        two.count(&drifting(&views[1]));
+        assert!(two.circuit_open());
+        let drain = Step::Action(&Action::Drain);
+        assert_eq!(
+            two.may(&Candidate::new(&views[2]), drain),
+            Some(Block::CircuitOpen)
+        );
+    }
+}
