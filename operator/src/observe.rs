@@ -4,7 +4,8 @@
 //! watch delivers them ([`own_writes`]); a probe counts as heard from at its report or its Lease,
 //! whichever is later ([`heartbeats`]); and one parsed [`index`] of every policy's selectors says
 //! which policies select which node. A reconcile takes a [`Snapshot`] of one policy's nodes from
-//! the [`Caches`] and turns it into the planner's [`NodeView`]s.
+//! the [`Caches`] and turns it into the planner's [`NodeView`]s (a Node's part of one is read
+//! by `NodeView::observe`, here: the planner's view layer only holds the type).
 
 pub mod backoff;
 pub mod compact;
@@ -470,21 +471,7 @@ impl Watches {
         // The cache keeps each report compacted; the stream goes on with the whole object, for
         // the trigger that evaluates it as it arrives.
         .inspect_ok(move |e| report_writer.apply_watcher_event(&compact::event(e)));
-        // Heartbeats change no decision by themselves (a probe that comes back after a gap
-        // writes its whole report), so this watch only feeds the cache.
-        let (leases, lease_writer) = reflector::store::<Lease>();
-        let lease_stream = backoff::watcher(
-            Api::<Lease>::namespaced(client.clone(), heartbeat_namespace),
-            listing.clone().labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
-            "lease",
-        )
-        .modify(heartbeats::trim)
-        .reflect(lease_writer);
-        let lease_task = tokio::spawn(lease_stream.for_each(|event| async move {
-            if let Err(e) = event {
-                warn!(error = %e, "heartbeat Lease watch");
-            }
-        }));
+        let (leases, lease_task) = lease_watch(client, heartbeat_namespace, &listing);
         let heartbeats = Heartbeats::new(leases.clone(), heartbeat_namespace);
         let selectors = IndexCache::new(policies.clone());
         let (dra, device_changes) = match devices::discover(client).await {
@@ -573,6 +560,30 @@ async fn all_synced(
         && nodes.wait_until_ready().await.is_ok()
         && reports.wait_until_ready().await.is_ok()
         && leases.wait_until_ready().await.is_ok()
+}
+
+/// The watch of the probes' heartbeat Leases in `namespace`, feeding its cache in the
+/// background. Heartbeats change no decision by themselves (a probe that comes back after a gap
+/// writes its whole report), so this watch only feeds the cache.
+fn lease_watch(
+    client: &Client,
+    namespace: &str,
+    listing: &watcher::Config,
+) -> (Store<Lease>, tokio::task::JoinHandle<()>) {
+    let (leases, lease_writer) = reflector::store::<Lease>();
+    let lease_stream = backoff::watcher(
+        Api::<Lease>::namespaced(client.clone(), namespace),
+        listing.clone().labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
+        "lease",
+    )
+    .modify(heartbeats::trim)
+    .reflect(lease_writer);
+    let lease_task = tokio::spawn(lease_stream.for_each(|event| async move {
+        if let Err(e) = event {
+            warn!(error = %e, "heartbeat Lease watch");
+        }
+    }));
+    (leases, lease_task)
 }
 
 /// The ResourceSlice and DeviceTaintRule watches: their caches, and their changes as stand-in
