@@ -146,9 +146,11 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         .iter()
         .map(|n| want(policy, &admission, n, &gpu_handled, now))
         .collect();
-    // Oldest drift first gets the budget; ties by name for determinism.
-    work.sort_by(|a, b| {
-        let (a, b) = (&a.node, &b.node);
+    // Oldest drift first gets the budget; ties by name for determinism. (The order is sorted,
+    // not the nodes: a node's work is large to move.)
+    let mut order: Vec<usize> = (0..work.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&work[a].node, &work[b].node);
         (a.since.is_none(), a.since, &a.view.name).cmp(&(b.since.is_none(), b.since, &b.view.name))
     });
     for w in &work {
@@ -160,9 +162,9 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         .map(|v| v.pod_template())
         .unwrap_or(Err(String::new()));
     let template = template.as_ref().map_err(String::as_str);
-    let plans: Vec<NodePlan> = work
+    let plans: Vec<NodePlan> = order
         .into_iter()
-        .map(|w| decide(name, policy, &mut admission, template, w, now))
+        .map(|i| decide(name, policy, &mut admission, template, &mut work[i], now))
         .collect();
     let queued = plans.iter().filter(|p| p.blocked == Some(Block::Budget)).count();
     PolicyPlan {
@@ -206,7 +208,11 @@ fn want<'a>(
         })
         .collect();
     let rungs: Vec<String> = awaiting.values().cloned().collect();
-    let approval = admission.may(&node, Step::Rungs(&rungs));
+    let approval = if rungs.is_empty() {
+        None
+    } else {
+        admission.may(&node, Step::Rungs(&rungs))
+    };
     for a in awaiting.keys() {
         wanted.remove(a);
     }
@@ -237,10 +243,10 @@ fn decide(
     policy: &GpuNodePolicySpec,
     admission: &mut Admission,
     template: Result<&PodTemplateSpec, &str>,
-    mut w: Work<'_>,
+    w: &mut Work<'_>,
     now: Timestamp,
 ) -> NodePlan {
-    let admitted = admit(admission, &mut w);
+    let admitted = admit(admission, w);
     // Quiet: healthy, nothing of gpunode's on it or wanted, nothing recovering.
     let quiet = w.node.view.verdict.state == NodeState::Compliant
         && w.current.is_empty()

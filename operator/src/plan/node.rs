@@ -167,7 +167,7 @@ pub(super) fn node_plan(
     name: &str,
     policy: &GpuNodePolicySpec,
     admission: &Admission,
-    w: Work<'_>,
+    w: &mut Work<'_>,
     admitted: Admitted,
     validation: ValidationPlan,
     now: Timestamp,
@@ -180,11 +180,11 @@ pub(super) fn node_plan(
         pending,
         blocked,
     } = admitted;
-    let mut gpus = gpus::after(policy, node, &effective, w.gpu_tracks);
+    let mut gpus = gpus::after(policy, node, &effective, std::mem::take(&mut w.gpu_tracks));
     let drifting = node.verdict.classes();
     let repair = repair_of(policy, admission, &w.node, &level, &gpus, &drifting, now);
     let markers = Markers {
-        classes: w.tracks,
+        classes: std::mem::take(&mut w.tracks),
         cordoned_by_us: level.cordoned_by_us,
         drain_started: level.drain_started,
         drained: match level.drain {
@@ -239,7 +239,7 @@ pub(super) fn node_plan(
         next_change,
         forget_approval,
         quarantines,
-        escalation: w.escalation,
+        escalation: w.escalation.take(),
         healthy_gpus,
         repair,
         validation,
