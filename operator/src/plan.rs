@@ -148,11 +148,12 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         .collect();
     // Oldest drift first gets the budget; ties by name for determinism. (The order is sorted,
     // not the nodes: a node's work is large to move.)
-    let mut order: Vec<usize> = (0..work.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (a, b) = (&work[a].node, &work[b].node);
-        (a.since.is_none(), a.since, &a.view.name).cmp(&(b.since.is_none(), b.since, &b.view.name))
-    });
+    let mut order: Vec<_> = work
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (w.node.since.is_none(), w.node.since, w.node.view.name.as_str(), i))
+        .collect();
+    order.sort_unstable();
     for w in &work {
         admission.count(&w.node);
     }
@@ -164,7 +165,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
     let template = template.as_ref().map_err(String::as_str);
     let plans: Vec<NodePlan> = order
         .into_iter()
-        .map(|i| decide(name, policy, &mut admission, template, &mut work[i], now))
+        .map(|(.., i)| decide(name, policy, &mut admission, template, &mut work[i], now))
         .collect();
     let queued = plans.iter().filter(|p| p.blocked == Some(Block::Budget)).count();
     PolicyPlan {
