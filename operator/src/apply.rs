@@ -772,8 +772,49 @@ impl Applier {
         if !plan.write {
             return Ok(out);
         }
-        // The device taints first: the bookkeeping records a quarantine only once its rule
-        // exists, and a rule left over by a failed write is deleted by the next pass.
+        self.clear_leftovers(policy, plan, &mut out).await?;
+        if let Some(n) = self.apply_spec(plan, observed, now).await? {
+            out.wrote_spec = true;
+            out.written = Some(Box::new(n));
+        }
+        let (metadata, condition, written) = self.apply_record(policy, plan, observed, now).await?;
+        (out.wrote_metadata, out.wrote_condition) = (metadata, condition);
+        out.written = written.map(Box::new).or(out.written);
+        self.ensure_repair(policy, plan, observed, now, &mut out).await?;
+        // A validation's Job, like a repair step's object, is made only once its start is
+        // recorded on the node: a new leader finds the record and resumes it.
+        if let Some(create) = &plan.validation.create {
+            self.may_write(&plan.node)?;
+            if let Err(e) = self.create_job(create, observed).await {
+                out.validation_failed =
+                    Some(format!("creating Job {}/{}: {e}", create.namespace, create.name));
+            }
+        }
+        if plan.forget_approval {
+            self.forget_approval(&plan.node).await?;
+        }
+        if plan.evicts_gpu_holders() {
+            let (evicted, refused) = self.evict_gpu_holders(plan, drain).await?;
+            out.evicted = evicted;
+            out.refused = refused;
+        }
+        if let DrainStep::Run { .. } = plan.drain {
+            self.drain_step(policy, plan, observed, drain, now, &mut out)
+                .await?;
+        }
+        Ok(out)
+    }
+
+    /// What goes before the bookkeeping is written: the device taints (the bookkeeping records
+    /// a quarantine only once its rule exists, and a rule left over by a failed write is
+    /// deleted by the next pass), the objects of a repair that is over, and the Job of a
+    /// validation no longer wanted (a failed delete keeps the record, and is tried again).
+    async fn clear_leftovers(
+        &self,
+        policy: &str,
+        plan: &NodePlan,
+        out: &mut NodeOutcome,
+    ) -> Result<(), ApplyError> {
         if let Some(d) = &self.devices {
             self.may_write(&plan.node)?;
             let (written, deleted) = d.sync(policy, plan).await.map_err(|e| match e {
@@ -785,7 +826,6 @@ impl Applier {
             })?;
             out.device_rules = written + deleted;
         }
-        // A repair that is over: its objects go before the bookkeeping forgets them.
         for object in &plan.repair.delete {
             self.may_write(&plan.node)?;
             self.remediators
@@ -796,8 +836,6 @@ impl Applier {
                     source,
                 })?;
         }
-        // A validation no longer wanted: its Job goes before the record forgets it (a failed
-        // delete keeps the record, and is tried again).
         if let Some((namespace, name)) = &plan.validation.delete {
             self.may_write(&plan.node)?;
             self.delete_job(namespace, name)
@@ -808,85 +846,89 @@ impl Applier {
                     source,
                 })?;
         }
-        if let Some(n) = self.apply_spec(plan, observed, now).await? {
-            out.wrote_spec = true;
-            out.written = Some(Box::new(n));
+        Ok(())
+    }
+
+    /// A repair step's object is made only once its start is recorded on the node, and its
+    /// making is recorded as soon as it exists: a new leader resumes the step, never makes it
+    /// twice, and tells its remediator deleting it from it not being made yet.
+    async fn ensure_repair(
+        &self,
+        policy: &str,
+        plan: &NodePlan,
+        observed: &Node,
+        now: Timestamp,
+        out: &mut NodeOutcome,
+    ) -> Result<(), ApplyError> {
+        if plan.repair.ensure.is_empty() {
+            return Ok(());
         }
-        let (metadata, condition, written) = self.apply_record(policy, plan, observed, now).await?;
-        (out.wrote_metadata, out.wrote_condition) = (metadata, condition);
-        out.written = written.map(Box::new).or(out.written);
-        // A repair step's object is made only once its start is recorded on the node, and its
-        // making is recorded as soon as it exists: a new leader resumes the step, never makes
-        // it twice, and tells its remediator deleting it from it not being made yet.
-        if !plan.repair.ensure.is_empty() {
-            self.may_write(&plan.node)?;
-            let mut exists = true;
-            for e in &plan.repair.ensure {
-                match self.remediators.ensure(policy, &plan.node, e).await {
-                    Ok(made) => exists &= made,
-                    Err(source) => {
-                        let e = ApplyError::Repair {
-                            node: plan.node.clone(),
-                            source,
-                        };
-                        out.repair_failed = Some(e.to_string());
-                        exists = false;
-                    }
+        self.may_write(&plan.node)?;
+        let mut exists = true;
+        for e in &plan.repair.ensure {
+            match self.remediators.ensure(policy, &plan.node, e).await {
+                Ok(made) => exists &= made,
+                Err(source) => {
+                    let e = ApplyError::Repair {
+                        node: plan.node.clone(),
+                        source,
+                    };
+                    out.repair_failed = Some(e.to_string());
+                    exists = false;
                 }
             }
-            if exists {
-                let mut made = plan.clone();
-                if let Some(step) = made.markers.repair.step.as_mut() {
-                    step.created = true;
-                }
-                let (metadata, _, written) = self.apply_record(policy, &made, observed, now).await?;
-                out.wrote_metadata |= metadata;
-                out.written = written.map(Box::new).or(out.written);
+        }
+        if exists {
+            let mut made = plan.clone();
+            if let Some(step) = made.markers.repair.step.as_mut() {
+                step.created = true;
             }
+            let (metadata, _, written) = self.apply_record(policy, &made, observed, now).await?;
+            out.wrote_metadata |= metadata;
+            out.written = written.map(Box::new).or(out.written.take());
         }
-        // A validation's Job, like a repair step's object, is made only once its start is
-        // recorded on the node: a new leader finds the record and resumes it.
-        if let Some(create) = &plan.validation.create {
-            self.may_write(&plan.node)?;
-            if let Err(e) = self.create_job(create, observed).await {
-                out.validation_failed =
-                    Some(format!("creating Job {}/{}: {e}", create.namespace, create.name));
-            }
+        Ok(())
+    }
+
+    /// Removes a person's approvals from a recovered node. A merge patch: the annotation is a
+    /// person's (kubectl's field manager), not in gpunode's server-side apply. No
+    /// precondition: at worst an approval given in the same instant to a compliant node is
+    /// dropped, and the next drift asks again.
+    async fn forget_approval(&self, node: &str) -> Result<(), ApplyError> {
+        self.may_write(node)?;
+        let patch = json!({"metadata": {"annotations": {gpunode_crds::policy::APPROVE_ANNOTATION: null}}});
+        self.nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(api_error(Step::LabelsAndCondition, node))?;
+        info!(node = %node, "the node recovered: its approvals removed");
+        Ok(())
+    }
+
+    /// One eviction pass of a running drain; once it finds nothing left to evict, that is
+    /// recorded, so the drain is reported done and later reconciles stop listing the node's
+    /// pods.
+    async fn drain_step(
+        &self,
+        policy: &str,
+        plan: &NodePlan,
+        observed: &Node,
+        drain: &DrainPolicy,
+        now: Timestamp,
+        out: &mut NodeOutcome,
+    ) -> Result<(), ApplyError> {
+        let (evicted, remaining, refused) = self.drain(&plan.node, drain).await?;
+        out.evicted = evicted;
+        out.remaining = remaining;
+        out.refused = refused;
+        if evicted == 0 && remaining == 0 {
+            let mut done = plan.clone();
+            done.markers.drained = Some(now);
+            let (metadata, _, written) = self.apply_record(policy, &done, observed, now).await?;
+            out.wrote_metadata |= metadata;
+            out.written = written.map(Box::new).or(out.written.take());
         }
-        if plan.forget_approval {
-            // A merge patch: the annotation is a person's (kubectl's field manager), not in
-            // gpunode's server-side apply. No precondition: at worst an approval given in the
-            // same instant to a compliant node is dropped, and the next drift asks again.
-            self.may_write(&plan.node)?;
-            let patch =
-                json!({"metadata": {"annotations": {gpunode_crds::policy::APPROVE_ANNOTATION: null}}});
-            self.nodes
-                .patch(&plan.node, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(api_error(Step::LabelsAndCondition, &plan.node))?;
-            info!(node = %plan.node, "the node recovered: its approvals removed");
-        }
-        if plan.evicts_gpu_holders() {
-            let (evicted, refused) = self.evict_gpu_holders(plan, drain).await?;
-            out.evicted = evicted;
-            out.refused = refused;
-        }
-        if let DrainStep::Run { .. } = plan.drain {
-            let (evicted, remaining, refused) = self.drain(&plan.node, drain).await?;
-            out.evicted = evicted;
-            out.remaining = remaining;
-            out.refused = refused;
-            if evicted == 0 && remaining == 0 {
-                // Nothing left to evict: record it, so the drain is reported done and later
-                // reconciles stop listing the node's pods.
-                let mut done = plan.clone();
-                done.markers.drained = Some(now);
-                let (metadata, _, written) = self.apply_record(policy, &done, observed, now).await?;
-                out.wrote_metadata |= metadata;
-                out.written = written.map(Box::new).or(out.written);
-            }
-        }
-        Ok(out)
+        Ok(())
     }
 
     /// Taints and cordon in one write with a resourceVersion precondition.

@@ -626,25 +626,9 @@ pub async fn run(
         options.metrics.clone(),
     )
     .await;
-
     let synced = Arc::new(AtomicBool::new(false));
     let sweep = Arc::new(tokio::sync::Notify::new());
-    {
-        let (ready, synced, sweep) = (watches.synced(), synced.clone(), sweep.clone());
-        let readiness = options.readiness.clone();
-        tokio::spawn(async move {
-            if ready.await {
-                synced.store(true, Ordering::Release);
-                readiness.set_ready();
-                info!(
-                    "caches synced (nodes, reports, heartbeats and, on a DRA cluster, ResourceSlices and DeviceTaintRules)"
-                );
-                // Start-up: anything gpunode left on nodes that no policy governs.
-                sweep.notify_one();
-            }
-        });
-    }
-
+    announce_synced(&watches, synced.clone(), &options.readiness, sweep.clone());
     let lease_task = watches.lease_task();
     let Watches {
         caches,
@@ -653,51 +637,12 @@ pub async fn run(
         device_changes,
         ..
     } = watches;
-    let mut applier = Applier::new(client.clone())
-        .with_gate(options.leadership.clone())
-        .with_concurrency(options.apply_concurrency);
-    if let Some(dra) = &caches.dra {
-        applier = applier.with_devices(crate::apply::devices::DeviceWriter::new(
-            client.clone(),
-            dra.api.clone(),
-            dra.rules.clone(),
-            caches.policies.clone(),
-        ));
-    }
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        applier,
-        caches: caches.clone(),
-        events: crate::events::Publisher::start(
-            client.clone(),
-            Reporter {
-                controller: "gpunode-operator".into(),
-                instance: Some(options.instance),
-            },
-            options.leadership.clone(),
-            options.metrics.clone(),
-        ),
-        leadership: options.leadership.clone(),
-        metrics: options.metrics.clone(),
-        synced,
-        verdicts,
-        status_written: std::sync::Mutex::default(),
-        sweep: sweep.clone(),
-    });
+    let ctx = context(&client, &options, caches.clone(), synced, verdicts, sweep.clone());
     let sweep_task = tokio::spawn(sweeper(ctx.clone(), sweep.clone()));
-
-    // A new leader looks at every policy at once instead of waiting for the next event.
-    let became_leader = futures::stream::unfold(options.leadership.subscribe(), |mut rx| async move {
-        loop {
-            rx.changed().await.ok()?;
-            if *rx.borrow_and_update() {
-                return Some(((), rx));
-            }
-        }
-    });
     let (by_node, by_report, by_device) = (caches.clone(), caches.clone(), caches);
     controller
-        .reconcile_all_on(became_leader)
+        // A new leader looks at every policy at once instead of waiting for the next event.
+        .reconcile_all_on(became_leader(&options.leadership))
         .watches_stream(node_changes, move |node: Node| {
             if triggers::is_stand_in(&node.metadata) {
                 // A node that vanished unseen: any policy may have selected it.
@@ -711,44 +656,124 @@ pub async fn run(
             by_node.policies_for(node.labels())
         })
         .watches_stream(report_changes, move |report: Guarded<GpuNodeReport>| {
-            let labels = by_report
-                .nodes
-                .get(&ObjectRef::new(&report.name_any()))
-                .map(|n| n.labels().clone())
-                .unwrap_or_default();
-            by_report.policies_for(&labels)
+            policies_of_node(&by_report, &report.name_any())
         })
         .watches_stream(device_changes, move |named: Node| {
             // A ResourceSlice or a DeviceTaintRule of gpunode's changed: the policies of its node.
-            let labels = by_device
-                .nodes
-                .get(&ObjectRef::new(&named.name_any()))
-                .map(|n| n.labels().clone())
-                .unwrap_or_default();
-            by_device.policies_for(&labels)
+            policies_of_node(&by_device, &named.name_any())
         })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())
-        .for_each(|res| {
-            let ctx = ctx.clone();
-            async move {
-                match res {
-                    // A policy that went away without its cleanup (its finalizer removed by
-                    // hand): forget it and look for the nodes it left.
-                    Err(controller::Error::ObjectNotFound(policy)) => {
-                        info!(policy = %policy.name, "GpuNodePolicy is gone");
-                        forget(&ctx, &policy.name);
-                        ctx.sweep.notify_one();
-                    }
-                    Err(e) => warn!(error = %e, "controller"),
-                    Ok(_) => {}
-                }
-            }
-        })
+        .for_each(|res| reconciled(ctx.clone(), res))
         .await;
     // The controller drives its own watches; these would outlive it.
     lease_task.abort();
     sweep_task.abort();
+}
+
+/// Once the caches are synced: the controller may act, the replica is ready, and a sweep looks
+/// for anything gpunode left on nodes that no policy governs.
+fn announce_synced(
+    watches: &Watches,
+    synced: Arc<AtomicBool>,
+    readiness: &Readiness,
+    sweep: Arc<tokio::sync::Notify>,
+) {
+    let (ready, readiness) = (watches.synced(), readiness.clone());
+    tokio::spawn(async move {
+        if ready.await {
+            synced.store(true, Ordering::Release);
+            readiness.set_ready();
+            info!(
+                "caches synced (nodes, reports, heartbeats and, on a DRA cluster, ResourceSlices and DeviceTaintRules)"
+            );
+            // Start-up: anything gpunode left on nodes that no policy governs.
+            sweep.notify_one();
+        }
+    });
+}
+
+/// The reconcile's context: the writer (with the DRA device writer on a DRA cluster), the
+/// caches, the Event publisher and the rest.
+fn context(
+    client: &Client,
+    options: &Options,
+    caches: Caches,
+    synced: Arc<AtomicBool>,
+    verdicts: Arc<VerdictCache>,
+    sweep: Arc<tokio::sync::Notify>,
+) -> Arc<Context> {
+    let mut applier = Applier::new(client.clone())
+        .with_gate(options.leadership.clone())
+        .with_concurrency(options.apply_concurrency);
+    if let Some(dra) = &caches.dra {
+        applier = applier.with_devices(crate::apply::devices::DeviceWriter::new(
+            client.clone(),
+            dra.api.clone(),
+            dra.rules.clone(),
+            caches.policies.clone(),
+        ));
+    }
+    let reporter = Reporter {
+        controller: "gpunode-operator".into(),
+        instance: Some(options.instance.clone()),
+    };
+    Arc::new(Context {
+        client: client.clone(),
+        applier,
+        caches,
+        events: crate::events::Publisher::start(
+            client.clone(),
+            reporter,
+            options.leadership.clone(),
+            options.metrics.clone(),
+        ),
+        leadership: options.leadership.clone(),
+        metrics: options.metrics.clone(),
+        synced,
+        verdicts,
+        status_written: std::sync::Mutex::default(),
+        sweep,
+    })
+}
+
+/// Yields each time this replica becomes the leader.
+fn became_leader(leadership: &Leadership) -> impl futures::Stream<Item = ()> + use<> {
+    futures::stream::unfold(leadership.subscribe(), |mut rx| async move {
+        loop {
+            rx.changed().await.ok()?;
+            if *rx.borrow_and_update() {
+                return Some(((), rx));
+            }
+        }
+    })
+}
+
+/// The policies that select the node named `name`, as the node cache holds it.
+fn policies_of_node(caches: &Caches, name: &str) -> Vec<ObjectRef<Guarded<GpuNodePolicy>>> {
+    let labels = caches
+        .nodes
+        .get(&ObjectRef::new(name))
+        .map(|n| n.labels().clone())
+        .unwrap_or_default();
+    caches.policies_for(&labels)
+}
+
+/// What the controller yields after each reconcile (`E`: its queue's error).
+type Reconciled<E> = Result<(ObjectRef<Guarded<GpuNodePolicy>>, Action), controller::Error<Error, E>>;
+
+/// After a reconcile: a policy that went away without its cleanup (its finalizer removed by
+/// hand) is forgotten and the nodes it left are looked for; other errors are logged.
+async fn reconciled<E: std::fmt::Display>(ctx: Arc<Context>, res: Reconciled<E>) {
+    match res {
+        Err(controller::Error::ObjectNotFound(policy)) => {
+            info!(policy = %policy.name, "GpuNodePolicy is gone");
+            forget(&ctx, &policy.name);
+            ctx.sweep.notify_one();
+        }
+        Err(e) => warn!(error = %e, "controller"),
+        Ok(_) => {}
+    }
 }
 
 #[cfg(test)]

@@ -445,51 +445,13 @@ impl Leadership {
                 op: "acquire or renew",
                 after: budget,
             }));
-            if outcome.is_ok() {
-                failures = 0;
-            }
-            match outcome {
-                Ok(Attempt::Leading {
-                    previous,
-                    transitions,
-                }) => {
-                    let until = start + config.renew_deadline;
-                    if until > now {
-                        leading_until = Some(until);
-                        if self.promote(until) {
-                            tracing::info!(
-                                previous = previous.as_deref().unwrap_or(""),
-                                transitions,
-                                "became leader"
-                            );
-                        } else {
-                            tracing::trace!("renewed the Lease");
-                        }
-                    }
-                }
-                Ok(Attempt::Following { holder, remaining }) => {
-                    leading_until = None;
-                    if self.demote() {
-                        tracing::warn!(%holder, "lost leadership: another replica holds the Lease");
-                    } else {
-                        tracing::debug!(%holder, ?remaining, "following");
-                    }
-                }
-                Ok(Attempt::Raced) => {
-                    tracing::debug!("the Lease changed while we wrote it; retrying");
-                }
-                Err(error) => {
-                    failures += 1;
-                    if leading_until.is_some() {
-                        tracing::warn!(%error, "could not renew the Lease");
-                    } else if failures % FOLLOWER_WARN_EVERY == 1 {
-                        // Persistent failures (RBAC, network) are visible without flooding.
-                        tracing::warn!(%error, failures, "could not read or acquire the Lease");
-                    } else {
-                        tracing::debug!(%error, failures, "could not read or acquire the Lease");
-                    }
-                }
-            }
+            self.on_attempt(
+                outcome,
+                start + config.renew_deadline,
+                now,
+                &mut leading_until,
+                &mut failures,
+            );
             if leading_until.is_some_and(|until| until <= now) {
                 leading_until = None;
                 self.step_down("could not renew the Lease within the renew deadline");
@@ -503,16 +465,63 @@ impl Leadership {
         if self.demote() {
             tracing::info!("stepping down: shutting down");
         }
-        match tokio::time::timeout(config.renew_deadline, elector.release()).await {
-            Ok(Ok(true)) => tracing::info!("released the Lease"),
-            Ok(Ok(false)) => tracing::debug!("not holding the Lease; nothing to release"),
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "could not release the Lease; it will expire instead");
+        release(elector).await;
+    }
+
+    /// Acts on one attempt's outcome: leading until `renew_by` (the attempt's start plus the
+    /// renew deadline), following another replica, a race, or a failure logged (a follower's
+    /// persistent failures every [`FOLLOWER_WARN_EVERY`]th time).
+    fn on_attempt(
+        &self,
+        outcome: Result<Attempt, LeaderError>,
+        renew_by: Instant,
+        now: Instant,
+        leading_until: &mut Option<Instant>,
+        failures: &mut u64,
+    ) {
+        if outcome.is_ok() {
+            *failures = 0;
+        }
+        match outcome {
+            Ok(Attempt::Leading {
+                previous,
+                transitions,
+            }) => {
+                if renew_by > now {
+                    *leading_until = Some(renew_by);
+                    if self.promote(renew_by) {
+                        tracing::info!(
+                            previous = previous.as_deref().unwrap_or(""),
+                            transitions,
+                            "became leader"
+                        );
+                    } else {
+                        tracing::trace!("renewed the Lease");
+                    }
+                }
             }
-            Err(_) => tracing::warn!(
-                after = ?config.renew_deadline,
-                "releasing the Lease got no answer; it will expire instead"
-            ),
+            Ok(Attempt::Following { holder, remaining }) => {
+                *leading_until = None;
+                if self.demote() {
+                    tracing::warn!(%holder, "lost leadership: another replica holds the Lease");
+                } else {
+                    tracing::debug!(%holder, ?remaining, "following");
+                }
+            }
+            Ok(Attempt::Raced) => {
+                tracing::debug!("the Lease changed while we wrote it; retrying");
+            }
+            Err(error) => {
+                *failures += 1;
+                if leading_until.is_some() {
+                    tracing::warn!(%error, "could not renew the Lease");
+                } else if *failures % FOLLOWER_WARN_EVERY == 1 {
+                    // Persistent failures (RBAC, network) are visible without flooding.
+                    tracing::warn!(%error, failures = *failures, "could not read or acquire the Lease");
+                } else {
+                    tracing::debug!(%error, failures = *failures, "could not read or acquire the Lease");
+                }
+            }
         }
     }
 
@@ -520,6 +529,22 @@ impl Leadership {
         if self.demote() {
             tracing::warn!(reason, "lost leadership");
         }
+    }
+}
+
+/// Releases the Lease on the way out, within the renew deadline; otherwise it expires.
+async fn release(elector: &mut Elector<'_>) {
+    let config = elector.config;
+    match tokio::time::timeout(config.renew_deadline, elector.release()).await {
+        Ok(Ok(true)) => tracing::info!("released the Lease"),
+        Ok(Ok(false)) => tracing::debug!("not holding the Lease; nothing to release"),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "could not release the Lease; it will expire instead");
+        }
+        Err(_) => tracing::warn!(
+            after = ?config.renew_deadline,
+            "releasing the Lease got no answer; it will expire instead"
+        ),
     }
 }
 

@@ -7,7 +7,7 @@
 //! | observe | [`observe`] | watches, trimmed caches, triggers, own writes, heartbeats, the selector index; a policy's snapshot and its nodes' views |
 //! | evaluate | [`evaluate`], [`verdict`] (pure, shared with the probe) | a node's report against a policy: drifts and unknowns |
 //! | | [`cache`] | verdicts remembered while a node's inputs are unchanged |
-//! | plan | [`plan`] (pure) | every decision: ladder, hysteresis, budget, breaker, conflicts, pause, dry run, when the plan next changes |
+//! | plan | [`plan`] (pure, in layers) | every decision: ladder, hysteresis, GPUs, repair, validation, when the plan next changes; whether a step may start (pause, dry run, skip, conflicts, breaker, budget, windows, approvals, validation slots) only in [`plan::admission`] |
 //! | apply | [`apply`] (the only writer of nodes) | a plan's writes, evictions and releases; what each node's writes did |
 //! | status | [`status`] (pure) | the policy status from what was applied |
 //!

@@ -1,4 +1,6 @@
 //! `gpunode-operator`: run the operator, print its CRDs, or check a report offline.
+//! Only the process's wiring (logging, the client, the metrics server, leader election, the
+//! controller, shutdown) lives here; every decision is the library's.
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -95,9 +97,6 @@ struct RunArgs {
 }
 
 fn run(args: RunArgs) -> ExitCode {
-    use gpunode_operator::{controller, leader, metrics::Metrics, server};
-    use std::sync::Arc;
-
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
     // Colour codes only on a terminal: a pod's log, or a file, gets plain text.
@@ -116,114 +115,136 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
-        let mut config = match kube::Config::infer().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "no Kubernetes configuration (in-cluster or kubeconfig)");
-                return ExitCode::FAILURE;
-            }
-        };
-        // Refused evictions (429) are retried by the next reconcile, not hidden in the client.
-        config.default_retry = false;
-        let client = match gpunode_operator::client::build(config) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(error = %e, "building the Kubernetes client");
-                return ExitCode::FAILURE;
-            }
-        };
-        let instance = args
-            .instance
-            .or_else(leader::default_identity)
-            .unwrap_or_else(|| "gpunode-operator".to_string());
+    runtime.block_on(operate(args))
+}
 
-        let metrics = Arc::new(Metrics::new());
-        let readiness = server::Readiness::new();
-        let server = match server::Server::bind(args.metrics_addr, metrics.clone(), readiness.clone()).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "starting the metrics server");
-                return ExitCode::FAILURE;
-            }
-        };
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = move || {
-            let mut rx = stop_rx.clone();
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }
-        };
-        let server_task = tokio::spawn(server.serve(stopped()));
+/// The operator until it is told to stop: the client, the metrics server, leader election and
+/// the controller; then the controller stops, the Lease is released, the server stops.
+async fn operate(args: RunArgs) -> ExitCode {
+    use gpunode_operator::{controller, leader, metrics::Metrics, server};
+    use std::sync::Arc;
 
-        let leadership = if args.leader_elect {
-            leader::Leadership::new()
-        } else {
-            leader::Leadership::fixed(true)
-        };
-        tokio::spawn({
-            let m = metrics.clone();
-            let rx = leadership.subscribe();
-            async move { m.follow_leader(rx).await }
-        });
-        // The lease is released only after the controller has stopped writing.
-        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
-        let leader_task = args.leader_elect.then(|| {
-            let cfg = leader::LeaderConfig::new(
-                args.lease_namespace.clone(),
-                leader::DEFAULT_LEASE_NAME,
-                instance.clone(),
-            );
-            let l = leadership.clone();
-            let c = client.clone();
-            tokio::spawn(async move {
-                if let Err(e) = l
-                    .run(c, cfg, async move {
-                        let _ = release_rx.await;
-                    })
-                    .await
-                {
-                    tracing::error!(error = %e, "leader election stopped");
-                }
-            })
-        });
+    let Some(client) = client().await else {
+        return ExitCode::FAILURE;
+    };
+    let instance = args
+        .instance
+        .or_else(leader::default_identity)
+        .unwrap_or_else(|| "gpunode-operator".to_string());
 
-        // Whatever the API server does (gone, partitioned, not answering), the process exits
-        // within SHUTDOWN_LIMIT of the signal: a demo or a node drain never waits on it for good.
-        tokio::spawn(async {
-            shutdown_signal().await;
-            tokio::time::sleep(SHUTDOWN_LIMIT).await;
-            tracing::error!(limit = ?SHUTDOWN_LIMIT, "shutdown did not finish in time; exiting");
-            std::process::exit(1);
-        });
-        controller::run(
-            client,
-            controller::Options {
-                instance,
-                leadership,
-                metrics,
-                readiness: readiness.clone(),
-                heartbeat_namespace: args.lease_namespace.clone(),
-                apply_concurrency: args.apply_concurrency,
-            },
-            async {
-                shutdown_signal().await;
-                tracing::info!("shutting down");
-            },
-        )
-        .await;
-        readiness.set_not_ready();
-        let _ = release_tx.send(());
-        if let Some(t) = leader_task
-            && tokio::time::timeout(LEASE_RELEASE_LIMIT, t).await.is_err()
-        {
-            // The Lease then expires by itself, after its duration.
-            tracing::warn!(limit = ?LEASE_RELEASE_LIMIT, "releasing the leader Lease got no answer in time");
+    let metrics = Arc::new(Metrics::new());
+    let readiness = server::Readiness::new();
+    let server = match server::Server::bind(args.metrics_addr, metrics.clone(), readiness.clone()).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "starting the metrics server");
+            return ExitCode::FAILURE;
         }
-        let _ = stop_tx.send(true);
-        let _ = server_task.await;
-        ExitCode::SUCCESS
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let server_task = tokio::spawn(server.serve(stopped()));
+
+    let leadership = if args.leader_elect {
+        leader::Leadership::new()
+    } else {
+        leader::Leadership::fixed(true)
+    };
+    tokio::spawn({
+        let m = metrics.clone();
+        let rx = leadership.subscribe();
+        async move { m.follow_leader(rx).await }
+    });
+    // The lease is released only after the controller has stopped writing.
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let leader_task = args.leader_elect.then(|| {
+        let cfg = leader::LeaderConfig::new(
+            args.lease_namespace.clone(),
+            leader::DEFAULT_LEASE_NAME,
+            instance.clone(),
+        );
+        elect(leadership.clone(), client.clone(), cfg, release_rx)
+    });
+    exit_after_shutdown_limit();
+    let options = controller::Options {
+        instance,
+        leadership,
+        metrics,
+        readiness: readiness.clone(),
+        heartbeat_namespace: args.lease_namespace.clone(),
+        apply_concurrency: args.apply_concurrency,
+    };
+    controller::run(client, options, async {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
     })
+    .await;
+    readiness.set_not_ready();
+    let _ = release_tx.send(());
+    if let Some(t) = leader_task
+        && tokio::time::timeout(LEASE_RELEASE_LIMIT, t).await.is_err()
+    {
+        // The Lease then expires by itself, after its duration.
+        tracing::warn!(limit = ?LEASE_RELEASE_LIMIT, "releasing the leader Lease got no answer in time");
+    }
+    let _ = stop_tx.send(true);
+    let _ = server_task.await;
+    ExitCode::SUCCESS
+}
+
+/// The Kubernetes client (in-cluster or kubeconfig); what went wrong is logged.
+async fn client() -> Option<kube::Client> {
+    let mut config = match kube::Config::infer().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "no Kubernetes configuration (in-cluster or kubeconfig)");
+            return None;
+        }
+    };
+    // Refused evictions (429) are retried by the next reconcile, not hidden in the client.
+    config.default_retry = false;
+    match gpunode_operator::client::build(config) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::error!(error = %e, "building the Kubernetes client");
+            None
+        }
+    }
+}
+
+/// Leader election, in the background until `release` fires (then the Lease is released).
+fn elect(
+    leadership: gpunode_operator::leader::Leadership,
+    client: kube::Client,
+    cfg: gpunode_operator::leader::LeaderConfig,
+    release: tokio::sync::oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(e) = leadership
+            .run(client, cfg, async move {
+                let _ = release.await;
+            })
+            .await
+        {
+            tracing::error!(error = %e, "leader election stopped");
+        }
+    })
+}
+
+/// Whatever the API server does (gone, partitioned, not answering), the process exits within
+/// SHUTDOWN_LIMIT of the signal: a demo or a node drain never waits on it for good.
+fn exit_after_shutdown_limit() {
+    tokio::spawn(async {
+        shutdown_signal().await;
+        tokio::time::sleep(SHUTDOWN_LIMIT).await;
+        tracing::error!(limit = ?SHUTDOWN_LIMIT, "shutdown did not finish in time; exiting");
+        std::process::exit(1);
+    });
 }
 
 /// Longest a shutdown takes from SIGTERM to exit, in-flight reconciles and the Lease release

@@ -493,9 +493,9 @@ mod tests {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
     }
 
-    #[test]
-    fn markers_round_trip_through_annotations() {
-        let markers = Markers {
+    /// Bookkeeping with every marker set.
+    fn every_marker() -> Markers {
+        Markers {
             classes: BTreeMap::from([
                 (
                     DriftClass::Thermal,
@@ -567,7 +567,12 @@ mod tests {
                     message: "BackoffLimitExceeded".to_string(),
                 }),
             }),
-        };
+        }
+    }
+
+    #[test]
+    fn markers_round_trip_through_annotations() {
+        let markers = every_marker();
         let annotations = markers.to_annotations();
         assert_eq!(
             annotations.get(GPUS_ANNOTATION).map(String::as_str),

@@ -345,7 +345,6 @@ impl Default for Metrics {
 impl Metrics {
     /// A registry with prefix `gpunode` and every metric registered.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("gpunode");
         let reconciles = Counter::default();
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
         let actions = Family::<ActionLabels, Counter>::default();
@@ -362,105 +361,7 @@ impl Metrics {
         let validations = Family::<ValidationLabels, Counter>::default();
         let repair_duration =
             Family::<OutcomeLabels, Histogram>::new_with_constructor(|| Histogram::new(REPAIR_BUCKETS));
-        for part in WritePart::ALL {
-            let _ = node_writes.get_or_create(&PartLabels { part: part.as_str() });
-        }
-        for source in ["node", "report"] {
-            for outcome in ["reconcile", "skipped"] {
-                let _ = watch_events.get_or_create(&WatchLabels { source, outcome });
-            }
-        }
-        for result in ["evaluated", "reused"] {
-            let _ = verdicts.get_or_create(&VerdictLabels { result });
-        }
-        // Every bounded series starts at zero, so rates and alerts work before the first error.
-        for kind in ErrorKind::ALL {
-            let _ = reconcile_errors.get_or_create(&ErrorLabels { kind });
-        }
-        for action in ActionKind::ALL {
-            for result in ActionResult::ALL {
-                let _ = actions.get_or_create(&ActionLabels { action, result });
-            }
-        }
-        registry.register(
-            "reconciles",
-            "Reconciles of a GpuNodePolicy started",
-            reconciles.clone(),
-        );
-        registry.register(
-            "reconcile_errors",
-            "Reconciles that failed, by the step that failed",
-            reconcile_errors.clone(),
-        );
-        registry.register(
-            "actions",
-            "Actions on nodes, by action and result",
-            actions.clone(),
-        );
-        registry.register(
-            "nodes",
-            "Nodes selected by each policy, by verdict",
-            nodes.clone(),
-        );
-        registry.register(
-            "quarantined_gpus",
-            "GPUs of each policy's nodes quarantined on their own (TaintDevice)",
-            quarantined_gpus.clone(),
-        );
-        registry.register(
-            "repair_steps",
-            "Repair steps (spec.repair) that ended, by step and outcome",
-            repair_steps.clone(),
-        );
-        registry.register(
-            "validations",
-            "Validation Jobs (spec.validation) that ended, by kind (undo, periodic) and outcome",
-            validations.clone(),
-        );
-        registry.register_with_unit(
-            "repair_step_duration",
-            "Time from a repair step's start to its end, by outcome",
-            Unit::Seconds,
-            repair_duration.clone(),
-        );
-        registry.register_with_unit(
-            "reconcile_duration",
-            "Time a reconcile of a GpuNodePolicy took",
-            Unit::Seconds,
-            reconcile_duration.clone(),
-        );
-        registry.register_with_unit(
-            "reaction",
-            "Time from a report's observation to the action taken on its node",
-            Unit::Seconds,
-            reaction.clone(),
-        );
-        registry.register(
-            "leader",
-            "1 while this replica holds the leader Lease (and may write), else 0",
-            leader.clone(),
-        );
-        registry.register(
-            "node_writes",
-            "Requests that changed a Node, by part (zero on a follower and for heartbeats)",
-            node_writes.clone(),
-        );
-        registry.register(
-            "watch_events",
-            "Node and report changes, by whether they could change a decision",
-            watch_events.clone(),
-        );
-        registry.register(
-            "verdicts",
-            "Per-node verdicts of reconciles, evaluated or reused from the last reconcile",
-            verdicts.clone(),
-        );
-        registry.register(
-            "policy_condition",
-            "1 while the policy's status condition of this type (Ready, Degraded, BudgetExhausted, CircuitOpen, Conflict, Paused) is True, else 0",
-            policy_conditions.clone(),
-        );
-        Metrics {
+        let mut metrics = Metrics {
             quarantined_gpus,
             repair_steps,
             repair_duration,
@@ -469,7 +370,7 @@ impl Metrics {
             watch_events,
             verdicts,
             policy_conditions,
-            registry,
+            registry: Registry::with_prefix("gpunode"),
             reconciles,
             reconcile_errors,
             actions,
@@ -477,7 +378,125 @@ impl Metrics {
             reconcile_duration,
             reaction,
             leader,
+        };
+        metrics.start_at_zero();
+        metrics.register_decisions();
+        metrics.register_timings_and_writes();
+        metrics
+    }
+
+    /// Every bounded series starts at zero, so rates and alerts work before the first error.
+    fn start_at_zero(&self) {
+        for part in WritePart::ALL {
+            let _ = self
+                .node_writes
+                .get_or_create(&PartLabels { part: part.as_str() });
         }
+        for source in ["node", "report"] {
+            for outcome in ["reconcile", "skipped"] {
+                let _ = self.watch_events.get_or_create(&WatchLabels { source, outcome });
+            }
+        }
+        for result in ["evaluated", "reused"] {
+            let _ = self.verdicts.get_or_create(&VerdictLabels { result });
+        }
+        for kind in ErrorKind::ALL {
+            let _ = self.reconcile_errors.get_or_create(&ErrorLabels { kind });
+        }
+        for action in ActionKind::ALL {
+            for result in ActionResult::ALL {
+                let _ = self.actions.get_or_create(&ActionLabels { action, result });
+            }
+        }
+    }
+
+    /// Registers the metrics of what reconciles decide: reconciles and their errors, actions,
+    /// nodes by verdict, quarantined GPUs, repair steps, validations.
+    fn register_decisions(&mut self) {
+        self.registry.register(
+            "reconciles",
+            "Reconciles of a GpuNodePolicy started",
+            self.reconciles.clone(),
+        );
+        self.registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by the step that failed",
+            self.reconcile_errors.clone(),
+        );
+        self.registry.register(
+            "actions",
+            "Actions on nodes, by action and result",
+            self.actions.clone(),
+        );
+        self.registry.register(
+            "nodes",
+            "Nodes selected by each policy, by verdict",
+            self.nodes.clone(),
+        );
+        self.registry.register(
+            "quarantined_gpus",
+            "GPUs of each policy's nodes quarantined on their own (TaintDevice)",
+            self.quarantined_gpus.clone(),
+        );
+        self.registry.register(
+            "repair_steps",
+            "Repair steps (spec.repair) that ended, by step and outcome",
+            self.repair_steps.clone(),
+        );
+        self.registry.register(
+            "validations",
+            "Validation Jobs (spec.validation) that ended, by kind (undo, periodic) and outcome",
+            self.validations.clone(),
+        );
+    }
+
+    /// Registers the timings (repair steps, reconciles, reactions), leadership, and what
+    /// reaches the API server and the caches (node writes, watch events, verdicts, policy
+    /// conditions).
+    fn register_timings_and_writes(&mut self) {
+        self.registry.register_with_unit(
+            "repair_step_duration",
+            "Time from a repair step's start to its end, by outcome",
+            Unit::Seconds,
+            self.repair_duration.clone(),
+        );
+        self.registry.register_with_unit(
+            "reconcile_duration",
+            "Time a reconcile of a GpuNodePolicy took",
+            Unit::Seconds,
+            self.reconcile_duration.clone(),
+        );
+        self.registry.register_with_unit(
+            "reaction",
+            "Time from a report's observation to the action taken on its node",
+            Unit::Seconds,
+            self.reaction.clone(),
+        );
+        self.registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease (and may write), else 0",
+            self.leader.clone(),
+        );
+        self.registry.register(
+            "node_writes",
+            "Requests that changed a Node, by part (zero on a follower and for heartbeats)",
+            self.node_writes.clone(),
+        );
+        self.registry.register(
+            "watch_events",
+            "Node and report changes, by whether they could change a decision",
+            self.watch_events.clone(),
+        );
+        self.registry.register(
+            "verdicts",
+            "Per-node verdicts of reconciles, evaluated or reused from the last reconcile",
+            self.verdicts.clone(),
+        );
+        self.registry.register(
+            "policy_condition",
+            "1 while the policy's status condition of this type (Ready, Degraded, BudgetExhausted, CircuitOpen, Conflict, Paused) is True, else 0",
+            self.policy_conditions.clone(),
+        );
     }
 
     /// Counts a reconcile now and observes its duration when the returned guard drops.

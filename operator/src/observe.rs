@@ -4,7 +4,8 @@
 //! watch delivers them ([`own_writes`]); a probe counts as heard from at its report or its Lease,
 //! whichever is later ([`heartbeats`]); and one parsed [`index`] of every policy's selectors says
 //! which policies select which node. A reconcile takes a [`Snapshot`] of one policy's nodes from
-//! the [`Caches`] and turns it into the planner's [`NodeView`]s.
+//! the [`Caches`] and turns it into the planner's [`NodeView`]s (a Node's part of one is read
+//! by `NodeView::observe`, here: the planner's view layer only holds the type).
 
 pub mod backoff;
 pub mod compact;
@@ -21,7 +22,7 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt, stream::BoxStream};
-use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport, policy::APPROVE_ANNOTATION};
 use jiff::Timestamp;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
@@ -41,8 +42,10 @@ use crate::{
     devices::{self, rules::RulesByNode},
     markers,
     metrics::Metrics,
-    plan::{GpuPods, GpuView, NodeView, PodRef, StepObject},
+    plan::{GpuPods, GpuView, NodeView, PodRef, StepObject, approvals},
+    reasons::Reason,
     remediators::Remediators,
+    verdict::{NodeState, Verdict},
 };
 
 pub use compact::CachedReport;
@@ -53,6 +56,52 @@ pub use own_writes::OwnWrites;
 /// A watched object that may not have deserialized: one malformed policy or report is logged
 /// and skipped instead of stalling the watch.
 pub type Guarded<K> = DeserializeGuard<K>;
+
+impl NodeView {
+    /// What gpunode has in effect on `node`: skip label, cordon, its taints, its bookkeeping,
+    /// its state label and condition reason. Unreadable bookkeeping is returned to be logged.
+    pub fn observe(
+        node: &Node,
+        verdict: Verdict,
+        conflicts: Vec<String>,
+    ) -> (NodeView, Vec<markers::MarkerError>) {
+        let empty = BTreeMap::new();
+        let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
+        let (markers, errors) =
+            markers::Markers::from_annotations(node.metadata.annotations.as_ref().unwrap_or(&empty));
+        let spec = node.spec.as_ref();
+        let reason = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == markers::CONDITION_TYPE))
+            .and_then(|c| c.reason.as_deref())
+            .and_then(Reason::parse);
+        let view = NodeView {
+            skip: labels.get(markers::SKIP_LABEL).is_some_and(|v| v == "true"),
+            unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+            taints: markers::drift_taints(node),
+            markers,
+            current_state: labels.get(markers::STATE_LABEL).and_then(|v| match v.as_str() {
+                "compliant" => Some(NodeState::Compliant),
+                "drifted" => Some(NodeState::Drifted),
+                "unknown" => Some(NodeState::Unknown),
+                _ => None,
+            }),
+            current_reason: reason,
+            conflicts,
+            approved: node
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(APPROVE_ANNOTATION))
+                .map(|v| approvals(v))
+                .unwrap_or_default(),
+            ..NodeView::new(node.metadata.name.as_deref().unwrap_or_default(), verdict)
+        };
+        (view, errors)
+    }
+}
 
 /// The caches a reconcile reads.
 #[derive(Clone)]
@@ -422,21 +471,7 @@ impl Watches {
         // The cache keeps each report compacted; the stream goes on with the whole object, for
         // the trigger that evaluates it as it arrives.
         .inspect_ok(move |e| report_writer.apply_watcher_event(&compact::event(e)));
-        // Heartbeats change no decision by themselves (a probe that comes back after a gap
-        // writes its whole report), so this watch only feeds the cache.
-        let (leases, lease_writer) = reflector::store::<Lease>();
-        let lease_stream = backoff::watcher(
-            Api::<Lease>::namespaced(client.clone(), heartbeat_namespace),
-            listing.clone().labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
-            "lease",
-        )
-        .modify(heartbeats::trim)
-        .reflect(lease_writer);
-        let lease_task = tokio::spawn(lease_stream.for_each(|event| async move {
-            if let Err(e) = event {
-                warn!(error = %e, "heartbeat Lease watch");
-            }
-        }));
+        let (leases, lease_task) = lease_watch(client, heartbeat_namespace, &listing);
         let heartbeats = Heartbeats::new(leases.clone(), heartbeat_namespace);
         let selectors = IndexCache::new(policies.clone());
         let (dra, device_changes) = match devices::discover(client).await {
@@ -525,6 +560,30 @@ async fn all_synced(
         && nodes.wait_until_ready().await.is_ok()
         && reports.wait_until_ready().await.is_ok()
         && leases.wait_until_ready().await.is_ok()
+}
+
+/// The watch of the probes' heartbeat Leases in `namespace`, feeding its cache in the
+/// background. Heartbeats change no decision by themselves (a probe that comes back after a gap
+/// writes its whole report), so this watch only feeds the cache.
+fn lease_watch(
+    client: &Client,
+    namespace: &str,
+    listing: &watcher::Config,
+) -> (Store<Lease>, tokio::task::JoinHandle<()>) {
+    let (leases, lease_writer) = reflector::store::<Lease>();
+    let lease_stream = backoff::watcher(
+        Api::<Lease>::namespaced(client.clone(), namespace),
+        listing.clone().labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
+        "lease",
+    )
+    .modify(heartbeats::trim)
+    .reflect(lease_writer);
+    let lease_task = tokio::spawn(lease_stream.for_each(|event| async move {
+        if let Err(e) = event {
+            warn!(error = %e, "heartbeat Lease watch");
+        }
+    }));
+    (leases, lease_task)
 }
 
 /// The ResourceSlice and DeviceTaintRule watches: their caches, and their changes as stand-in

@@ -3,6 +3,7 @@
 //! in effect on it ([`Applied::in_effect`]): a node whose write failed counts as it was, not as it
 //! was planned. Conditions keep their `lastTransitionTime` unless their status flips, and
 //! [`same_ignoring_time`] lets the controller skip a patch that would change only timestamps.
+//! It reads the plan's words and apply's results; it decides nothing and writes nothing.
 
 use gpunode_crds::{GpuNodePolicyStatus, policy::DriftedNode, selector::InvalidSelector};
 use jiff::Timestamp;
@@ -61,13 +62,7 @@ pub fn status(
     let compliant = count(&|n, _| n.state == NodeState::Compliant);
     let drifted = count(&|n, _| n.state == NodeState::Drifted);
     let unknown = count(&|n, _| n.state == NodeState::Unknown);
-    let tainted = count(&|_, e| e.tainted);
-    let cordoned = count(&|_, e| e.cordoned);
-    let draining = count(&|_, e| matches!(e.drain, DrainStep::Run { .. }));
     let stuck = count(&|_, e| matches!(e.drain, DrainStep::Run { stuck: true, .. }));
-    let repairing = count(&|_, e| e.repair.running.is_some());
-    let needs_human = count(&|_, e| e.repair.needs_human);
-    let validating = count(&|_, e| e.validating);
     let quarantined_gpus = u32::try_from(
         nodes
             .iter()
@@ -76,13 +71,42 @@ pub fn status(
             .count(),
     )
     .unwrap_or(u32::MAX);
-    let conflicts: Vec<&str> = plan
-        .nodes
-        .iter()
-        .filter(|n| matches!(n.blocked, Some(Block::Conflict(_))))
-        .map(|n| n.node.as_str())
-        .collect();
+    let (drifted_nodes, truncated) = drifted_nodes(&nodes);
+    let stamp = |type_, (on, reason, message): (bool, PolicyReason, String)| {
+        condition(type_, on, reason, message, generation, old_conditions, now)
+    };
+    let ready =
+        format!("{matched} nodes evaluated: {compliant} compliant, {drifted} drifted, {unknown} unknown");
+    let conditions = vec![
+        stamp(PolicyCondition::Ready, (true, PolicyReason::Reconciled, ready)),
+        stamp(PolicyCondition::Degraded, degraded(plan, stuck)),
+        stamp(PolicyCondition::BudgetExhausted, budget_exhausted(plan)),
+        stamp(PolicyCondition::CircuitOpen, circuit_open(plan, matched)),
+        stamp(PolicyCondition::Conflict, conflict(plan)),
+        stamp(PolicyCondition::Paused, paused_condition(paused)),
+    ];
+    GpuNodePolicyStatus {
+        observed_generation: generation,
+        conditions,
+        matched,
+        compliant,
+        drifted,
+        unknown,
+        tainted: count(&|_, e| e.tainted),
+        cordoned: count(&|_, e| e.cordoned),
+        draining: count(&|_, e| matches!(e.drain, DrainStep::Run { .. })),
+        quarantined_gpus,
+        repairing: count(&|_, e| e.repair.running.is_some()),
+        needs_human: count(&|_, e| e.repair.needs_human),
+        validating: count(&|_, e| e.validating),
+        drifted_nodes,
+        drifted_nodes_truncated: truncated,
+    }
+}
 
+/// `status.driftedNodes`: the nodes that are not compliant, oldest drift first, at most
+/// [`MAX_DRIFTED_NODES`]; and whether some were left out.
+fn drifted_nodes(nodes: &[(&NodePlan, InEffect)]) -> (Vec<DriftedNode>, bool) {
     let mut listed: Vec<&(&NodePlan, InEffect)> = nodes
         .iter()
         .filter(|(n, _)| n.state != NodeState::Compliant)
@@ -116,128 +140,88 @@ pub fn status(
             message: n.condition.message.clone(),
         })
         .collect();
+    (drifted_nodes, truncated)
+}
 
+/// Degraded: the validation template or a maintenance window cannot be used, or drains are
+/// stuck.
+fn degraded(plan: &PolicyPlan, stuck: u32) -> (bool, PolicyReason, String) {
     let invalid_window = match &plan.window {
         WindowState::Invalid(why) => Some(why),
         _ => None,
     };
-    let g = generation;
-    let conditions = vec![
-        condition(
-            PolicyCondition::Ready,
-            true,
-            PolicyReason::Reconciled,
-            format!("{matched} nodes evaluated: {compliant} compliant, {drifted} drifted, {unknown} unknown"),
-            g,
-            old_conditions,
-            now,
-        ),
-        condition(
-            PolicyCondition::Degraded,
-            stuck > 0 || invalid_window.is_some() || plan.invalid_validation.is_some(),
-            if plan.invalid_validation.is_some() {
-                PolicyReason::InvalidValidation
-            } else if invalid_window.is_some() {
-                PolicyReason::InvalidMaintenanceWindow
-            } else if stuck > 0 {
-                PolicyReason::DrainStuck
-            } else {
-                PolicyReason::AsExpected
-            },
-            match (&plan.invalid_validation, invalid_window) {
-                (Some(why), _) => format!("recovered nodes stay as they are, no validation can run: {why}"),
-                (None, Some(why)) => format!("every maintenance window stays closed: {why}"),
-                (None, None) if stuck > 0 => format!("{stuck} drains have run past their timeout"),
-                (None, None) => "no stuck drains".to_string(),
-            },
-            g,
-            old_conditions,
-            now,
-        ),
-        condition(
-            PolicyCondition::BudgetExhausted,
-            plan.budget_queued > 0,
-            if plan.budget_queued > 0 {
-                PolicyReason::NodesQueued
-            } else {
-                PolicyReason::WithinBudget
-            },
-            format!(
-                "{} of {} nodes disrupted; {} waiting",
-                plan.budget_in_use, plan.budget_allowed, plan.budget_queued
-            ),
-            g,
-            old_conditions,
-            now,
-        ),
-        condition(
-            PolicyCondition::CircuitOpen,
-            plan.circuit_open,
-            if plan.circuit_open {
-                PolicyReason::TooManyDrifting
-            } else {
-                PolicyReason::Closed
-            },
-            format!(
-                "{} of {matched} nodes began drifting within the breaker window",
-                plan.recently_drifted
-            ),
-            g,
-            old_conditions,
-            now,
-        ),
-        condition(
-            PolicyCondition::Conflict,
-            !conflicts.is_empty(),
-            if conflicts.is_empty() {
-                PolicyReason::NoOverlap
-            } else {
-                PolicyReason::OverlappingPolicies
-            },
-            if conflicts.is_empty() {
-                "no node is selected by another policy".to_string()
-            } else {
-                format!("nodes also selected by another policy: {}", conflicts.join(", "))
-            },
-            g,
-            old_conditions,
-            now,
-        ),
-        condition(
-            PolicyCondition::Paused,
-            paused,
-            if paused {
-                PolicyReason::Paused
-            } else {
-                PolicyReason::Active
-            },
-            if paused {
-                "spec.paused is true: no action is taken or undone".to_string()
-            } else {
-                "acting on drift".to_string()
-            },
-            g,
-            old_conditions,
-            now,
-        ),
-    ];
+    let on = stuck > 0 || invalid_window.is_some() || plan.invalid_validation.is_some();
+    let reason = if plan.invalid_validation.is_some() {
+        PolicyReason::InvalidValidation
+    } else if invalid_window.is_some() {
+        PolicyReason::InvalidMaintenanceWindow
+    } else if stuck > 0 {
+        PolicyReason::DrainStuck
+    } else {
+        PolicyReason::AsExpected
+    };
+    let message = match (&plan.invalid_validation, invalid_window) {
+        (Some(why), _) => format!("recovered nodes stay as they are, no validation can run: {why}"),
+        (None, Some(why)) => format!("every maintenance window stays closed: {why}"),
+        (None, None) if stuck > 0 => format!("{stuck} drains have run past their timeout"),
+        (None, None) => "no stuck drains".to_string(),
+    };
+    (on, reason, message)
+}
 
-    GpuNodePolicyStatus {
-        observed_generation: generation,
-        conditions,
-        matched,
-        compliant,
-        drifted,
-        unknown,
-        tainted,
-        cordoned,
-        draining,
-        quarantined_gpus,
-        repairing,
-        needs_human,
-        validating,
-        drifted_nodes,
-        drifted_nodes_truncated: truncated,
+/// BudgetExhausted: nodes wait for a slot of `maxUnavailable`.
+fn budget_exhausted(plan: &PolicyPlan) -> (bool, PolicyReason, String) {
+    let on = plan.budget_queued > 0;
+    let reason = if on {
+        PolicyReason::NodesQueued
+    } else {
+        PolicyReason::WithinBudget
+    };
+    let message = format!(
+        "{} of {} nodes disrupted; {} waiting",
+        plan.budget_in_use, plan.budget_allowed, plan.budget_queued
+    );
+    (on, reason, message)
+}
+
+/// CircuitOpen: too many of the `matched` nodes began drifting within the breaker's window.
+fn circuit_open(plan: &PolicyPlan, matched: u32) -> (bool, PolicyReason, String) {
+    let reason = if plan.circuit_open {
+        PolicyReason::TooManyDrifting
+    } else {
+        PolicyReason::Closed
+    };
+    let message = format!(
+        "{} of {matched} nodes began drifting within the breaker window",
+        plan.recently_drifted
+    );
+    (plan.circuit_open, reason, message)
+}
+
+/// Conflict: nodes another policy selects too.
+fn conflict(plan: &PolicyPlan) -> (bool, PolicyReason, String) {
+    let conflicts: Vec<&str> = plan
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.blocked, Some(Block::Conflict(_))))
+        .map(|n| n.node.as_str())
+        .collect();
+    if conflicts.is_empty() {
+        let message = "no node is selected by another policy".to_string();
+        (false, PolicyReason::NoOverlap, message)
+    } else {
+        let message = format!("nodes also selected by another policy: {}", conflicts.join(", "));
+        (true, PolicyReason::OverlappingPolicies, message)
+    }
+}
+
+/// Paused: `spec.paused`.
+fn paused_condition(paused: bool) -> (bool, PolicyReason, String) {
+    if paused {
+        let message = "spec.paused is true: no action is taken or undone".to_string();
+        (true, PolicyReason::Paused, message)
+    } else {
+        (false, PolicyReason::Active, "acting on drift".to_string())
     }
 }
 

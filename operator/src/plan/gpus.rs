@@ -1,5 +1,6 @@
-//! Per-GPU quarantine, the part of the planner that acts on one GPU (`TaintDevice` rules).
-//! Pure, like the rest of the planner.
+//! Per-GPU quarantine, the part of the planner that acts on one GPU (`TaintDevice` rules), and
+//! what it says: the quarantines, an escalation, their Events. Pure, like the rest of the
+//! planner.
 //!
 //! - A class listed by a `TaintDevice` rule is *GPU-handled*: its drifts are tracked per GPU
 //!   (keyed by UUID, with the same hysteresis as the node's classes), and a GPU whose class has
@@ -10,6 +11,11 @@
 //!   quarantined on its own (no UUID, or not among the node's DRA devices). Such a GPU is named in
 //!   the condition and an event, never guessed.
 //! - A GPU's quarantine is undone once none of its classes has been active for `healthyFor`.
+//!
+//! A feature planner: it says what the `TaintDevice` rules want and where a quarantine goes;
+//! whether one may start now is admission's answer, asked by the pass like for any action of
+//! the ladder. It may import the layers below it (view, output, hysteresis), never admission (it
+//! decides nothing), the node plan, the pass or another feature planner.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,115 +25,15 @@ use gpunode_crds::{
 };
 use jiff::Timestamp;
 
-use crate::markers::{GpuTrack, gpu_key};
-
-use super::{NodeView, elapsed, signed, track_set};
-
-/// One GPU of the node, as its report lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GpuView {
-    /// NVML's index.
-    pub index: u32,
-    /// NVML's UUID (`GPU-…`), if the probe read it.
-    pub uuid: Option<String>,
-}
-
-impl GpuView {
-    /// The GPU's key in the bookkeeping.
-    pub fn key(&self) -> String {
-        gpu_key(self.index, self.uuid.as_deref())
-    }
-}
-
-/// A device a DRA driver publishes in a ResourceSlice.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DeviceRef {
-    /// The driver (`gpu.nvidia.com`).
-    pub driver: String,
-    /// The pool (the NVIDIA driver names it after the node).
-    pub pool: String,
-    /// The device's name in its pool (`gpu-5`).
-    pub device: String,
-}
-
-impl std::fmt::Display for DeviceRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
-    }
-}
-
-/// A pod, by namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PodRef {
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-}
-
-/// The pods a node's report says hold each of its GPUs (the kubelet's PodResources API, read by
-/// the probe).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GpuPods {
-    /// When the probe observed them: a pod created later is not the one it saw, even with the
-    /// same name (a StatefulSet's pod recreated after its eviction).
-    pub observed_at: Option<Timestamp>,
-    /// The pods, by GPU UUID; a GPU the report gives no list for is not here (not known).
-    pub by_gpu: BTreeMap<String, Vec<PodRef>>,
-}
-
-impl GpuPods {
-    /// Pods by GPU UUID, observed at an unknown time.
-    pub fn new(by_gpu: BTreeMap<String, Vec<PodRef>>) -> Self {
-        GpuPods {
-            observed_at: None,
-            by_gpu,
-        }
-    }
-}
-
-impl std::fmt::Display for PodRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// How the node's GPUs are handed to pods, and so how one of them is quarantined.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum NodeDevices {
-    /// The node has ResourceSlices of the policy's DRA driver: its devices by GPU UUID.
-    Dra(BTreeMap<String, DeviceRef>),
-    /// No ResourceSlice of the driver names the node: GPUs go through the device plugin. The
-    /// pods the probe saw holding each GPU; `None` when its report does not say (then a
-    /// NoExecute quarantine cannot be done on its own).
-    DevicePlugin(Option<GpuPods>),
-    /// Not known (the planner's tests, `check` without a cluster): a device-plugin node whose
-    /// pods are not known.
-    #[default]
-    Unknown,
-}
-
-/// A GPU quarantine: which GPU and with what effect.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GpuTaint {
-    /// The GPU's key (its UUID, or `index-<i>`).
-    pub gpu: String,
-    /// Its index.
-    pub index: u32,
-    /// The effect.
-    pub effect: TaintEffect,
-}
-
-impl GpuTaint {
-    /// `gpu 5 (GPU-…)`.
-    pub fn subject(&self) -> String {
-        if self.gpu.starts_with("index-") {
-            format!("gpu {}", self.index)
-        } else {
-            format!("gpu {} ({})", self.index, self.gpu)
-        }
-    }
-}
+use super::{
+    hysteresis::{elapsed, signed, track_set},
+    output::{Action, GpuTaint, NodeCondition, PlannedEvent},
+    view::{DeviceRef, NodeDevices, NodeView, PodRef},
+};
+use crate::{
+    markers::{GpuTrack, gpu_key},
+    reasons::Reason,
+};
 
 /// Where a planned quarantine goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -433,4 +339,146 @@ pub fn healthy(node: &NodeView, quarantined: &BTreeSet<u32>) -> Option<u32> {
         .collect();
     let healthy = node.gpus.iter().filter(|g| !sick.contains(&g.index)).count();
     Some(u32::try_from(healthy).unwrap_or(u32::MAX))
+}
+
+/// The node's GPUs once a plan's actions are in effect.
+pub struct GpusAfter<'e> {
+    /// The quarantines in effect, by GPU key.
+    pub taints: BTreeMap<&'e str, &'e GpuTaint>,
+    /// Each GPU's track, recording its quarantine; those with nothing active and no quarantine
+    /// are dropped.
+    pub tracks: BTreeMap<String, GpuTrack>,
+    /// The quarantines, each with where it goes.
+    pub quarantines: Vec<Quarantine>,
+    /// For the `gpunode.dev/healthy-gpus` label: GPUs neither drifting nor quarantined.
+    pub healthy: Option<u32>,
+}
+
+/// The node's GPUs once `effective` (the actions in effect after the plan) is: each GPU's track
+/// records the quarantine in effect, and each quarantine where it goes.
+pub fn after<'e>(
+    policy: &GpuNodePolicySpec,
+    node: &NodeView,
+    effective: &'e BTreeSet<Action>,
+    mut tracks: BTreeMap<String, GpuTrack>,
+) -> GpusAfter<'e> {
+    let taints: BTreeMap<&str, &GpuTaint> = effective
+        .iter()
+        .filter_map(|a| match a {
+            Action::TaintDevice(t) => Some((t.gpu.as_str(), t)),
+            _ => None,
+        })
+        .collect();
+    for (key, track) in &mut tracks {
+        track.quarantined = taints.get(key.as_str()).map(|t| t.effect);
+    }
+    tracks.retain(|_, t| !t.classes.is_empty() || t.quarantined.is_some());
+    let driver = policy.quarantine.dra_driver.as_str();
+    let quarantines: Vec<Quarantine> = taints
+        .values()
+        .filter_map(|t| {
+            target(&t.gpu, t.effect, &node.devices, driver)
+                .ok()
+                .map(|target| Quarantine {
+                    taint: (*t).clone(),
+                    target,
+                })
+        })
+        .collect();
+    let quarantined: BTreeSet<u32> = taints.values().map(|t| t.index).collect();
+    let healthy = healthy(node, &quarantined);
+    GpusAfter {
+        taints,
+        tracks,
+        quarantines,
+        healthy,
+    }
+}
+
+/// ` on device <driver>/<pool>/<device>` when the GPU's quarantine is a DRA device taint.
+pub fn on_device(quarantines: &[Quarantine], t: &GpuTaint) -> String {
+    match quarantine_of(quarantines, &t.gpu).map(|q| &q.target) {
+        Some(QuarantineTarget::Dra(device)) => format!(" on device {device}"),
+        _ => String::new(),
+    }
+}
+
+/// The node condition's words for its GPUs: the quarantines in effect and an escalation.
+pub fn condition(
+    condition: &mut NodeCondition,
+    taints: &BTreeMap<&str, &GpuTaint>,
+    quarantines: &[Quarantine],
+    escalation: Option<&Escalation>,
+) {
+    if !taints.is_empty() {
+        let list: Vec<String> = taints
+            .values()
+            .map(|t| {
+                format!(
+                    "{} {}{}",
+                    t.subject(),
+                    t.effect.as_str(),
+                    on_device(quarantines, t)
+                )
+            })
+            .collect();
+        condition.message = format!("{}; quarantined: {}", condition.message, list.join(", "));
+    }
+    if let Some(e) = escalation {
+        condition.message = format!("{}; escalated: {}", condition.message, e.describe());
+    }
+}
+
+/// Events for the GPUs: quarantines added and lifted, and an escalation that begins.
+pub fn events(
+    node: &NodeView,
+    taints: &BTreeMap<&str, &GpuTaint>,
+    quarantines: &[Quarantine],
+    escalation: Option<&Escalation>,
+) -> Vec<PlannedEvent> {
+    let mut out = Vec::new();
+    let before: BTreeMap<&str, (u32, TaintEffect)> =
+        node.markers.quarantines().map(|(k, i, e)| (k, (i, e))).collect();
+    for (key, t) in taints {
+        if before.get(key).map(|(_, e)| *e) != Some(t.effect) {
+            let mut note = format!(
+                "quarantined {}{} with effect {}",
+                t.subject(),
+                on_device(quarantines, t),
+                t.effect.as_str()
+            );
+            if let Some(q) = quarantine_of(quarantines, &t.gpu).filter(|q| !q.evicts().is_empty()) {
+                note.push_str(&format!("; evicting the pods holding it: {}", q.evicted_names()));
+            }
+            out.push(PlannedEvent {
+                warning: true,
+                reason: Reason::GpuQuarantined,
+                note,
+            });
+        }
+    }
+    for (key, (index, _)) in &before {
+        if !taints.contains_key(key) {
+            let t = GpuTaint {
+                gpu: (*key).to_string(),
+                index: *index,
+                effect: TaintEffect::None,
+            };
+            out.push(PlannedEvent {
+                warning: false,
+                reason: Reason::GpuReleased,
+                note: format!("quarantine of {} lifted after recovery", t.subject()),
+            });
+        }
+    }
+    if let Some(e) = escalation
+        && node.markers.escalated.is_none()
+    {
+        out.push(PlannedEvent {
+            warning: true,
+            reason: Reason::Escalated,
+            note: e.describe(),
+        });
+    }
+    out
 }

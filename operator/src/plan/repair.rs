@@ -7,9 +7,9 @@
 //! - A node that is not drained but has GPUs under a NoExecute quarantine that no pod holds
 //!   any more gets a GPU-scoped repair: only GpuReset steps, only of those GPUs; it ends when
 //!   the quarantines do.
-//! - One step at a time. A step starts only when nothing gates disruption on the node (pause,
-//!   dry run, skip, a conflict, the circuit breaker) and the node has attempts left in the
-//!   window; it is recorded on the node before its object is created, and its object is created
+//! - One step at a time. A step starts only when admission lets it (`Step::Repair`: pause,
+//!   dry run, skip, a conflict, the circuit breaker, the windows, then a person's approval of a
+//!   step with `requireApproval`) and the node has attempts left in the window; it is recorded on the node before its object is created, and its object is created
 //!   once (by name), so a new leader resumes it and never runs it twice.
 //! - A step ends when its object reports its completion condition (True: succeeded, False:
 //!   failed), is deleted by its remediator (succeeded), cannot be made (failed), or at its
@@ -19,6 +19,10 @@
 //! - No step left, or no attempt left: `NeedsHuman`, kept until the node recovers (its report
 //!   is compliant again, even while it is still drained) or a person removes the
 //!   `gpunode.dev/repair` annotation.
+//!
+//! A feature planner: it holds no gate of its own, it asks [`super::admission`]. It may import
+//! the layers below it (view, output, hysteresis, admission), never the node plan, the pass or
+//! another feature planner.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -30,7 +34,12 @@ use gpunode_crds::{
 use jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 
-use super::{Block, DrainStep, PlannedEvent, signed};
+use super::{
+    admission::{Admission, Block, Candidate, Step},
+    hysteresis::signed,
+    output::{DrainStep, NodeCondition, PlannedEvent},
+    view::{NodeView, StepObject},
+};
 use crate::{
     markers::{
         NeedsHuman, REPAIR_ANNOTATION, RepairTrack, ResetGpu, StepEnd, StepObjectRef, StepOutcome, StepRun,
@@ -38,21 +47,6 @@ use crate::{
     reasons::Reason,
     verdict::NodeState,
 };
-
-/// What the running step's object looks like, as observed before planning.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StepObject {
-    /// It does not exist.
-    Absent,
-    /// It exists and has not finished.
-    Running,
-    /// Its completion condition is True, since then (its lastTransitionTime, if it has one).
-    Succeeded(Option<Timestamp>),
-    /// Its completion condition is False: the message says why.
-    Failed(String),
-    /// It cannot be made or read for good: its template is missing, or its kind is not served.
-    Unavailable(String),
-}
 
 /// An object a step needs, to be created if it does not exist.
 #[derive(Clone, Debug, PartialEq)]
@@ -219,15 +213,49 @@ pub struct RepairInput<'a> {
     /// The node's GPUs under a NoExecute quarantine that no pod holds any more: on a node that
     /// is not drained, the GpuReset steps repair these.
     pub quarantined: &'a BTreeSet<ResetGpu>,
-    /// The rungs a person approved on the node (step names among them).
-    pub approved: &'a BTreeSet<String>,
-    /// What blocks disruption on the node, if anything.
-    pub gate: Option<&'a Block>,
+    /// Whether a step may start on the node now (what holds disruption on it, a person's
+    /// approval of the step).
+    pub admission: &'a Admission,
+    /// The node, as admission knows it.
+    pub candidate: &'a Candidate<'a>,
     /// The drain is wanted but held back (dry run, pause, ...): the step that would follow it
     /// is listed as waiting too.
     pub drain_pending: bool,
     /// Now.
     pub now: Timestamp,
+}
+
+impl RepairInput<'_> {
+    /// What holds `step` back on the node now, if anything (`approval`: ask for a person's
+    /// approval of it too, when it requires one).
+    fn may_start(&self, step: &RepairStep, approval: bool) -> Option<Block> {
+        let step = Step::Repair {
+            step: &step.name,
+            approval,
+        };
+        self.admission.may(self.candidate, step)
+    }
+}
+
+/// The node's drifting GPUs by class, those with a UUID (a GpuReset step's targets).
+pub fn drifting_gpus(node: &NodeView) -> BTreeMap<DriftClass, BTreeSet<ResetGpu>> {
+    let uuids: BTreeMap<u32, &str> = node
+        .gpus
+        .iter()
+        .filter_map(|g| Some((g.index, g.uuid.as_deref()?)))
+        .collect();
+    let mut out: BTreeMap<DriftClass, BTreeSet<ResetGpu>> = BTreeMap::new();
+    for d in &node.verdict.drifts {
+        if let Some(index) = d.gpu
+            && let Some(uuid) = uuids.get(&index)
+        {
+            out.entry(d.class).or_default().insert(ResetGpu {
+                index,
+                uuid: (*uuid).to_string(),
+            });
+        }
+    }
+    out
 }
 
 /// The object a step creates on `node`.
@@ -390,12 +418,12 @@ pub fn decide(input: RepairInput<'_>) -> RepairPlan {
             // A dry run (or a pause, a conflict) lists the step that would follow the drain.
             if input.drain_pending
                 && input.state == NodeState::Drifted
-                && let Some(block) = input.gate
                 && let Some(step) = first_for(policy, 0, &input)
+                && let Some(block) = input.may_start(step, false)
             {
                 plan.state = RepairState::Waiting {
                     step: step.name.clone(),
-                    block: block.clone(),
+                    block,
                 };
             }
             return plan;
@@ -521,45 +549,8 @@ fn first_for<'p>(policy: &'p RepairPolicy, from: usize, input: &RepairInput<'_>)
 /// After the last step (or before the first): wait for the report, start the next step, or
 /// stop.
 fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) -> RepairPlan {
-    let now = input.now;
-    if let Some(h) = &plan.track.needs_human {
-        // The node recovered while still drained (it waits out `healthyFor`, or its
-        // validation): the drift that stopped the repair is gone, and so is the stop. A drift
-        // that follows (a failed validation) climbs the ladder from where it was.
-        if input.state != NodeState::Compliant {
-            plan.state = RepairState::NeedsHuman(h.why.clone());
-            return plan;
-        }
-        plan.track.needs_human = None;
-    }
-    if let Some(step) = plan.track.step.as_mut()
-        && let Some(end) = step.ended.as_mut()
-        && end.outcome == StepOutcome::Succeeded
-        && input.last_heard.is_none_or(|r| r < end.at)
-    {
-        let timeout = policy
-            .step(&step.name)
-            .map_or(SignedDuration::ZERO, |(_, s)| signed(s.timeout));
-        let deadline = add(step.started, timeout);
-        if now < deadline {
-            plan.state = RepairState::AwaitingReport {
-                step: step.name.clone(),
-            };
-            plan.deadline = Some(deadline);
-            return plan;
-        }
-        // No report since it finished: not shown to have repaired anything.
-        end.outcome = StepOutcome::TimedOut;
-        let ran = now.duration_since(step.started);
-        plan.events.push(ended_event(
-            &step.name,
-            StepOutcome::TimedOut,
-            ran,
-            &format!(
-                "the probe sent no report within its timeout of {} after it finished",
-                human(timeout)
-            ),
-        ));
+    if still_stopped(&mut plan, input) || awaiting_report(&mut plan, policy, input) {
+        return plan;
     }
     // Nothing (left) to repair: in a GPU-scoped repair, the quarantined GPUs no longer drift.
     if input.state != NodeState::Drifted || input.drifting.is_empty() {
@@ -571,28 +562,7 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         .as_ref()
         .and_then(|s| policy.step(&s.name))
         .map_or(0, |(i, _)| i + 1);
-    let candidate = first_for(policy, from, input);
-    let stays = if gpu_scoped(input) {
-        "its quarantined GPUs stay quarantined"
-    } else {
-        "the node stays cordoned"
-    };
-    let stop = |plan: &mut RepairPlan, why: String| {
-        plan.events.push(PlannedEvent {
-            warning: true,
-            reason: Reason::NeedsHuman,
-            note: format!(
-                "{why}; {stays}. To start its repair again: kubectl annotate node {} {REPAIR_ANNOTATION}-",
-                input.node
-            ),
-        });
-        plan.track.needs_human = Some(NeedsHuman {
-            at: now,
-            why: why.clone(),
-        });
-        plan.state = RepairState::NeedsHuman(why);
-    };
-    let Some(step) = candidate else {
+    let Some(step) = first_for(policy, from, input) else {
         if gpu_scoped(input) && from == 0 {
             // No GpuReset step for these quarantines: they stay, as without a repair.
             return plan;
@@ -603,40 +573,113 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
         } else {
             format!("every repair step for {} was tried", classes.join(", "))
         };
-        stop(&mut plan, why);
+        stop(&mut plan, input, why);
         return plan;
     };
-    if let Some(block) = input.gate {
+    if let Some(block) = input.may_start(step, step.require_approval) {
         plan.state = RepairState::Waiting {
             step: step.name.clone(),
-            block: block.clone(),
-        };
-        return plan;
-    }
-    if step.require_approval && !input.approved.contains(&step.name) {
-        let rungs = vec![step.name.clone()];
-        plan.state = RepairState::Waiting {
-            step: step.name.clone(),
-            block: Block::Approval {
-                command: super::approve_command(input.node, input.approved, &rungs),
-                rungs,
-            },
+            block,
         };
         return plan;
     }
     let used = u32::try_from(plan.track.attempts.len()).unwrap_or(u32::MAX);
     if used >= policy.max_attempts {
-        stop(
-            &mut plan,
-            format!(
-                "the node used its {} repair attempts within {}",
-                policy.max_attempts,
-                human(signed(policy.window))
-            ),
+        let why = format!(
+            "the node used its {} repair attempts within {}",
+            policy.max_attempts,
+            human(signed(policy.window))
         );
+        stop(&mut plan, input, why);
         return plan;
     }
-    // Start it: recorded on the node before its objects are made.
+    start(plan, policy, input, step, used)
+}
+
+/// A repair that stopped stays stopped while the node is not compliant (true then). The node
+/// recovered while still drained (it waits out `healthyFor`, or its validation): the drift that
+/// stopped the repair is gone, and so is the stop; a drift that follows (a failed validation)
+/// climbs the ladder from where it was.
+fn still_stopped(plan: &mut RepairPlan, input: &RepairInput<'_>) -> bool {
+    let Some(h) = &plan.track.needs_human else {
+        return false;
+    };
+    if input.state != NodeState::Compliant {
+        plan.state = RepairState::NeedsHuman(h.why.clone());
+        return true;
+    }
+    plan.track.needs_human = None;
+    false
+}
+
+/// A step that succeeded waits for the probe's next report within its timeout (true while it
+/// does); with no report by then it counts as timed out.
+fn awaiting_report(plan: &mut RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) -> bool {
+    let now = input.now;
+    let Some(step) = plan.track.step.as_mut() else {
+        return false;
+    };
+    let Some(end) = step.ended.as_mut() else {
+        return false;
+    };
+    if end.outcome != StepOutcome::Succeeded || input.last_heard.is_some_and(|r| r >= end.at) {
+        return false;
+    }
+    let timeout = policy
+        .step(&step.name)
+        .map_or(SignedDuration::ZERO, |(_, s)| signed(s.timeout));
+    let deadline = add(step.started, timeout);
+    if now < deadline {
+        plan.state = RepairState::AwaitingReport {
+            step: step.name.clone(),
+        };
+        plan.deadline = Some(deadline);
+        return true;
+    }
+    // No report since it finished: not shown to have repaired anything.
+    end.outcome = StepOutcome::TimedOut;
+    let ran = now.duration_since(step.started);
+    let why = format!(
+        "the probe sent no report within its timeout of {} after it finished",
+        human(timeout)
+    );
+    plan.events
+        .push(ended_event(&step.name, StepOutcome::TimedOut, ran, &why));
+    false
+}
+
+/// The repair stops for `why` and waits for a person.
+fn stop(plan: &mut RepairPlan, input: &RepairInput<'_>, why: String) {
+    let stays = if gpu_scoped(input) {
+        "its quarantined GPUs stay quarantined"
+    } else {
+        "the node stays cordoned"
+    };
+    plan.events.push(PlannedEvent {
+        warning: true,
+        reason: Reason::NeedsHuman,
+        note: format!(
+            "{why}; {stays}. To start its repair again: kubectl annotate node {} {REPAIR_ANNOTATION}-",
+            input.node
+        ),
+    });
+    plan.track.needs_human = Some(NeedsHuman {
+        at: input.now,
+        why: why.clone(),
+    });
+    plan.state = RepairState::NeedsHuman(why);
+}
+
+/// Starts `step`, the node's attempt `used + 1`: recorded on the node before its objects are
+/// made.
+fn start(
+    mut plan: RepairPlan,
+    policy: &RepairPolicy,
+    input: &RepairInput<'_>,
+    step: &RepairStep,
+    used: u32,
+) -> RepairPlan {
+    let now = input.now;
     let run = StepRun {
         name: step.name.clone(),
         started: now,
@@ -679,4 +722,32 @@ fn next(mut plan: RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>) ->
     };
     plan.deadline = Some(add(now, signed(step.timeout)));
     plan
+}
+
+/// The node condition while a repair runs, waits or has stopped.
+pub fn condition(condition: &mut NodeCondition, state: &RepairState) {
+    match state {
+        RepairState::Idle => {}
+        RepairState::Running { step, since } => {
+            condition.reason = Reason::Repairing;
+            condition.message = format!("{}; repair step {step} running since {since}", condition.message);
+        }
+        RepairState::AwaitingReport { step } => {
+            condition.message = format!(
+                "{}; repair step {step} finished, waiting for the probe's next report",
+                condition.message
+            );
+        }
+        RepairState::Waiting { step, block } => {
+            condition.message = format!(
+                "{}; repair step {step} waiting ({})",
+                condition.message,
+                block.describe()
+            );
+        }
+        RepairState::NeedsHuman(why) => {
+            condition.reason = Reason::NeedsHuman;
+            condition.message = format!("{}; repair stopped, needs a person: {why}", condition.message);
+        }
+    }
 }

@@ -7,17 +7,24 @@
 //!   a Job on the node. Passed: the undo goes ahead.
 //! - With `periodic`, an idle healthy node (nothing of gpunode's on it, its GPUs' pods known and
 //!   none but validation pods) is validated at most once per `every`, at most `maxPerHour` a
-//!   policy, within the windows; the planner decides that, the node is not cordoned.
+//!   policy, within the windows (admission's `Step::PeriodicValidation`); the node is not
+//!   cordoned.
 //! - Failed or timed out: the node drifts in class Validation ([`failure_drift`]) until a
 //!   repair step that started after the failure succeeds (or a person removes the record): the
 //!   policy's rules and repair steps for Validation act on it like on any drift.
-//! - A validation starts only when nothing gates disruption on the node (pause, dry run, skip,
-//!   a conflict, the circuit breaker), when fewer than `maxConcurrent` of the policy's nodes
-//!   are validating, and when the node holds a disruption slot or one is free. It is recorded
+//! - A validation starts only when admission lets it (`Step::Validation`: pause, dry run, skip,
+//!   a conflict, the circuit breaker, a disruption slot the node holds or one that is free,
+//!   fewer than `maxConcurrent` of the policy's nodes validating). It is recorded
 //!   on the node before its Job is made; the Job carries its start, so a new leader resumes it
 //!   and a leftover of an earlier run is told apart.
 //! - A validation no longer wanted (the node drifts again, or a person undid gpunode's
 //!   actions) is forgotten; a Job still running is deleted.
+//!
+//! A feature planner: it holds no gate of its own, it asks [`super::admission`]. It may import
+//! the layers below it (view, output, hysteresis, admission), never the node plan, the pass or
+//! another feature planner.
+
+use std::{borrow::Cow, collections::BTreeSet};
 
 use gpunode_crds::{DriftClass, names, validation::ValidationPolicy};
 use jiff::{SignedDuration, Timestamp};
@@ -32,11 +39,17 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
-use super::{Block, PlannedEvent, signed};
+pub use super::view::JobState;
+use super::{
+    admission::{Admission, Block, Candidate, Step},
+    hysteresis::signed,
+    output::{Action, NodeCondition, PlannedEvent},
+    view::{NodeDevices, NodeView},
+};
 use crate::{
     markers::{self, RepairTrack, StepOutcome, ValidationEnd, ValidationOutcome, ValidationTrack},
     reasons::Reason,
-    verdict::Drift,
+    verdict::{Drift, Verdict},
 };
 
 /// The label on a validation Job and its pod: the node it validates (through
@@ -46,21 +59,6 @@ pub const NODE_LABEL: &str = "gpunode.dev/validation-node";
 pub const STARTED_ANNOTATION: &str = "gpunode.dev/validation-started";
 /// How long a finished validation Job is kept, for a person to read its logs.
 pub const KEEP_FINISHED_SECS: i32 = 24 * 3600;
-
-/// A validation Job, as observed before planning.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum JobState {
-    /// It does not exist (or it is a leftover of an earlier run).
-    Absent,
-    /// It exists and has not finished.
-    Running,
-    /// It completed.
-    Passed,
-    /// It failed: the reason and message of its Failed condition.
-    Failed(String),
-    /// It ran past its deadline (Failed, reason DeadlineExceeded).
-    TimedOut(String),
-}
 
 /// Where a node's validation stands after this plan.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,6 +198,25 @@ pub fn passed(track: Option<&ValidationTrack>, job: Option<&JobState>) -> bool {
     }
 }
 
+/// Whether a validation before an undo is due on `node`: the policy validates, gpunode's
+/// cordon, drain or a disruptive taint is in effect (`current`), and the ladder wants nothing
+/// of the node's any more (a PreferNoSchedule taint alone is a hint, not worth a validation).
+/// Until it passed, the node keeps what is in effect: it stays `wanted`.
+pub fn hold(
+    policy: Option<&ValidationPolicy>,
+    node: &NodeView,
+    wanted: &mut BTreeSet<Action>,
+    current: &BTreeSet<Action>,
+) -> bool {
+    let due = policy.is_some()
+        && current.iter().any(|a| a.is_node_level() && a.is_disruptive())
+        && !wanted.iter().any(Action::is_node_level);
+    if due && !passed(node.markers.validation.as_ref(), node.validation_job.as_ref()) {
+        wanted.extend(current.iter().filter(|a| a.is_node_level()).cloned());
+    }
+    due
+}
+
 /// A validation that failed and that no repair step has succeeded since: the node drifts in
 /// class Validation.
 fn unrepaired(t: &ValidationTrack, repair: &RepairTrack) -> bool {
@@ -235,6 +252,34 @@ pub fn failure_drift(
     })
 }
 
+/// The node as the planner sees it: with the drift of a failed validation
+/// ([`failure_drift`]) added to its verdict, if it has one (only then is the view copied).
+pub fn with_failure<'a>(
+    policy: Option<&ValidationPolicy>,
+    node: &'a NodeView,
+    now: Timestamp,
+) -> Cow<'a, NodeView> {
+    let failed = policy.and_then(|v| {
+        failure_drift(
+            node.markers.validation.as_ref(),
+            node.validation_job.as_ref(),
+            &node.markers.repair,
+            v.timeout,
+            now,
+        )
+    });
+    match failed {
+        Some(drift) => {
+            let mut node = node.clone();
+            let mut drifts = node.verdict.drifts.clone();
+            drifts.push(drift);
+            node.verdict = Verdict::new(drifts, node.verdict.unknowns.clone());
+            Cow::Owned(node)
+        }
+        None => Cow::Borrowed(node),
+    }
+}
+
 /// When a repair step that started after `at` succeeded, if one did.
 fn repaired_since(repair: &RepairTrack, at: Timestamp) -> Option<Timestamp> {
     let step = repair.step.as_ref().filter(|s| s.started >= at)?;
@@ -263,8 +308,8 @@ pub fn periodic_due(
 
 /// Whether a node's GPUs are known to be idle: the report lists the pods of every GPU, and the
 /// only ones are validation pods (in `namespace`, named after their Job).
-pub fn idle(gpus: usize, devices: &super::NodeDevices, namespace: &str) -> bool {
-    let super::NodeDevices::DevicePlugin(Some(pods)) = devices else {
+pub fn idle(gpus: usize, devices: &NodeDevices, namespace: &str) -> bool {
+    let NodeDevices::DevicePlugin(Some(pods)) = devices else {
         return false;
     };
     gpus > 0
@@ -288,12 +333,11 @@ pub struct ValidationInput<'a> {
     pub policy_name: &'a str,
     /// The template, or why it cannot be used.
     pub template: Result<&'a PodTemplateSpec, &'a str>,
-    /// The node.
-    pub node: &'a str,
-    /// The bookkeeping as read from the node.
-    pub track: Option<&'a ValidationTrack>,
-    /// The Job, as observed (only while one runs).
-    pub job: Option<&'a JobState>,
+    /// The node, as admission knows it (its view holds the bookkeeping, the Job as observed,
+    /// its GPUs and their pods).
+    pub node: &'a Candidate<'a>,
+    /// Whether a validation may start on the node now.
+    pub admission: &'a Admission,
     /// A validation is due before an undo: the node recovered while gpunode's cordon, drain or
     /// a disruptive taint is in effect.
     pub due: bool,
@@ -302,18 +346,44 @@ pub struct ValidationInput<'a> {
     pub settled: bool,
     /// The node is healthy with nothing of gpunode's on it: a periodic validation may go on.
     pub quiet: bool,
-    /// A periodic validation may start on the node now (idle, due by `every`, within the
-    /// windows, the hourly bound, `maxConcurrent` and the budget).
-    pub periodic: bool,
-    /// The repair as read from the node.
-    pub repair: &'a RepairTrack,
-    /// What keeps a validation before an undo from starting (pause, dry run, skip, conflict,
-    /// breaker, budget).
-    pub gate: Option<&'a Block>,
-    /// How many more validations may start now (`maxConcurrent` less those running).
-    pub slots: u32,
     /// Now.
     pub now: Timestamp,
+}
+
+impl<'a> ValidationInput<'a> {
+    /// The node's name.
+    fn name(&self) -> &'a str {
+        &self.node.view.name
+    }
+
+    /// The bookkeeping as read from the node.
+    fn track(&self) -> Option<&'a ValidationTrack> {
+        self.node.view.markers.validation.as_ref()
+    }
+
+    /// The Job, as observed (only while one runs).
+    fn job(&self) -> Option<&'a JobState> {
+        self.node.view.validation_job.as_ref()
+    }
+
+    /// The repair as read from the node.
+    fn repair(&self) -> &'a RepairTrack {
+        &self.node.view.markers.repair
+    }
+
+    /// A periodic validation may start on the node now: it is quiet and idle, none ran within
+    /// `every`, and admission lets it (the windows, the hourly bound, `maxConcurrent`, the
+    /// budget and what holds disruption on the node).
+    fn periodic(&self, policy: &ValidationPolicy) -> bool {
+        let Some(periodic) = &policy.periodic else {
+            return false;
+        };
+        let view = self.node.view;
+        self.quiet
+            && self.admission.may(self.node, Step::PeriodicValidation).is_none()
+            && periodic_due(self.track(), self.repair(), signed(periodic.every), self.now)
+            && idle(view.gpus.len(), &view.devices, &policy.namespace)
+    }
 }
 
 /// The name of the Job that validates `node`, started at `started`
@@ -334,12 +404,12 @@ pub fn decide(input: ValidationInput<'_>) -> ValidationPlan {
         // finishes on its own deadline (the namespace it ran in is no longer known).
         return ValidationPlan::idle(None);
     };
-    match input.track {
+    match input.track() {
         Some(t) if t.ended.is_none() => {
             let wanted = if t.periodic { input.quiet } else { input.due };
             // A Job that finished is recorded even if the node changed meanwhile (a failure is
             // itself the drift that changes it).
-            let finished = ending(input.job, t.started, policy.timeout, input.now).is_some();
+            let finished = ending(input.job(), t.started, policy.timeout, input.now).is_some();
             if !wanted && !finished {
                 // The node drifts again, or a person undid gpunode's actions: cancelled.
                 let mut plan = ValidationPlan::idle(None);
@@ -348,7 +418,7 @@ pub fn decide(input: ValidationInput<'_>) -> ValidationPlan {
             }
             follow(policy, &input, t)
         }
-        Some(t) if unrepaired(t, input.repair) => failed(t),
+        Some(t) if unrepaired(t, input.repair()) => failed(t),
         Some(t)
             if !t.periodic
                 && t.ended
@@ -367,7 +437,7 @@ pub fn decide(input: ValidationInput<'_>) -> ValidationPlan {
         }
         // No record, a periodic one that ended, or a failure a repair step has mended since.
         _ if input.due => start(policy, &input, false),
-        _ if input.periodic => start(policy, &input, true),
+        _ if input.periodic(policy) => start(policy, &input, true),
         // A periodic record is kept: it says when the node was last validated.
         t => ValidationPlan::idle(t.filter(|t| t.periodic).cloned()),
     }
@@ -395,9 +465,9 @@ fn follow(policy: &ValidationPolicy, input: &ValidationInput<'_>, t: &Validation
     let now = input.now;
     let mut t = t.clone();
     let deadline = add(t.started, signed(policy.timeout));
-    let Some((outcome, message)) = ending(input.job, t.started, policy.timeout, now) else {
+    let Some((outcome, message)) = ending(input.job(), t.started, policy.timeout, now) else {
         let mut plan = ValidationPlan::idle(Some(t.clone()));
-        if input.job.is_none_or(|j| *j == JobState::Absent) {
+        if input.job().is_none_or(|j| *j == JobState::Absent) {
             plan.create = make(policy, input, &t.job, t.started);
         }
         plan.state = ValidationState::Running {
@@ -440,7 +510,7 @@ fn follow(policy: &ValidationPolicy, input: &ValidationInput<'_>, t: &Validation
             note: format!(
                 "{what} {job_ref} {} after {ran}: {message}; the node drifts in class Validation until a repair step succeeds (the policy's rules and repair steps for Validation act). To validate it again: kubectl annotate node {} {}-",
                 outcome.as_str(),
-                input.node,
+                input.name(),
                 markers::VALIDATION_ANNOTATION
             ),
         });
@@ -485,7 +555,7 @@ fn kind(periodic: bool) -> &'static str {
 /// Starts a validation (before an undo, or `periodic`) if nothing keeps it from starting.
 fn start(policy: &ValidationPolicy, input: &ValidationInput<'_>, periodic: bool) -> ValidationPlan {
     let now = input.now;
-    let keep = input.track.filter(|t| t.periodic).cloned();
+    let keep = input.track().filter(|t| t.periodic).cloned();
     let wait = if let Err(why) = input.template {
         Some(ValidationWait::Invalid(why.to_string()))
     } else if periodic {
@@ -493,12 +563,11 @@ fn start(policy: &ValidationPolicy, input: &ValidationInput<'_>, periodic: bool)
         None
     } else if !input.settled {
         Some(ValidationWait::Recovering)
-    } else if let Some(b) = input.gate {
-        Some(ValidationWait::Blocked(b.clone()))
-    } else if input.slots == 0 {
-        Some(ValidationWait::Concurrency(policy.max_concurrent))
     } else {
-        None
+        match input.admission.may(input.node, Step::Validation) {
+            Some(Block::Validations(max)) => Some(ValidationWait::Concurrency(max)),
+            b => b.map(ValidationWait::Blocked),
+        }
     };
     if let Some(w) = wait {
         if periodic {
@@ -509,7 +578,7 @@ fn start(policy: &ValidationPolicy, input: &ValidationInput<'_>, periodic: bool)
             ..ValidationPlan::idle(keep)
         };
     }
-    let job = job_name(input.node, now);
+    let job = job_name(input.name(), now);
     let track = ValidationTrack {
         job: job.clone(),
         started: now,
@@ -551,7 +620,7 @@ fn make(
         template.clone(),
         policy,
         input.policy_name,
-        input.node,
+        input.name(),
         name,
         started,
     );
@@ -681,6 +750,41 @@ pub fn job_state(job: Option<&Job>, started: Timestamp) -> JobState {
         };
     }
     JobState::Running
+}
+
+/// The node condition while a validation runs, waits or has failed.
+pub fn condition(condition: &mut NodeCondition, state: &ValidationState) {
+    match state {
+        ValidationState::Idle | ValidationState::Passed { .. } => {}
+        ValidationState::Running { job, since } => {
+            condition.reason = Reason::Validating;
+            condition.message = format!(
+                "{}; validation Job {job} running since {since}, gpunode's cordon and taints stay until it passes",
+                condition.message
+            );
+        }
+        ValidationState::Failed {
+            job,
+            outcome,
+            message,
+        } => {
+            condition.status = "False";
+            condition.reason = Reason::ValidationFailed;
+            condition.message = format!(
+                "{}; validation Job {job} {}: {message}",
+                condition.message,
+                outcome.as_str()
+            );
+        }
+        ValidationState::Waiting(wait) => {
+            condition.reason = Reason::Validating;
+            condition.message = format!(
+                "{}; validation waiting ({}), gpunode's cordon and taints stay until it passes",
+                condition.message,
+                wait.describe()
+            );
+        }
+    }
 }
 
 #[cfg(test)]
