@@ -180,8 +180,10 @@ impl LoadGen {
             nodes.push(node.clone());
             let delay = stagger * i as u32 / n;
             let mut sink = TimedSink {
-                inner: KubeSink::new(client.clone(), name)
-                    .with_heartbeat_lease(crate::run::OPERATOR_NAMESPACE, PublishConfig::default().heartbeat),
+                inner: KubeSink::new(client.clone(), name).with_heartbeat_lease(
+                    crate::identity::OPERATOR_NAMESPACE,
+                    PublishConfig::default().heartbeat,
+                ),
                 node: node.clone(),
                 stats: stats.clone(),
                 tick: tick.clone(),

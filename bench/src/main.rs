@@ -6,6 +6,7 @@
 
 mod audit;
 mod error;
+mod identity;
 mod limit;
 mod loadgen;
 mod model;

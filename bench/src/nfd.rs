@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tracing::info;
 
-use crate::{error::Error, procs::Measured, results::Nfd, run::token_kubeconfig, tracker::Tracker};
+use crate::{error::Error, identity::token_kubeconfig, procs::Measured, results::Nfd, tracker::Tracker};
 
 /// nfd-master's namespace.
 pub const NAMESPACE: &str = "node-feature-discovery";

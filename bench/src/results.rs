@@ -90,7 +90,7 @@ pub struct Gpunode {
     pub recovery: Latency,
     /// End to end with real probe processes (see `realprobes.rs`); absent when none ran.
     #[serde(default)]
-    pub real_probes: Option<crate::realprobes::Measured>,
+    pub real_probes: Option<Measured>,
     /// Changes that timed out.
     pub reaction_failures: usize,
     /// Changes per second the reaction phase sustained.
@@ -214,4 +214,31 @@ pub struct RunResult {
     pub nfd_best_vs_gpunode: Option<f64>,
     /// Notes about this run (timeouts, projections).
     pub notes: Vec<String>,
+}
+
+/// What the real probes measured.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Measured {
+    /// Real probe processes.
+    pub probes: usize,
+    /// The probe's observation of the XID → taint visible.
+    pub observation_to_taint: Latency,
+    /// The probe's share: its observation → its report written (`published`, logged when the
+    /// API server answered).
+    #[serde(default)]
+    pub observation_to_publish: Latency,
+    /// The operator's share: the report written → taint visible (the watch to the operator, its
+    /// pass, the taint write, the watch back to the benchmark).
+    #[serde(default)]
+    pub publish_to_taint: Latency,
+    /// XID injected into the fixture → taint visible (adds the fake library's 100-ms poll of
+    /// its fixture, which a real driver does not have, and the probe's wake-up).
+    pub injection_to_taint: Latency,
+    /// Injections that did not end in a taint within the deadline, or whose observation was not
+    /// found in the probe's log.
+    pub failures: usize,
+    /// Per probe at default intervals over the steady phase: CPU as % of one core.
+    pub cpu_percent: Vec<f64>,
+    /// Per probe: peak RSS (VmHWM), MiB.
+    pub rss_peak_mib: Vec<f64>,
 }

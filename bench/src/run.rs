@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client, Config, ResourceExt,
     api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig, NamedAuthInfo},
+    config::{KubeConfigOptions, Kubeconfig},
 };
 use serde_json::json;
 use tracing::info;
@@ -33,10 +33,8 @@ use crate::{
     tracker::{NODE_SELECTOR, Tracker},
 };
 
-/// The chart's namespace and the operator's ServiceAccount (its RBAC is applied by run.sh).
-pub const OPERATOR_NAMESPACE: &str = "gpunode-system";
-/// The operator's ServiceAccount.
-pub const OPERATOR_SA: &str = "gpunode-operator";
+pub use crate::identity::{OPERATOR_NAMESPACE, OPERATOR_SA, token_kubeconfig};
+
 /// The benchmark policy's name.
 pub const POLICY: &str = "bench";
 /// Writes per pass of the limit's sweep (at least 2 per request in flight).
@@ -90,21 +88,6 @@ async fn config(kubeconfig: &Path) -> Result<(Config, Kubeconfig), Error> {
         .await
         .map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
     Ok((config, kc))
-}
-
-/// Writes a copy of `kc` that authenticates with `token`.
-pub fn token_kubeconfig(kc: &Kubeconfig, token: &str, path: &Path) -> Result<(), Error> {
-    let mut kc = kc.clone();
-    let user = "bench-token".to_string();
-    let named: NamedAuthInfo = serde_json::from_value(json!({"name": user, "user": {"token": token}}))?;
-    kc.auth_infos = vec![named];
-    for ctx in &mut kc.contexts {
-        if let Some(c) = ctx.context.as_mut() {
-            c.user = Some(user.clone());
-        }
-    }
-    std::fs::write(path, serde_yaml::to_string(&kc)?)
-        .map_err(Error::io(format!("writing {}", path.display())))
 }
 
 fn load_yaml(path: &Path) -> Result<serde_json::Value, Error> {

@@ -58,6 +58,9 @@ pub const MAX_DNS_LABEL: usize = 63;
 pub const DIGEST_DIGITS: usize = 16;
 /// Digits of the digest in a validation Job's name.
 const JOB_DIGEST_DIGITS: usize = 5;
+/// The field manager of every object and field the operator writes (server-side apply, and
+/// the `managedFields` entry by which it recognises its own cordon).
+pub const OPERATOR_FIELD_MANAGER: &str = "gpunode-operator";
 /// Prefix of a probe heartbeat Lease's name; the rest is the node's name.
 pub const LEASE_PREFIX: &str = "gpunode-probe-";
 /// Prefix of every validation Job's name (and so of its pods').

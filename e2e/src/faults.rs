@@ -21,6 +21,7 @@
 
 pub mod checks;
 pub mod cluster;
+pub mod labels;
 pub mod marks;
 pub mod record;
 pub mod replica;

@@ -23,8 +23,8 @@ use crate::{
     audit::AuditEvent,
     faults::{
         checks::Check,
+        labels::{BYSTANDER_LABEL, FOREIGN_LABEL, FOREIGN_TAINT},
         marks::disrupted,
-        wave::{BYSTANDER_LABEL, FOREIGN_LABEL, FOREIGN_TAINT},
     },
 };
 

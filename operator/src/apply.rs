@@ -60,7 +60,7 @@ use crate::{
 };
 
 /// The field manager of every gpunode write.
-pub const FIELD_MANAGER: &str = "gpunode-operator";
+pub const FIELD_MANAGER: &str = gpunode_crds::names::OPERATOR_FIELD_MANAGER;
 
 /// How often a conflicting taint/cordon write is retried before the reconcile gives up.
 const MAX_CONFLICT_RETRIES: usize = 5;

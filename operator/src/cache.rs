@@ -20,7 +20,7 @@ use kube::{Resource, ResourceExt, core::DeserializeGuard};
 
 use crate::{
     evaluate::{evaluate_heard, unchanged_until_heard},
-    observe::CachedReport,
+    observe::compact::CachedReport,
     verdict::{REPORT_CHECK, Unknown, Verdict},
 };
 

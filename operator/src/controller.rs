@@ -558,7 +558,7 @@ fn record_applied(ctx: &Context, applied: &Applied) {
 
 /// Counts the actions a written plan took, and the report-to-action latency of state changes.
 fn record_actions(ctx: &Context, np: &plan::NodePlan, node: &Node) {
-    for kind in np.events.iter().filter_map(|e| e.reason.action()) {
+    for kind in np.events.iter().filter_map(|e| ActionKind::of_event(e.reason)) {
         ctx.metrics.action(kind, ActionResult::Ok);
     }
     for _ in &np.pending {

@@ -33,7 +33,10 @@ use tokio::{sync::watch, time::Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
-use crate::{reasons::PolicyCondition, verdict::NodeState};
+use crate::{
+    reasons::{PolicyCondition, Reason},
+    verdict::NodeState,
+};
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -136,6 +139,38 @@ pub enum ActionKind {
 }
 
 impl ActionKind {
+    /// The action an Event with this reason records in `gpunode_actions_total`, if any.
+    pub const fn of_event(reason: Reason) -> Option<ActionKind> {
+        match reason {
+            Reason::Tainted => Some(ActionKind::Taint),
+            Reason::TaintRemoved => Some(ActionKind::Untaint),
+            Reason::Cordoned => Some(ActionKind::Cordon),
+            Reason::Uncordoned => Some(ActionKind::Uncordon),
+            Reason::DrainStarted => Some(ActionKind::DrainStart),
+            Reason::DrainStuck => Some(ActionKind::DrainStuck),
+            Reason::Drifted | Reason::Compliant | Reason::Unknown => Some(ActionKind::Label),
+            Reason::Released => Some(ActionKind::Release),
+            Reason::GpuQuarantined => Some(ActionKind::Quarantine),
+            Reason::GpuReleased => Some(ActionKind::Unquarantine),
+            Reason::RepairStarted => Some(ActionKind::RepairStart),
+            Reason::NeedsHuman => Some(ActionKind::NeedsHuman),
+            Reason::Escalated
+            | Reason::Repairing
+            | Reason::RepairSucceeded
+            | Reason::RepairFailed
+            | Reason::RepairTimedOut
+            | Reason::Draining
+            | Reason::Drained
+            | Reason::RemediationWaiting
+            | Reason::AwaitingApproval
+            | Reason::Validating
+            | Reason::ValidationPassed
+            | Reason::ValidationFailed
+            | Reason::DrainCancelled
+            | Reason::DrainEnded => None,
+        }
+    }
+
     /// Every action.
     pub const ALL: [ActionKind; 13] = [
         ActionKind::Label,
@@ -732,6 +767,17 @@ impl Drop for ReconcileTimer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn state_changes_are_counted_as_label_writes() {
+        for r in Reason::ALL {
+            assert_eq!(
+                r.is_state_change(),
+                ActionKind::of_event(r) == Some(ActionKind::Label),
+                "{r}"
+            );
+        }
+    }
 
     fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
         text.lines().find(|l| l.starts_with(prefix))

@@ -9,6 +9,7 @@
 
 pub mod backoff;
 pub mod compact;
+pub mod gpus;
 pub mod heartbeats;
 pub mod index;
 pub mod own_writes;
@@ -42,13 +43,14 @@ use crate::{
     devices::{self, rules::RulesByNode},
     markers,
     metrics::Metrics,
-    plan::{GpuPods, GpuView, NodeView, PodRef, StepObject, approvals},
+    plan::{NodeView, StepObject, approvals},
     reasons::Reason,
     remediators::Remediators,
     verdict::{NodeState, Verdict},
 };
 
 pub use compact::CachedReport;
+pub use gpus::{gpu_pods, gpu_views};
 pub use heartbeats::Heartbeats;
 pub use index::{IndexCache, POD_SELECTOR_FIELD, SelectorIndex, selector_of};
 pub use own_writes::OwnWrites;
@@ -225,52 +227,6 @@ impl Caches {
 /// When the report was observed, if it is readable and says.
 pub fn observed_at(report: Option<&CachedReport>) -> Option<Timestamp> {
     report.and_then(CachedReport::observed_at)
-}
-
-/// The GPUs a readable report lists, by index and UUID.
-pub fn gpu_views(report: Option<&GpuNodeReport>) -> Vec<GpuView> {
-    report
-        .and_then(|r| r.status.as_ref())
-        .map(|s| {
-            s.gpus
-                .iter()
-                .map(|g| GpuView {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The pods a readable report says hold each GPU, by GPU UUID (the device plugin's view, from
-/// the kubelet's PodResources API); `None` when it lists them for no GPU (the probe does not read
-/// PodResources, or could not), so a NoExecute quarantine on a device-plugin node escalates
-/// instead. A GPU without a UUID or without a list is left out: its pods are not known.
-pub fn gpu_pods(report: Option<&GpuNodeReport>) -> Option<GpuPods> {
-    let status = report?.status.as_ref()?;
-    let by_gpu: BTreeMap<String, Vec<PodRef>> = status
-        .gpus
-        .iter()
-        .filter_map(|g| {
-            let pods = g.pods.as_ref()?;
-            let refs = pods
-                .iter()
-                .map(|p| PodRef {
-                    namespace: p.namespace.clone(),
-                    name: p.name.clone(),
-                })
-                .collect();
-            Some((g.uuid.clone()?, refs))
-        })
-        .collect();
-    if by_gpu.is_empty() {
-        return None;
-    }
-    Some(GpuPods {
-        observed_at: status.observed_at.as_ref().map(|t| t.0),
-        by_gpu,
-    })
 }
 
 /// The objects of the repair steps running on `nodes` under `policy`, by node: one request

@@ -1,7 +1,7 @@
 //! The planner: from a policy, the verdicts of its nodes and what gpunode already did to them,
 //! decide what each node should look like now. Pure: time is a parameter, nothing is written.
 //!
-//! Rules (DESIGN §3):
+//! Rules (README "What happens to a node"):
 //! - **Hysteresis.** A class is *active* while it drifts and until it has stayed clear for
 //!   `recovery.healthyFor`; a drift that returns within that time keeps its original start. A rule
 //!   fires once one of its classes has been active for the rule's `after`; what it did is undone

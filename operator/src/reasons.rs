@@ -4,8 +4,6 @@
 
 use std::fmt;
 
-use crate::metrics::ActionKind;
-
 /// The reason of a node Event or of the node's `GpuPolicyCompliant` condition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Reason {
@@ -145,38 +143,6 @@ impl Reason {
     pub const fn is_state_change(self) -> bool {
         matches!(self, Reason::Compliant | Reason::Drifted | Reason::Unknown)
     }
-
-    /// The action an Event with this reason records in `gpunode_actions_total`, if any.
-    pub const fn action(self) -> Option<ActionKind> {
-        match self {
-            Reason::Tainted => Some(ActionKind::Taint),
-            Reason::TaintRemoved => Some(ActionKind::Untaint),
-            Reason::Cordoned => Some(ActionKind::Cordon),
-            Reason::Uncordoned => Some(ActionKind::Uncordon),
-            Reason::DrainStarted => Some(ActionKind::DrainStart),
-            Reason::DrainStuck => Some(ActionKind::DrainStuck),
-            Reason::Drifted | Reason::Compliant | Reason::Unknown => Some(ActionKind::Label),
-            Reason::Released => Some(ActionKind::Release),
-            Reason::GpuQuarantined => Some(ActionKind::Quarantine),
-            Reason::GpuReleased => Some(ActionKind::Unquarantine),
-            Reason::RepairStarted => Some(ActionKind::RepairStart),
-            Reason::NeedsHuman => Some(ActionKind::NeedsHuman),
-            Reason::Escalated
-            | Reason::Repairing
-            | Reason::RepairSucceeded
-            | Reason::RepairFailed
-            | Reason::RepairTimedOut
-            | Reason::Draining
-            | Reason::Drained
-            | Reason::RemediationWaiting
-            | Reason::AwaitingApproval
-            | Reason::Validating
-            | Reason::ValidationPassed
-            | Reason::ValidationFailed
-            | Reason::DrainCancelled
-            | Reason::DrainEnded => None,
-        }
-    }
 }
 
 impl fmt::Display for Reason {
@@ -308,12 +274,5 @@ mod tests {
         written.sort_unstable();
         written.dedup();
         assert_eq!(written.len(), Reason::ALL.len(), "no two reasons share a word");
-    }
-
-    #[test]
-    fn state_changes_are_counted_as_label_writes() {
-        for r in Reason::ALL {
-            assert_eq!(r.is_state_change(), r.action() == Some(ActionKind::Label), "{r}");
-        }
     }
 }

@@ -31,7 +31,7 @@ pub const STEP_ANNOTATION: &str = "gpunode.dev/repair-step";
 /// Annotation with when that step started: an object with another time is a leftover.
 pub const STARTED_ANNOTATION: &str = "gpunode.dev/repair-started";
 /// Field manager of the objects.
-const FIELD_MANAGER: &str = "gpunode-operator";
+const FIELD_MANAGER: &str = gpunode_crds::names::OPERATOR_FIELD_MANAGER;
 
 /// Why a step's object could not be read or written.
 #[derive(Debug, thiserror::Error)]

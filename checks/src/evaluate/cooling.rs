@@ -9,7 +9,11 @@ use gpunode_crds::{
     report::{CollectorName, CoolingStatus, FieldError, GpuStatus},
 };
 
-use super::{Context, Findings, check, field_error, glob_match, list, missing_reason};
+use super::{
+    check,
+    findings::{Context, Findings, field_error, list, missing_reason},
+    glob::glob_match,
+};
 
 pub(super) fn check(req: &CoolingRequirements, ctx: &Context<'_>, f: &mut Findings) {
     gpu_checks(req, ctx, f);

@@ -8,7 +8,10 @@ use gpunode_crds::{
 };
 use jiff::Timestamp;
 
-use super::{Context, Findings, check, field_error, list, missing_reason};
+use super::{
+    check,
+    findings::{Context, Findings, field_error, list, missing_reason},
+};
 
 pub(super) fn check(req: &GpuRequirements, ctx: &Context<'_>, f: &mut Findings) {
     let node = node_checks(req);

@@ -11,7 +11,11 @@ use gpunode_crds::{
     report::{CollectorName, RdmaDevice},
 };
 
-use super::{Context, Findings, check, field_error, glob_match, list, missing_reason};
+use super::{
+    check,
+    findings::{Context, Findings, field_error, list, missing_reason},
+    glob::glob_match,
+};
 
 pub(super) fn check(req: &NetworkRequirements, ctx: &Context<'_>, f: &mut Findings) {
     let checks = asked(req);

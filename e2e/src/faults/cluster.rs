@@ -16,7 +16,7 @@ use kube::{
 
 use super::{
     io,
-    wave::{FILLER_LABEL, RUN_LABEL},
+    labels::{FILLER_LABEL, RUN_LABEL},
 };
 use crate::{
     Error,

@@ -1,11 +1,11 @@
 //! What gpunode writes on a node, as a user (and every check) reads it: its taint key, state
-//! label, cordon and drain markers (DESIGN §3), and the accessors the checks share.
+//! label, cordon and drain markers (README "What happens to a node"), and the accessors the checks share.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Node;
 
-/// gpunode's taint key, state label and cordon marker (DESIGN §3), as a user sees them.
+/// gpunode's taint key, state label and cordon marker (README "What happens to a node"), as a user sees them.
 pub const TAINT_KEY: &str = "gpunode.dev/drift";
 /// The verdict label.
 pub const STATE_LABEL: &str = "gpunode.dev/state";

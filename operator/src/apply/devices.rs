@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use gpunode_crds::GpuNodePolicy;
+use gpunode_crds::names::OPERATOR_FIELD_MANAGER as FIELD_MANAGER;
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, Patch, PatchParams},
@@ -15,7 +16,6 @@ use kube::{
 };
 use tracing::info;
 
-use super::FIELD_MANAGER;
 use crate::{
     devices::{
         DeviceTaintRule, Dra,

@@ -30,7 +30,7 @@ use kube::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::Dra;
+use super::discovery::Dra;
 use crate::{
     markers::POLICY_LABEL,
     plan::{DeviceRef, Quarantine, QuarantineTarget},

@@ -13,11 +13,11 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, core::ClusterResourceScope, runtime::watcher};
 
-use crate::{
-    cache::GuardedReport,
-    observe::{gpu_pods, gpu_views},
-    plan::{GpuPods, GpuView},
-};
+use super::gpus::{gpu_pods, gpu_views};
+use crate::plan::{GpuPods, GpuView};
+
+/// A report as the watch delivers it: readable or not.
+type GuardedReport = kube::core::DeserializeGuard<GpuNodeReport>;
 
 /// A report as the cache keeps it.
 #[derive(Clone, Debug)]

@@ -14,11 +14,9 @@ use gpunode_crds::{
 };
 use kube::{
     Resource, ResourceExt,
-    core::{Selector, SelectorExt},
+    core::{DeserializeGuard as Guarded, Selector, SelectorExt},
     runtime::reflector::Store,
 };
-
-use super::Guarded;
 
 /// Where the drain's pod selector is, in errors and conditions.
 pub use gpunode_crds::policy::POD_SELECTOR_FIELD;

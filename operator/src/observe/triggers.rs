@@ -179,12 +179,12 @@ pub struct ReportVerdicts {
     /// Nodes, for the labels the policies select on.
     pub nodes: Store<Node>,
     /// The policies' selectors.
-    pub selectors: super::IndexCache,
+    pub selectors: super::index::IndexCache,
     /// The verdicts the last reconciles acted on.
     pub verdicts: Arc<VerdictCache>,
     /// The probes' heartbeats: a report refreshed after its `observedAt` went past `staleAfter`
     /// is no change while the heartbeat kept it fresh.
-    pub heartbeats: super::Heartbeats,
+    pub heartbeats: super::heartbeats::Heartbeats,
 }
 
 impl Materiality<GuardedReport> for ReportVerdicts {
