@@ -183,23 +183,7 @@ pub(super) fn node_plan(
     let mut gpus = gpus::after(policy, node, &effective, std::mem::take(&mut w.gpu_tracks));
     let drifting = node.verdict.classes();
     let repair = repair_of(policy, admission, &w.node, &level, &gpus, &drifting, now);
-    let markers = Markers {
-        classes: std::mem::take(&mut w.tracks),
-        cordoned_by_us: level.cordoned_by_us,
-        drain_started: level.drain_started,
-        drained: match level.drain {
-            DrainStep::Done { finished, .. } => Some(finished),
-            _ => None,
-        },
-        user_uncordoned: w.user_uncordoned,
-        gpus: std::mem::take(&mut gpus.tracks),
-        escalated: w
-            .escalation
-            .as_ref()
-            .map(|_| node.markers.escalated.unwrap_or(now)),
-        repair: repair.track.clone(),
-        validation: validation.track.clone(),
-    };
+    let markers = markers(w, &level, &mut gpus, &repair, &validation, now);
     let parts = Parts {
         node,
         blocked: &blocked,
@@ -243,6 +227,36 @@ pub(super) fn node_plan(
         healthy_gpus,
         repair,
         validation,
+    }
+}
+
+/// What gpunode records on the node after this plan: the tracks of its classes and GPUs, its
+/// cordon and drain, and the state of its repair and validation.
+fn markers(
+    w: &mut Work<'_>,
+    level: &NodeLevel,
+    gpus: &mut gpus::GpusAfter<'_>,
+    repair: &RepairPlan,
+    validation: &ValidationPlan,
+    now: Timestamp,
+) -> Markers {
+    let node = w.node.view;
+    Markers {
+        classes: std::mem::take(&mut w.tracks),
+        cordoned_by_us: level.cordoned_by_us,
+        drain_started: level.drain_started,
+        drained: match level.drain {
+            DrainStep::Done { finished, .. } => Some(finished),
+            _ => None,
+        },
+        user_uncordoned: w.user_uncordoned,
+        gpus: std::mem::take(&mut gpus.tracks),
+        escalated: w
+            .escalation
+            .as_ref()
+            .map(|_| node.markers.escalated.unwrap_or(now)),
+        repair: repair.track.clone(),
+        validation: validation.track.clone(),
     }
 }
 
