@@ -215,13 +215,16 @@ fn metric_items(line: &str) -> Vec<String> {
         .collect()
 }
 
-/// `text` with its RFC 3339 times replaced by `<time>`, trailing blanks and blank end lines
-/// removed.
+/// `text` with its RFC 3339 times replaced by `<time>`, the random part of pod names by `<id>`,
+/// trailing blanks and blank end lines removed.
 fn untimed(text: &str) -> String {
     let time = regex_lite::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z").unwrap();
+    // A Deployment's pod: <deployment>-<pod-template-hash>-<suffix>, random each run.
+    let pod = regex_lite::Regex::new(r"\b(inference|trainer)-[a-z0-9]{6,10}-[a-z0-9]{5}\b").unwrap();
     let lines: Vec<String> = text
         .lines()
         .map(|l| time.replace_all(l.trim_end(), "<time>").into_owned())
+        .map(|l| pod.replace_all(&l, "$1-<id>").into_owned())
         .collect();
     lines.join("\n").trim_end().to_string()
 }

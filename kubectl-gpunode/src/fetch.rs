@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, Client, Config,
-    api::ListParams,
+    api::{ApiResource, DynamicObject, ListParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 
@@ -133,11 +133,20 @@ pub async fn heartbeats(
         .collect())
 }
 
-/// The cluster's DRA ResourceSlices and gpunode's DeviceTaintRules, where both are served.
-/// `Ok(None)`: not served; `Err`: served but not readable (the reason).
-pub async fn dra(
-    client: &Client,
-) -> Result<Option<(Vec<devices::ResourceSlice>, Vec<devices::DeviceTaintRule>)>, String> {
+/// The DRA objects the plugin reads.
+pub struct DraObjects {
+    /// Every ResourceSlice.
+    pub slices: Vec<devices::ResourceSlice>,
+    /// gpunode's DeviceTaintRules.
+    pub rules: Vec<devices::DeviceTaintRule>,
+    /// Every ResourceClaim, or why they could not be listed (the pods on DRA devices are then
+    /// not shown; nothing else depends on them).
+    pub claims: Result<Vec<DynamicObject>, String>,
+}
+
+/// The cluster's DRA ResourceSlices, gpunode's DeviceTaintRules and the ResourceClaims, where
+/// DRA is served. `Ok(None)`: not served; `Err`: slices or rules served but not readable.
+pub async fn dra(client: &Client) -> Result<Option<DraObjects>, String> {
     let Some(dra) = devices::discover(client).await else {
         return Ok(None);
     };
@@ -150,5 +159,20 @@ pub async fn dra(
         .list(&lp)
         .await
         .map_err(|e| Error::from_kube("list devicetaintrules", String::new, e).to_string())?;
-    Ok(Some((slices.items, rules.items)))
+    // Claims are served at the version of the slices, in the same group.
+    let claims = ApiResource {
+        kind: "ResourceClaim".to_string(),
+        plural: "resourceclaims".to_string(),
+        ..dra.slices.clone()
+    };
+    let claims = Api::<DynamicObject>::all_with(client.clone(), &claims)
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .map_err(|e| Error::from_kube("list resourceclaims", String::new, e).to_string());
+    Ok(Some(DraObjects {
+        slices: slices.items,
+        rules: rules.items,
+        claims,
+    }))
 }

@@ -51,7 +51,8 @@ pub struct GpuRow {
     /// gpunode's quarantine of it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quarantine: Option<Quarantine>,
-    /// The pods holding it (absent: the probe does not read the kubelet's PodResources API).
+    /// The pods holding it: from the kubelet's PodResources API in its report, or, on a DRA
+    /// node, from the ResourceClaims its device is allocated to (absent: neither is known).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pods: Option<Vec<String>>,
 }
@@ -115,7 +116,16 @@ pub fn gpus(snapshot: &Snapshot, nodes: &[&Node], strict: bool) -> Result<Gpus, 
             .map(|s| s.gpus.as_slice())
             .unwrap_or_default();
         let quarantine = quarantines(snapshot, node, view.as_ref());
-        rows.extend(gpus.iter().map(|g| row(&name, g, view.as_ref(), &quarantine)));
+        let dra_pods = snapshot.dra.as_ref().and_then(|d| d.pods_of(&name));
+        rows.extend(gpus.iter().map(|g| {
+            let mut r = row(&name, g, view.as_ref(), &quarantine);
+            // A DRA node's pods come from its ResourceClaims, not from its report.
+            if r.pods.is_none() {
+                let uuid = g.uuid.as_deref().unwrap_or_default();
+                r.pods = dra_pods.as_ref().and_then(|p| p.get(uuid).cloned());
+            }
+            r
+        }));
     }
     Ok(Gpus {
         gpus: rows,

@@ -21,7 +21,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Client, ResourceExt, core::SelectorExt};
 
-use crate::{error::Error, fetch};
+use crate::{claims, error::Error, fetch};
 
 /// What was read, and when.
 pub struct Snapshot {
@@ -49,6 +49,8 @@ pub struct Dra {
     pub slices: Vec<devices::ResourceSlice>,
     /// gpunode's DeviceTaintRules.
     pub rules: Vec<devices::DeviceTaintRule>,
+    /// The pods each allocated device is reserved for; `None` when the claims were not read.
+    pub holders: Option<claims::Holders>,
 }
 
 /// One policy's nodes, the operator's views of them and its plan.
@@ -109,7 +111,7 @@ impl Snapshot {
                 BTreeMap::new()
             });
         let dra = match fetch::dra(client).await {
-            Ok(d) => d.map(|(slices, rules)| Dra { slices, rules }),
+            Ok(d) => d.map(|d| Dra::new(d, &mut notes)),
             Err(why) => {
                 notes.push(format!(
                     "DRA objects not readable ({why}): quarantines by DeviceTaintRule not shown"
@@ -303,4 +305,56 @@ pub fn approved(node: &Node) -> BTreeSet<String> {
         .get(gpunode_crds::policy::APPROVE_ANNOTATION)
         .map(|v| plan::approvals(v))
         .unwrap_or_default()
+}
+
+impl Dra {
+    fn new(objects: fetch::DraObjects, notes: &mut Vec<String>) -> Dra {
+        let holders = match objects.claims {
+            Ok(c) => {
+                let (holders, unreadable) = claims::holders(&c);
+                if unreadable > 0 {
+                    notes.push(format!(
+                        "{unreadable} ResourceClaims have a status that cannot be read: the pods on their devices are not shown"
+                    ));
+                }
+                Some(holders)
+            }
+            Err(why) => {
+                notes.push(format!(
+                    "ResourceClaims not readable ({why}): the pods on DRA devices are not shown"
+                ));
+                None
+            }
+        };
+        Dra {
+            slices: objects.slices,
+            rules: objects.rules,
+            holders,
+        }
+    }
+
+    /// The pods on each DRA device of `node`, by the device's GPU UUID; `None` when the node
+    /// publishes no devices or the claims were not read.
+    pub fn pods_of(&self, node: &str) -> Option<BTreeMap<String, Vec<String>>> {
+        let holders = self.holders.as_ref()?;
+        let mut out = BTreeMap::new();
+        for s in self
+            .slices
+            .iter()
+            .filter(|s| s.spec.node_name.as_deref() == Some(node))
+        {
+            for d in &s.spec.devices {
+                let Some(uuid) = d.uuid(&s.spec.driver) else {
+                    continue;
+                };
+                let key = claims::DeviceKey {
+                    driver: s.spec.driver.clone(),
+                    pool: s.spec.pool.name.clone(),
+                    device: d.name.clone(),
+                };
+                out.insert(uuid.to_string(), holders.get(&key).cloned().unwrap_or_default());
+            }
+        }
+        (!out.is_empty()).then_some(out)
+    }
 }

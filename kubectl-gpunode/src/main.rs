@@ -5,6 +5,7 @@
 //! edited safely).
 
 mod approve;
+mod claims;
 mod cli;
 mod decision;
 mod error;
