@@ -80,9 +80,15 @@ use crate::{
     "staleAfter must be at least {}: the node-probe renews its heartbeat once a minute, so a shorter value would mark healthy nodes Unknown",
     rules::MIN_STALE_AFTER
 ).as_str()).field_path(".staleAfter"))]
+#[x_kube(validation = Rule::new(crate::selector::NODE_SELECTOR_RULE)
+    .message(crate::selector::EMPTY_NODE_SELECTOR)
+    .field_path(".nodeSelector"))]
 pub struct GpuNodePolicySpec {
     /// Which Nodes this policy governs, by their labels (for example
-    /// `nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3`). An empty selector selects every node.
+    /// `nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3`). Required and never empty: an empty
+    /// selector is refused, since it would select every node of the cluster; to govern every
+    /// GPU node on purpose, select a label they all carry (`matchExpressions: [{key:
+    /// nvidia.com/gpu.present, operator: Exists}]`).
     /// A node selected by two policies gets a Conflict condition and no disruptive action until
     /// the overlap is resolved. Keys, values and operators are validated as Kubernetes validates
     /// its own selectors; a selector the operator cannot use selects no node (condition

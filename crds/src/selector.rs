@@ -134,6 +134,28 @@ fn requirement(field: String, r: &LabelSelectorRequirement) -> Result<Expression
     }
 }
 
+/// The CEL rule (on a policy's spec) that its node selector names at least one label or
+/// requirement.
+pub const NODE_SELECTOR_RULE: &str = "has(self.nodeSelector) && \
+    ((has(self.nodeSelector.matchLabels) && size(self.nodeSelector.matchLabels) > 0) || \
+    (has(self.nodeSelector.matchExpressions) && size(self.nodeSelector.matchExpressions) > 0))";
+
+/// Why an empty node selector is refused, and how to select every GPU node on purpose.
+pub const EMPTY_NODE_SELECTOR: &str = "nodeSelector must name the nodes the policy governs: an empty \
+    selector would select every node of the cluster. To govern every GPU node on purpose, select a \
+    label they all carry, e.g. matchExpressions: [{key: nvidia.com/gpu.present, operator: Exists}]";
+
+/// Parses a policy's node selector at `field` as [`parse`] does, and refuses an empty one: it
+/// would select every node ([`EMPTY_NODE_SELECTOR`]).
+pub fn parse_nodes(field: &str, selector: &LabelSelector) -> Result<Selector, InvalidSelector> {
+    let labels = selector.match_labels.as_ref().map_or(0, BTreeMap::len);
+    let expressions = selector.match_expressions.as_ref().map_or(0, Vec::len);
+    if labels == 0 && expressions == 0 {
+        return Err(invalid(field.to_string(), EMPTY_NODE_SELECTOR));
+    }
+    parse(field, selector)
+}
+
 /// Parses a policy's selector at `field` (e.g. `spec.nodeSelector`) exactly as strictly as the
 /// API server validates it. An error names the offending field; the caller must then select
 /// nothing (never "no selector, so everything").
@@ -286,6 +308,25 @@ pub fn optional_schema(generator: &mut schemars::SchemaGenerator) -> schemars::S
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_empty_node_selector_is_refused_and_a_pod_selector_may_be_empty() {
+        let empty = LabelSelector::default();
+        let e = parse_nodes("spec.nodeSelector", &empty).unwrap_err();
+        assert_eq!(e.field, "spec.nodeSelector");
+        assert!(e.reason.contains("would select every node"), "{e}");
+        let none = LabelSelector {
+            match_labels: Some(BTreeMap::new()),
+            match_expressions: Some(Vec::new()),
+        };
+        assert!(parse_nodes("spec.nodeSelector", &none).is_err());
+        assert!(parse("spec.disruption.drain.podSelector", &empty).is_ok());
+        let pool = LabelSelector {
+            match_labels: Some(BTreeMap::from([("pool".to_string(), "a".to_string())])),
+            ..LabelSelector::default()
+        };
+        assert!(parse_nodes("spec.nodeSelector", &pool).is_ok());
+    }
 
     fn req(key: &str, op: &str, values: Option<&[&str]>) -> LabelSelector {
         LabelSelector {

@@ -91,7 +91,7 @@ fn valid_twins_are_accepted() {
         let policy: GpuNodePolicy = serde_json::from_value(twin.value.clone())
             .unwrap_or_else(|e| panic!("{}: does not deserialize: {e}", twin.path.display()));
         // What the API server accepts, the operator can use.
-        let node = gpunode_crds::selector::parse("spec.nodeSelector", &policy.spec.node_selector);
+        let node = gpunode_crds::selector::parse_nodes("spec.nodeSelector", &policy.spec.node_selector);
         assert!(node.is_ok(), "{}: {node:?}", twin.path.display());
         if let Some(pods) = &policy.spec.disruption.drain.pod_selector {
             let pods = gpunode_crds::selector::parse("spec.disruption.drain.podSelector", pods);
@@ -119,7 +119,12 @@ fn invalid_selectors_are_refused_by_the_operator_at_the_same_field() {
             continue;
         };
         seen += 1;
-        match gpunode_crds::selector::parse(field, selector) {
+        let parsed = if field == "spec.nodeSelector" {
+            gpunode_crds::selector::parse_nodes(field, selector)
+        } else {
+            gpunode_crds::selector::parse(field, selector)
+        };
+        match parsed {
             Ok(_) => panic!("{}: the operator would use this selector", f.manifest.name),
             Err(e) => assert!(
                 f.field.starts_with(&e.field),
@@ -171,18 +176,42 @@ fn invalid_policies_are_rejected_at_the_named_field() {
 }
 
 #[test]
-fn defaults_make_an_empty_spec_valid() {
+fn defaults_make_a_spec_with_only_a_node_selector_valid() {
     let schema = policy_schema();
-    let empty = serde_json::json!({
+    let minimal = serde_json::json!({
         "apiVersion": "gpunode.dev/v1alpha1",
         "kind": "GpuNodePolicy",
-        "metadata": {"name": "empty"},
-        "spec": {}
+        "metadata": {"name": "minimal"},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "a"}}}
     });
-    let found = rejections(&schema, &empty);
+    let found = rejections(&schema, &minimal);
     assert!(found.is_empty(), "{found:#?}");
-    let policy: GpuNodePolicy = serde_json::from_value(empty).unwrap();
+    let policy: GpuNodePolicy = serde_json::from_value(minimal).unwrap();
     assert_eq!(policy.spec.stale_after.to_string(), "3m");
     assert_eq!(policy.spec.recovery.healthy_for.to_string(), "5m");
     assert_eq!(policy.spec.disruption.max_unavailable.to_string(), "1");
+}
+
+/// No selector, or an empty one, would select every node: refused at `spec.nodeSelector`, with
+/// the way to select every GPU node on purpose.
+#[test]
+fn an_empty_or_missing_node_selector_is_refused() {
+    let schema = policy_schema();
+    for spec in [
+        serde_json::json!({}),
+        serde_json::json!({"nodeSelector": {}}),
+        serde_json::json!({"nodeSelector": {"matchLabels": {}, "matchExpressions": []}}),
+    ] {
+        let policy = serde_json::json!({
+            "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
+            "metadata": {"name": "everything"}, "spec": spec,
+        });
+        let found = rejections(&schema, &policy);
+        assert!(
+            found.iter().any(|r| r.cel
+                && r.path == "spec.nodeSelector"
+                && r.message.contains("nvidia.com/gpu.present")),
+            "{spec}: {found:#?}"
+        );
+    }
 }

@@ -1,4 +1,7 @@
 //! Wiring: collectors from the configuration, `--once`, and the long-running [`run`].
+//!
+//! Wiring only: it judges no report and writes nothing to the cluster itself (the publish loop
+//! does).
 
 use std::future::Future;
 use std::path::Path;

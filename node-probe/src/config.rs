@@ -1,4 +1,6 @@
 //! Command line and environment of the probe binary.
+//!
+//! It parses and validates flags; it reads no device, file or cluster.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;

@@ -1,5 +1,7 @@
 //! gpunode-probe: observes this GPU node and publishes its GpuNodeReport.
 //! `gpunode-probe --once -o yaml` prints one observation without a cluster.
+//!
+//! Nothing but the entry point: every decision lives in the library.
 
 use std::process::ExitCode;
 

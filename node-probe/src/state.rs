@@ -1,5 +1,7 @@
 //! What the publish loop shares with the HTTP endpoints: the latest observation, when it was
 //! made, and publish outcomes.
+//!
+//! It holds values; it observes and publishes nothing itself.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,7 @@
 //! Reading one-value sysfs files defensively: bounded reads, trimmed text, parse errors that name
 //! the file and the value.
+//!
+//! It only reads; it never writes to sysfs.
 
 use std::fmt::Display;
 use std::io::Read;

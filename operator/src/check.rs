@@ -3,6 +3,8 @@
 //!
 //! The policy is validated exactly as the API server would (the generated CRD schema, CEL rules
 //! included), so a policy that `check` accepts is one `kubectl apply` accepts.
+//!
+//! It never contacts a cluster.
 
 use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 

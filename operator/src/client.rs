@@ -8,6 +8,8 @@
 //! operator's TCP connect and its first request reaching the API server, which answered in
 //! 3 ms. A burst of `--apply-concurrency` writes after a quiet spell opens that many
 //! connections and paid that wait.
+//!
+//! It builds the client; it sends no request of its own.
 
 use hyper_util::{
     client::legacy::{Client as HyperClient, connect::HttpConnector},

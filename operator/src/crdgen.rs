@@ -1,4 +1,6 @@
 //! The `crds` subcommand: print the CRDs, or write them where the chart keeps them.
+//!
+//! It writes only to stdout or the chart's crds folder, never to a cluster.
 
 use std::path::{Path, PathBuf};
 

@@ -6,6 +6,8 @@
 //! full (thousands of nodes changing while the API server struggles) new ones are dropped and
 //! counted (`gpunode_reconcile_errors_total{kind="event"}`): node labels, the condition and the
 //! policy status still say everything an Event would.
+//!
+//! It never blocks a reconcile and never retries a dropped Event.
 
 use std::sync::Arc;
 

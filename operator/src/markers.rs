@@ -19,6 +19,8 @@
 //! | annotation `gpunode.dev/validation` | the validation of a recovered node: its Job, when it started, how it ended (JSON) |
 //! | label `gpunode.dev/validation` | `running` while a validation Job runs on the node, `failed` while a failed one holds it |
 //! | annotation `gpunode.dev/repair` | the repair of a drained node: the step running or last run, the objects it created, the step starts within the window, and whether it needs a person (JSON) |
+//!
+//! It reads and formats these values; it sends no request (apply does).
 
 use std::collections::BTreeMap;
 

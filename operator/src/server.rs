@@ -4,6 +4,8 @@
 //! - `/healthz`: 200 while the process serves requests (its runtime is alive).
 //! - `/readyz`: 503 until [`Readiness::set_ready`] (caches synced), 200 after, 503 again after
 //!   [`Readiness::set_not_ready`] (e.g. while shutting down).
+//!
+//! It serves what it is handed; it never reads the cluster or changes a decision.
 
 use std::{
     future::Future,

@@ -51,7 +51,7 @@ fn no_example_selects_the_nodes_another_example_is_written_for() {
     let examples = examples();
     assert!(examples.len() >= 4, "examples/ holds {}", examples.len());
     for (file, policy) in &examples {
-        let own = selector::parse("spec.nodeSelector", &policy.spec.node_selector)
+        let own = selector::parse_nodes("spec.nodeSelector", &policy.spec.node_selector)
             .unwrap_or_else(|e| panic!("{file}: {e}"));
         let node = node_for(&policy.spec.node_selector);
         assert!(
@@ -59,7 +59,7 @@ fn no_example_selects_the_nodes_another_example_is_written_for() {
             "{file}: its own node {node:?} is not selected"
         );
         for (other_file, other) in examples.iter().filter(|(f, _)| f != file) {
-            let theirs = selector::parse("spec.nodeSelector", &other.spec.node_selector)
+            let theirs = selector::parse_nodes("spec.nodeSelector", &other.spec.node_selector)
                 .unwrap_or_else(|e| panic!("{other_file}: {e}"));
             assert!(
                 !theirs.matches(&node),

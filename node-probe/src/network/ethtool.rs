@@ -3,6 +3,8 @@
 //!
 //! The real source uses the `SIOCETHTOOL` ioctl (GSSET_INFO, GSTRINGS, GSTATS) through the
 //! below-ethtool crate, so this crate stays free of unsafe code.
+//!
+//! It only reads; it never changes an interface's settings.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,6 +1,8 @@
 //! DCB settings from the kernel: one `RTM_GETDCB` request on a `NETLINK_ROUTE` socket per
 //! interface. Reading needs no capability, but the interface must be in the probe's network
 //! namespace (hostNetwork), else the kernel answers ENODEV.
+//!
+//! It only reads (RTM_GETDCB); it never sends a set request.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};

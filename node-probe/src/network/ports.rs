@@ -1,5 +1,7 @@
 //! RDMA ports in sysfs (`class/infiniband/<dev>/ports/<n>/`): state, physical state, rate, RoCE
 //! v2 GIDs and the network interface behind the port.
+//!
+//! It only reads sysfs; it never writes to it.
 
 use std::path::Path;
 

@@ -1,6 +1,8 @@
 //! Which policies select which nodes: every policy's selectors parsed once, answering "which
 //! policies select node N", "which others also select it" (conflicts) and "does any select it"
 //! (orphans, the sweep), so those answers cannot disagree.
+//!
+//! It parses and answers; it lists or watches nothing itself (observe does).
 
 use std::{
     collections::BTreeMap,
@@ -21,13 +23,14 @@ use kube::{
 /// Where the drain's pod selector is, in errors and conditions.
 pub use gpunode_crds::policy::POD_SELECTOR_FIELD;
 
-/// The policy's node selector, parsed as strictly as the API server validates it. Also checks
-/// the drain's pod selector: a policy with any unusable selector selects no node at all.
+/// The policy's node selector, parsed as strictly as the API server validates it (an empty one
+/// is refused: it would select every node). Also checks the drain's pod selector: a policy with
+/// any unusable selector selects no node at all.
 pub fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, InvalidSelector> {
     if let Some(pods) = &policy.spec.disruption.drain.pod_selector {
         selector::parse(POD_SELECTOR_FIELD, pods)?;
     }
-    selector::parse("spec.nodeSelector", &policy.spec.node_selector)
+    selector::parse_nodes("spec.nodeSelector", &policy.spec.node_selector)
 }
 
 /// The parsed selectors of a set of policies.

@@ -5,6 +5,8 @@
 //! NFD's, CSI's, the kubelet's); a report's metadata but its name and version, its identifiers
 //! (but the GPUs' UUIDs), power readings and counters that no check compares. `evaluate` on a
 //! trimmed report gives the same verdict as on the full one (a property test holds it to that).
+//!
+//! It trims the cache's copy only; nothing is written back.
 
 use gpunode_crds::GpuNodeReport;
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
