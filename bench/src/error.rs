@@ -1,4 +1,5 @@
-//! Why a benchmark step failed.
+//! Why a benchmark step failed: the API call, file, process, decoding or wait that failed, each
+//! variant saying what was being done, so a failed run says where it stopped.
 
 use std::time::Duration;
 

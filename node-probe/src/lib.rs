@@ -11,6 +11,9 @@
 //!   wiring for the binary (`--once` and [`app::run`]).
 //! * [`xid_state`]: the XIDs of the current boot, kept across probe restarts.
 //! * [`resets`]: `--gpu-reset`, the GPU resets the operator requests (GpuResetRequest).
+//!
+//! The probe writes nothing but its own node's report and heartbeat Lease and the status of
+//! the GpuResetRequests for its node; it never labels, taints or drains (the operator does).
 #![warn(missing_docs)]
 
 pub mod app;

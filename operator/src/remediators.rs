@@ -2,6 +2,8 @@
 //! template the policy names (the NodeHealthCheck convention) and the GpuResetRequests of GPU
 //! resets, read before planning and created or deleted by the applier. Their kinds are only known at run time, so they are
 //! reached through discovery (cached per kind) as dynamic objects.
+//!
+//! It reads and describes; it never creates or deletes an object itself (the applier does).
 
 use std::{
     collections::{BTreeMap, HashMap},

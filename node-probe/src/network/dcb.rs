@@ -4,6 +4,8 @@
 //! [`parse_ieee_reply`] is a pure parser of an `RTM_GETDCB` / `DCB_CMD_IEEE_GET` reply (layouts in
 //! the kernel's `include/uapi/linux/dcbnl.h`); [`DcbSource`] hides where the reply comes from
 //! (the kernel over netlink, or a fixture file).
+//!
+//! It only reads: the probe never sets a DCB setting (that is the NIC owner's job).
 
 use std::path::PathBuf;
 

@@ -2,6 +2,8 @@
 //! when each node's probe was last heard from. A probe rewrites its report only on a material
 //! change (and every `--report-refresh`), so a report counts as fresh from the later of its
 //! `observedAt` and its Lease's `renewTime`.
+//!
+//! It only reads Leases: each is its probe's, and the operator never writes one.
 
 use gpunode_crds::heartbeat::{lease_name, lease_node};
 use jiff::Timestamp;
