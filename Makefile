@@ -36,7 +36,7 @@ REL_RESULTS = $(or $(CARGO_TARGET_DIR),target)/tmp/reliability
 reliability-long: ## the reliability suite at scale (500+ fault runs, 10,000 bad inputs, longer outages, 20x the fuzz cases); rewrites docs/reliability.md
 	$(CARGO) build --workspace --locked
 	@rm -rf "$(REL_RESULTS)"
-	@status=0; GPUNODE_CLUSTER_NAME=rel GPUNODE_REL_SEEDS=60 GPUNODE_REL_WAVES_PER_PHASE=2 GPUNODE_REL_PARTITIONS=8 \
+	@status=0; GPUNODE_CLUSTER_NAME=rel GPUNODE_REL_SEEDS=60 GPUNODE_REL_WAVES_PER_PHASE=2 GPUNODE_REL_PARTITIONS=20 \
 	  GPUNODE_REL_OUTAGE_SECS=60 GPUNODE_REL_FLOOD=2000 GPUNODE_REL_ACTOR_SECS=60 GPUNODE_REL_BAD_INPUTS=10000 \
 	  PROPTEST_CASES=5000 $(CARGO) test --workspace --locked --no-fail-fast \
 	  --test 'reliability_*' --test 'fuzz_*' -- --test-threads=1 || status=$$?; \

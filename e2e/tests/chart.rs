@@ -375,15 +375,53 @@ async fn helm_template_defaults_and_each_toggle() {
         serde_json::json!(lease_vap.metadata.name)
     );
 
+    // The leader fence: the operator's account, the release's Lease as the parameter.
+    let fence = one(&d, "ValidatingAdmissionPolicy", "-leader-fence");
+    assert_eq!(fence.data["spec"]["failurePolicy"], "Fail");
+    assert_eq!(fence.data["spec"]["paramKind"]["kind"], "Lease");
+    let condition = fence.data["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        condition.contains("'system:serviceaccount:ns:r-gpunode-operator'"),
+        "{condition}"
+    );
+    let binding = one(&d, "ValidatingAdmissionPolicyBinding", "-leader-fence");
+    assert_eq!(
+        binding.data["spec"]["paramRef"],
+        serde_json::json!({"name": "gpunode-operator", "namespace": "ns", "parameterNotFoundAction": "Allow"})
+    );
+
     // Each toggle, and what it changes.
     let off = render(&admin, &["nodeProbe.admissionPolicy.enabled=false"]).await;
-    assert_eq!(count(&off, "ValidatingAdmissionPolicy"), 0);
-    assert_eq!(count(&off, "ValidatingAdmissionPolicyBinding"), 0);
+    assert_eq!(count(&off, "ValidatingAdmissionPolicy"), 1, "only the fence");
+    assert_eq!(count(&off, "ValidatingAdmissionPolicyBinding"), 1);
+    one(&off, "ValidatingAdmissionPolicy", "-leader-fence");
+    for unfenced in [
+        "operator.leaderElection.fence=false",
+        "operator.leaderElection.enabled=false",
+    ] {
+        let objects = render(&admin, &[unfenced]).await;
+        let fences = objects
+            .iter()
+            .filter(|o| {
+                o.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.ends_with("-leader-fence"))
+            })
+            .count();
+        assert_eq!(fences, 0, "with {unfenced}");
+    }
     assert_eq!(count(&off, "DaemonSet"), 1);
 
     let no_probe = render(&admin, &["nodeProbe.enabled=false"]).await;
     assert_eq!(count(&no_probe, "DaemonSet"), 0);
-    assert_eq!(count(&no_probe, "ValidatingAdmissionPolicy"), 0);
+    assert_eq!(
+        count(&no_probe, "ValidatingAdmissionPolicy"),
+        1,
+        "only the operator's fence"
+    );
     assert_eq!(count(&no_probe, "ServiceAccount"), 1);
     assert_eq!(count(&no_probe, "ClusterRole"), 1);
     assert!(

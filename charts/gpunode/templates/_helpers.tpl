@@ -65,6 +65,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/* The username the API server gives the probe's ServiceAccount tokens. */}}
+{{- define "gpunode.operator.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpunode.operator.serviceAccountName" .) }}
+{{- end }}
+
 {{- define "gpunode.probe.username" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpunode.probe.serviceAccountName" .) }}
 {{- end }}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::{
     coordination::v1::Lease,
-    core::v1::{Namespace, ServiceAccount},
+    core::v1::{Namespace, Pod, ServiceAccount},
     rbac::v1::ClusterRoleBinding,
 };
 use kube::{
@@ -19,10 +19,42 @@ use serde_json::json;
 
 use super::{cluster::FaultCluster, io};
 use crate::{
-    Error, accounts,
+    Error, accounts, chart,
     operator::{self, Process, Spec},
     wait,
 };
+
+/// Puts replica `identity` behind the chart's leader fence: a stand-in pod of its ServiceAccount
+/// named after it (never scheduled: it selects no node, so no drain of a wave can evict it and
+/// void the token bound to it), and the chart's fence policy rendered for that ServiceAccount,
+/// with the namespace's Lease as its parameter. Returns the pod to bind the token to.
+async fn fence(admin: &Client, identity: &str, namespace: &str) -> Result<Pod, Error> {
+    let pp = PatchParams::apply("gpunode-rel").force();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": identity, "namespace": namespace},
+        "spec": {"serviceAccountName": identity, "automountServiceAccountToken": false,
+            "nodeSelector": {"gpunode.dev/never": "true"},
+            "containers": [{"name": "operator", "image": "gpunode/operator"}]}});
+    let pod = Api::<Pod>::namespaced(admin.clone(), namespace)
+        .patch(identity, &pp, &Patch::Apply(&pod))
+        .await?;
+    let sa = format!("operator.serviceAccount.name={identity}");
+    let objects = chart::template(
+        admin,
+        identity,
+        namespace,
+        &["--show-only", "templates/leader-fence.yaml", "--set", &sa],
+    )
+    .await?;
+    if objects.len() != 2 {
+        return Err(Error::Unexpected(format!(
+            "the chart rendered {} fence objects, not a policy and its binding",
+            objects.len()
+        )));
+    }
+    chart::apply(admin, &objects, namespace, false).await?;
+    Ok(pod)
+}
 
 /// One replica of `gpunode-operator run --leader-elect`, as a process ([`Process`], which it
 /// derefs to: kill, pause, resume, terminate, restart, /metrics) with its own ServiceAccount.
@@ -46,6 +78,10 @@ pub struct Launch {
     pub server: Option<(String, String)>,
     /// Address /metrics listens on (default 127.0.0.1), e.g. the namespace's end of a veth link.
     pub metrics_ip: Option<String>,
+    /// Run behind the chart's leader fence (templates/leader-fence.yaml): the replica's token is
+    /// bound to a stand-in pod named after it, and the chart's fence policy, rendered for its
+    /// ServiceAccount, refuses its writes whenever the namespace's Lease names another holder.
+    pub fence: bool,
 }
 
 impl Operator {
@@ -100,7 +136,12 @@ impl Operator {
                 })),
             )
             .await?;
-        let token = accounts::token(admin, namespace, identity, None).await?;
+        let pod = if launch.fence {
+            Some(fence(admin, identity, namespace).await?)
+        } else {
+            None
+        };
+        let token = accounts::token(admin, namespace, identity, pod.as_ref()).await?;
         let admin_yaml = std::fs::read_to_string(&fc.kubeconfig).map_err(io(fc.kubeconfig.display()))?;
         let admin_kc: serde_json::Value = serde_yaml::from_str(&admin_yaml)?;
         let mut cluster = admin_kc
