@@ -412,4 +412,53 @@ mod tests {
         let s = status(&p, &all, Some(1), false, None, now);
         assert_eq!((s.cordoned, s.draining), (2, 2));
     }
+
+    #[test]
+    fn an_open_breaker_is_recorded_read_back_and_its_condition_says_how_to_close_it() {
+        let spec: GpuNodePolicySpec = serde_json::from_value(serde_json::json!({
+            "remediation": [{"classes": ["Xid"], "action": "Cordon"}],
+            "disruption": {"circuitBreaker": {"maxDriftedPercent": 10}},
+        }))
+        .unwrap();
+        let now: Timestamp = "2026-12-06T01:00:00.700Z".parse().unwrap();
+        let p = plan("pool", &spec, &[xid("a"), xid("b"), xid("c")], now);
+        assert!(p.circuit_open);
+        let applied = Applied {
+            results: vec![
+                NodeResult::Unchanged,
+                NodeResult::Unchanged,
+                NodeResult::Unchanged,
+            ],
+        };
+        let s = status(&p, &applied, Some(1), false, None, now);
+        let b = s.circuit_breaker.clone().unwrap();
+        assert!(b.open);
+        assert_eq!(
+            b.opened_at.as_ref().map(|t| t.0.to_string()).as_deref(),
+            Some("2026-12-06T01:00:00Z")
+        );
+        assert_eq!((b.drifted, b.of), (3, 3));
+        let c = s.conditions.iter().find(|c| c.type_ == "CircuitOpen").unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "TooManyDrifting")
+        );
+        assert!(
+            c.message
+                .contains("kubectl gpunode close-breaker pool (or kubectl annotate --overwrite gpunodepolicy pool gpunode.dev/close-breaker=2026-12-06T01:00:00Z)"),
+            "{}",
+            c.message
+        );
+        let back: GpuNodePolicyStatus = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
+        assert_eq!(breaker_memory(Some(&back)), p.breaker, "what the next pass reads");
+        // An unusable selector keeps the breaker as it was.
+        let e = gpunode_crds::selector::InvalidSelector {
+            field: "spec.nodeSelector".into(),
+            reason: "empty".into(),
+        };
+        assert_eq!(
+            invalid(&e, Some(2), Some(&s), now).circuit_breaker,
+            s.circuit_breaker
+        );
+    }
 }

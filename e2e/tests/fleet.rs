@@ -1,0 +1,256 @@
+//! The fleet-wide disruption cap on the real API server: two policies that do not overlap, 24
+//! nodes drifting at once, a cap of 4 GPU nodes unavailable. An independent watch of every node
+//! (not gpunode's markers: each node's cordon, NoSchedule/NoExecute taints and Ready condition)
+//! counts the unavailable nodes at every instant the API server shows; the count never passes
+//! the cap, a node a person cordoned counting as one of them, while recovering nodes let every
+//! drifted node through in turn. The operator runs in-process with the chart's ServiceAccount.
+
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::{StreamExt, future::join_all};
+use gpunode_crds::{GpuNodePolicy, MaxUnavailable};
+use gpunode_e2e::{
+    chart, cluster::admin_client, crds, nodes, operator::InProcess, reports, scratch::rand_suffix, wait,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+
+const CAP: u32 = 4;
+const PER_POLICY: usize = 12;
+
+fn report_status(throttle: &[&str]) -> serde_json::Value {
+    json!({
+        "observedAt": jiff::Timestamp::now().to_string(),
+        "collectors": [{"name": "nvml", "ok": true, "durationMs": 5}],
+        "driverVersion": "550.90.07",
+        "gpuCount": 1,
+        "gpus": [{"index": 0, "product": "NVIDIA H100 80GB HBM3", "temperatureCelsius": 70,
+                  "slowdownCelsius": 87, "throttleReasons": throttle}],
+    })
+}
+
+/// Unavailable as the cap counts it, read from the Node alone.
+fn unavailable(node: &Node) -> bool {
+    let spec = node.spec.as_ref();
+    let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false);
+    let tainted = spec.and_then(|s| s.taints.as_ref()).is_some_and(|ts| {
+        ts.iter()
+            .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+    });
+    cordoned || tainted || !nodes::is_ready(node)
+}
+
+/// What the independent watch saw.
+#[derive(Default)]
+struct Seen {
+    now: BTreeMap<String, bool>,
+    max: usize,
+    ever_cordoned: BTreeSet<String>,
+}
+
+/// Watches the nodes labelled `run`, counting the unavailable ones at every event.
+fn monitor(client: &Client, run: &str) -> (Arc<Mutex<Seen>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let api: Api<Node> = Api::all(client.clone());
+    let config = watcher::Config::default().labels(&format!("fleet-e2e-run={run}"));
+    let s = seen.clone();
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, config).default_backoff().applied_objects().boxed();
+        while let Some(Ok(node)) = events.next().await {
+            let mut seen = s.lock().unwrap();
+            if nodes::cordoned(&node) {
+                seen.ever_cordoned.insert(node.name_any());
+            }
+            seen.now.insert(node.name_any(), unavailable(&node));
+            let count = seen.now.values().filter(|u| **u).count();
+            seen.max = seen.max.max(count);
+        }
+    });
+    (seen, task)
+}
+
+/// A policy cordoning its throttled nodes (`pool` label), with no budget or breaker of its own.
+async fn pool_policy(client: &Client, name: &str, run: &str, pool: &str) {
+    crds::create_policy(
+        client,
+        name,
+        json!({
+            "nodeSelector": {"matchLabels": {"fleet-e2e-run": run, "fleet-e2e-pool": pool}},
+            "cooling": {},
+            "remediation": [{"classes": ["Throttle"], "action": "Cordon"}],
+            "disruption": {"maxUnavailable": "100%", "circuitBreaker": {"maxDriftedPercent": 100}},
+            "recovery": {"healthyFor": "1s"},
+            "staleAfter": "10m",
+        }),
+    )
+    .await
+    .unwrap();
+}
+
+async fn make_nodes(client: &Client, run: &str, pool: &str, names: &[String]) {
+    nodes::create(client, names, &nodes::GpuNodeShape::default())
+        .await
+        .unwrap();
+    let api: Api<Node> = Api::all(client.clone());
+    let labels = json!({"metadata": {"labels": {"fleet-e2e-run": run, "fleet-e2e-pool": pool}}});
+    for n in names {
+        api.patch(n, &PatchParams::default(), &Patch::Merge(&labels))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_fleet_cap_holds_at_every_instant_across_two_policies() {
+    let client = admin_client().await.unwrap();
+    crds::install(&client).await.unwrap();
+    let run = format!("{:06x}", rand_suffix());
+    let name = |pool: &str, i: usize| format!("fleet-{run}-{pool}{i:02}");
+    let a: Vec<String> = (0..PER_POLICY).map(|i| name("a", i)).collect();
+    let b: Vec<String> = (0..PER_POLICY).map(|i| name("b", i)).collect();
+    let person = format!("fleet-{run}-a-person");
+    make_nodes(&client, &run, "a", &a).await;
+    make_nodes(&client, &run, "b", &b).await;
+    make_nodes(&client, &run, "a", std::slice::from_ref(&person)).await;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let all: Vec<String> = a.iter().chain(&b).chain([&person]).cloned().collect();
+    // Every node Ready and untainted (a new node is tainted not-ready until kwok says Ready).
+    wait::until(
+        "every node Ready and untainted",
+        Duration::from_secs(60),
+        || async {
+            let nodes = join_all(all.iter().map(|n| node_api.get(n))).await;
+            let nodes: Result<Vec<Node>, _> = nodes.into_iter().collect();
+            Ok(nodes?.iter().all(|n| !unavailable(n)).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let (seen, watch) = monitor(&client, &run);
+    // A person's cordon: it holds one of the cap's slots for the whole run.
+    let cordon = json!({"spec": {"unschedulable": true}});
+    node_api
+        .patch(&person, &PatchParams::default(), &Patch::Merge(&cordon))
+        .await
+        .unwrap();
+    join_all(
+        all.iter()
+            .map(|n| reports::publish(&client, n, report_status(&[]))),
+    )
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()
+    .unwrap();
+    let (pa, pb) = (format!("fleet-{run}-a"), format!("fleet-{run}-b"));
+    pool_policy(&client, &pa, &run, "a").await;
+    pool_policy(&client, &pb, &run, "b").await;
+    let operator_client = chart::operator_client(&client).await.unwrap();
+    let operator = InProcess::start_capped(&operator_client, "e2e-fleet", MaxUnavailable::Count(CAP));
+    wait::until(
+        "every node labelled compliant",
+        Duration::from_secs(60),
+        || async {
+            let nodes = join_all(all.iter().map(|n| node_api.get(n))).await;
+            let nodes: Result<Vec<Node>, _> = nodes.into_iter().collect();
+            Ok(nodes?
+                .iter()
+                .all(|n| nodes::label(n, "gpunode.dev/state").as_deref() == Some("compliant"))
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+
+    // Every node of both policies drifts at once.
+    let drifting: Vec<String> = a.iter().chain(&b).cloned().collect();
+    join_all(
+        drifting
+            .iter()
+            .map(|n| reports::publish_status(&client, n, report_status(&["HwSlowdown"]))),
+    )
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()
+    .unwrap();
+
+    // Each node gpunode cordoned recovers, freeing its slot for the next, until every drifted
+    // node has had its turn. A node beyond the cap says why it waits.
+    let recovered: RefCell<BTreeSet<String>> = RefCell::default();
+    let waited_for_cap = Cell::new(false);
+    wait::until(
+        "every drifted node cordoned in turn",
+        Duration::from_secs(240),
+        || {
+            let (node_api, client, drifting, seen) = (&node_api, &client, &drifting, &seen);
+            let (recovered, waited_for_cap) = (&recovered, &waited_for_cap);
+            async move {
+                for n in drifting {
+                    let node = node_api.get(n).await?;
+                    let message = node
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuPolicyCompliant"))
+                        .and_then(|c| c.message.clone())
+                        .unwrap_or_default();
+                    if message.contains("fleet-wide disruption cap reached") {
+                        waited_for_cap.set(true);
+                    }
+                    if nodes::cordoned(&node) && recovered.borrow_mut().insert(n.clone()) {
+                        reports::publish_status(client, n, report_status(&[])).await?;
+                    }
+                }
+                let done = {
+                    let seen = seen.lock().unwrap();
+                    drifting.iter().all(|n| seen.ever_cordoned.contains(n))
+                };
+                Ok(done.then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let max = seen.lock().unwrap().max;
+    println!("fleet cap {CAP}: at most {max} GPU nodes unavailable at once (a person's cordon included)");
+    assert!(max <= CAP as usize, "{max} nodes unavailable at once, cap {CAP}");
+    assert_eq!(
+        max, CAP as usize,
+        "the cap was reached: it is what held the others"
+    );
+    assert!(
+        waited_for_cap.get(),
+        "no node's condition said it waited for the fleet cap"
+    );
+
+    watch.abort();
+    // The policies go while the operator runs (it removes their finalizer), then the nodes.
+    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
+    for p in [&pa, &pb] {
+        let _ = policies.delete(p, &DeleteParams::default()).await;
+    }
+    wait::until("both policies gone", Duration::from_secs(60), || async {
+        let a = policies.get_opt(&pa).await?;
+        let b = policies.get_opt(&pb).await?;
+        Ok((a.is_none() && b.is_none()).then_some(()))
+    })
+    .await
+    .unwrap();
+    operator.stop().await.unwrap();
+    for n in &all {
+        let _ = node_api.delete(n, &DeleteParams::default()).await;
+    }
+}
