@@ -114,7 +114,7 @@ mod tests {
     use kube::api::ObjectMeta;
 
     #[test]
-    fn a_node_keeps_labels_our_annotations_taints_cordon_and_our_condition() {
+    fn a_node_keeps_labels_our_annotations_taints_cordon_ready_and_our_condition() {
         let mut n = Node {
             metadata: ObjectMeta {
                 name: Some("n1".into()),
@@ -148,6 +148,12 @@ mod tests {
                     NodeCondition {
                         type_: "Ready".into(),
                         status: "True".into(),
+                        message: Some("kubelet is posting ready status".into()),
+                        ..NodeCondition::default()
+                    },
+                    NodeCondition {
+                        type_: "MemoryPressure".into(),
+                        status: "False".into(),
                         ..NodeCondition::default()
                     },
                     NodeCondition {
@@ -180,7 +186,7 @@ mod tests {
             .flat_map(|s| s.conditions.iter().flatten())
             .map(|c| c.type_.as_str())
             .collect();
-        assert_eq!(kept, [CONDITION_TYPE]);
+        assert_eq!(kept, [READY, CONDITION_TYPE], "the fleet cap reads Ready");
         let conditions = n
             .status
             .as_ref()
@@ -188,9 +194,10 @@ mod tests {
             .expect("ours");
         assert_eq!(
             conditions.capacity(),
-            1,
+            2,
             "the dropped conditions' room is given back"
         );
+        assert_eq!(conditions[0].message, None, "Ready's status only");
     }
 
     #[test]
