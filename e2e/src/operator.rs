@@ -144,7 +144,10 @@ impl Spec {
             Some(ns) => cmd.args(["--leader-elect", "true", "--lease-namespace", ns]),
             None => cmd.args(["--leader-elect", "false"]),
         };
+        // No fleet cap: the waves these replicas run are held to each policy's budget, which
+        // their monitors check (the demo runs the binary with the default cap).
         cmd.args(["--metrics-addr", &self.metrics_addr.to_string()])
+            .args(["--fleet-max-unavailable", "100%"])
             .env("KUBECONFIG", &self.kubeconfig)
             .env_remove("POD_NAME");
         if let Some(filter) = &self.rust_log {
