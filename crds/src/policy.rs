@@ -715,6 +715,15 @@ pub struct CircuitBreaker {
     /// The sliding window over which newly drifted nodes are counted. Defaults to 10m.
     #[serde(default = "default_breaker_window")]
     pub window: Duration,
+
+    /// How an open breaker closes. It latches: once open it stays open (recorded in
+    /// `status.circuitBreaker`, so a restart or a new leader keeps it open) until it closes.
+    /// Manual (the default): only a person closes it, with `kubectl gpunode close-breaker
+    /// POLICY`, which sets the annotation gpunode.dev/close-breaker to the trip's
+    /// `status.circuitBreaker.openedAt`. Automatic: it also closes by itself once no more than
+    /// `maxDriftedPercent` of the selected nodes (and one node) are drifted.
+    #[serde(default)]
+    pub reset: BreakerReset,
 }
 
 impl Default for CircuitBreaker {
@@ -722,12 +731,70 @@ impl Default for CircuitBreaker {
         CircuitBreaker {
             max_drifted_percent: default_max_drifted_percent(),
             window: default_breaker_window(),
+            reset: BreakerReset::default(),
         }
     }
 }
 
+/// How an open circuit breaker closes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[schemars(transform = crate::types::without_description)]
+pub enum BreakerReset {
+    /// Only a person closes it (the annotation gpunode.dev/close-breaker).
+    #[default]
+    Manual,
+    /// A person, or the drifted fraction falling back under the threshold.
+    Automatic,
+}
+
+/// The policy annotation through which a person closes an open circuit breaker: its value is
+/// the trip's `status.circuitBreaker.openedAt` (RFC 3339). Naming the trip means an annotation
+/// left behind cannot close a later trip, which opens at another time; `kubectl gpunode
+/// close-breaker POLICY` sets it.
+pub const CLOSE_BREAKER_ANNOTATION: &str = "gpunode.dev/close-breaker";
+
+/// Where the circuit breaker stands, kept in the policy status so that it latches across
+/// operator restarts and leader changes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CircuitBreakerStatus {
+    /// The breaker is open: no new disruption is taken on the policy's nodes.
+    #[serde(default)]
+    pub open: bool,
+    /// When the open (or last) trip began: when the drift that crossed the threshold began.
+    /// `kubectl gpunode close-breaker` closes the trip with this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opened_at: Option<Time>,
+    /// Nodes that had begun drifting within the window when it opened.
+    #[serde(default)]
+    pub drifted: u32,
+    /// Nodes the policy selected when it opened.
+    #[serde(default)]
+    pub of: u32,
+    /// When it last closed. Drifts that began before it do not open it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_at: Option<Time>,
+    /// Who closed it last: Person (the annotation) or Recovered (`reset: Automatic`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_by: Option<BreakerClosedBy>,
+}
+
+/// Who closed the circuit breaker.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[schemars(transform = crate::types::without_description)]
+pub enum BreakerClosedBy {
+    /// A person, with the annotation gpunode.dev/close-breaker.
+    Person,
+    /// The drifted fraction fell back under the threshold (`reset: Automatic`).
+    Recovered,
+}
+
 fn default_max_drifted_percent() -> u32 {
     30
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 fn default_breaker_window() -> Duration {
@@ -859,6 +926,16 @@ pub struct GpuNodePolicyStatus {
     /// Selected nodes with a validation Job running (`spec.validation`).
     #[serde(default)]
     pub validating: u32,
+
+    /// Where the circuit breaker stands; it stays open until it is closed (see
+    /// `spec.disruption.circuitBreaker.reset`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<CircuitBreakerStatus>,
+
+    /// Nodes of this policy waiting for the operator's fleet-wide disruption cap
+    /// (`--fleet-max-unavailable`, counted over every policy's nodes).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fleet_queued: u32,
 
     /// The drifted and unknown nodes, at most 50, oldest drift first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -31,6 +31,13 @@ impl InProcess {
     /// Starts the controller with `client` (normally [`crate::chart::operator_client`]);
     /// `instance` names it in Events.
     pub fn start(client: &Client, instance: &str) -> InProcess {
+        // No fleet cap: a test of one policy's budget sees only that budget.
+        InProcess::start_capped(client, instance, gpunode_crds::MaxUnavailable::Percent(100))
+    }
+
+    /// As [`InProcess::start`], with the fleet-wide disruption cap `fleet`
+    /// (`--fleet-max-unavailable`).
+    pub fn start_capped(client: &Client, instance: &str, fleet: gpunode_crds::MaxUnavailable) -> InProcess {
         let metrics = Arc::new(Metrics::new());
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(controller::run(
@@ -42,6 +49,7 @@ impl InProcess {
                 readiness: Readiness::new(),
                 heartbeat_namespace: crate::chart::NAMESPACE.to_string(),
                 apply_concurrency: gpunode_operator::apply::DEFAULT_APPLY_CONCURRENCY,
+                fleet_max_unavailable: fleet,
             },
             async move {
                 let _ = stopped.await;
@@ -136,7 +144,10 @@ impl Spec {
             Some(ns) => cmd.args(["--leader-elect", "true", "--lease-namespace", ns]),
             None => cmd.args(["--leader-elect", "false"]),
         };
+        // No fleet cap: the waves these replicas run are held to each policy's budget, which
+        // their monitors check (the demo runs the binary with the default cap).
         cmd.args(["--metrics-addr", &self.metrics_addr.to_string()])
+            .args(["--fleet-max-unavailable", "100%"])
             .env("KUBECONFIG", &self.kubeconfig)
             .env_remove("POD_NAME");
         if let Some(filter) = &self.rust_log {

@@ -266,6 +266,7 @@ async fn helm_template_defaults_and_each_toggle() {
         "--lease-namespace=$(POD_NAMESPACE)",
         "--metrics-addr=0.0.0.0:8080",
         "--apply-concurrency=32",
+        "--fleet-max-unavailable=20%",
     ] {
         assert!(a.iter().any(|x| x == want), "operator args {a:?} lack {want}");
     }

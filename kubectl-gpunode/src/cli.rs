@@ -1,4 +1,4 @@
-//! The command line: `kubectl gpunode status|why|gpus|approve|unapprove`.
+//! The command line: `kubectl gpunode status|why|gpus|approve|unapprove|close-breaker`.
 
 use std::path::PathBuf;
 
@@ -24,10 +24,12 @@ const MAIN_AFTER: &str = concat!(
   kubectl gpunode why h100-xid              what gpunode decided about a node, and why
   kubectl gpunode gpus -l nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3
   kubectl gpunode approve h100-xid Drain    approve a rung the node waits for
+  kubectl gpunode close-breaker POLICY      close a policy's open circuit breaker
 
 It reads the cluster with your kubeconfig ($KUBECONFIG, ~/.kube/config, or --kubeconfig) and
 your RBAC: get/list on nodes, gpunodereports, gpunodepolicies; list on leases for probe
-heartbeats and on DRA ResourceSlices and DeviceTaintRules when served; patch on nodes to approve.
+heartbeats and on DRA ResourceSlices and DeviceTaintRules when served; patch on nodes to approve,
+and on gpunodepolicies to close a breaker.
 
 ",
     exit_codes!()
@@ -114,6 +116,13 @@ pub enum Command {
         #[arg(required = true, value_name = "RUNG")]
         rungs: Vec<String>,
     },
+    /// Close a policy's open circuit breaker (annotation gpunode.dev/close-breaker set to the
+    /// trip's status.circuitBreaker.openedAt).
+    #[command(after_help = CLOSE_BREAKER_AFTER)]
+    CloseBreaker {
+        /// The GpuNodePolicy.
+        policy: String,
+    },
 }
 
 /// `-o text|json|yaml`.
@@ -189,6 +198,17 @@ goes when none is left). An action already taken stays: approval only starts one
 
 Exit codes: 0 withdrawn, 2 a rung that is not approved on the node, 3 no such node,
 4 forbidden or API error.";
+
+const CLOSE_BREAKER_AFTER: &str = "Examples:
+  kubectl gpunode close-breaker h100-training
+
+The breaker latches: once open it stays open until closed (spec.disruption.circuitBreaker.reset:
+Automatic also closes it once the drifted nodes fall back under the threshold). This sets the
+policy annotation gpunode.dev/close-breaker to the trip's status.circuitBreaker.openedAt, so an
+annotation left behind cannot close a later trip. Drifts that began before the close do not open
+it again; the queued disruptions then go ahead within the budget and the fleet cap.
+
+Exit codes: 0 closing, 2 the breaker is closed, 3 no such policy, 4 forbidden or API error.";
 
 /// The exit code table, for tests that check `--help` documents it.
 #[cfg(test)]

@@ -182,7 +182,17 @@ impl Snapshot {
             Err(_) => Vec::new(),
         };
         let views: Vec<NodeView> = nodes.iter().map(|n| self.view(policy, n)).collect();
-        let plan = plan::plan(&policy.name_any(), &policy.spec, &views, self.now);
+        // The breaker latches: where the status left it is the planner's input, as in the
+        // operator (the fleet cap is the operator's alone and is not shown here).
+        let inputs = plan::PassInputs {
+            breaker: gpunode_operator::status::breaker_memory(policy.status.as_ref()),
+            close_breaker: policy
+                .annotations()
+                .get(gpunode_crds::policy::CLOSE_BREAKER_ANNOTATION)
+                .and_then(|v| v.trim().parse().ok()),
+            fleet: None,
+        };
+        let plan = plan::plan_with(&policy.name_any(), &policy.spec, &views, &inputs, self.now);
         Governed {
             policy: policy.clone(),
             nodes,

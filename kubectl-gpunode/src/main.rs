@@ -1,10 +1,12 @@
 //! `kubectl gpunode`: a kubectl plugin for the person on call. It reads the live cluster with the
 //! user's kubeconfig and RBAC and runs the operator's own evaluation and planning code on it:
 //! `status` (every policy on one screen), `why NODE` (the live `gpunode-operator check`), `gpus`
-//! (one row per GPU), and `approve` / `unapprove` (the node annotation `gpunode.dev/approve`,
-//! edited safely).
+//! (one row per GPU), `approve` / `unapprove` (the node annotation `gpunode.dev/approve`,
+//! edited safely), and `close-breaker POLICY` (the policy annotation
+//! `gpunode.dev/close-breaker`, naming the open trip).
 
 mod approve;
+mod breaker;
 mod claims;
 mod cli;
 mod decision;
@@ -74,6 +76,10 @@ async fn run(cli: Cli) -> Result<u8, Error> {
         }
         Command::Approve { node, rungs } => edit(&client, ns, node, rungs, approve::Edit::Approve).await,
         Command::Unapprove { node, rungs } => edit(&client, ns, node, rungs, approve::Edit::Unapprove).await,
+        Command::CloseBreaker { policy } => {
+            print(&breaker::close(&client, policy).await?)?;
+            Ok(exit::OK)
+        }
     }
 }
 

@@ -13,7 +13,10 @@ use std::{
 };
 
 use futures::{FutureExt, StreamExt};
-use gpunode_crds::{GpuNodePolicy, GpuNodePolicyStatus, GpuNodeReport, selector::InvalidSelector};
+use gpunode_crds::{
+    GpuNodePolicy, GpuNodePolicyStatus, GpuNodeReport, policy::CLOSE_BREAKER_ANNOTATION,
+    selector::InvalidSelector,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
@@ -34,6 +37,7 @@ use tracing::{debug, info, warn};
 use crate::{
     apply::{Applied, Applier, FIELD_MANAGER, NodeResult},
     cache::VerdictCache,
+    fleet::{FleetLedger, Reservation},
     leader::Leadership,
     metrics::{ActionKind, ActionResult, ErrorKind, Metrics},
     observe::{self, Caches, Guarded, Watches, selector_of, triggers},
@@ -130,6 +134,8 @@ pub struct Context {
     pub status_written: std::sync::Mutex<HashMap<String, std::time::Instant>>,
     /// Wakes the search for nodes no policy governs ([`crate::sweep`]).
     pub sweep: Arc<tokio::sync::Notify>,
+    /// The fleet-wide disruption cap and what passes reserved of it ([`crate::fleet`]).
+    pub fleet: Arc<FleetLedger>,
 }
 
 /// Least time between two status writes of one policy. Its counts change with every node that
@@ -435,7 +441,8 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     // The running validations' Jobs (no watch: looked at while one runs).
     let validation_jobs = observe::validation_jobs(ctx.applier.client(), &policy, &snapshot.nodes).await;
     // Plan (the views are dropped with this block: each write job keeps only its own node).
-    let plan = {
+    // The reservation of the fleet cap is held until the writes are done.
+    let (plan, _reservation) = {
         let verdicts = ctx.verdicts.policy(&name);
         let mut verdicts = verdicts.lock().unwrap_or_else(PoisonError::into_inner);
         let mut inputs = ctx.caches.inputs(&snapshot.index);
@@ -444,7 +451,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
         let views = observe::views(&policy, &snapshot.nodes, &inputs, &mut verdicts, now);
         let (reused, evaluated) = verdicts.stats();
         ctx.metrics.verdicts(reused, evaluated);
-        plan::plan(&name, &policy.spec, &views, now)
+        plan_pass(&ctx, &policy, &views, &snapshot.index, now)
     };
     // Apply.
     let drain = &policy.spec.disruption.drain;
@@ -481,6 +488,32 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     let wake = plan::requeue_after(&plan, now).min(status_later.unwrap_or(Duration::MAX));
     debug!(requeue_after = ?wake, "reconciled");
     Ok(Action::requeue(wake))
+}
+
+/// The plan of `policy` over its `views`, given where its breaker stood (its status, and a
+/// person's close) and the fleet cap: the fleet is counted, the plan made and what it takes of
+/// the cap reserved under the ledger's one lock, so that no two passes take the last slot.
+fn plan_pass(
+    ctx: &Context,
+    policy: &GpuNodePolicy,
+    views: &[plan::NodeView],
+    index: &observe::index::SelectorIndex,
+    now: Timestamp,
+) -> (plan::PolicyPlan, Reservation) {
+    let name = policy.name_any();
+    let close_breaker = policy
+        .annotations()
+        .get(CLOSE_BREAKER_ANNOTATION)
+        .and_then(|v| v.trim().parse::<Timestamp>().ok());
+    let ledger = ctx.fleet.lock();
+    let inputs = plan::PassInputs {
+        breaker: status::breaker_memory(policy.status.as_ref()),
+        close_breaker,
+        fleet: Some(ledger.fleet(&name, &ctx.caches, index)),
+    };
+    let plan = plan::plan_with(&name, &policy.spec, views, &inputs, now);
+    let reservation = ledger.reserve(&name, &plan.fleet_taken);
+    (plan, reservation)
 }
 
 /// Writes the policy status if it changed, at most once per [`STATUS_MIN_INTERVAL`]; returns
@@ -603,6 +636,8 @@ pub struct Options {
     pub heartbeat_namespace: String,
     /// How many nodes of one policy are written, or released, at once.
     pub apply_concurrency: std::num::NonZeroUsize,
+    /// Most GPU nodes unavailable at once across every policy (`--fleet-max-unavailable`).
+    pub fleet_max_unavailable: gpunode_crds::MaxUnavailable,
 }
 
 /// Runs the controller until `shutdown` completes.
@@ -734,6 +769,7 @@ fn context(
         verdicts,
         status_written: std::sync::Mutex::default(),
         sweep,
+        fleet: FleetLedger::new(options.fleet_max_unavailable),
     })
 }
 

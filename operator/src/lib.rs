@@ -7,7 +7,7 @@
 //! | observe | [`observe`] | watches, trimmed caches, triggers, own writes, heartbeats, the selector index; a policy's snapshot and its nodes' views |
 //! | evaluate | [`evaluate`], [`verdict`] (pure, shared with the probe) | a node's report against a policy: drifts and unknowns |
 //! | | [`cache`] | verdicts remembered while a node's inputs are unchanged |
-//! | plan | [`plan`] (pure, in layers) | every decision: ladder, hysteresis, GPUs, repair, validation, when the plan next changes; whether a step may start (pause, dry run, skip, conflicts, breaker, budget, windows, approvals, validation slots) only in [`plan::admission`] |
+//! | plan | [`plan`] (pure, in layers) | every decision: ladder, hysteresis, GPUs, repair, validation, when the plan next changes; whether a step may start (pause, dry run, skip, conflicts, breaker, budget, windows, approvals, validation slots, the fleet cap) only in [`plan::admission`] |
 //! | apply | [`apply`] (the only writer of nodes) | a plan's writes, evictions and releases; what each node's writes did |
 //! | status | [`status`] (pure) | the policy status from what was applied |
 //!
@@ -18,6 +18,7 @@
 //! [`reasons`] (Event and condition reasons, policy condition types),
 //! [`remediators`] (the objects of repair steps, read before planning and written by apply),
 //! [`events`] (Events, published off the reconcile path), [`sweep`] (nodes no policy governs),
+//! [`fleet`] (the fleet-wide disruption cap's count and its reservations across policies),
 //! [`leader`] (leader election and the write fence), [`metrics`] and [`server`] (`/metrics`,
 //! probes), [`check`] (`gpunode-operator check`: one node offline), [`crdgen`] (the CRDs).
 
@@ -29,6 +30,7 @@ pub mod controller;
 pub mod crdgen;
 pub mod devices;
 pub mod events;
+pub mod fleet;
 pub mod leader;
 pub mod markers;
 pub mod metrics;

@@ -57,6 +57,13 @@ enum Command {
         /// more of its in-flight budget.
         #[arg(long, env = "GPUNODE_APPLY_CONCURRENCY", default_value_t = gpunode_operator::apply::DEFAULT_APPLY_CONCURRENCY)]
         apply_concurrency: std::num::NonZeroUsize,
+        /// Most GPU nodes (nodes some policy selects) unavailable at once, across every
+        /// policy: a number (3) or a percentage of the GPU nodes ("10%", at least 1). A node
+        /// counts whatever made it unavailable (NotReady, cordoned or tainted NoSchedule or
+        /// NoExecute by anyone, validated or disrupted by gpunode); beyond the cap a node's
+        /// next disruption waits (reason in its condition and the policy status).
+        #[arg(long, env = "GPUNODE_FLEET_MAX_UNAVAILABLE", default_value = gpunode_operator::fleet::DEFAULT_FLEET_MAX_UNAVAILABLE, value_parser = gpunode_operator::fleet::parse_cap)]
+        fleet_max_unavailable: gpunode_crds::MaxUnavailable,
     },
     /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,
     /// 1 drifted, 2 unknown, 3 bad input (naming the file and field).
@@ -94,6 +101,7 @@ struct RunArgs {
     leader_elect: bool,
     lease_namespace: String,
     apply_concurrency: std::num::NonZeroUsize,
+    fleet_max_unavailable: gpunode_crds::MaxUnavailable,
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -178,6 +186,7 @@ async fn operate(args: RunArgs) -> ExitCode {
         readiness: readiness.clone(),
         heartbeat_namespace: args.lease_namespace.clone(),
         apply_concurrency: args.apply_concurrency,
+        fleet_max_unavailable: args.fleet_max_unavailable,
     };
     controller::run(client, options, async {
         shutdown_signal().await;
@@ -287,6 +296,7 @@ fn main() -> ExitCode {
             leader_elect,
             lease_namespace,
             apply_concurrency,
+            fleet_max_unavailable,
         } => run(RunArgs {
             instance,
             log_json,
@@ -294,6 +304,7 @@ fn main() -> ExitCode {
             leader_elect,
             lease_namespace,
             apply_concurrency,
+            fleet_max_unavailable,
         }),
         Command::Check {
             policy,

@@ -198,6 +198,28 @@ impl Caches {
         Snapshot { nodes, index }
     }
 
+    /// Every GPU node (one that some policy selects) unavailable now, with gpunode's own writes
+    /// read back: the fleet cap's count ([`unavailable`]).
+    pub fn unavailable(&self, index: &SelectorIndex) -> std::collections::BTreeSet<String> {
+        self.written
+            .overlay(self.nodes.state())
+            .into_iter()
+            .filter(|n| index.selects_any(n.labels()) && unavailable(n))
+            .map(|n| n.name_any())
+            .collect()
+    }
+
+    /// How many nodes some policy selects: the GPU nodes a fleet cap in percent is of.
+    pub fn gpu_nodes(&self, index: &SelectorIndex) -> u32 {
+        let n = self
+            .nodes
+            .state()
+            .iter()
+            .filter(|n| index.selects_any(n.labels()))
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
     /// The node's report as the cache holds it (readable or not).
     pub fn report(&self, node: &str) -> Option<Arc<CachedReport>> {
         self.reports.get(&ObjectRef::new(node))
@@ -222,6 +244,31 @@ impl Caches {
             validation_jobs: HashMap::new(),
         }
     }
+}
+
+/// A node is unavailable for any reason: its Ready condition not True, cordoned, or tainted
+/// NoSchedule or NoExecute by anyone, or validating under gpunode.
+pub fn unavailable(node: &Node) -> bool {
+    let spec = node.spec.as_ref();
+    let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false);
+    let tainted = spec.and_then(|s| s.taints.as_ref()).is_some_and(|ts| {
+        ts.iter()
+            .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+    });
+    let not_ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == trim::READY))
+        .is_some_and(|c| c.status != "True");
+    let validating = || {
+        let annotations = node.metadata.annotations.as_ref();
+        annotations.is_some_and(|a| {
+            let (markers, _) = crate::markers::Markers::from_annotations(a);
+            markers.validation.is_some_and(|t| t.ended.is_none())
+        })
+    };
+    cordoned || tainted || not_ready || validating()
 }
 
 /// When the report was observed, if it is readable and says.

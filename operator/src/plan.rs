@@ -11,7 +11,11 @@
 //!   not yet disrupted by gpunode is admitted only while fewer than `maxUnavailable` of the
 //!   policy's nodes are; the rest queue, oldest drift first. Undoing is never limited.
 //! - **Circuit breaker.** When more than `maxDriftedPercent` of the nodes (and more than one
-//!   node) began drifting within `window`, no disruption is added anywhere.
+//!   node) began drifting within `window`, no disruption is added anywhere, and it stays so
+//!   (latched, through the policy status) until a person closes it or, with `reset: Automatic`,
+//!   the drifted nodes fall back to the threshold.
+//! - **Fleet cap.** The operator may cap the GPU nodes unavailable at once across every policy
+//!   ([`Fleet`], an input of the pass); a node beyond it waits.
 //! - **Conflict, skip, dry run, pause.** A node selected by another policy gets no new disruption,
 //!   and only the first of the overlapping policies by name writes it (`NodePlan::defer_to`);
 //!   `gpunode.dev/skip=true` and a paused policy leave the node untouched; dry run writes only
@@ -66,7 +70,10 @@ pub use output::{
 };
 pub use repair::{EnsureObject, MadeFrom, RepairPlan, RepairState};
 pub use validation::{ValidationPlan, ValidationState};
-pub use view::{DeviceRef, GpuPods, GpuView, JobState, NodeDevices, NodeView, PodRef, StepObject, approvals};
+pub use view::{
+    BreakerState, DeviceRef, Fleet, GpuPods, GpuView, JobState, NodeDevices, NodeView, PassInputs, PodRef,
+    StepObject, approvals,
+};
 
 use admission::{Admission, Candidate, Step};
 use hysteresis::signed;
@@ -87,8 +94,23 @@ pub struct PolicyPlan {
     pub budget_queued: u32,
     /// The circuit breaker is open.
     pub circuit_open: bool,
-    /// Nodes that began drifting within the breaker window.
+    /// Nodes that began drifting within the breaker window (and after it last closed).
     pub recently_drifted: u32,
+    /// Nodes drifting now.
+    pub drifting: u32,
+    /// Most drifting nodes the breaker allows: above, it opens.
+    pub breaker_threshold: u32,
+    /// Where the breaker stands after this pass (the status records it).
+    pub breaker: BreakerState,
+    /// How the breaker closes, in words (the command a person runs).
+    pub close_breaker: String,
+    /// GPU nodes unavailable fleet-wide (with this plan's) and the cap, if the fleet is capped.
+    pub fleet: Option<(u32, u32)>,
+    /// Nodes waiting for the fleet cap.
+    pub fleet_queued: u32,
+    /// Nodes this plan disrupts that were available: they count against the fleet cap until
+    /// written.
+    pub fleet_taken: Vec<String>,
     /// Where the maintenance windows stand.
     pub window: windows::WindowState,
     /// Why `spec.validation.template` cannot be used, if it cannot.
@@ -128,19 +150,38 @@ pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
             || n.repair.polls()
             || n.validation.polls()
     });
-    let cap = if draining { DRAIN_REQUEUE } else { IDLE_REQUEUE };
+    // A node waiting for the fleet cap waits on other policies' nodes, which do not wake this
+    // policy: it is looked at as often.
+    let cap = if draining || plan.fleet_queued > 0 {
+        DRAIN_REQUEUE
+    } else {
+        IDLE_REQUEUE
+    };
     // Just after: a change due exactly `now` has not happened yet.
     (wait + std::time::Duration::from_millis(100)).min(cap)
 }
 
-/// Plans every node of policy `name` (whose spec is `policy`).
+/// Plans every node of policy `name` (whose spec is `policy`), with no input besides: a breaker
+/// that never opened, no fleet cap.
 pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> PolicyPlan {
+    plan_with(name, policy, nodes, &PassInputs::default(), now)
+}
+
+/// Plans every node of policy `name` (whose spec is `policy`), given where its breaker stood
+/// and the fleet cap (`inputs`).
+pub fn plan_with(
+    name: &str,
+    policy: &GpuNodePolicySpec,
+    nodes: &[NodeView],
+    inputs: &PassInputs,
+    now: Timestamp,
+) -> PolicyPlan {
     // A failed validation is a drift of the node (class Validation) until a repair step mends it.
     let nodes: Vec<_> = nodes
         .iter()
         .map(|n| validation::with_failure(policy.validation.as_ref(), n, now))
         .collect();
-    let mut admission = Admission::new(policy, nodes.len(), now);
+    let mut admission = Admission::with_inputs(name, policy, nodes.len(), inputs, now);
     let gpu_handled = gpus::handled(policy);
     let mut work: Vec<Work<'_>> = nodes
         .iter()
@@ -157,6 +198,7 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
     for w in &work {
         admission.count(&w.node);
     }
+    admission.settle();
     let template = policy
         .validation
         .as_ref()
@@ -168,6 +210,10 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         .map(|(.., i)| decide(name, policy, &mut admission, template, &mut work[i], now))
         .collect();
     let queued = plans.iter().filter(|p| p.blocked == Some(Block::Budget)).count();
+    let fleet_queued = plans
+        .iter()
+        .filter(|p| matches!(p.blocked, Some(Block::FleetCap { .. })))
+        .count();
     PolicyPlan {
         nodes: plans,
         budget_allowed: admission.budget_allowed(),
@@ -175,6 +221,13 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
         budget_queued: u32::try_from(queued).unwrap_or(u32::MAX),
         circuit_open: admission.circuit_open(),
         recently_drifted: admission.recently_drifted(),
+        drifting: admission.drifting(),
+        breaker_threshold: admission.breaker_threshold(),
+        breaker: admission.breaker(),
+        close_breaker: admission.close_command().to_string(),
+        fleet: admission.fleet(),
+        fleet_queued: u32::try_from(fleet_queued).unwrap_or(u32::MAX),
+        fleet_taken: admission.fleet_taken().to_vec(),
         window: admission.window().clone(),
         invalid_validation: template.err().filter(|e| !e.is_empty()).map(str::to_string),
     }

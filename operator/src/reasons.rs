@@ -215,10 +215,14 @@ pub enum PolicyReason {
     AsExpected,
     /// BudgetExhausted: nodes wait.
     NodesQueued,
+    /// BudgetExhausted: nodes wait for the operator's fleet-wide cap.
+    FleetCapReached,
     /// BudgetExhausted: no node waits.
     WithinBudget,
     /// CircuitOpen: too many nodes began drifting within the window.
     TooManyDrifting,
+    /// CircuitOpen: the breaker opened and stays open until it is closed.
+    Latched,
     /// CircuitOpen: the breaker is closed.
     Closed,
     /// Conflict: nodes are selected by another policy too.
@@ -242,8 +246,10 @@ impl PolicyReason {
             PolicyReason::InvalidValidation => "InvalidValidation",
             PolicyReason::AsExpected => "AsExpected",
             PolicyReason::NodesQueued => "NodesQueued",
+            PolicyReason::FleetCapReached => "FleetCapReached",
             PolicyReason::WithinBudget => "WithinBudget",
             PolicyReason::TooManyDrifting => "TooManyDrifting",
+            PolicyReason::Latched => "Latched",
             PolicyReason::Closed => "Closed",
             PolicyReason::OverlappingPolicies => "OverlappingPolicies",
             PolicyReason::NoOverlap => "NoOverlap",

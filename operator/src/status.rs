@@ -5,13 +5,20 @@
 //! [`same_ignoring_time`] lets the controller skip a patch that would change only timestamps.
 //! It reads the plan's words and apply's results; it decides nothing and writes nothing.
 
-use gpunode_crds::{GpuNodePolicyStatus, policy::DriftedNode, selector::InvalidSelector};
+use gpunode_crds::{
+    GpuNodePolicyStatus,
+    policy::{CircuitBreakerStatus, DriftedNode},
+    selector::InvalidSelector,
+};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::{
     apply::Applied,
-    plan::{Action, Block, DrainStep, InEffect, NodePlan, PolicyPlan, RepairState, windows::WindowState},
+    plan::{
+        Action, Block, BreakerState, DrainStep, InEffect, NodePlan, PolicyPlan, RepairState,
+        windows::WindowState,
+    },
     reasons::{PolicyCondition, PolicyReason},
     verdict::NodeState,
 };
@@ -99,6 +106,8 @@ pub fn status(
         repairing: count(&|_, e| e.repair.running.is_some()),
         needs_human: count(&|_, e| e.repair.needs_human),
         validating: count(&|_, e| e.validating),
+        circuit_breaker: (!plan.breaker.is_pristine()).then(|| breaker_status(&plan.breaker)),
+        fleet_queued: plan.fleet_queued,
         drifted_nodes,
         drifted_nodes_truncated: truncated,
     }
@@ -169,33 +178,79 @@ fn degraded(plan: &PolicyPlan, stuck: u32) -> (bool, PolicyReason, String) {
     (on, reason, message)
 }
 
-/// BudgetExhausted: nodes wait for a slot of `maxUnavailable`.
+/// BudgetExhausted: nodes wait for a slot of `maxUnavailable`, or for the operator's fleet-wide
+/// cap.
 fn budget_exhausted(plan: &PolicyPlan) -> (bool, PolicyReason, String) {
-    let on = plan.budget_queued > 0;
-    let reason = if on {
+    let on = plan.budget_queued > 0 || plan.fleet_queued > 0;
+    let reason = if plan.budget_queued > 0 {
         PolicyReason::NodesQueued
+    } else if on {
+        PolicyReason::FleetCapReached
     } else {
         PolicyReason::WithinBudget
     };
-    let message = format!(
+    let mut message = format!(
         "{} of {} nodes disrupted; {} waiting",
         plan.budget_in_use, plan.budget_allowed, plan.budget_queued
     );
+    if let Some((unavailable, allowed)) = plan.fleet {
+        message.push_str(&format!(
+            "; fleet-wide {unavailable} of at most {allowed} GPU nodes unavailable, {} waiting",
+            plan.fleet_queued
+        ));
+    }
     (on, reason, message)
 }
 
-/// CircuitOpen: too many of the `matched` nodes began drifting within the breaker's window.
+/// CircuitOpen: the breaker opened (too many of the `matched` nodes began drifting within its
+/// window) and nobody closed it yet; the message says how to.
 fn circuit_open(plan: &PolicyPlan, matched: u32) -> (bool, PolicyReason, String) {
-    let reason = if plan.circuit_open {
+    let b = &plan.breaker;
+    if !plan.circuit_open {
+        let message = format!(
+            "{} of {matched} nodes began drifting within the breaker window",
+            plan.recently_drifted
+        );
+        return (false, PolicyReason::Closed, message);
+    }
+    let reason = if plan.recently_drifted > plan.breaker_threshold {
         PolicyReason::TooManyDrifting
     } else {
-        PolicyReason::Closed
+        PolicyReason::Latched
     };
+    let opened = b.opened_at.map(|t| t.to_string()).unwrap_or_default();
     let message = format!(
-        "{} of {matched} nodes began drifting within the breaker window",
-        plan.recently_drifted
+        "opened at {opened}: {} of {} nodes began drifting within the breaker window; {} drifting now; {}",
+        b.drifted, b.of, plan.drifting, plan.close_breaker
     );
-    (plan.circuit_open, reason, message)
+    (true, reason, message)
+}
+
+/// `status.circuitBreaker` from where the plan left the breaker.
+fn breaker_status(b: &BreakerState) -> CircuitBreakerStatus {
+    CircuitBreakerStatus {
+        open: b.open,
+        opened_at: b.opened_at.map(Time),
+        drifted: b.drifted,
+        of: b.of,
+        closed_at: b.closed_at.map(Time),
+        closed_by: b.closed_by,
+    }
+}
+
+/// Where the breaker stood, from the policy status: the planner's input.
+pub fn breaker_memory(status: Option<&GpuNodePolicyStatus>) -> BreakerState {
+    let Some(b) = status.and_then(|s| s.circuit_breaker.as_ref()) else {
+        return BreakerState::default();
+    };
+    BreakerState {
+        open: b.open,
+        opened_at: b.opened_at.as_ref().map(|t| t.0),
+        drifted: b.drifted,
+        of: b.of,
+        closed_at: b.closed_at.as_ref().map(|t| t.0),
+        closed_by: b.closed_by,
+    }
 }
 
 /// Conflict: nodes another policy selects too.
@@ -266,6 +321,8 @@ pub fn invalid(
     GpuNodePolicyStatus {
         observed_generation: generation,
         conditions,
+        // The breaker latches whatever the selector: an open one stays open.
+        circuit_breaker: old.and_then(|s| s.circuit_breaker.clone()),
         ..GpuNodePolicyStatus::default()
     }
 }
@@ -354,5 +411,54 @@ mod tests {
         };
         let s = status(&p, &all, Some(1), false, None, now);
         assert_eq!((s.cordoned, s.draining), (2, 2));
+    }
+
+    #[test]
+    fn an_open_breaker_is_recorded_read_back_and_its_condition_says_how_to_close_it() {
+        let spec: GpuNodePolicySpec = serde_json::from_value(serde_json::json!({
+            "remediation": [{"classes": ["Xid"], "action": "Cordon"}],
+            "disruption": {"circuitBreaker": {"maxDriftedPercent": 10}},
+        }))
+        .unwrap();
+        let now: Timestamp = "2026-12-06T01:00:00.700Z".parse().unwrap();
+        let p = plan("pool", &spec, &[xid("a"), xid("b"), xid("c")], now);
+        assert!(p.circuit_open);
+        let applied = Applied {
+            results: vec![
+                NodeResult::Unchanged,
+                NodeResult::Unchanged,
+                NodeResult::Unchanged,
+            ],
+        };
+        let s = status(&p, &applied, Some(1), false, None, now);
+        let b = s.circuit_breaker.clone().unwrap();
+        assert!(b.open);
+        assert_eq!(
+            b.opened_at.as_ref().map(|t| t.0.to_string()).as_deref(),
+            Some("2026-12-06T01:00:00Z")
+        );
+        assert_eq!((b.drifted, b.of), (3, 3));
+        let c = s.conditions.iter().find(|c| c.type_ == "CircuitOpen").unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", "TooManyDrifting")
+        );
+        assert!(
+            c.message
+                .contains("kubectl gpunode close-breaker pool (or kubectl annotate --overwrite gpunodepolicy pool gpunode.dev/close-breaker=2026-12-06T01:00:00Z)"),
+            "{}",
+            c.message
+        );
+        let back: GpuNodePolicyStatus = serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
+        assert_eq!(breaker_memory(Some(&back)), p.breaker, "what the next pass reads");
+        // An unusable selector keeps the breaker as it was.
+        let e = gpunode_crds::selector::InvalidSelector {
+            field: "spec.nodeSelector".into(),
+            reason: "empty".into(),
+        };
+        assert_eq!(
+            invalid(&e, Some(2), Some(&s), now).circuit_breaker,
+            s.circuit_breaker
+        );
     }
 }

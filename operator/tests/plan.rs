@@ -5,15 +5,18 @@
 // the same way (a panic naming what broke), so the allow covers the whole crate.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use gpunode_crds::{
     DriftClass, GpuNodePolicySpec,
-    policy::{RemediationAction, RemediationRule, TaintEffect},
+    policy::{BreakerClosedBy, RemediationAction, RemediationRule, TaintEffect},
 };
 use gpunode_operator::{
     markers::DriftTaint,
-    plan::{Action, Block, DrainStep, NodeView, plan},
+    plan::{Action, Block, DrainStep, Fleet, NodeView, PassInputs, plan, plan_with},
     reasons::Reason,
     verdict::{Drift, NodeState, Unknown, Verdict},
 };
@@ -479,7 +482,7 @@ disruption:
     assert!(p.circuit_open);
     assert_eq!(p.recently_drifted, 4);
     for n in p.nodes.iter().filter(|n| n.state == NodeState::Drifted) {
-        assert_eq!(n.blocked, Some(Block::CircuitOpen));
+        assert!(matches!(n.blocked, Some(Block::CircuitOpen { .. })));
         assert_eq!(n.cordon, None);
         assert_eq!(n.pending, vec![Action::Cordon]);
         // A non-disruptive taint is not held back.
@@ -491,10 +494,153 @@ disruption:
             n.condition.message
         );
     }
-    // Outside the window the drifts no longer count as a sudden wave.
-    let p = step(&policy, &mut nodes, at(601));
+    // Outside the window the drifts no longer count as a sudden wave, but the breaker latched:
+    // it stays open (until #43 it closed itself here and cordoned all four drifted nodes).
+    let mut inputs = PassInputs {
+        breaker: p.breaker.clone(),
+        ..PassInputs::default()
+    };
+    for t in [601, 3600, 86_400] {
+        let p = step_with(&policy, &mut nodes, &mut inputs, at(t));
+        assert!(p.circuit_open, "closed itself at t+{t}s");
+        assert_eq!(p.nodes.iter().filter(|n| n.cordon == Some(true)).count(), 0);
+    }
+    // A person closes that trip (kubectl gpunode close-breaker): the queue moves.
+    inputs.close_breaker = p.breaker.opened_at;
+    let p = step_with(&policy, &mut nodes, &mut inputs, at(86_401));
     assert!(!p.circuit_open);
+    assert_eq!(p.breaker.closed_by, Some(BreakerClosedBy::Person));
     assert_eq!(p.nodes.iter().filter(|n| n.cordon == Some(true)).count(), 4);
+}
+
+/// Plans with `inputs` and applies once, carrying the breaker forward as the status would.
+fn step_with(
+    policy: &GpuNodePolicySpec,
+    nodes: &mut [NodeView],
+    inputs: &mut PassInputs,
+    now: Timestamp,
+) -> gpunode_operator::plan::PolicyPlan {
+    let p = plan_with("first", policy, nodes, inputs, now);
+    support::apply(nodes, &p);
+    inputs.breaker = p.breaker.clone();
+    p
+}
+
+#[test]
+fn an_open_breaker_outlasts_a_slow_ramp_and_a_stale_close() {
+    let policy = policy(
+        r#"
+remediation:
+  - {classes: [Driver], action: Cordon}
+disruption:
+  maxUnavailable: "100%"
+  circuitBreaker: {maxDriftedPercent: 10, window: 1m}
+"#,
+    );
+    let mut nodes: Vec<NodeView> = (0..10).map(|i| node(&format!("n{i}"))).collect();
+    let mut inputs = PassInputs::default();
+    // Two nodes drift within a minute: it opens.
+    nodes[0].verdict = drifted(&[DriftClass::Driver]);
+    step_with(&policy, &mut nodes, &mut inputs, at(0));
+    nodes[1].verdict = drifted(&[DriftClass::Driver]);
+    nodes[2].verdict = drifted(&[DriftClass::Driver]);
+    let p = step_with(&policy, &mut nodes, &mut inputs, at(30));
+    assert!(p.circuit_open);
+    let opened = p.breaker.opened_at;
+    // Then one more a minute, each alone in the window: still open, the same trip.
+    for (i, n) in (3..8).enumerate() {
+        nodes[n].verdict = drifted(&[DriftClass::Driver]);
+        let t = 100 + 70 * i64::try_from(i).unwrap();
+        let p = step_with(&policy, &mut nodes, &mut inputs, at(t));
+        assert!(p.circuit_open, "closed at t+{t}s");
+        assert_eq!(p.breaker.opened_at, opened);
+        assert_eq!(of(&p, &format!("n{n}")).cordon, None);
+    }
+    // An annotation naming an earlier trip closes nothing.
+    inputs.close_breaker = Some(at(-3600));
+    assert!(step_with(&policy, &mut nodes, &mut inputs, at(1000)).circuit_open);
+}
+
+#[test]
+fn an_automatic_breaker_closes_once_the_drifted_nodes_fall_under_the_threshold() {
+    let policy = policy(
+        r#"
+remediation:
+  - {classes: [Driver], action: Cordon}
+disruption:
+  maxUnavailable: "100%"
+  circuitBreaker: {maxDriftedPercent: 20, window: 1m, reset: Automatic}
+"#,
+    );
+    let mut nodes: Vec<NodeView> = (0..10).map(|i| node(&format!("n{i}"))).collect();
+    for n in nodes.iter_mut().take(4) {
+        n.verdict = drifted(&[DriftClass::Driver]);
+    }
+    let mut inputs = PassInputs::default();
+    assert!(step_with(&policy, &mut nodes, &mut inputs, at(0)).circuit_open);
+    let p = step_with(&policy, &mut nodes, &mut inputs, at(601));
+    assert!(p.circuit_open, "four of ten still drift: above 20%");
+    nodes[0].verdict = compliant();
+    nodes[1].verdict = compliant();
+    // Recovered nodes stay active for healthyFor (5m by default); then two drift: at 20%.
+    let p = step_with(&policy, &mut nodes, &mut inputs, at(1000));
+    assert!(!p.circuit_open);
+    assert_eq!(p.breaker.closed_by, Some(BreakerClosedBy::Recovered));
+    assert_eq!(of(&p, "n2").cordon, Some(true));
+}
+
+#[test]
+fn the_fleet_cap_holds_nodes_beyond_it_counting_nodes_unavailable_for_any_reason() {
+    let policy = policy(
+        r#"
+remediation:
+  - {classes: [Driver], action: Cordon}
+disruption:
+  maxUnavailable: "100%"
+  circuitBreaker: {maxDriftedPercent: 100}
+"#,
+    );
+    let mut nodes: Vec<NodeView> = (0..6).map(|i| node(&format!("n{i}"))).collect();
+    for n in nodes.iter_mut().take(4) {
+        n.verdict = drifted(&[DriftClass::Driver]);
+    }
+    // Of a fleet capped at 3: another policy's node is NotReady, n5 was cordoned by a person.
+    let fleet = |unavailable: &[&str]| Fleet {
+        allowed: 3,
+        unavailable: Arc::new(unavailable.iter().map(|s| s.to_string()).collect()),
+    };
+    let mut inputs = PassInputs {
+        fleet: Some(fleet(&["other-notready", "n5"])),
+        ..PassInputs::default()
+    };
+    let p = step_with(&policy, &mut nodes, &mut inputs, at(0));
+    let cordoned: Vec<&str> = p
+        .nodes
+        .iter()
+        .filter(|n| n.cordon == Some(true))
+        .map(|n| n.node.as_str())
+        .collect();
+    assert_eq!(cordoned, ["n0"], "one slot left of three");
+    assert_eq!(p.fleet_taken, ["n0".to_string()]);
+    assert_eq!(p.fleet_queued, 3);
+    let n1 = of(&p, "n1");
+    assert_eq!(
+        n1.blocked,
+        Some(Block::FleetCap {
+            unavailable: 3,
+            allowed: 3
+        })
+    );
+    assert!(
+        n1.condition.message.contains("fleet-wide disruption cap"),
+        "{}",
+        n1.condition.message
+    );
+    // The NotReady node comes back: one more slot.
+    inputs.fleet = Some(fleet(&["n0", "n5"]));
+    let p = step_with(&policy, &mut nodes, &mut inputs, at(10));
+    assert_eq!(of(&p, "n1").cordon, Some(true));
+    assert_eq!(p.fleet_queued, 2);
 }
 
 #[test]

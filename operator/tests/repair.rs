@@ -486,7 +486,7 @@ fn pause_and_an_open_breaker_hold_the_next_step_and_say_so() {
     assert!(
         np.condition
             .message
-            .contains("repair step reboot waiting (circuit breaker open)"),
+            .contains("repair step reboot waiting (circuit breaker open; it stays open until a person closes it; close it with: kubectl gpunode close-breaker p"),
         "{}",
         np.condition.message
     );

@@ -1,7 +1,7 @@
 //! What the operator's caches keep of each watched object. At 5,000 nodes the caches are most of
 //! the operator's memory, so fields no decision reads are dropped as objects arrive: managed
-//! fields everywhere; a Node's status except gpunode's own condition, its spec except taints
-//! and the cordon, and annotations other than gpunode's (real nodes carry kilobytes of them:
+//! fields everywhere; a Node's status except gpunode's own condition and Ready (the fleet cap
+//! counts NotReady nodes), its spec except taints and the cordon, and annotations other than gpunode's (real nodes carry kilobytes of them:
 //! NFD's, CSI's, the kubelet's); a report's metadata but its name and version, its identifiers
 //! (but the GPUs' UUIDs), power readings and counters that no check compares. `evaluate` on a
 //! trimmed report gives the same verdict as on the full one (a property test holds it to that).
@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus};
 use crate::markers::{CONDITION_TYPE, PREFIX};
 
 /// Keeps of a Node what gpunode reads: metadata (labels, gpunode's annotations), spec (taints,
-/// cordon) and gpunode's condition. gpunode never writes a Node back whole (merge patches and
+/// cordon), gpunode's condition and Ready (its status only: no message). gpunode never writes a Node back whole (merge patches and
 /// server-side apply of its own fields only), so nothing dropped here can be erased.
 pub fn node(n: &mut Node) {
     n.metadata.managed_fields = None;
@@ -33,7 +33,14 @@ pub fn node(n: &mut Node) {
         .and_then(|s| s.conditions)
         .map(|cs| {
             cs.into_iter()
-                .filter(|c| c.type_ == CONDITION_TYPE)
+                .filter(|c| c.type_ == CONDITION_TYPE || c.type_ == READY)
+                .map(|mut c| {
+                    if c.type_ == READY {
+                        c.message = None;
+                        c.last_heartbeat_time = None;
+                    }
+                    c
+                })
                 .collect::<Vec<_>>()
         })
         // Collected in place: without this, the one condition kept would hold the room of all.
@@ -46,6 +53,9 @@ pub fn node(n: &mut Node) {
         });
     }
 }
+
+/// The kubelet's Ready condition.
+pub const READY: &str = "Ready";
 
 /// `v` without spare capacity.
 fn shrunk<T>(mut v: Vec<T>) -> Vec<T> {
@@ -104,7 +114,7 @@ mod tests {
     use kube::api::ObjectMeta;
 
     #[test]
-    fn a_node_keeps_labels_our_annotations_taints_cordon_and_our_condition() {
+    fn a_node_keeps_labels_our_annotations_taints_cordon_ready_and_our_condition() {
         let mut n = Node {
             metadata: ObjectMeta {
                 name: Some("n1".into()),
@@ -138,6 +148,12 @@ mod tests {
                     NodeCondition {
                         type_: "Ready".into(),
                         status: "True".into(),
+                        message: Some("kubelet is posting ready status".into()),
+                        ..NodeCondition::default()
+                    },
+                    NodeCondition {
+                        type_: "MemoryPressure".into(),
+                        status: "False".into(),
                         ..NodeCondition::default()
                     },
                     NodeCondition {
@@ -170,7 +186,7 @@ mod tests {
             .flat_map(|s| s.conditions.iter().flatten())
             .map(|c| c.type_.as_str())
             .collect();
-        assert_eq!(kept, [CONDITION_TYPE]);
+        assert_eq!(kept, [READY, CONDITION_TYPE], "the fleet cap reads Ready");
         let conditions = n
             .status
             .as_ref()
@@ -178,9 +194,10 @@ mod tests {
             .expect("ours");
         assert_eq!(
             conditions.capacity(),
-            1,
+            2,
             "the dropped conditions' room is given back"
         );
+        assert_eq!(conditions[0].message, None, "Ready's status only");
     }
 
     #[test]

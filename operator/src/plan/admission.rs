@@ -14,8 +14,12 @@
 //!   before anything else is asked of its action (it takes no slot meanwhile); a repair step
 //!   with `requireApproval` is asked for its approval after what holds disruption on the node.
 //! - **Conflict, circuit breaker** hold every disruptive step: another policy selects the node;
-//!   more than `maxDriftedPercent` of the nodes (and more than one) began drifting within
-//!   `window`.
+//!   the breaker is open. It opens when more than `maxDriftedPercent` of the nodes (and more than
+//!   one) began drifting within `window` (drifts that began before it last closed not counted),
+//!   and then latches: it stays open, whatever the window, until a person closes that trip
+//!   (`gpunode.dev/close-breaker` set to its `openedAt`) or, with `reset: Automatic`, until no
+//!   more than the threshold of nodes are drifted. Where it stood comes in as an input
+//!   ([`BreakerState`], from the policy status) and goes out as [`Admission::breaker`].
 //! - **Windows** hold a disruptive action, a repair step and a periodic validation outside the
 //!   maintenance windows, unless the node drifts in an urgent class. A validation before an
 //!   undo is not held by them: it ends a disruption.
@@ -24,19 +28,26 @@
 //!   nodes hold one. A repair step runs on a drained node, which holds its slot already.
 //! - **Validations.** At most `maxConcurrent` run at once; periodic ones start at most
 //!   `maxPerHour` an hour.
+//! - **Fleet cap.** Where the operator caps disruption fleet-wide ([`Fleet`]), a node that is
+//!   available now takes a disruptive step or a validation only while fewer than the cap of
+//!   the GPU nodes (every policy's) are unavailable, counting those this pass took. A node that
+//!   is unavailable already (cordoned by a person, NotReady) adds nothing and is not held.
 //!
 //! Pure. It may import the layers below it (view, output, hysteresis, windows), never a feature
 //! planner, the node plan or the pass: they ask it.
 
 use std::collections::BTreeSet;
 
-use gpunode_crds::{GpuNodePolicySpec, policy::APPROVE_ANNOTATION};
+use gpunode_crds::{
+    GpuNodePolicySpec,
+    policy::{APPROVE_ANNOTATION, BreakerClosedBy, BreakerReset, CLOSE_BREAKER_ANNOTATION},
+};
 use jiff::{SignedDuration, Timestamp};
 
 use super::{
     hysteresis::{elapsed, signed},
     output::Action,
-    view::NodeView,
+    view::{BreakerState, Fleet, NodeView, PassInputs},
     windows::{self, WindowState},
 };
 
@@ -51,10 +62,20 @@ pub enum Block {
     Skip,
     /// Another policy selects the node too.
     Conflict(Vec<String>),
-    /// The circuit breaker is open.
-    CircuitOpen,
+    /// The circuit breaker is open: it stays open until closed.
+    CircuitOpen {
+        /// How it closes: the command a person runs (and, with `reset: Automatic`, when).
+        close: String,
+    },
     /// `maxUnavailable` nodes are already disrupted.
     Budget,
+    /// The operator's fleet-wide cap: `allowed` GPU nodes (every policy's) are unavailable.
+    FleetCap {
+        /// GPU nodes unavailable now, with those taken by passes not yet written.
+        unavailable: u32,
+        /// The cap.
+        allowed: u32,
+    },
     /// Outside the policy's maintenance windows (`spec.maintenance`).
     OutsideWindow {
         /// When the next window opens.
@@ -83,8 +104,11 @@ impl Block {
             Block::Paused => "policy paused".to_string(),
             Block::Skip => "node labelled gpunode.dev/skip=true".to_string(),
             Block::Conflict(others) => format!("node also selected by {}", others.join(", ")),
-            Block::CircuitOpen => "circuit breaker open".to_string(),
+            Block::CircuitOpen { close } => format!("circuit breaker open; {close}"),
             Block::Budget => "disruption budget exhausted".to_string(),
+            Block::FleetCap { unavailable, allowed } => format!(
+                "fleet-wide disruption cap reached: {unavailable} GPU nodes unavailable, at most {allowed} (operator --fleet-max-unavailable)"
+            ),
             Block::OutsideWindow { opens } => {
                 format!("outside the maintenance windows; the next opens at {opens}")
             }
@@ -176,6 +200,7 @@ enum Gate {
     Breaker,
     Window,
     Budget,
+    FleetCap,
     Validations,
     ValidationsThisHour,
 }
@@ -190,14 +215,32 @@ pub struct Admission {
     budget_allowed: u32,
     breaker_percent: u32,
     breaker_window: SignedDuration,
+    breaker_reset: BreakerReset,
+    /// Where the breaker stood before the pass.
+    breaker_before: BreakerState,
+    /// A person closes the open trip in this pass.
+    closing: bool,
+    /// Drifts that began at or before it are not counted (the breaker closed then).
+    counted_after: Option<Timestamp>,
+    /// The policy's name, for the command that closes the breaker.
+    name: String,
+    /// How the breaker closes (set by [`Admission::settle`]).
+    close_command: String,
+    fleet: Option<Fleet>,
+    /// Nodes this pass took that were available: they count against the fleet cap.
+    fleet_taken: Vec<String>,
     max_validations: u32,
     max_per_hour: u32,
     now: Timestamp,
     hour_ago: Timestamp,
     /// Nodes holding a slot of the budget.
     in_use: u32,
-    /// Nodes that began drifting within the breaker's window.
+    /// Nodes that began drifting within the breaker's window (and after it last closed).
     recently_drifted: u32,
+    /// When each of those began.
+    recent_starts: Vec<Timestamp>,
+    /// Nodes drifting now.
+    drifting: u32,
     /// Validations running (counted against `maxConcurrent`).
     validations: u32,
     /// Periodic validations started within the last hour.
@@ -205,12 +248,40 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// The facts of `policy` over its `matched` nodes at `now`; no node is counted yet
-    /// ([`Admission::count`] each).
+    /// The facts of `policy` over its `matched` nodes at `now`, with no input besides; no node
+    /// is counted yet ([`Admission::count`] each).
     pub fn new(policy: &GpuNodePolicySpec, matched: usize, now: Timestamp) -> Admission {
+        Admission::with_inputs("", policy, matched, &PassInputs::default(), now)
+    }
+
+    /// The facts of policy `name` (`policy`) over its `matched` nodes at `now`, with where its
+    /// breaker stood and the fleet cap (`inputs`); no node is counted yet.
+    pub fn with_inputs(
+        name: &str,
+        policy: &GpuNodePolicySpec,
+        matched: usize,
+        inputs: &PassInputs,
+        now: Timestamp,
+    ) -> Admission {
         let matched = u32::try_from(matched).unwrap_or(u32::MAX);
         let validation = policy.validation.as_ref();
+        let breaker = &policy.disruption.circuit_breaker;
+        let before = inputs.breaker.clone();
+        let closing = before.open
+            && before.opened_at.is_some()
+            && inputs.close_breaker.map(seconds) == before.opened_at.map(seconds);
+        let counted_after = if closing { Some(now) } else { before.closed_at };
         Admission {
+            breaker_reset: breaker.reset,
+            name: name.to_string(),
+            close_command: close_command(name, breaker.reset, before.opened_at),
+            breaker_before: before,
+            closing,
+            counted_after,
+            fleet: inputs.fleet.clone(),
+            fleet_taken: Vec::new(),
+            recent_starts: Vec::new(),
+            drifting: 0,
             paused: policy.paused,
             dry_run: policy.dry_run,
             window: windows::state(policy.maintenance.as_ref(), now),
@@ -246,12 +317,19 @@ impl Admission {
         if track.is_some_and(|t| t.periodic && t.started > self.hour_ago) {
             self.started_last_hour = self.started_last_hour.saturating_add(1);
         }
-        if node
-            .since
-            .is_some_and(|s| elapsed(self.now, s) <= self.breaker_window)
-        {
+        let Some(since) = node.since else { return };
+        self.drifting = self.drifting.saturating_add(1);
+        let after_close = self.counted_after.is_none_or(|c| since > c);
+        if after_close && elapsed(self.now, since) <= self.breaker_window {
             self.recently_drifted = self.recently_drifted.saturating_add(1);
+            self.recent_starts.push(since);
         }
+    }
+
+    /// Once every node is counted: fixes how the breaker closes (naming its trip).
+    pub fn settle(&mut self) {
+        let opened_at = self.breaker().opened_at;
+        self.close_command = close_command(&self.name, self.breaker_reset, opened_at);
     }
 
     /// May `node` start `step` now? `None`: it may; otherwise what holds it back, the first of
@@ -262,9 +340,18 @@ impl Admission {
             Step::Undo => &[Skip, Paused, DryRun],
             Step::Rungs(_) => &[Approval],
             Step::Action(a) if !a.is_disruptive() => &[Skip, Paused, DryRun],
-            Step::Action(_) => &[Skip, Paused, DryRun, Conflict, Breaker, Window, Budget],
+            Step::Action(_) => &[Skip, Paused, DryRun, Conflict, Breaker, Window, Budget, FleetCap],
             Step::Repair { .. } => &[Skip, Paused, DryRun, Conflict, Breaker, Window, Approval],
-            Step::Validation => &[Skip, Paused, DryRun, Conflict, Breaker, Budget, Validations],
+            Step::Validation => &[
+                Skip,
+                Paused,
+                DryRun,
+                Conflict,
+                Breaker,
+                Budget,
+                FleetCap,
+                Validations,
+            ],
             Step::PeriodicValidation => &[
                 Skip,
                 Paused,
@@ -272,6 +359,7 @@ impl Admission {
                 Conflict,
                 Breaker,
                 Budget,
+                FleetCap,
                 Window,
                 Validations,
                 ValidationsThisHour,
@@ -303,7 +391,29 @@ impl Admission {
         if !node.holds_slot {
             self.in_use = self.in_use.saturating_add(1);
             node.holds_slot = true;
+            if let Some(f) = &self.fleet
+                && !f.unavailable.contains(&node.view.name)
+            {
+                self.fleet_taken.push(node.view.name.clone());
+            }
         }
+    }
+
+    /// GPU nodes unavailable fleet-wide with what this pass took, if the fleet is capped.
+    fn fleet_unavailable(&self) -> Option<(u32, u32)> {
+        let f = self.fleet.as_ref()?;
+        let n = f.unavailable.len().saturating_add(self.fleet_taken.len());
+        Some((u32::try_from(n).unwrap_or(u32::MAX), f.allowed))
+    }
+
+    /// The fleet cap holds a node that holds no slot and is available now.
+    fn fleet_cap(&self, node: &Candidate<'_>) -> Option<Block> {
+        let f = self.fleet.as_ref()?;
+        if node.holds_slot || f.unavailable.contains(&node.view.name) {
+            return None;
+        }
+        let (unavailable, allowed) = self.fleet_unavailable()?;
+        (unavailable >= allowed).then_some(Block::FleetCap { unavailable, allowed })
     }
 
     /// Whether `gate` holds `step` of `node`, and why.
@@ -315,7 +425,9 @@ impl Admission {
             Gate::DryRun => self.dry_run.then_some(Block::DryRun),
             Gate::Approval => approval(view, step),
             Gate::Conflict => (!view.conflicts.is_empty()).then(|| Block::Conflict(view.conflicts.clone())),
-            Gate::Breaker => self.circuit_open().then_some(Block::CircuitOpen),
+            Gate::Breaker => self.circuit_open().then(|| Block::CircuitOpen {
+                close: self.close_command.clone(),
+            }),
             Gate::Window if node.urgent => None,
             Gate::Window => match &self.window {
                 WindowState::Open => None,
@@ -323,6 +435,7 @@ impl Admission {
                 WindowState::Invalid(why) => Some(Block::InvalidWindow(why.clone())),
             },
             Gate::Budget => (!node.holds_slot && self.in_use >= self.budget_allowed).then_some(Block::Budget),
+            Gate::FleetCap => self.fleet_cap(node),
             Gate::Validations => {
                 (self.validations >= self.max_validations).then_some(Block::Validations(self.max_validations))
             }
@@ -331,12 +444,88 @@ impl Admission {
         }
     }
 
-    /// The circuit breaker is open: more than `maxDriftedPercent` of the nodes began drifting
-    /// within its window. A single drifting node is a node fault, never a systemic one: the
-    /// threshold is at least 1.
+    /// Most drifting nodes the breaker allows: `maxDriftedPercent` of the nodes, at least 1 (a
+    /// single drifting node is a node fault, never a systemic one).
+    pub fn breaker_threshold(&self) -> u32 {
+        let t = (u64::from(self.breaker_percent) * u64::from(self.matched) / 100).max(1);
+        u32::try_from(t).unwrap_or(u32::MAX)
+    }
+
+    /// The breaker trips now: more than the threshold of the nodes began drifting within its
+    /// window (and after it last closed).
+    fn trips(&self) -> bool {
+        self.breaker_percent < 100 && self.recently_drifted > self.breaker_threshold()
+    }
+
+    /// The circuit breaker is open: it trips now, or it was open and nobody closed it (nor,
+    /// with `reset: Automatic`, did the drifted nodes fall back to the threshold). 100% turns
+    /// the breaker off, an open one included.
     pub fn circuit_open(&self) -> bool {
-        let threshold = (u64::from(self.breaker_percent) * u64::from(self.matched) / 100).max(1);
-        self.breaker_percent < 100 && u64::from(self.recently_drifted) > threshold
+        if self.breaker_percent >= 100 {
+            return false;
+        }
+        if self.trips() {
+            return true;
+        }
+        let before = &self.breaker_before;
+        let recovered =
+            self.breaker_reset == BreakerReset::Automatic && self.drifting <= self.breaker_threshold();
+        before.open && !self.closing && !recovered
+    }
+
+    /// Where the breaker stands after this pass, for the policy status: an open trip keeps when
+    /// it opened; a new one opened when the drift that crossed the threshold began (so every
+    /// pass of one trip names the same time, whatever the status it read).
+    pub fn breaker(&self) -> BreakerState {
+        let before = &self.breaker_before;
+        match (before.open, self.circuit_open()) {
+            (true, true) => before.clone(),
+            (false, true) => {
+                let mut starts = self.recent_starts.clone();
+                starts.sort_unstable();
+                let index = usize::try_from(self.breaker_threshold()).unwrap_or(usize::MAX);
+                let crossed = starts.get(index).copied().unwrap_or(self.now);
+                BreakerState {
+                    open: true,
+                    opened_at: Some(seconds(crossed)),
+                    drifted: self.recently_drifted,
+                    of: self.matched,
+                    ..before.clone()
+                }
+            }
+            (true, false) => BreakerState {
+                open: false,
+                closed_at: Some(seconds(self.now)),
+                closed_by: Some(if self.closing {
+                    BreakerClosedBy::Person
+                } else {
+                    BreakerClosedBy::Recovered
+                }),
+                ..before.clone()
+            },
+            (false, false) => before.clone(),
+        }
+    }
+
+    /// Nodes of the policy that are drifting now.
+    pub fn drifting(&self) -> u32 {
+        self.drifting
+    }
+
+    /// How the breaker closes, in words.
+    pub fn close_command(&self) -> &str {
+        &self.close_command
+    }
+
+    /// The nodes this pass took that were available: another pass must count them until they
+    /// are written.
+    pub fn fleet_taken(&self) -> &[String] {
+        &self.fleet_taken
+    }
+
+    /// GPU nodes unavailable fleet-wide with what this pass took, and the cap, if there is one.
+    pub fn fleet(&self) -> Option<(u32, u32)> {
+        self.fleet_unavailable()
     }
 
     /// Nodes that may be disrupted at once.
@@ -349,7 +538,7 @@ impl Admission {
         self.in_use
     }
 
-    /// Nodes that began drifting within the breaker's window.
+    /// Nodes that began drifting within the breaker's window (and after it last closed).
     pub fn recently_drifted(&self) -> u32 {
         self.recently_drifted
     }
@@ -379,6 +568,29 @@ fn approval(node: &NodeView, step: Step<'_>) -> Option<Block> {
     Some(Block::Approval { rungs, command })
 }
 
+/// A timestamp to the second: the precision the policy status keeps.
+fn seconds(t: Timestamp) -> Timestamp {
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
+}
+
+/// How a person closes the breaker of policy `name` opened at `opened_at` (and, with
+/// `reset: Automatic`, when it closes by itself).
+pub fn close_command(name: &str, reset: BreakerReset, opened_at: Option<Timestamp>) -> String {
+    let person = match opened_at {
+        Some(at) => format!(
+            "close it with: kubectl gpunode close-breaker {name} (or kubectl annotate --overwrite gpunodepolicy {name} {CLOSE_BREAKER_ANNOTATION}={})",
+            seconds(at)
+        ),
+        None => format!("close it with: kubectl gpunode close-breaker {name}"),
+    };
+    match reset {
+        BreakerReset::Manual => format!("it stays open until a person closes it; {person}"),
+        BreakerReset::Automatic => {
+            format!("it closes once no more than maxDriftedPercent of the nodes are drifted, or {person}")
+        }
+    }
+}
+
 /// The command that approves `rungs` on `node`, keeping what is approved already.
 pub fn approve_command(node: &str, approved: &BTreeSet<String>, rungs: &[String]) -> String {
     let all: BTreeSet<&str> = approved
@@ -396,6 +608,8 @@ pub fn approve_command(node: &str, approved: &BTreeSet<String>, rungs: &[String]
 mod tests {
     use gpunode_crds::policy::TaintEffect;
     use serde_json::json;
+
+    use std::sync::Arc;
 
     use super::*;
     use crate::{markers::DriftTaint, verdict::Verdict};
@@ -546,9 +760,207 @@ mod tests {
         two.count(&drifting(&views[1]));
         assert!(two.circuit_open());
         let drain = Step::Action(&Action::Drain);
-        assert_eq!(
+        assert!(matches!(
             two.may(&Candidate::new(&views[2]), drain),
-            Some(Block::CircuitOpen)
+            Some(Block::CircuitOpen { .. })
+        ));
+    }
+
+    fn open_since(at: Timestamp) -> BreakerState {
+        BreakerState {
+            open: true,
+            opened_at: Some(at),
+            drifted: 2,
+            of: 3,
+            ..BreakerState::default()
+        }
+    }
+
+    /// A breaker that opened an hour ago, with no drift left in its window.
+    fn latched(reset: &str, close: Option<Timestamp>) -> Admission {
+        let spec =
+            policy(json!({"disruption": {"circuitBreaker": {"maxDriftedPercent": 10, "reset": reset}}}));
+        let opened: Timestamp = "2026-12-02T11:00:00Z".parse().unwrap();
+        let inputs = PassInputs {
+            breaker: open_since(opened),
+            close_breaker: close,
+            fleet: None,
+        };
+        Admission::with_inputs("pool", &spec, 3, &inputs, now())
+    }
+
+    #[test]
+    fn an_open_breaker_latches_past_its_window_until_a_person_closes_that_trip() {
+        let v = view("n0");
+        let old = Candidate {
+            since: Some("2026-12-02T10:59:00Z".parse().unwrap()),
+            ..Candidate::new(&v)
+        };
+        let mut held = latched("Manual", None);
+        held.count(&old);
+        held.settle();
+        assert!(held.circuit_open(), "no drift within the window, still open");
+        let Some(Block::CircuitOpen { close }) = held.may(&Candidate::new(&v), Step::Action(&Action::Drain))
+        else {
+            panic!("the breaker holds a drain")
+        };
+        assert!(
+            close.contains("kubectl gpunode close-breaker pool")
+                && close.contains("gpunode.dev/close-breaker=2026-12-02T11:00:00Z"),
+            "{close}"
+        );
+        assert_eq!(
+            held.breaker(),
+            open_since("2026-12-02T11:00:00Z".parse().unwrap())
+        );
+
+        let stale = latched("Manual", Some("2026-12-01T08:00:00Z".parse().unwrap()));
+        assert!(
+            stale.circuit_open(),
+            "an annotation naming another trip closes nothing"
+        );
+
+        let mut closed = latched("Manual", Some("2026-12-02T11:00:00Z".parse().unwrap()));
+        closed.count(&old);
+        assert!(!closed.circuit_open());
+        let after = closed.breaker();
+        assert_eq!(
+            (after.open, after.closed_at, after.closed_by),
+            (false, Some(now()), Some(BreakerClosedBy::Person))
+        );
+    }
+
+    #[test]
+    fn a_closed_breaker_counts_only_drifts_that_began_after_it_closed() {
+        let spec = policy(json!({"disruption": {"circuitBreaker": {"maxDriftedPercent": 10}}}));
+        let closed_at: Timestamp = "2026-12-02T11:59:00Z".parse().unwrap();
+        let inputs = PassInputs {
+            breaker: BreakerState {
+                closed_at: Some(closed_at),
+                ..BreakerState::default()
+            },
+            ..PassInputs::default()
+        };
+        let views: Vec<NodeView> = (0..3).map(|i| view(&format!("n{i}"))).collect();
+        let mut a = Admission::with_inputs("pool", &spec, 3, &inputs, now());
+        for v in &views[..2] {
+            a.count(&Candidate {
+                since: Some("2026-12-02T11:58:00Z".parse().unwrap()),
+                ..Candidate::new(v)
+            });
+        }
+        assert!(!a.circuit_open(), "both began before the close");
+        a.count(&Candidate {
+            since: Some("2026-12-02T11:59:30Z".parse().unwrap()),
+            ..Candidate::new(&views[2])
+        });
+        assert_eq!(a.recently_drifted(), 1);
+    }
+
+    #[test]
+    fn an_automatic_breaker_closes_only_once_the_drifted_nodes_fall_to_the_threshold() {
+        let views: Vec<NodeView> = (0..2).map(|i| view(&format!("n{i}"))).collect();
+        let drifting = |v| Candidate {
+            since: Some("2026-12-02T10:00:00Z".parse().unwrap()),
+            ..Candidate::new(v)
+        };
+        let mut manual = latched("Manual", None);
+        manual.count(&drifting(&views[0]));
+        assert!(manual.circuit_open(), "Manual waits for a person");
+
+        let mut auto = latched("Automatic", None);
+        auto.count(&drifting(&views[0]));
+        auto.count(&drifting(&views[1]));
+        assert!(
+            auto.circuit_open(),
+            "two of three drift: above the threshold of one"
+        );
+        let mut auto = latched("Automatic", None);
+        auto.count(&drifting(&views[0]));
+        assert!(!auto.circuit_open(), "one drifting node is within the threshold");
+        assert_eq!(auto.breaker().closed_by, Some(BreakerClosedBy::Recovered));
+    }
+
+    #[test]
+    fn a_new_trip_opens_when_the_drift_that_crossed_the_threshold_began() {
+        let spec = policy(json!({"disruption": {"circuitBreaker": {"maxDriftedPercent": 10}}}));
+        let views: Vec<NodeView> = (0..3).map(|i| view(&format!("n{i}"))).collect();
+        let mut a = Admission::new(&spec, 3, now());
+        for (v, at) in views.iter().zip(["11:55:00.5", "11:57:10.9", "11:58:00"]) {
+            a.count(&Candidate {
+                since: Some(format!("2026-12-02T{at}Z").parse().unwrap()),
+                ..Candidate::new(v)
+            });
+        }
+        let b = a.breaker();
+        assert!(b.open);
+        assert_eq!(
+            b.opened_at,
+            Some("2026-12-02T11:57:10Z".parse().unwrap()),
+            "the second drift, to the second"
+        );
+        assert_eq!((b.drifted, b.of), (3, 3));
+    }
+
+    fn capped(allowed: u32, unavailable: &[&str]) -> Admission {
+        let spec = policy(json!({"disruption": {"maxUnavailable": "100%"}}));
+        let inputs = PassInputs {
+            fleet: Some(Fleet {
+                allowed,
+                unavailable: Arc::new(unavailable.iter().map(|s| s.to_string()).collect()),
+            }),
+            ..PassInputs::default()
+        };
+        Admission::with_inputs("pool", &spec, 10, &inputs, now())
+    }
+
+    #[test]
+    fn the_fleet_cap_counts_every_unavailable_node_and_what_the_pass_took() {
+        let (a, b, c) = (view("a"), view("b"), view("c"));
+        let drain = Step::Action(&Action::Drain);
+        // "x" and "y" are another policy's nodes: NotReady, cordoned by a person.
+        let mut fleet = capped(3, &["x", "y"]);
+        let mut first = Candidate::new(&a);
+        assert_eq!(fleet.may(&first, drain), None);
+        fleet.started(&mut first, drain);
+        assert_eq!(fleet.fleet_taken(), ["a".to_string()]);
+        assert_eq!(
+            fleet.may(&Candidate::new(&b), drain),
+            Some(Block::FleetCap {
+                unavailable: 3,
+                allowed: 3
+            })
+        );
+        assert_eq!(
+            fleet.may(&Candidate::new(&b), Step::Validation),
+            Some(Block::FleetCap {
+                unavailable: 3,
+                allowed: 3
+            }),
+            "a validation makes a node unavailable too"
+        );
+        assert_eq!(
+            fleet.may(&first, Step::Action(&Action::Cordon)),
+            None,
+            "a holds its slot"
+        );
+        let hint = Step::Action(&taint(TaintEffect::PreferNoSchedule));
+        assert_eq!(fleet.may(&Candidate::new(&b), hint), None, "a hint takes nothing");
+
+        // A node that is unavailable already (cordoned by someone) adds nothing: not held.
+        let fleet = capped(2, &["x", "c"]);
+        assert_eq!(fleet.may(&Candidate::new(&c), drain), None);
+        assert!(matches!(
+            fleet.may(&Candidate::new(&b), drain),
+            Some(Block::FleetCap { .. })
+        ));
+        assert!(
+            Block::FleetCap {
+                unavailable: 2,
+                allowed: 2
+            }
+            .describe()
+            .contains("--fleet-max-unavailable")
         );
     }
 }

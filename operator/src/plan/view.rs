@@ -1,6 +1,8 @@
 //! What the planner reads: one [`NodeView`] per node the policy selects, with the node's GPUs
 //! ([`GpuView`]), how they reach pods ([`NodeDevices`]), and the state of the objects a repair
-//! step or a validation made ([`StepObject`], [`JobState`]).
+//! step or a validation made ([`StepObject`], [`JobState`]); and the policy-level inputs of a
+//! pass that are not nodes ([`PassInputs`]): where the circuit breaker stood ([`BreakerState`],
+//! from the policy status, and a person's close) and the fleet-wide disruption cap ([`Fleet`]).
 //!
 //! The bottom layer of the planner: plain data, no decision. It imports nothing of the planner.
 //! Building a view from a Node, a report, a Job or a ResourceSlice is observe's work
@@ -228,4 +230,52 @@ pub enum JobState {
     Failed(String),
     /// It ran past its deadline (Failed, reason DeadlineExceeded).
     TimedOut(String),
+}
+
+/// The policy-level inputs of a pass besides the policy and its nodes.
+#[derive(Clone, Debug, Default)]
+pub struct PassInputs {
+    /// The circuit breaker as the policy status last recorded it.
+    pub breaker: BreakerState,
+    /// The annotation `gpunode.dev/close-breaker`, read as a time: a person closes the trip
+    /// that opened then (`None` when absent or not a time).
+    pub close_breaker: Option<Timestamp>,
+    /// The operator's fleet-wide disruption cap; `None`: no cap.
+    pub fleet: Option<Fleet>,
+}
+
+/// Where the circuit breaker stands: read from `status.circuitBreaker` before a pass, planned
+/// by the pass, written back by the status step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BreakerState {
+    /// It is open.
+    pub open: bool,
+    /// When the open (or last) trip began.
+    pub opened_at: Option<Timestamp>,
+    /// Nodes that had begun drifting within the window when it opened.
+    pub drifted: u32,
+    /// Nodes the policy selected when it opened.
+    pub of: u32,
+    /// When it last closed: drifts that began before do not open it again.
+    pub closed_at: Option<Timestamp>,
+    /// Who closed it last.
+    pub closed_by: Option<gpunode_crds::policy::BreakerClosedBy>,
+}
+
+impl BreakerState {
+    /// It never opened: nothing to record.
+    pub fn is_pristine(&self) -> bool {
+        *self == BreakerState::default()
+    }
+}
+
+/// The fleet-wide disruption cap as one pass sees it: every node selected by any policy that is
+/// unavailable now (NotReady, cordoned, or tainted NoSchedule or NoExecute, by anyone), with
+/// the nodes other policies' passes reserved and have not written yet.
+#[derive(Clone, Debug, Default)]
+pub struct Fleet {
+    /// Most GPU nodes that may be unavailable at once.
+    pub allowed: u32,
+    /// The GPU nodes unavailable now, or reserved by another pass.
+    pub unavailable: Arc<BTreeSet<String>>,
 }
