@@ -50,6 +50,7 @@ impl InProcess {
                 heartbeat_namespace: crate::chart::NAMESPACE.to_string(),
                 apply_concurrency: gpunode_operator::apply::DEFAULT_APPLY_CONCURRENCY,
                 fleet_max_unavailable: fleet,
+                fleet_ignore_taints: Vec::new(),
             },
             async move {
                 let _ = stopped.await;

@@ -638,6 +638,8 @@ pub struct Options {
     pub apply_concurrency: std::num::NonZeroUsize,
     /// Most GPU nodes unavailable at once across every policy (`--fleet-max-unavailable`).
     pub fleet_max_unavailable: gpunode_crds::MaxUnavailable,
+    /// Taint keys that do not make a node unavailable to the fleet cap (`--fleet-ignore-taint`).
+    pub fleet_ignore_taints: Vec<String>,
 }
 
 /// Runs the controller until `shutdown` completes.
@@ -769,7 +771,7 @@ fn context(
         verdicts,
         status_written: std::sync::Mutex::default(),
         sweep,
-        fleet: FleetLedger::new(options.fleet_max_unavailable),
+        fleet: FleetLedger::new(options.fleet_max_unavailable, options.fleet_ignore_taints.clone()),
     })
 }
 

@@ -3,7 +3,9 @@
 //!
 //! "GPU nodes" are the nodes some policy selects; one is unavailable when its Ready condition is
 //! not True, it is cordoned or tainted NoSchedule or NoExecute by anyone, or gpunode validates it
-//! ([`crate::observe::unavailable`]). The gate itself is the planner's (`Block::FleetCap` in
+//! ([`crate::observe::unavailable`]). A taint whose key is ignored (`--fleet-ignore-taint`,
+//! `nvidia.com/gpu` by default) does not count: a dedicated GPU pool taints every node NoSchedule
+//! for good, which would otherwise fill the cap before anything drifted. The gate itself is the planner's (`Block::FleetCap` in
 //! `plan::admission`); this module only feeds it and holds what passes took.
 //!
 //! The race: policies are reconciled concurrently (the controller runs one pass per policy at a
@@ -44,6 +46,32 @@ pub struct InvalidCap {
     why: String,
 }
 
+/// The taint keys the fleet cap ignores by default: the GPU pool taint that managed Kubernetes
+/// services (and NVIDIA's documentation) put on every GPU node.
+pub const DEFAULT_FLEET_IGNORE_TAINTS: &str = "nvidia.com/gpu";
+
+/// Why a taint key cannot be ignored.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "fleet ignore taint {0:?}: a taint key ([prefix/]name, name at most 63 characters of [A-Za-z0-9._-] beginning and ending with a letter or digit)"
+)]
+pub struct InvalidTaintKey(String);
+
+/// Reads one taint key of `--fleet-ignore-taint`; an empty one stands for none (the chart's
+/// empty list).
+pub fn parse_taint_key(value: &str) -> Result<String, InvalidTaintKey> {
+    let key = value.trim();
+    let name = key.rsplit_once('/').map_or(key, |(_, name)| name);
+    let prefix_ok = key
+        .rsplit_once('/')
+        .is_none_or(|(p, _)| gpunode_crds::names::is_object_name(p));
+    if key.is_empty() || (prefix_ok && !name.is_empty() && gpunode_crds::names::is_label_value(name)) {
+        Ok(key.to_string())
+    } else {
+        Err(InvalidTaintKey(value.to_string()))
+    }
+}
+
 /// Reads a cap: a number of nodes or a percentage of the GPU nodes.
 pub fn parse_cap(value: &str) -> Result<MaxUnavailable, InvalidCap> {
     let json = match value.trim().parse::<u64>() {
@@ -60,14 +88,17 @@ pub fn parse_cap(value: &str) -> Result<MaxUnavailable, InvalidCap> {
 #[derive(Debug)]
 pub struct FleetLedger {
     cap: MaxUnavailable,
+    ignored_taints: Vec<String>,
     reserved: Mutex<HashMap<String, Vec<String>>>,
 }
 
 impl FleetLedger {
-    /// A ledger for `cap`, with nothing reserved.
-    pub fn new(cap: MaxUnavailable) -> Arc<FleetLedger> {
+    /// A ledger for `cap`, not counting taints with the keys `ignored_taints`, with nothing
+    /// reserved.
+    pub fn new(cap: MaxUnavailable, ignored_taints: Vec<String>) -> Arc<FleetLedger> {
         Arc::new(FleetLedger {
             cap,
+            ignored_taints,
             reserved: Mutex::default(),
         })
     }
@@ -98,7 +129,11 @@ impl Ledger<'_> {
     /// The fleet as the pass of `policy` sees it: the unavailable GPU nodes of the cache and
     /// the nodes other passes reserved; the cap resolved over the GPU nodes.
     pub fn fleet(&self, policy: &str, caches: &Caches, index: &SelectorIndex) -> Fleet {
-        self.fleet_of(policy, caches.unavailable(index), caches.gpu_nodes(index))
+        self.fleet_of(
+            policy,
+            caches.unavailable(index, &self.ledger.ignored_taints),
+            caches.gpu_nodes(index),
+        )
     }
 
     fn fleet_of(&self, policy: &str, mut unavailable: BTreeSet<String>, gpu_nodes: u32) -> Fleet {
@@ -153,8 +188,18 @@ mod tests {
     }
 
     #[test]
+    fn a_taint_key_to_ignore_is_validated() {
+        assert_eq!(parse_taint_key("nvidia.com/gpu").unwrap(), "nvidia.com/gpu");
+        assert_eq!(parse_taint_key("dedicated").unwrap(), "dedicated");
+        assert_eq!(parse_taint_key("").unwrap(), "");
+        for bad in ["nvidia.com/", "/gpu", "a b", "Bad_Prefix!/x"] {
+            assert!(parse_taint_key(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn a_reservation_counts_for_other_passes_until_dropped() {
-        let ledger = FleetLedger::new(MaxUnavailable::Count(2));
+        let ledger = FleetLedger::new(MaxUnavailable::Count(2), Vec::new());
         let seen = BTreeSet::from(["x".to_string()]);
         let lock = ledger.lock();
         let fleet = lock.fleet_of("a", seen.clone(), 20);

@@ -64,6 +64,11 @@ enum Command {
         /// next disruption waits (reason in its condition and the policy status).
         #[arg(long, env = "GPUNODE_FLEET_MAX_UNAVAILABLE", default_value = gpunode_operator::fleet::DEFAULT_FLEET_MAX_UNAVAILABLE, value_parser = gpunode_operator::fleet::parse_cap)]
         fleet_max_unavailable: gpunode_crds::MaxUnavailable,
+        /// Taint keys that do not make a node unavailable to the fleet cap, comma-separated or
+        /// repeated: the permanent taints of a dedicated GPU pool. A node with one still counts
+        /// when it is NotReady, cordoned or tainted otherwise. An empty value ignores none.
+        #[arg(long = "fleet-ignore-taint", env = "GPUNODE_FLEET_IGNORE_TAINTS", value_delimiter = ',', default_value = gpunode_operator::fleet::DEFAULT_FLEET_IGNORE_TAINTS, value_parser = gpunode_operator::fleet::parse_taint_key)]
+        fleet_ignore_taints: Vec<String>,
     },
     /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,
     /// 1 drifted, 2 unknown, 3 bad input (naming the file and field).
@@ -102,6 +107,7 @@ struct RunArgs {
     lease_namespace: String,
     apply_concurrency: std::num::NonZeroUsize,
     fleet_max_unavailable: gpunode_crds::MaxUnavailable,
+    fleet_ignore_taints: Vec<String>,
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -187,6 +193,11 @@ async fn operate(args: RunArgs) -> ExitCode {
         heartbeat_namespace: args.lease_namespace.clone(),
         apply_concurrency: args.apply_concurrency,
         fleet_max_unavailable: args.fleet_max_unavailable,
+        fleet_ignore_taints: args
+            .fleet_ignore_taints
+            .into_iter()
+            .filter(|k| !k.is_empty())
+            .collect(),
     };
     controller::run(client, options, async {
         shutdown_signal().await;
@@ -297,6 +308,7 @@ fn main() -> ExitCode {
             lease_namespace,
             apply_concurrency,
             fleet_max_unavailable,
+            fleet_ignore_taints,
         } => run(RunArgs {
             instance,
             log_json,
@@ -305,6 +317,7 @@ fn main() -> ExitCode {
             lease_namespace,
             apply_concurrency,
             fleet_max_unavailable,
+            fleet_ignore_taints,
         }),
         Command::Check {
             policy,

@@ -200,11 +200,15 @@ impl Caches {
 
     /// Every GPU node (one that some policy selects) unavailable now, with gpunode's own writes
     /// read back: the fleet cap's count ([`unavailable`]).
-    pub fn unavailable(&self, index: &SelectorIndex) -> std::collections::BTreeSet<String> {
+    pub fn unavailable(
+        &self,
+        index: &SelectorIndex,
+        ignored_taints: &[String],
+    ) -> std::collections::BTreeSet<String> {
         self.written
             .overlay(self.nodes.state())
             .into_iter()
-            .filter(|n| index.selects_any(n.labels()) && unavailable(n))
+            .filter(|n| index.selects_any(n.labels()) && unavailable(n, ignored_taints))
             .map(|n| n.name_any())
             .collect()
     }
@@ -247,12 +251,14 @@ impl Caches {
 }
 
 /// A node is unavailable for any reason: its Ready condition not True, cordoned, or tainted
-/// NoSchedule or NoExecute by anyone, or validating under gpunode.
-pub fn unavailable(node: &Node) -> bool {
+/// NoSchedule or NoExecute by anyone (but with a key of `ignored_taints`), or validating under
+/// gpunode.
+pub fn unavailable(node: &Node, ignored_taints: &[String]) -> bool {
     let spec = node.spec.as_ref();
     let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false);
     let tainted = spec.and_then(|s| s.taints.as_ref()).is_some_and(|ts| {
         ts.iter()
+            .filter(|t| !ignored_taints.contains(&t.key))
             .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
     });
     let not_ready = node
@@ -690,6 +696,25 @@ mod tests {
 
     fn resource(kind: &str, plural: &str) -> ApiResource {
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("resource.k8s.io", "v1", kind), plural)
+    }
+
+    fn tainted(key: &str, effect: &str) -> Node {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "n"},
+            "spec": {"taints": [{"key": key, "effect": effect}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_gpu_pool_taint_does_not_make_a_node_unavailable_but_any_other_does() {
+        let ignored = vec!["nvidia.com/gpu".to_string()];
+        assert!(!unavailable(&tainted("nvidia.com/gpu", "NoSchedule"), &ignored));
+        assert!(unavailable(&tainted("nvidia.com/gpu", "NoSchedule"), &[]));
+        assert!(unavailable(&tainted("maintenance", "NoExecute"), &ignored));
+        assert!(!unavailable(
+            &tainted("maintenance", "PreferNoSchedule"),
+            &ignored
+        ));
     }
 
     /// Before the ResourceSlices are listed every DRA node looks like a device-plugin node,
