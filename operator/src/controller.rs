@@ -714,6 +714,7 @@ fn context(
             caches.policies.clone(),
         ));
     }
+    let applier = applier.with_metrics(options.metrics.clone());
     let reporter = Reporter {
         controller: "gpunode-operator".into(),
         instance: Some(options.instance.clone()),
