@@ -42,6 +42,9 @@ impl InProcess {
                 readiness: Readiness::new(),
                 heartbeat_namespace: crate::chart::NAMESPACE.to_string(),
                 apply_concurrency: gpunode_operator::apply::DEFAULT_APPLY_CONCURRENCY,
+                // What the validation namespaces granted so far allow (none could not be read:
+                // nothing granted, the operator fails closed).
+                validation_bounds: crate::chart::validation_bounds().unwrap_or_default(),
             },
             async move {
                 let _ = stopped.await;

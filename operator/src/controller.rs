@@ -130,6 +130,8 @@ pub struct Context {
     pub status_written: std::sync::Mutex<HashMap<String, std::time::Instant>>,
     /// Wakes the search for nodes no policy governs ([`crate::sweep`]).
     pub sweep: Arc<tokio::sync::Notify>,
+    /// What the chart grants validation Jobs ([`crate::bounds`]).
+    pub validation_bounds: crate::bounds::ValidationBounds,
 }
 
 /// Least time between two status writes of one policy. Its counts change with every node that
@@ -444,7 +446,7 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
         let views = observe::views(&policy, &snapshot.nodes, &inputs, &mut verdicts, now);
         let (reused, evaluated) = verdicts.stats();
         ctx.metrics.verdicts(reused, evaluated);
-        plan::plan(&name, &policy.spec, &views, now)
+        plan::plan_within(&name, &policy.spec, &views, now, Some(&ctx.validation_bounds))
     };
     // Apply.
     let drain = &policy.spec.disruption.drain;
@@ -603,6 +605,8 @@ pub struct Options {
     pub heartbeat_namespace: String,
     /// How many nodes of one policy are written, or released, at once.
     pub apply_concurrency: std::num::NonZeroUsize,
+    /// What the chart grants validation Jobs (`--validation-namespaces`).
+    pub validation_bounds: crate::bounds::ValidationBounds,
 }
 
 /// Runs the controller until `shutdown` completes.
@@ -735,6 +739,7 @@ fn context(
         verdicts,
         status_written: std::sync::Mutex::default(),
         sweep,
+        validation_bounds: options.validation_bounds.clone(),
     })
 }
 

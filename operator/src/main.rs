@@ -57,6 +57,12 @@ enum Command {
         /// more of its in-flight budget.
         #[arg(long, env = "GPUNODE_APPLY_CONCURRENCY", default_value_t = gpunode_operator::apply::DEFAULT_APPLY_CONCURRENCY)]
         apply_concurrency: std::num::NonZeroUsize,
+        /// The namespaces validation Jobs may run in and what their pods may do there (the
+        /// chart's `operator.validation.namespaces`, as the chart renders it: a JSON list of
+        /// `{name, serviceAccounts, allowPrivileged, allowedCapabilities, allowHostNamespaces,
+        /// allowHostPath}`). Unset: none, and no validation Job is made.
+        #[arg(long, env = "GPUNODE_VALIDATION_NAMESPACES", default_value = "", value_parser = parse_bounds)]
+        validation_namespaces: gpunode_operator::bounds::ValidationBounds,
     },
     /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,
     /// 1 drifted, 2 unknown, 3 bad input (naming the file and field).
@@ -94,6 +100,11 @@ struct RunArgs {
     leader_elect: bool,
     lease_namespace: String,
     apply_concurrency: std::num::NonZeroUsize,
+    validation_bounds: gpunode_operator::bounds::ValidationBounds,
+}
+
+fn parse_bounds(text: &str) -> Result<gpunode_operator::bounds::ValidationBounds, String> {
+    gpunode_operator::bounds::ValidationBounds::parse(text).map_err(|e| e.to_string())
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -178,6 +189,7 @@ async fn operate(args: RunArgs) -> ExitCode {
         readiness: readiness.clone(),
         heartbeat_namespace: args.lease_namespace.clone(),
         apply_concurrency: args.apply_concurrency,
+        validation_bounds: args.validation_bounds,
     };
     controller::run(client, options, async {
         shutdown_signal().await;
@@ -287,6 +299,7 @@ fn main() -> ExitCode {
             leader_elect,
             lease_namespace,
             apply_concurrency,
+            validation_namespaces,
         } => run(RunArgs {
             instance,
             log_json,
@@ -294,6 +307,7 @@ fn main() -> ExitCode {
             leader_elect,
             lease_namespace,
             apply_concurrency,
+            validation_bounds: validation_namespaces,
         }),
         Command::Check {
             policy,

@@ -133,8 +133,23 @@ pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
     (wait + std::time::Duration::from_millis(100)).min(cap)
 }
 
-/// Plans every node of policy `name` (whose spec is `policy`).
+/// Plans every node of policy `name` (whose spec is `policy`), its validation template unbounded
+/// (offline: `gpunode-operator check`, the kubectl plugin, benchmarks); the operator plans with
+/// the chart's bounds ([`plan_within`]).
 pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> PolicyPlan {
+    plan_within(name, policy, nodes, now, None)
+}
+
+/// Plans every node of policy `name` (whose spec is `policy`); a validation template outside
+/// `bounds` (the chart's, [`crate::bounds`]) is unusable: no Job is made, the policy is Degraded
+/// naming the field.
+pub fn plan_within(
+    name: &str,
+    policy: &GpuNodePolicySpec,
+    nodes: &[NodeView],
+    now: Timestamp,
+    bounds: Option<&crate::bounds::ValidationBounds>,
+) -> PolicyPlan {
     // A failed validation is a drift of the node (class Validation) until a repair step mends it.
     let nodes: Vec<_> = nodes
         .iter()
@@ -160,7 +175,13 @@ pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Tim
     let template = policy
         .validation
         .as_ref()
-        .map(|v| v.pod_template())
+        .map(|v| {
+            let t = v.pod_template()?;
+            match bounds {
+                Some(b) => b.admit(&v.namespace, t),
+                None => Ok(t),
+            }
+        })
         .unwrap_or(Err(String::new()));
     let template = template.as_ref().map_err(String::as_str);
     let plans: Vec<NodePlan> = order
