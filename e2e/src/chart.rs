@@ -287,10 +287,15 @@ pub async fn install_accounts(admin: &Client) -> Result<Accounts, Error> {
     Ok(acc)
 }
 
+/// The `operator.remediators` entries granted so far ([`grant_remediators`]): what an
+/// in-process operator started after them gets ([`remediator_bounds`]).
+static REMEDIATORS: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
+
 /// Grants the operator's ServiceAccount the remediation kinds `remediators` (the chart's
-/// `operator.remediators` value, as JSON): renders the chart's remediator ClusterRole and its
-/// binding with that value, applies them, and waits until the operator may create `resource`
-/// (`group/plural`) in `namespace`.
+/// `operator.remediators` value, as JSON, entries without namespaces): renders the chart's
+/// remediator ClusterRole and its binding with that value, applies them, waits until the
+/// operator may create `resource` (`group/plural`) in `namespace`, and keeps the entries for
+/// [`remediator_bounds`].
 pub async fn grant_remediators(
     admin: &Client,
     remediators: &serde_json::Value,
@@ -304,7 +309,27 @@ pub async fn grant_remediators(
         NAMESPACE,
         (resource, namespace),
     )
-    .await
+    .await?;
+    let mut granted = REMEDIATORS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for r in remediators.as_array().into_iter().flatten() {
+        if !granted.contains(r) {
+            granted.push(r.clone());
+        }
+    }
+    Ok(())
+}
+
+/// What the remediation kinds granted so far ([`grant_remediators`]) allow, as the operator
+/// reads the chart's `--remediators`.
+pub fn remediator_bounds() -> Result<gpunode_operator::bounds::RemediatorBounds, Error> {
+    let granted = REMEDIATORS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    gpunode_operator::bounds::RemediatorBounds::parse(&serde_json::Value::from(granted).to_string())
+        .map_err(|e| Error::Unexpected(e.to_string()))
 }
 
 /// The entries of `operator.validation.namespaces` granted so far, as the chart renders them

@@ -45,6 +45,7 @@ impl InProcess {
                 // What the validation namespaces granted so far allow (none could not be read:
                 // nothing granted, the operator fails closed).
                 validation_bounds: crate::chart::validation_bounds().unwrap_or_default(),
+                remediator_bounds: crate::chart::remediator_bounds().unwrap_or_default(),
             },
             async move {
                 let _ = stopped.await;

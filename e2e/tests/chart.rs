@@ -999,3 +999,69 @@ async fn validation_namespaces_render_their_bounds_and_the_dcgm_values_allow_a_d
     .unwrap_or_default();
     assert!(err.contains("missing property 'name'"), "{err}");
 }
+
+#[tokio::test]
+async fn remediators_limited_to_namespaces_get_a_role_there_only_and_the_operator_the_same_bounds() {
+    let admin = admin_client().await.unwrap();
+    let limited = render_json(
+        &admin,
+        &[
+            r#"operator.remediators=[{"apiGroup":"self-node-remediation.medik8s.io","resources":["selfnoderemediations"],"templates":["selfnoderemediationtemplates"],"namespaces":["medik8s","ops"]}]"#,
+        ],
+    )
+    .await;
+    assert!(
+        !limited.iter().any(|o| kind_of(o) == "ClusterRole"
+            && o.metadata.name.as_deref() == Some("r-gpunode-operator-remediators")),
+        "no cluster-wide grant for an entry limited to namespaces"
+    );
+    for ns in ["medik8s", "ops"] {
+        for kind in ["Role", "RoleBinding"] {
+            assert!(
+                limited.iter().any(|o| kind_of(o) == kind
+                    && o.metadata.namespace.as_deref() == Some(ns)
+                    && o.metadata.name.as_deref() == Some("r-gpunode-operator-remediators-0")),
+                "no remediator {kind} in {ns}"
+            );
+        }
+    }
+    let flag = args(one(&limited, "Deployment", "-operator"))
+        .into_iter()
+        .find_map(|a| a.strip_prefix("--remediators=").map(str::to_string))
+        .expect("the operator gets --remediators");
+    let bounds = gpunode_operator::bounds::RemediatorBounds::parse(&flag).unwrap();
+    let group = "self-node-remediation.medik8s.io";
+    assert_eq!(bounds.admit(group, "selfnoderemediations", Some("ops")), Ok(()));
+    let refused = bounds
+        .admit(group, "selfnoderemediations", Some("kube-system"))
+        .err()
+        .unwrap_or_default();
+    assert!(
+        refused.contains("spec.repair.steps[].remediator.namespace")
+            && refused.contains("operator.remediators[].namespaces"),
+        "{refused}"
+    );
+    // Without namespaces: any namespace, as before (a ClusterRole and its binding).
+    let anywhere = render_json(
+        &admin,
+        &[
+            r#"operator.remediators=[{"apiGroup":"self-node-remediation.medik8s.io","resources":["selfnoderemediations"],"templates":["selfnoderemediationtemplates"]}]"#,
+        ],
+    )
+    .await;
+    one(&anywhere, "ClusterRole", "-operator-remediators");
+    one(&anywhere, "ClusterRoleBinding", "-operator-remediators");
+    let flag = args(one(&anywhere, "Deployment", "-operator"))
+        .into_iter()
+        .find_map(|a| a.strip_prefix("--remediators=").map(str::to_string))
+        .expect("the operator gets --remediators");
+    let bounds = gpunode_operator::bounds::RemediatorBounds::parse(&flag).unwrap();
+    assert_eq!(
+        bounds.admit(group, "selfnoderemediations", Some("kube-system")),
+        Ok(())
+    );
+    assert!(
+        bounds.admit("other.example", "reboots", Some("ops")).is_err(),
+        "a kind not listed"
+    );
+}

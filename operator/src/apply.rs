@@ -586,6 +586,12 @@ impl Applier {
         }
     }
 
+    /// Makes repair steps' remediation objects only as `bounds` (the chart's) grant.
+    pub fn with_remediator_bounds(mut self, bounds: crate::bounds::RemediatorBounds) -> Self {
+        self.remediators = self.remediators.with_bounds(bounds);
+        self
+    }
+
     /// Counts deletes in `metrics` (`gpunode_actions_total{action="delete"}`).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         if let Some(d) = self.devices.take() {

@@ -5,7 +5,10 @@
 //! `--validation-namespaces`). A template outside them is refused, naming the field and the chart
 //! value that would allow it: no Job is made, and the policy is Degraded.
 //!
-//! Pure: it parses the flag and checks a template. It may not read or write the cluster, and it
+//! The same for repair steps' remediation objects: the kinds the chart's `operator.remediators`
+//! grants, and the namespaces an entry limits them to (`--remediators`).
+//!
+//! Pure: it parses the flags and checks a template or an object's place. It may not read or write the cluster, and it
 //! imports nothing of the operator's.
 
 use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec, SecurityContext};
@@ -53,6 +56,9 @@ pub enum BoundsError {
     /// Not a JSON list of namespace bounds.
     #[error("--validation-namespaces ({VALUE}): {0}")]
     Invalid(String),
+    /// Not a JSON list of remediator grants.
+    #[error("--remediators ({REMEDIATORS_VALUE}): {0}")]
+    Remediators(String),
 }
 
 impl ValidationBounds {
@@ -93,6 +99,82 @@ impl ValidationBounds {
             spec.service_account_name = ns.service_accounts.first().cloned();
         }
         Ok(template)
+    }
+}
+
+/// The chart value the remediator bounds come from (named in every refusal).
+pub const REMEDIATORS_VALUE: &str = "operator.remediators";
+
+/// One remediation API group the chart grants repair steps (an entry of `operator.remediators`).
+#[derive(Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RemediatorGrant {
+    /// The API group.
+    pub api_group: String,
+    /// The kinds gpunode makes (plural resource names).
+    pub resources: Vec<String>,
+    /// The template kinds it reads (plural resource names).
+    #[serde(default)]
+    pub templates: Vec<String>,
+    /// The namespaces it may make them in; `None`: any (and cluster-scoped kinds).
+    #[serde(default)]
+    pub namespaces: Option<Vec<String>>,
+}
+
+/// The remediation kinds, and where, the chart grants repair steps (`--remediators`). None
+/// granted (the default): no repair step makes a remediation object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RemediatorBounds {
+    grants: Vec<RemediatorGrant>,
+}
+
+impl RemediatorBounds {
+    /// Bounds granting `grants`.
+    pub fn new(grants: Vec<RemediatorGrant>) -> RemediatorBounds {
+        RemediatorBounds { grants }
+    }
+
+    /// Parses the flag: a JSON list of [`RemediatorGrant`] (the chart's value as it is). Empty
+    /// text is none.
+    pub fn parse(text: &str) -> Result<RemediatorBounds, BoundsError> {
+        if text.trim().is_empty() {
+            return Ok(RemediatorBounds::default());
+        }
+        let mut de = serde_json::Deserializer::from_str(text);
+        let grants = serde_path_to_error::deserialize(&mut de)
+            .map_err(|e| BoundsError::Remediators(format!("{}: {}", e.path(), e.inner())))?;
+        Ok(RemediatorBounds { grants })
+    }
+
+    /// Whether a repair step may make an object of `resource` (plural) of `group` in
+    /// `namespace` (`None`: cluster-scoped); otherwise why, naming the chart value.
+    pub fn admit(&self, group: &str, resource: &str, namespace: Option<&str>) -> Result<(), String> {
+        let granted: Vec<&RemediatorGrant> = self
+            .grants
+            .iter()
+            .filter(|g| g.api_group == group && g.resources.iter().any(|r| r == resource))
+            .collect();
+        if granted.is_empty() {
+            return Err(format!(
+                "spec.repair.steps[].remediator: {resource}.{group} is not granted to repair steps \
+                 (chart value {REMEDIATORS_VALUE})"
+            ));
+        }
+        let anywhere = granted.iter().any(|g| g.namespaces.is_none());
+        let here = namespace.is_some_and(|ns| {
+            granted
+                .iter()
+                .filter_map(|g| g.namespaces.as_ref())
+                .any(|n| n.iter().any(|g| g == ns))
+        });
+        if anywhere || here {
+            return Ok(());
+        }
+        Err(format!(
+            "spec.repair.steps[].remediator.namespace: {resource}.{group} may not be made in {} \
+             (chart value {REMEDIATORS_VALUE}[].namespaces)",
+            namespace.map_or_else(|| "the cluster scope".to_string(), |n| format!("namespace {n}"))
+        ))
     }
 }
 
@@ -367,6 +449,46 @@ mod tests {
         assert_eq!(
             bad(r#"[{"name":""}]"#),
             "--validation-namespaces (operator.validation.namespaces): [0].name: must not be empty"
+        );
+    }
+
+    #[test]
+    fn remediation_objects_only_of_granted_kinds_and_in_granted_namespaces() {
+        let b = RemediatorBounds::parse(
+            r#"[{"apiGroup":"a.example","resources":["reboots"],"templates":["reboottemplates"],"namespaces":["ops"]},
+                {"apiGroup":"b.example","resources":["machines"],"templates":["machinetemplates"]}]"#,
+        )
+        .unwrap_or_default();
+        assert_eq!(b.admit("a.example", "reboots", Some("ops")), Ok(()));
+        assert_eq!(
+            b.admit("a.example", "reboots", Some("kube-system")),
+            Err("spec.repair.steps[].remediator.namespace: reboots.a.example may not be made in namespace kube-system (chart value operator.remediators[].namespaces)".to_string())
+        );
+        assert!(
+            b.admit("a.example", "reboots", None).is_err(),
+            "not cluster-scoped when limited"
+        );
+        assert_eq!(
+            b.admit("b.example", "machines", Some("anywhere")),
+            Ok(()),
+            "no namespaces: any"
+        );
+        assert_eq!(b.admit("b.example", "machines", None), Ok(()));
+        assert_eq!(
+            b.admit("c.example", "reboots", Some("ops")),
+            Err("spec.repair.steps[].remediator: reboots.c.example is not granted to repair steps (chart value operator.remediators)".to_string())
+        );
+        assert!(
+            RemediatorBounds::default()
+                .admit("a.example", "reboots", Some("ops"))
+                .is_err()
+        );
+        let bad = RemediatorBounds::parse(r#"[{"apiGroup":"a","resources":["r"],"namespace":["x"]}]"#);
+        assert!(
+            bad.err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+                .contains("unknown field `namespace`")
         );
     }
 }

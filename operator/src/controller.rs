@@ -607,6 +607,8 @@ pub struct Options {
     pub apply_concurrency: std::num::NonZeroUsize,
     /// What the chart grants validation Jobs (`--validation-namespaces`).
     pub validation_bounds: crate::bounds::ValidationBounds,
+    /// The remediation kinds and namespaces the chart grants repair steps (`--remediators`).
+    pub remediator_bounds: crate::bounds::RemediatorBounds,
 }
 
 /// Runs the controller until `shutdown` completes.
@@ -718,7 +720,9 @@ fn context(
             caches.policies.clone(),
         ));
     }
-    let applier = applier.with_metrics(options.metrics.clone());
+    let applier = applier
+        .with_metrics(options.metrics.clone())
+        .with_remediator_bounds(options.remediator_bounds.clone());
     let reporter = Reporter {
         controller: "gpunode-operator".into(),
         instance: Some(options.instance.clone()),

@@ -63,6 +63,11 @@ enum Command {
         /// allowHostPath}`). Unset: none, and no validation Job is made.
         #[arg(long, env = "GPUNODE_VALIDATION_NAMESPACES", default_value = "", value_parser = parse_bounds)]
         validation_namespaces: gpunode_operator::bounds::ValidationBounds,
+        /// The remediation kinds repair steps may make, and where (the chart's
+        /// `operator.remediators` as JSON: `{apiGroup, resources, templates, namespaces}`, no
+        /// `namespaces`: any). Unset: none, and no repair step makes a remediation object.
+        #[arg(long, env = "GPUNODE_REMEDIATORS", default_value = "", value_parser = parse_remediators)]
+        remediators: gpunode_operator::bounds::RemediatorBounds,
     },
     /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,
     /// 1 drifted, 2 unknown, 3 bad input (naming the file and field).
@@ -101,6 +106,11 @@ struct RunArgs {
     lease_namespace: String,
     apply_concurrency: std::num::NonZeroUsize,
     validation_bounds: gpunode_operator::bounds::ValidationBounds,
+    remediator_bounds: gpunode_operator::bounds::RemediatorBounds,
+}
+
+fn parse_remediators(text: &str) -> Result<gpunode_operator::bounds::RemediatorBounds, String> {
+    gpunode_operator::bounds::RemediatorBounds::parse(text).map_err(|e| e.to_string())
 }
 
 fn parse_bounds(text: &str) -> Result<gpunode_operator::bounds::ValidationBounds, String> {
@@ -190,6 +200,7 @@ async fn operate(args: RunArgs) -> ExitCode {
         heartbeat_namespace: args.lease_namespace.clone(),
         apply_concurrency: args.apply_concurrency,
         validation_bounds: args.validation_bounds,
+        remediator_bounds: args.remediator_bounds,
     };
     controller::run(client, options, async {
         shutdown_signal().await;
@@ -300,6 +311,7 @@ fn main() -> ExitCode {
             lease_namespace,
             apply_concurrency,
             validation_namespaces,
+            remediators,
         } => run(RunArgs {
             instance,
             log_json,
@@ -308,6 +320,7 @@ fn main() -> ExitCode {
             lease_namespace,
             apply_concurrency,
             validation_bounds: validation_namespaces,
+            remediator_bounds: remediators,
         }),
         Command::Check {
             policy,

@@ -23,6 +23,7 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use crate::{
+    bounds::RemediatorBounds,
     markers::{POLICY_LABEL, StepObjectRef},
     plan::{EnsureObject, MadeFrom, StepObject, repair::fold},
 };
@@ -59,6 +60,8 @@ pub enum RemediatorError {
 pub struct Remediators {
     client: Client,
     found: Arc<Mutex<HashMap<GroupVersionKind, (ApiResource, Scope)>>>,
+    /// The kinds and namespaces the chart grants remediation objects.
+    bounds: Arc<RemediatorBounds>,
 }
 
 /// A kind the API server does not serve.
@@ -70,6 +73,25 @@ impl Remediators {
         Remediators {
             client,
             found: Arc::default(),
+            bounds: Arc::default(),
+        }
+    }
+
+    /// Makes remediation objects only of the kinds, and in the namespaces, `bounds` grant.
+    pub fn with_bounds(mut self, bounds: RemediatorBounds) -> Self {
+        self.bounds = Arc::new(bounds);
+        self
+    }
+
+    /// Why the chart's bounds refuse `e`'s object, if they do (a GpuResetRequest is gpunode's
+    /// own kind: always allowed).
+    fn refused(&self, ar: &ApiResource, e: &EnsureObject) -> Option<String> {
+        match &e.made_from {
+            MadeFrom::Template(_) => self
+                .bounds
+                .admit(&ar.group, &ar.plural, e.object.namespace.as_deref())
+                .err(),
+            MadeFrom::GpuReset(_) => None,
         }
     }
 
@@ -146,7 +168,7 @@ impl Remediators {
             Ok(found) => found,
             Err(NotServed(why)) => return Ok(StepObject::Unavailable(why)),
         };
-        if let Some(why) = scope_mismatch(&scope, &e.object) {
+        if let Some(why) = scope_mismatch(&scope, &e.object).or_else(|| self.refused(&ar, e)) {
             return Ok(StepObject::Unavailable(why));
         }
         let api = self.api(&ar, &scope, e.object.namespace.as_deref());
@@ -227,6 +249,11 @@ impl Remediators {
             // Not served: the next look says so and the step fails.
             return Ok(None);
         };
+        if let Some(why) = self.refused(&ar, e) {
+            // The next look says so and the step fails.
+            warn!(node, step = %e.step, object = %e.object, "not creating {}: {why}", e.object);
+            return Ok(None);
+        }
         let Some(spec) = self.spec_of(node, e).await? else {
             return Ok(None);
         };
