@@ -321,6 +321,33 @@ pub async fn grant_remediators(
     Ok(())
 }
 
+/// Grants the operator's ServiceAccount the remediation kinds of one `operator.remediators`
+/// entry limited to one namespace (`entry` lists `namespaces: [namespace]`): renders the chart's
+/// Role and RoleBinding for it there, applies them, waits until the operator may create
+/// `resource` (`group/plural`) there, and keeps the entry for [`remediator_bounds`].
+pub async fn grant_remediators_in(
+    admin: &Client,
+    entry: &serde_json::Value,
+    resource: &str,
+    namespace: &str,
+) -> Result<(), Error> {
+    grant_operator(
+        admin,
+        &format!("operator.remediators={}", json!([entry])),
+        "-remediators-0",
+        namespace,
+        (resource, namespace),
+    )
+    .await?;
+    let mut granted = REMEDIATORS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !granted.contains(entry) {
+        granted.push(entry.clone());
+    }
+    Ok(())
+}
+
 /// What the remediation kinds granted so far ([`grant_remediators`]) allow, as the operator
 /// reads the chart's `--remediators`.
 pub fn remediator_bounds() -> Result<gpunode_operator::bounds::RemediatorBounds, Error> {
