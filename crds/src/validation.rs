@@ -25,8 +25,11 @@ pub struct ValidationPolicy {
     /// to the node (a required node affinity on its name), adds tolerations for gpunode's own
     /// taint and the cordon, and sets restartPolicy Never; the Job gets no retries
     /// (backoffLimit 0) and `timeout` as its activeDeadlineSeconds. A template the operator
-    /// cannot read keeps the node as it is (fail closed) and marks the policy Degraded
-    /// (reason InvalidValidation).
+    /// cannot read, or one beyond what the chart's `operator.validation.namespaces` grants its
+    /// namespace (a ServiceAccount not listed, privileged containers, added capabilities, host
+    /// namespaces, hostPath volumes), keeps the node as it is (fail closed) and marks the
+    /// policy Degraded (reason InvalidValidation), naming the field. A template that names no
+    /// ServiceAccount runs as the first one the chart grants.
     #[schemars(schema_with = "template_schema")]
     pub template: Value,
 

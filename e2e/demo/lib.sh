@@ -197,13 +197,18 @@ publish_slice() {
 probe_listening() { grep -q 'listening for XID events' "$LOGS/probe-$1.log"; }
 
 start_operators() {
-	local i=0 pod port
+	local i=0 pod port bounds
+	# What the chart grants validation Jobs and repair steps, as its Deployment passes it
+	# (--validation-namespaces, --remediators).
+	mapfile -t bounds < <("$KUBECTL" -n "$NS" get deployment -l app.kubernetes.io/component=operator \
+		-o jsonpath='{.items[0].spec.template.spec.containers[0].args}' |
+		jq -r '.[] | select(startswith("--validation-namespaces=") or startswith("--remediators="))')
 	for pod in $(running_pods "$NS" app.kubernetes.io/component=operator | awk '{print $1}'); do
 		kubeconfig_for gpunode-operator "$pod" "$WORK/operator-$i.kubeconfig"
 		port=$((METRICS_PORT + i))
 		run_bg "operator-$i" "KUBECONFIG=$WORK/operator-$i.kubeconfig" "POD_NAMESPACE=$NS" RUST_LOG=info -- \
 			"$BIN/gpunode-operator" run --leader-elect=true --lease-namespace "$NS" --instance "$pod" \
-			--metrics-addr "127.0.0.1:$port"
+			--metrics-addr "127.0.0.1:$port" "${bounds[@]}"
 		echo "$port" >"$WORK/operator-$i.port"
 		i=$((i + 1))
 	done

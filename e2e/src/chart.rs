@@ -287,10 +287,15 @@ pub async fn install_accounts(admin: &Client) -> Result<Accounts, Error> {
     Ok(acc)
 }
 
+/// The `operator.remediators` entries granted so far ([`grant_remediators`]): what an
+/// in-process operator started after them gets ([`remediator_bounds`]).
+static REMEDIATORS: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
+
 /// Grants the operator's ServiceAccount the remediation kinds `remediators` (the chart's
-/// `operator.remediators` value, as JSON): renders the chart's remediator ClusterRole and its
-/// binding with that value, applies them, and waits until the operator may create `resource`
-/// (`group/plural`) in `namespace`.
+/// `operator.remediators` value, as JSON, entries without namespaces): renders the chart's
+/// remediator ClusterRole and its binding with that value, applies them, waits until the
+/// operator may create `resource` (`group/plural`) in `namespace`, and keeps the entries for
+/// [`remediator_bounds`].
 pub async fn grant_remediators(
     admin: &Client,
     remediators: &serde_json::Value,
@@ -304,24 +309,131 @@ pub async fn grant_remediators(
         NAMESPACE,
         (resource, namespace),
     )
-    .await
+    .await?;
+    let mut granted = REMEDIATORS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for r in remediators.as_array().into_iter().flatten() {
+        if !granted.contains(r) {
+            granted.push(r.clone());
+        }
+    }
+    Ok(())
 }
 
-/// Grants the operator's ServiceAccount the Jobs of `namespace` (the chart's
-/// `operator.validation.namespaces`): renders the chart's validation Role and RoleBinding for
-/// it, applies them, and waits until the operator may create Jobs there.
-pub async fn grant_validation(admin: &Client, namespace: &str) -> Result<(), Error> {
+/// Grants the operator's ServiceAccount the remediation kinds of one `operator.remediators`
+/// entry limited to one namespace (`entry` lists `namespaces: [namespace]`): renders the chart's
+/// Role and RoleBinding for it there, applies them, waits until the operator may create
+/// `resource` (`group/plural`) there, and keeps the entry for [`remediator_bounds`].
+pub async fn grant_remediators_in(
+    admin: &Client,
+    entry: &serde_json::Value,
+    resource: &str,
+    namespace: &str,
+) -> Result<(), Error> {
     grant_operator(
         admin,
-        &format!(
-            "operator.validation.namespaces={}",
-            serde_json::json!([namespace])
-        ),
-        "-validation",
+        &format!("operator.remediators={}", json!([entry])),
+        "-remediators-0",
         namespace,
-        ("batch/jobs", namespace),
+        (resource, namespace),
     )
-    .await
+    .await?;
+    let mut granted = REMEDIATORS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !granted.contains(entry) {
+        granted.push(entry.clone());
+    }
+    Ok(())
+}
+
+/// What the remediation kinds granted so far ([`grant_remediators`]) allow, as the operator
+/// reads the chart's `--remediators`.
+pub fn remediator_bounds() -> Result<gpunode_operator::bounds::RemediatorBounds, Error> {
+    let granted = REMEDIATORS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    gpunode_operator::bounds::RemediatorBounds::parse(&serde_json::Value::from(granted).to_string())
+        .map_err(|e| Error::Unexpected(e.to_string()))
+}
+
+/// The entries of `operator.validation.namespaces` granted so far, as the chart renders them
+/// for the operator's `--validation-namespaces`: what an in-process operator started after
+/// them gets ([`validation_bounds`]).
+static VALIDATION: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
+
+/// Grants the operator's ServiceAccount the Jobs of `namespace` (the chart's
+/// `operator.validation.namespaces`, an entry with the namespace's name alone): see
+/// [`grant_validation_with`].
+pub async fn grant_validation(admin: &Client, namespace: &str) -> Result<(), Error> {
+    grant_validation_with(admin, &json!(namespace)).await
+}
+
+/// Grants validation Jobs the namespace of `entry` (one entry of the chart's
+/// `operator.validation.namespaces`): renders the chart with it, applies the validation Role
+/// and RoleBinding and the chart's validation ServiceAccount there, waits until the operator
+/// may create Jobs there, and keeps the operator's `--validation-namespaces` entry as the chart
+/// rendered it for [`validation_bounds`].
+pub async fn grant_validation_with(admin: &Client, entry: &serde_json::Value) -> Result<(), Error> {
+    let namespace = entry
+        .as_str()
+        .or_else(|| entry["name"].as_str())
+        .ok_or_else(|| Error::Unexpected(format!("a validation namespace entry without a name: {entry}")))?
+        .to_string();
+    let set = format!("operator.validation.namespaces={}", json!([entry]));
+    grant_operator(admin, &set, "-validation", &namespace, ("batch/jobs", &namespace)).await?;
+    let rendered = template(
+        admin,
+        RELEASE,
+        NAMESPACE,
+        &[
+            "--show-only",
+            "templates/serviceaccounts.yaml",
+            "--show-only",
+            "templates/operator-deployment.yaml",
+            "--set-json",
+            &set,
+        ],
+    )
+    .await?;
+    let accounts: Vec<DynamicObject> = rendered
+        .iter()
+        .filter(|o| o.types.as_ref().is_some_and(|t| t.kind == "ServiceAccount"))
+        .filter(|o| o.metadata.namespace.as_deref() == Some(namespace.as_str()))
+        .cloned()
+        .collect();
+    apply(admin, &accounts, &namespace, false).await?;
+    let flag = rendered
+        .iter()
+        .filter_map(|o| {
+            o.data
+                .pointer("/spec/template/spec/containers/0/args")?
+                .as_array()
+        })
+        .flatten()
+        .filter_map(serde_json::Value::as_str)
+        .find_map(|a| a.strip_prefix("--validation-namespaces="))
+        .ok_or_else(|| Error::Unexpected("the chart rendered no --validation-namespaces".to_string()))?;
+    let entries: Vec<serde_json::Value> = serde_json::from_str(flag)?;
+    let mut granted = VALIDATION
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    granted.retain(|g| g["name"].as_str() != Some(namespace.as_str()));
+    granted.extend(entries);
+    Ok(())
+}
+
+/// What the validation namespaces granted so far ([`grant_validation_with`]) allow, as the
+/// operator reads the chart's `--validation-namespaces`.
+pub fn validation_bounds() -> Result<gpunode_operator::bounds::ValidationBounds, Error> {
+    let granted = VALIDATION
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    gpunode_operator::bounds::ValidationBounds::parse(&serde_json::Value::from(granted).to_string())
+        .map_err(|e| Error::Unexpected(e.to_string()))
 }
 
 /// Renders the chart's operator RBAC with `set` (a `--set-json` value), applies the two objects

@@ -51,6 +51,10 @@ impl InProcess {
                 apply_concurrency: gpunode_operator::apply::DEFAULT_APPLY_CONCURRENCY,
                 fleet_max_unavailable: fleet,
                 fleet_ignore_taints: Vec::new(),
+                // What the validation namespaces granted so far allow (none could not be read:
+                // nothing granted, the operator fails closed).
+                validation_bounds: crate::chart::validation_bounds().unwrap_or_default(),
+                remediator_bounds: crate::chart::remediator_bounds().unwrap_or_default(),
             },
             async move {
                 let _ = stopped.await;

@@ -900,3 +900,207 @@ async fn helm_install_upgrade_and_uninstall_leave_only_the_crds() {
         .delete(&ns, &Default::default())
         .await;
 }
+
+/// The rendered manifests with `sets` (`key=json` pairs for `--set-json`).
+async fn render_json(admin: &Client, sets: &[&str]) -> Vec<DynamicObject> {
+    let mut extra = Vec::new();
+    for s in sets {
+        extra.push("--set-json");
+        extra.push(*s);
+    }
+    chart::template(admin, "r", "ns", &extra).await.unwrap()
+}
+
+/// The operator's `--validation-namespaces`, as the operator reads it.
+fn validation_bounds(objects: &[DynamicObject]) -> gpunode_operator::bounds::ValidationBounds {
+    let deployment = one(objects, "Deployment", "-operator");
+    let flag = args(deployment)
+        .into_iter()
+        .find_map(|a| a.strip_prefix("--validation-namespaces=").map(str::to_string))
+        .expect("the operator gets --validation-namespaces");
+    gpunode_operator::bounds::ValidationBounds::parse(&flag).unwrap()
+}
+
+/// A DCGM diagnostic's pod template (as the README's validation section shows it).
+fn dcgm_diag(security: Value) -> k8s_openapi::api::core::v1::PodTemplateSpec {
+    serde_json::from_value(serde_json::json!({"spec": {"containers": [{
+        "name": "diag",
+        "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
+        "command": ["dcgmi", "diag", "-r", "2"],
+        "resources": {"limits": {"nvidia.com/gpu": 8}},
+        "securityContext": security,
+    }]}}))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn validation_namespaces_render_their_bounds_and_the_dcgm_values_allow_a_diag() {
+    let admin = admin_client().await.unwrap();
+    // Bare names, as earlier charts took them: the chart's ServiceAccount (no RBAC, no token) in
+    // each, and no privileges.
+    let bare = render(&admin, &["operator.validation.namespaces={gpu-validation,nccl}"]).await;
+    for ns in ["gpu-validation", "nccl"] {
+        let sa = bare
+            .iter()
+            .find(|o| kind_of(o) == "ServiceAccount" && o.metadata.namespace.as_deref() == Some(ns))
+            .unwrap_or_else(|| panic!("no validation ServiceAccount in {ns}"));
+        assert_eq!(sa.metadata.name.as_deref(), Some("r-gpunode-validation"));
+        assert_eq!(sa.data["automountServiceAccountToken"], false);
+    }
+    assert!(
+        !bare.iter().any(|o| kind_of(o).ends_with("Binding")
+            && o.data["subjects"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| s["name"] == "r-gpunode-validation")),
+        "no RBAC is bound to the validation ServiceAccount"
+    );
+    let bounds = validation_bounds(&bare);
+    let admitted = bounds.admit("gpu-validation", dcgm_diag(serde_json::json!({})));
+    assert_eq!(
+        admitted
+            .ok()
+            .and_then(|t| t.spec)
+            .and_then(|s| s.service_account_name)
+            .as_deref(),
+        Some("r-gpunode-validation"),
+        "a template naming no ServiceAccount gets the chart's"
+    );
+    let refused = bounds
+        .admit(
+            "gpu-validation",
+            dcgm_diag(serde_json::json!({"capabilities": {"add": ["SYS_ADMIN"]}})),
+        )
+        .err()
+        .unwrap_or_default();
+    assert!(refused.contains("allowedCapabilities"), "{refused}");
+    assert!(
+        bounds
+            .admit("kube-system", dcgm_diag(serde_json::json!({})))
+            .is_err(),
+        "a namespace not granted"
+    );
+    // The values the README gives for DCGM's diagnostics: SYS_ADMIN in gpu-validation, nothing
+    // more; the chart's ServiceAccount still made.
+    let dcgm = render_json(
+        &admin,
+        &[r#"operator.validation.namespaces=[{"name":"gpu-validation","allowedCapabilities":["SYS_ADMIN"]}]"#],
+    )
+    .await;
+    assert!(
+        dcgm.iter()
+            .any(|o| kind_of(o) == "ServiceAccount"
+                && o.metadata.namespace.as_deref() == Some("gpu-validation")),
+        "the validation ServiceAccount"
+    );
+    one(&dcgm, "Role", "-operator-validation");
+    let bounds = validation_bounds(&dcgm);
+    let diag = dcgm_diag(serde_json::json!({"capabilities": {"add": ["SYS_ADMIN"]}}));
+    assert!(
+        bounds.admit("gpu-validation", diag).is_ok(),
+        "dcgmi diag with SYS_ADMIN"
+    );
+    for beyond in [
+        serde_json::json!({"privileged": true}),
+        serde_json::json!({"capabilities": {"add": ["SYS_ADMIN", "NET_ADMIN"]}}),
+    ] {
+        assert!(
+            bounds.admit("gpu-validation", dcgm_diag(beyond.clone())).is_err(),
+            "{beyond} is beyond the DCGM values"
+        );
+    }
+    // A namespace whose entry names its own ServiceAccounts gets none from the chart.
+    let own = render_json(
+        &admin,
+        &[r#"operator.validation.namespaces=[{"name":"nccl","serviceAccounts":["nccl-tests"],"allowHostNamespaces":true}]"#],
+    )
+    .await;
+    assert!(
+        !own.iter()
+            .any(|o| kind_of(o) == "ServiceAccount" && o.metadata.namespace.as_deref() == Some("nccl"))
+    );
+    let host = serde_json::from_value(serde_json::json!({"spec": {"hostNetwork": true,
+        "serviceAccountName": "nccl-tests", "containers": [{"name": "t", "image": "t"}]}}))
+    .unwrap();
+    assert!(validation_bounds(&own).admit("nccl", host).is_ok());
+    // An entry without a name is refused by the schema, naming the key.
+    let err = helm(strings(&[
+        "template",
+        "r",
+        &chart_path(),
+        "--set-json",
+        r#"operator.validation.namespaces=[{"allowPrivileged":true}]"#,
+    ]))
+    .await
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(err.contains("missing property 'name'"), "{err}");
+}
+
+#[tokio::test]
+async fn remediators_limited_to_namespaces_get_a_role_there_only_and_the_operator_the_same_bounds() {
+    let admin = admin_client().await.unwrap();
+    let limited = render_json(
+        &admin,
+        &[
+            r#"operator.remediators=[{"apiGroup":"self-node-remediation.medik8s.io","resources":["selfnoderemediations"],"templates":["selfnoderemediationtemplates"],"namespaces":["medik8s","ops"]}]"#,
+        ],
+    )
+    .await;
+    assert!(
+        !limited.iter().any(|o| kind_of(o) == "ClusterRole"
+            && o.metadata.name.as_deref() == Some("r-gpunode-operator-remediators")),
+        "no cluster-wide grant for an entry limited to namespaces"
+    );
+    for ns in ["medik8s", "ops"] {
+        for kind in ["Role", "RoleBinding"] {
+            assert!(
+                limited.iter().any(|o| kind_of(o) == kind
+                    && o.metadata.namespace.as_deref() == Some(ns)
+                    && o.metadata.name.as_deref() == Some("r-gpunode-operator-remediators-0")),
+                "no remediator {kind} in {ns}"
+            );
+        }
+    }
+    let flag = args(one(&limited, "Deployment", "-operator"))
+        .into_iter()
+        .find_map(|a| a.strip_prefix("--remediators=").map(str::to_string))
+        .expect("the operator gets --remediators");
+    let bounds = gpunode_operator::bounds::RemediatorBounds::parse(&flag).unwrap();
+    let group = "self-node-remediation.medik8s.io";
+    assert_eq!(bounds.admit(group, "selfnoderemediations", Some("ops")), Ok(()));
+    let refused = bounds
+        .admit(group, "selfnoderemediations", Some("kube-system"))
+        .err()
+        .unwrap_or_default();
+    assert!(
+        refused.contains("spec.repair.steps[].remediator.namespace")
+            && refused.contains("operator.remediators[].namespaces"),
+        "{refused}"
+    );
+    // Without namespaces: any namespace, as before (a ClusterRole and its binding).
+    let anywhere = render_json(
+        &admin,
+        &[
+            r#"operator.remediators=[{"apiGroup":"self-node-remediation.medik8s.io","resources":["selfnoderemediations"],"templates":["selfnoderemediationtemplates"]}]"#,
+        ],
+    )
+    .await;
+    one(&anywhere, "ClusterRole", "-operator-remediators");
+    one(&anywhere, "ClusterRoleBinding", "-operator-remediators");
+    let flag = args(one(&anywhere, "Deployment", "-operator"))
+        .into_iter()
+        .find_map(|a| a.strip_prefix("--remediators=").map(str::to_string))
+        .expect("the operator gets --remediators");
+    let bounds = gpunode_operator::bounds::RemediatorBounds::parse(&flag).unwrap();
+    assert_eq!(
+        bounds.admit(group, "selfnoderemediations", Some("kube-system")),
+        Ok(())
+    );
+    assert!(
+        bounds.admit("other.example", "reboots", Some("ops")).is_err(),
+        "a kind not listed"
+    );
+}

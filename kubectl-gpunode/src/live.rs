@@ -191,6 +191,9 @@ impl Snapshot {
                 .get(gpunode_crds::policy::CLOSE_BREAKER_ANNOTATION)
                 .and_then(|v| v.trim().parse().ok()),
             fleet: None,
+            // The chart's bounds are the operator's flags, unknown here: the plugin shows the
+            // plan as if the template were allowed (the policy's Degraded condition says if not).
+            validation_bounds: None,
         };
         let plan = plan::plan_with(&policy.name_any(), &policy.spec, &views, &inputs, self.now);
         Governed {

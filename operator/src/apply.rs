@@ -43,7 +43,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{ListParams, Patch, PatchParams, PostParams},
     core::{Selector, SelectorExt},
 };
 use serde_json::json;
@@ -54,9 +54,9 @@ use crate::{
     markers::{
         self, CONDITION_TYPE, CORDONED_ANNOTATION, DRIFT_LABEL_PREFIX, DriftTaint, TAINT_KEY, drift_taints,
     },
-    metrics::{ErrorKind, WritePart},
+    metrics::{ActionKind, ActionResult, ErrorKind, Metrics, WritePart},
     plan::{DrainStep, InEffect, NodePlan, PolicyPlan, Quarantine, QuarantineTarget},
-    remediators::Remediators,
+    remediators::{Deletion, Remediators},
 };
 
 /// The field manager of every gpunode write.
@@ -567,6 +567,8 @@ pub struct Applier {
     remediators: Remediators,
     /// How many nodes of one policy are written at once.
     concurrency: NonZeroUsize,
+    /// Where deletes (and deletes refused: the object is not gpunode's) are counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Applier {
@@ -580,6 +582,34 @@ impl Applier {
             gate: None,
             devices: None,
             concurrency: DEFAULT_APPLY_CONCURRENCY,
+            metrics: None,
+        }
+    }
+
+    /// Makes repair steps' remediation objects only as `bounds` (the chart's) grant.
+    pub fn with_remediator_bounds(mut self, bounds: crate::bounds::RemediatorBounds) -> Self {
+        self.remediators = self.remediators.with_bounds(bounds);
+        self
+    }
+
+    /// Counts deletes in `metrics` (`gpunode_actions_total{action="delete"}`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        if let Some(d) = self.devices.take() {
+            self.devices = Some(d.with_metrics(metrics.clone()));
+        }
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Counts what became of a delete.
+    fn count(&self, deletion: &Deletion) {
+        let result = match deletion {
+            Deletion::Deleted => ActionResult::Ok,
+            Deletion::Gone => return,
+            Deletion::Refused(_) => ActionResult::Refused,
+        };
+        if let Some(m) = &self.metrics {
+            m.action(ActionKind::Delete, result);
         }
     }
 
@@ -622,7 +652,8 @@ impl Applier {
                     && existing.is_some()
                 {
                     warn!(job = %create.name, "deleting a leftover validation Job of an earlier run");
-                    self.delete_job(&create.namespace, &create.name).await?;
+                    let node = node.metadata.name.as_deref().unwrap_or_default();
+                    self.delete_job(&create.namespace, &create.name, node).await?;
                 }
                 Ok(())
             }
@@ -630,17 +661,44 @@ impl Applier {
         }
     }
 
-    /// Deletes a validation's Job and its pod (gone already is fine).
-    async fn delete_job(&self, namespace: &str, name: &str) -> Result<(), kube::Error> {
+    /// Deletes a validation's Job of `node` and its pod (gone already is fine), and only that:
+    /// the Job is read first and must carry gpunode's labels for `node`; the delete has its uid
+    /// as a precondition. Any other Job is left alone (logged and counted).
+    async fn delete_job(&self, namespace: &str, name: &str, node: &str) -> Result<(), kube::Error> {
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), namespace);
-        match jobs.delete(name, &DeleteParams::background()).await {
-            Ok(_) => {
-                info!(namespace, job = name, "validation Job deleted");
-                Ok(())
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(e),
-        }
+        let Some(job) = jobs.get_opt(name).await? else {
+            return Ok(());
+        };
+        let refused = |why: String| {
+            warn!(
+                namespace,
+                job = name,
+                node,
+                "not deleting Job {namespace}/{name}: {why}"
+            );
+            Deletion::Refused(why)
+        };
+        let labels = job.metadata.labels.as_ref();
+        let deletion =
+            match crate::remediators::owned_by_labels(labels, crate::plan::validation::NODE_LABEL, node) {
+                Err(why) => refused(why),
+                Ok(()) => {
+                    let params = crate::remediators::uid_precondition(job.metadata.uid.clone());
+                    match jobs.delete(name, &params).await {
+                        Ok(_) => {
+                            info!(namespace, job = name, "validation Job deleted");
+                            Deletion::Deleted
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 404 => Deletion::Gone,
+                        Err(kube::Error::Api(s)) if s.code == 409 => refused(
+                            "it was replaced by another Job of the same name before the delete".into(),
+                        ),
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+        self.count(&deletion);
+        Ok(())
     }
 
     /// The client (for the reads before planning).
@@ -828,17 +886,19 @@ impl Applier {
         }
         for object in &plan.repair.delete {
             self.may_write(&plan.node)?;
-            self.remediators
-                .delete(object)
+            let deletion = self
+                .remediators
+                .delete(object, &plan.node)
                 .await
                 .map_err(|source| ApplyError::Repair {
                     node: plan.node.clone(),
                     source,
                 })?;
+            self.count(&deletion);
         }
         if let Some((namespace, name)) = &plan.validation.delete {
             self.may_write(&plan.node)?;
-            self.delete_job(namespace, name)
+            self.delete_job(namespace, name, &plan.node)
                 .await
                 .map_err(|source| ApplyError::Api {
                     step: Step::Validation,
@@ -865,9 +925,17 @@ impl Applier {
         }
         self.may_write(&plan.node)?;
         let mut exists = true;
+        let mut made = plan.clone();
         for e in &plan.repair.ensure {
             match self.remediators.ensure(policy, &plan.node, e).await {
-                Ok(made) => exists &= made,
+                Ok(Some(uid)) => {
+                    // Its uid is recorded with its making: only this object is ever deleted.
+                    let recorded = made.markers.repair.objects.iter_mut();
+                    for o in recorded.filter(|o| o.same_object(&e.object)) {
+                        o.uid = Some(uid.clone());
+                    }
+                }
+                Ok(None) => exists = false,
                 Err(source) => {
                     let e = ApplyError::Repair {
                         node: plan.node.clone(),
@@ -879,7 +947,6 @@ impl Applier {
             }
         }
         if exists {
-            let mut made = plan.clone();
             if let Some(step) = made.markers.repair.step.as_mut() {
                 step.created = true;
             }
@@ -1112,13 +1179,15 @@ impl Applier {
             markers::Markers::from_annotations(meta.annotations.as_ref().unwrap_or(&BTreeMap::new()));
         for object in &recorded.repair.objects {
             self.may_write(&name)?;
-            self.remediators
-                .delete(object)
-                .await
-                .map_err(|source| ApplyError::Repair {
-                    node: name.clone(),
-                    source,
-                })?;
+            let deletion =
+                self.remediators
+                    .delete(object, &name)
+                    .await
+                    .map_err(|source| ApplyError::Repair {
+                        node: name.clone(),
+                        source,
+                    })?;
+            self.count(&deletion);
             wrote = true;
         }
         wrote |= self

@@ -136,6 +136,8 @@ pub struct Context {
     pub sweep: Arc<tokio::sync::Notify>,
     /// The fleet-wide disruption cap and what passes reserved of it ([`crate::fleet`]).
     pub fleet: Arc<FleetLedger>,
+    /// What the chart grants validation Jobs ([`crate::bounds`]).
+    pub validation_bounds: crate::bounds::ValidationBounds,
 }
 
 /// Least time between two status writes of one policy. Its counts change with every node that
@@ -510,6 +512,7 @@ fn plan_pass(
         breaker: status::breaker_memory(policy.status.as_ref()),
         close_breaker,
         fleet: Some(ledger.fleet(&name, &ctx.caches, index)),
+        validation_bounds: Some(ctx.validation_bounds.clone()),
     };
     let plan = plan::plan_with(&name, &policy.spec, views, &inputs, now);
     let reservation = ledger.reserve(&name, &plan.fleet_taken);
@@ -640,6 +643,10 @@ pub struct Options {
     pub fleet_max_unavailable: gpunode_crds::MaxUnavailable,
     /// Taint keys that do not make a node unavailable to the fleet cap (`--fleet-ignore-taint`).
     pub fleet_ignore_taints: Vec<String>,
+    /// What the chart grants validation Jobs (`--validation-namespaces`).
+    pub validation_bounds: crate::bounds::ValidationBounds,
+    /// The remediation kinds and namespaces the chart grants repair steps (`--remediators`).
+    pub remediator_bounds: crate::bounds::RemediatorBounds,
 }
 
 /// Runs the controller until `shutdown` completes.
@@ -751,6 +758,9 @@ fn context(
             caches.policies.clone(),
         ));
     }
+    let applier = applier
+        .with_metrics(options.metrics.clone())
+        .with_remediator_bounds(options.remediator_bounds.clone());
     let reporter = Reporter {
         controller: "gpunode-operator".into(),
         instance: Some(options.instance.clone()),
@@ -772,6 +782,7 @@ fn context(
         status_written: std::sync::Mutex::default(),
         sweep,
         fleet: FleetLedger::new(options.fleet_max_unavailable, options.fleet_ignore_taints.clone()),
+        validation_bounds: options.validation_bounds.clone(),
     })
 }
 

@@ -23,6 +23,7 @@
 //! probes), [`check`] (`gpunode-operator check`: one node offline), [`crdgen`] (the CRDs).
 
 pub mod apply;
+pub mod bounds;
 pub mod cache;
 pub mod check;
 pub mod client;

@@ -69,6 +69,17 @@ enum Command {
         /// when it is NotReady, cordoned or tainted otherwise. An empty value ignores none.
         #[arg(long = "fleet-ignore-taint", env = "GPUNODE_FLEET_IGNORE_TAINTS", value_delimiter = ',', default_value = gpunode_operator::fleet::DEFAULT_FLEET_IGNORE_TAINTS, value_parser = gpunode_operator::fleet::parse_taint_key)]
         fleet_ignore_taints: Vec<String>,
+        /// The namespaces validation Jobs may run in and what their pods may do there (the
+        /// chart's `operator.validation.namespaces`, as the chart renders it: a JSON list of
+        /// `{name, serviceAccounts, allowPrivileged, allowedCapabilities, allowHostNamespaces,
+        /// allowHostPath}`). Unset: none, and no validation Job is made.
+        #[arg(long, env = "GPUNODE_VALIDATION_NAMESPACES", default_value = "", value_parser = parse_bounds)]
+        validation_namespaces: gpunode_operator::bounds::ValidationBounds,
+        /// The remediation kinds repair steps may make, and where (the chart's
+        /// `operator.remediators` as JSON: `{apiGroup, resources, templates, namespaces}`, no
+        /// `namespaces`: any). Unset: none, and no repair step makes a remediation object.
+        #[arg(long, env = "GPUNODE_REMEDIATORS", default_value = "", value_parser = parse_remediators)]
+        remediators: gpunode_operator::bounds::RemediatorBounds,
     },
     /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,
     /// 1 drifted, 2 unknown, 3 bad input (naming the file and field).
@@ -108,6 +119,16 @@ struct RunArgs {
     apply_concurrency: std::num::NonZeroUsize,
     fleet_max_unavailable: gpunode_crds::MaxUnavailable,
     fleet_ignore_taints: Vec<String>,
+    validation_bounds: gpunode_operator::bounds::ValidationBounds,
+    remediator_bounds: gpunode_operator::bounds::RemediatorBounds,
+}
+
+fn parse_remediators(text: &str) -> Result<gpunode_operator::bounds::RemediatorBounds, String> {
+    gpunode_operator::bounds::RemediatorBounds::parse(text).map_err(|e| e.to_string())
+}
+
+fn parse_bounds(text: &str) -> Result<gpunode_operator::bounds::ValidationBounds, String> {
+    gpunode_operator::bounds::ValidationBounds::parse(text).map_err(|e| e.to_string())
 }
 
 fn run(args: RunArgs) -> ExitCode {
@@ -193,11 +214,9 @@ async fn operate(args: RunArgs) -> ExitCode {
         heartbeat_namespace: args.lease_namespace.clone(),
         apply_concurrency: args.apply_concurrency,
         fleet_max_unavailable: args.fleet_max_unavailable,
-        fleet_ignore_taints: args
-            .fleet_ignore_taints
-            .into_iter()
-            .filter(|k| !k.is_empty())
-            .collect(),
+        fleet_ignore_taints: args.fleet_ignore_taints,
+        validation_bounds: args.validation_bounds,
+        remediator_bounds: args.remediator_bounds,
     };
     controller::run(client, options, async {
         shutdown_signal().await;
@@ -309,6 +328,8 @@ fn main() -> ExitCode {
             apply_concurrency,
             fleet_max_unavailable,
             fleet_ignore_taints,
+            validation_namespaces,
+            remediators,
         } => run(RunArgs {
             instance,
             log_json,
@@ -317,7 +338,13 @@ fn main() -> ExitCode {
             lease_namespace,
             apply_concurrency,
             fleet_max_unavailable,
-            fleet_ignore_taints,
+            // The chart's empty list renders as one empty key: none.
+            fleet_ignore_taints: fleet_ignore_taints
+                .into_iter()
+                .filter(|k| !k.is_empty())
+                .collect(),
+            validation_bounds: validation_namespaces,
+            remediator_bounds: remediators,
         }),
         Command::Check {
             policy,

@@ -263,6 +263,22 @@ pub struct StepObjectRef {
     pub namespace: Option<String>,
     /// Its name.
     pub name: String,
+    /// The uid it got when gpunode made it, recorded once its making was seen: only the object
+    /// with this uid (and gpunode's labels for the node) is ever deleted. None until then, and
+    /// in records an older gpunode wrote: the object is read first and must carry gpunode's
+    /// labels for the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl StepObjectRef {
+    /// Whether `other` names the same object (whatever uid either recorded).
+    pub fn same_object(&self, other: &StepObjectRef) -> bool {
+        self.api_version == other.api_version
+            && self.kind == other.kind
+            && self.namespace == other.namespace
+            && self.name == other.name
+    }
 }
 
 impl std::fmt::Display for StepObjectRef {
@@ -553,6 +569,7 @@ mod tests {
                     kind: "Reboot".to_string(),
                     namespace: Some("ops".to_string()),
                     name: "node-1".to_string(),
+                    uid: Some("0b7f6a4e-5f64-4d2c-9a43-1c2d3e4f5a6b".to_string()),
                 }],
                 needs_human: Some(NeedsHuman {
                     at: ts("2026-11-29T10:09:00Z"),
@@ -601,12 +618,38 @@ mod tests {
         assert_eq!(
             annotations.get(REPAIR_ANNOTATION).map(String::as_str),
             Some(
-                r#"{"attempts":["2026-11-29T10:04:00Z"],"step":{"name":"reboot","started":"2026-11-29T10:04:00Z","created":true,"ended":{"at":"2026-11-29T10:09:00Z","outcome":"TimedOut"},"gpus":[{"index":5,"uuid":"GPU-5"}]},"objects":[{"apiVersion":"remediation.example.com/v1","kind":"Reboot","namespace":"ops","name":"node-1"}],"needsHuman":{"at":"2026-11-29T10:09:00Z","why":"every step was tried"}}"#
+                r#"{"attempts":["2026-11-29T10:04:00Z"],"step":{"name":"reboot","started":"2026-11-29T10:04:00Z","created":true,"ended":{"at":"2026-11-29T10:09:00Z","outcome":"TimedOut"},"gpus":[{"index":5,"uuid":"GPU-5"}]},"objects":[{"apiVersion":"remediation.example.com/v1","kind":"Reboot","namespace":"ops","name":"node-1","uid":"0b7f6a4e-5f64-4d2c-9a43-1c2d3e4f5a6b"}],"needsHuman":{"at":"2026-11-29T10:09:00Z","why":"every step was tried"}}"#
             )
         );
         let (back, errors) = Markers::from_annotations(&annotations);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(back, markers);
+    }
+
+    #[test]
+    fn a_repair_record_without_uids_still_reads() {
+        let old = BTreeMap::from([(
+            REPAIR_ANNOTATION.to_string(),
+            r#"{"objects":[{"apiVersion":"gpunode.dev/v1alpha1","kind":"GpuResetRequest","name":"n-gpu-0"}]}"#
+                .to_string(),
+        )]);
+        let (m, errors) = Markers::from_annotations(&old);
+        assert!(errors.is_empty(), "{errors:?}");
+        let o = &m.repair.objects[0];
+        assert_eq!((o.name.as_str(), o.uid.as_deref()), ("n-gpu-0", None));
+        let with_uid = StepObjectRef {
+            uid: Some("u-1".to_string()),
+            ..o.clone()
+        };
+        assert!(
+            with_uid.same_object(o),
+            "the same object, whatever uid either recorded"
+        );
+        let other = StepObjectRef {
+            name: "n-gpu-1".to_string(),
+            ..o.clone()
+        };
+        assert!(!other.same_object(o));
     }
 
     #[test]

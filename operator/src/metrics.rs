@@ -136,6 +136,11 @@ pub enum ActionKind {
     RepairStart,
     /// A node's repair stopped and needs a person.
     NeedsHuman,
+    /// An object a node's bookkeeping names as gpunode's deleted (a repair step's object, a
+    /// GpuResetRequest, a validation Job, a DeviceTaintRule); result `refused` when it was not
+    /// gpunode's (no gpunode labels for the node, or not the uid gpunode recorded) and was left
+    /// alone.
+    Delete,
 }
 
 impl ActionKind {
@@ -172,7 +177,7 @@ impl ActionKind {
     }
 
     /// Every action.
-    pub const ALL: [ActionKind; 13] = [
+    pub const ALL: [ActionKind; 14] = [
         ActionKind::Label,
         ActionKind::Taint,
         ActionKind::Untaint,
@@ -186,6 +191,7 @@ impl ActionKind {
         ActionKind::Unquarantine,
         ActionKind::RepairStart,
         ActionKind::NeedsHuman,
+        ActionKind::Delete,
     ];
 
     /// The label value.
@@ -204,6 +210,7 @@ impl ActionKind {
             ActionKind::Unquarantine => "unquarantine",
             ActionKind::RepairStart => "repair_start",
             ActionKind::NeedsHuman => "needs_human",
+            ActionKind::Delete => "delete",
         }
     }
 }
@@ -218,11 +225,19 @@ pub enum ActionResult {
     /// Wanted but held back (budget, breaker, dry run, pause, skip, conflict, a
     /// PodDisruptionBudget refusing an eviction).
     Blocked,
+    /// Not done because the object is not gpunode's (a delete of an object gpunode did not
+    /// make, or that was replaced since): left alone.
+    Refused,
 }
 
 impl ActionResult {
     /// Every result.
-    pub const ALL: [ActionResult; 3] = [ActionResult::Ok, ActionResult::Error, ActionResult::Blocked];
+    pub const ALL: [ActionResult; 4] = [
+        ActionResult::Ok,
+        ActionResult::Error,
+        ActionResult::Blocked,
+        ActionResult::Refused,
+    ];
 
     /// The label value.
     pub fn as_str(self) -> &'static str {
@@ -230,6 +245,7 @@ impl ActionResult {
             ActionResult::Ok => "ok",
             ActionResult::Error => "error",
             ActionResult::Blocked => "blocked",
+            ActionResult::Refused => "refused",
         }
     }
 }

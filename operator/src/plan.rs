@@ -162,7 +162,8 @@ pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
 }
 
 /// Plans every node of policy `name` (whose spec is `policy`), with no input besides: a breaker
-/// that never opened, no fleet cap.
+/// that never opened, no fleet cap, its validation template unbounded (offline: `gpunode-operator
+/// check`, benchmarks); the operator plans with the chart's bounds ([`PassInputs`]).
 pub fn plan(name: &str, policy: &GpuNodePolicySpec, nodes: &[NodeView], now: Timestamp) -> PolicyPlan {
     plan_with(name, policy, nodes, &PassInputs::default(), now)
 }
@@ -202,7 +203,13 @@ pub fn plan_with(
     let template = policy
         .validation
         .as_ref()
-        .map(|v| v.pod_template())
+        .map(|v| {
+            let t = v.pod_template()?;
+            match &inputs.validation_bounds {
+                Some(b) => b.admit(&v.namespace, t),
+                None => Ok(t),
+            }
+        })
         .unwrap_or(Err(String::new()));
     let template = template.as_ref().map_err(String::as_str);
     let plans: Vec<NodePlan> = order

@@ -611,6 +611,7 @@ disruption:
     };
     let mut inputs = PassInputs {
         fleet: Some(fleet(&["other-notready", "n5"])),
+        validation_bounds: None,
         ..PassInputs::default()
     };
     let p = step_with(&policy, &mut nodes, &mut inputs, at(0));

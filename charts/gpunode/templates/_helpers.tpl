@@ -88,3 +88,40 @@ true
 {{- printf "%s:%s" .image.repository $tag }}
 {{- end }}
 {{- end }}
+
+{{/*
+The ServiceAccount the chart creates in each validation namespace whose entry names none: no
+RBAC, no token mounted.
+*/}}
+{{- define "gpunode.validation.serviceAccountName" -}}
+{{- printf "%s-validation" (include "gpunode.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+operator.validation.namespaces as the operator reads it (--validation-namespaces): a JSON list
+of {name, serviceAccounts, allowPrivileged, allowedCapabilities, allowHostNamespaces,
+allowHostPath}. An entry may be a namespace's name alone (what earlier charts took): no
+privileges, the chart's ServiceAccount only. An entry without serviceAccounts gets the chart's.
+*/}}
+{{- define "gpunode.validation.namespaces" -}}
+{{- $root := . }}
+{{- $out := list }}
+{{- range $i, $e := .Values.operator.validation.namespaces }}
+{{- $entry := dict }}
+{{- if kindIs "string" $e }}
+{{- $entry = dict "name" $e }}
+{{- else if kindIs "map" $e }}
+{{- $entry = deepCopy $e }}
+{{- else }}
+{{- fail (printf "operator.validation.namespaces[%d]: must be a namespace's name or {name, serviceAccounts, allowPrivileged, allowedCapabilities, allowHostNamespaces, allowHostPath}" $i) }}
+{{- end }}
+{{- if not $entry.name }}
+{{- fail (printf "operator.validation.namespaces[%d].name: required (the namespace)" $i) }}
+{{- end }}
+{{- if not (hasKey $entry "serviceAccounts") }}
+{{- $_ := set $entry "serviceAccounts" (list (include "gpunode.validation.serviceAccountName" $root)) }}
+{{- end }}
+{{- $out = append $out $entry }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}

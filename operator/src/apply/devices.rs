@@ -2,7 +2,9 @@
 //! [`crate::devices::rules`] computes for a node's quarantines (server-side apply of the rules to
 //! write, deletes of the rules to drop) and reads the rules that exist from the watch's cache.
 //! What a rule looks like, and which rules are a node's, is decided there, not here; this module
-//! imports [`crate::devices`] and the plan, never observe.
+//! imports [`crate::devices`], the plan, the metrics and the remediators' delete precondition,
+//! never observe. It deletes only rules the watch sees with gpunode's labels for the node, each
+//! with its uid as the delete's precondition.
 
 use std::sync::Arc;
 
@@ -10,17 +12,18 @@ use gpunode_crds::GpuNodePolicy;
 use gpunode_crds::names::OPERATOR_FIELD_MANAGER as FIELD_MANAGER;
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams},
+    api::{Patch, PatchParams},
     core::DeserializeGuard,
     runtime::reflector::{ObjectRef, Store},
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     devices::{
         DeviceTaintRule, Dra,
         rules::{self, Owner},
     },
+    metrics::{ActionKind, ActionResult, Metrics},
     plan::NodePlan,
 };
 
@@ -44,6 +47,8 @@ pub struct DeviceWriter {
     rules: Store<DeviceTaintRule>,
     /// The policies, for the owner references.
     policies: Store<DeserializeGuard<GpuNodePolicy>>,
+    /// Where deletes refused (the rule was replaced since it was read) are counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl DeviceWriter {
@@ -60,7 +65,14 @@ impl DeviceWriter {
             dra,
             rules,
             policies,
+            metrics: None,
         }
+    }
+
+    /// Counts deletes in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> DeviceWriter {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn owner(&self, policy: &str) -> Option<Owner> {
@@ -125,26 +137,44 @@ impl DeviceWriter {
             info!(rule = %name, effect = %rule.spec.taint.effect, "DeviceTaintRule applied");
             written += 1;
         }
-        let deleted = self.delete(&delete).await.map_err(SyncError::Api)?;
+        let deleted = self.delete(&plan.node, &delete).await.map_err(SyncError::Api)?;
         Ok((written, deleted))
     }
 
     /// Deletes every rule of gpunode's for `node` (the node is released).
     pub async fn release(&self, node: &str) -> Result<u32, kube::Error> {
         let names: Vec<String> = self.existing(node).iter().map(|r| r.name_any()).collect();
-        self.delete(&names).await
+        self.delete(node, &names).await
     }
 
-    async fn delete(&self, names: &[String]) -> Result<u32, kube::Error> {
+    /// Deletes `node`'s rules among `names`: only a rule the watch sees with gpunode's labels
+    /// for the node, and only that rule (its uid is the delete's precondition). A rule replaced
+    /// in between is left alone, logged and counted.
+    async fn delete(&self, node: &str, names: &[String]) -> Result<u32, kube::Error> {
+        let have = self.existing(node);
         let mut deleted = 0;
         for name in names {
-            match self.api.delete(name, &DeleteParams::default()).await {
-                Ok(_) => deleted += 1,
+            let Some(rule) = have.iter().find(|r| r.name_any() == *name) else {
+                continue;
+            };
+            let params = crate::remediators::uid_precondition(rule.metadata.uid.clone());
+            let result = match self.api.delete(name, &params).await {
+                Ok(_) => {
+                    info!(rule = %name, "DeviceTaintRule deleted");
+                    deleted += 1;
+                    ActionResult::Ok
+                }
                 // Already gone: what was wanted.
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => continue,
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    warn!(rule = %name, node, "not deleting DeviceTaintRule {name}: it was replaced by another rule of the same name since gpunode read it");
+                    ActionResult::Refused
+                }
                 Err(e) => return Err(e),
+            };
+            if let Some(m) = &self.metrics {
+                m.action(ActionKind::Delete, result);
             }
-            info!(rule = %name, "DeviceTaintRule deleted");
         }
         Ok(deleted)
     }

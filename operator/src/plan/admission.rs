@@ -785,6 +785,7 @@ mod tests {
             breaker: open_since(opened),
             close_breaker: close,
             fleet: None,
+            validation_bounds: None,
         };
         Admission::with_inputs("pool", &spec, 3, &inputs, now())
     }

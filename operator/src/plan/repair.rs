@@ -265,6 +265,7 @@ pub fn object_of(template: &RemediatorTemplate, node: &str) -> StepObjectRef {
         kind: template.created_kind().to_string(),
         namespace: template.namespace.clone(),
         name: names::remediation_name(node),
+        uid: None,
     }
 }
 
@@ -275,6 +276,7 @@ pub fn reset_request_of(node: &str, gpu: &ResetGpu) -> Option<StepObjectRef> {
         kind: GpuResetRequest::kind(&()).into_owned(),
         namespace: None,
         name: names::reset_request_name(node, gpu.index)?,
+        uid: None,
     })
 }
 
@@ -693,9 +695,12 @@ fn start(
     let ensure = step_objects(step, input.node, &run);
     plan.track.attempts.push(now);
     plan.track.step = Some(run);
+    // An object a step made before under the same name is made anew (its leftover deleted
+    // first): its uid is recorded again once the new one exists.
     for e in &ensure {
-        if !plan.track.objects.contains(&e.object) {
-            plan.track.objects.push(e.object.clone());
+        match plan.track.objects.iter_mut().find(|o| o.same_object(&e.object)) {
+            Some(o) => o.uid = None,
+            None => plan.track.objects.push(e.object.clone()),
         }
     }
     let what = if ensure.is_empty() {

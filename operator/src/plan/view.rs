@@ -242,6 +242,9 @@ pub struct PassInputs {
     pub close_breaker: Option<Timestamp>,
     /// The operator's fleet-wide disruption cap; `None`: no cap.
     pub fleet: Option<Fleet>,
+    /// What the chart grants validation Jobs: a template outside them is unusable (no Job, the
+    /// policy Degraded naming the field). `None`: unbounded (offline views).
+    pub validation_bounds: Option<crate::bounds::ValidationBounds>,
 }
 
 /// Where the circuit breaker stands: read from `status.circuitBreaker` before a pass, planned
