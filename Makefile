@@ -53,10 +53,14 @@ fuzz: ## libFuzzer on the DCB parser, version ranges, durations and report decod
 reliability-report: ## print the last reliability results and write them into docs/reliability.md
 	$(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" docs/reliability.md
 
-lint: ## cargo fmt --check and clippy with warnings denied
+# cargo-deny and cargo-cyclonedx are installed, pinned, into ~/.cache/gpunode/tools by
+# supply-chain/tool.sh on first use (a cold machine builds them once).
+lint: ## cargo fmt --check, clippy with warnings denied, cargo deny (licenses, bans, sources; deny.toml), the SBOM generator
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) clippy -p gpunode-e2e --all-targets --features kind --locked -- -D warnings
+	CARGO="$(CARGO)" supply-chain/deny.sh
+	CARGO="$(CARGO)" supply-chain/sbom-test.sh
 
 crds: ## regenerate charts/gpunode/crds from the Rust types
 	$(CARGO) run --quiet --locked -p gpunode-operator -- crds --write charts/gpunode/crds >/dev/null

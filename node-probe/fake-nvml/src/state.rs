@@ -203,8 +203,9 @@ impl State {
     /// the event sets registered for its device and type at this moment, and only to those.
     fn refresh(&mut self) {
         let hardware_stamp = stamp_of(&Hardware::path(&self.path)).ok();
-        if hardware_stamp.is_some() && hardware_stamp != self.hardware_stamp {
-            // Another process changed the GPUs: their state, applied to the fixture as read.
+        if hardware_stamp != self.hardware_stamp {
+            // Another process changed the GPUs (or a reboot removed their state): their state,
+            // applied to the fixture as read.
             self.hardware = Hardware::load(&self.path);
             self.hardware_stamp = hardware_stamp;
             self.stamp = None;
