@@ -77,12 +77,16 @@ cluster-down: ## stop the local control plane started by cluster-up
 
 # Published-style images: release binaries on distroless cc-debian12 (pulled), with the Docker
 # engine of this machine. Offline, BASE is assembled here: see e2e/kind/images.sh.
+# Each image's SBOM (CycloneDX JSON, supply-chain/sbom.sh) lands in $(SBOM_DIR):
+# operator.cdx.json and node-probe.cdx.json.
 IMAGE_BASE ?= gcr.io/distroless/cc-debian12:nonroot
-images: ## the operator and node-probe images from release binaries (IMAGE_BASE, REPOSITORY, TAG; needs Docker)
+SBOM_DIR = $(or $(CARGO_TARGET_DIR),target)/images
+images: ## the operator and node-probe images from release binaries (IMAGE_BASE, REPOSITORY, TAG; needs Docker), and their SBOMs in target/images/
 	$(CARGO) build --release --locked -p gpunode-operator -p gpunode-probe
 	GPUNODE_DOCKER_HOST="$${DOCKER_HOST:-unix:///var/run/docker.sock}" BASE="$(IMAGE_BASE)" \
 	  REPOSITORY="$(or $(REPOSITORY),gpunode)" TAG="$(or $(TAG),$$($(CARGO) pkgid -p gpunode-operator | sed 's/.*[#@]//'))" \
 	  e2e/kind/images.sh target/release
+	CARGO="$(CARGO)" supply-chain/sbom.sh "$(SBOM_DIR)" operator node-probe
 
 # The kind cluster (e2e/kind): real kubelets, the chart's images and DaemonSet, built offline with
 # the project's own Docker engine and node image. GPUNODE_KIND_CLUSTER names it (default gpunode-kind).

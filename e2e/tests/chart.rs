@@ -711,17 +711,11 @@ async fn least_privilege_the_reset_daemonset_host_network_operator_affinity_and_
         ]}])
     );
     assert!(affinity.get("podAntiAffinity").is_some(), "replicas still spread");
-    let own = render(
-        &admin,
-        &[
-            "operator.affinity.nodeAffinity=null",
-            "operator.affinity.podAffinity.x=y",
-        ],
-    )
-    .await;
+    let own = render(&admin, &["operator.affinity.podAffinity.x=y"]).await;
     let op = one(&own, "Deployment", "-operator");
-    assert!(
-        pod_spec(op)["affinity"].get("nodeAffinity").is_none(),
+    assert_eq!(
+        pod_spec(op)["affinity"],
+        serde_json::json!({"podAffinity": {"x": "y"}}),
         "operator.affinity replaces it"
     );
 
