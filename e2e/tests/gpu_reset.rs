@@ -204,9 +204,17 @@ async fn a_pending_row_remap_is_repaired_by_the_probes_gpu_reset_and_a_failed_re
         Some(good.as_str())
     );
 
-    // The probe resets it; the remap is applied; the node is released and the request deleted.
-    good_probe
+    // The reset process resets it; the remap is applied; the probe follows and publishes; the
+    // node is released and the request deleted.
+    good_reset
         .logged("was drained, removed and discovered again", DEADLINE)
+        .await
+        .unwrap();
+    good_probe
+        .logged(
+            "GPU reset by the reset DaemonSet: publishing a fresh report",
+            DEADLINE,
+        )
         .await
         .unwrap();
     released(&client, &good).await;
