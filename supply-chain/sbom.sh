@@ -15,16 +15,23 @@ bin=$(supply-chain/tool.sh cargo-cyclonedx)
 mkdir -p "$out"
 for image in "${images[@]}"; do
 	case $image in
-	operator | node-probe) dir=$image ;;
+	operator | node-probe) ;;
 	*)
 		echo "sbom.sh: no image $image (operator, node-probe)" >&2
 		exit 2
 		;;
 	esac
-	# cargo-cyclonedx writes next to the crate's Cargo.toml: a name of this run's own, moved out.
-	name=gpunode-sbom-$$
-	PATH=$(dirname "$bin"):$PATH "${CARGO:-cargo}" cyclonedx --manifest-path "$dir/Cargo.toml" \
-		--format json --spec-version 1.5 --override-filename "$name" >&2
-	mv "$dir/$name.json" "$out/$image.cdx.json"
+done
+# cargo-cyclonedx writes one SBOM next to each workspace member's Cargo.toml: under a name of
+# this run's own, the images' moved out, the others removed (whatever happens).
+name=gpunode-sbom-$$
+members=$(git ls-files -- 'Cargo.toml' '*/Cargo.toml' | xargs -n1 dirname)
+cleanup() { for d in $members; do rm -f "$d/$name.json"; done; }
+trap cleanup EXIT
+# Build dependencies (proc macros, build scripts) are not in the binaries: left out.
+PATH=$(dirname "$bin"):$PATH "${CARGO:-cargo}" cyclonedx --manifest-path Cargo.toml -q \
+	--format json --spec-version 1.5 --no-build-deps --override-filename "$name" >&2
+for image in "${images[@]}"; do
+	mv "$image/$name.json" "$out/$image.cdx.json"
 	printf '%s\n' "$out/$image.cdx.json"
 done
