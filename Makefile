@@ -53,10 +53,14 @@ fuzz: ## libFuzzer on the DCB parser, version ranges, durations and report decod
 reliability-report: ## print the last reliability results and write them into docs/reliability.md
 	$(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" docs/reliability.md
 
-lint: ## cargo fmt --check and clippy with warnings denied
+# cargo-deny and cargo-cyclonedx are installed, pinned, into ~/.cache/gpunode/tools by
+# supply-chain/tool.sh on first use (a cold machine builds them once).
+lint: ## cargo fmt --check, clippy with warnings denied, cargo deny (licenses, bans, sources; deny.toml), the SBOM generator
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	$(CARGO) clippy -p gpunode-e2e --all-targets --features kind --locked -- -D warnings
+	CARGO="$(CARGO)" supply-chain/deny.sh
+	CARGO="$(CARGO)" supply-chain/sbom-test.sh
 
 crds: ## regenerate charts/gpunode/crds from the Rust types
 	$(CARGO) run --quiet --locked -p gpunode-operator -- crds --write charts/gpunode/crds >/dev/null
@@ -73,12 +77,16 @@ cluster-down: ## stop the local control plane started by cluster-up
 
 # Published-style images: release binaries on distroless cc-debian12 (pulled), with the Docker
 # engine of this machine. Offline, BASE is assembled here: see e2e/kind/images.sh.
+# Each image's SBOM (CycloneDX JSON, supply-chain/sbom.sh) lands in $(SBOM_DIR):
+# operator.cdx.json and node-probe.cdx.json.
 IMAGE_BASE ?= gcr.io/distroless/cc-debian12:nonroot
-images: ## the operator and node-probe images from release binaries (IMAGE_BASE, REPOSITORY, TAG; needs Docker)
+SBOM_DIR = $(or $(CARGO_TARGET_DIR),target)/images
+images: ## the operator and node-probe images from release binaries (IMAGE_BASE, REPOSITORY, TAG; needs Docker), and their SBOMs in target/images/
 	$(CARGO) build --release --locked -p gpunode-operator -p gpunode-probe
 	GPUNODE_DOCKER_HOST="$${DOCKER_HOST:-unix:///var/run/docker.sock}" BASE="$(IMAGE_BASE)" \
 	  REPOSITORY="$(or $(REPOSITORY),gpunode)" TAG="$(or $(TAG),$$($(CARGO) pkgid -p gpunode-operator | sed 's/.*[#@]//'))" \
 	  e2e/kind/images.sh target/release
+	CARGO="$(CARGO)" supply-chain/sbom.sh "$(SBOM_DIR)" operator node-probe
 
 # The kind cluster (e2e/kind): real kubelets, the chart's images and DaemonSet, built offline with
 # the project's own Docker engine and node image. GPUNODE_KIND_CLUSTER names it (default gpunode-kind).

@@ -8,7 +8,7 @@
 #   PFC on the wrong priority, one with an uncorrectable ECC error and XID 79;
 # - 7 H200 nodes (examples/h200-training.yaml): 5 healthy, one throttled (it waits for the
 #   maintenance window), one with a pending row remap (drained at once, then repaired by a GPU
-#   reset that its probe performs);
+#   reset that its gpu-reset pod performs, the chart's reset DaemonSet on H200 nodes only);
 # - 1 H100 NVL node (examples/h100-nvl-per-gpu.yaml) whose GPUs are DRA devices: one GPU takes
 #   XID 79 and is quarantined alone.
 # It runs a node-probe per GPU node against the fake NVML library and fixture sysfs trees, and the
@@ -72,11 +72,12 @@ metadata: {name: nvidia}
 handler: nvidia
 EOF
 # The H200 pool's validation Jobs run in gpu-validation; its repair ladder resets GPUs through
-# the probes (nodeProbe.gpuReset.enabled).
+# the reset DaemonSet (nodeProbe.gpuReset.enabled), on the H200 nodes only (they opt in).
 "$KUBECTL" create namespace gpu-validation >/dev/null
 "$HELM" install gpunode charts/gpunode --namespace "$NS" --create-namespace \
 	--set-string "operator.nodeSelector.gpunode\.dev/demo-role=system" \
-	--set nodeProbe.gpuReset.enabled=true --set "operator.validation.namespaces={gpu-validation}" \
+	--set nodeProbe.gpuReset.enabled=true --set-string "nodeProbe.gpuReset.nodeSelector.gpunode\.dev/demo-role=h200" \
+	--set "operator.validation.namespaces={gpu-validation}" \
 	>"$LOGS/helm-install.log"
 sed -n '/^NOTES:/,$p' "$LOGS/helm-install.log" >&2
 wait_for "two operator pods" 120 operator_pods_running
@@ -94,13 +95,15 @@ for n in "${HEALTHY[@]}" "$HOT" "$ROCE"; do make_node "$n" gpu; done
 for n in "${H200_HEALTHY[@]}" "$H200_HOT" "$H200_REMAP"; do make_node "$n" h200; done
 "$KUBECTL" wait --for=condition=Ready node --all --timeout=120s >/dev/null
 wait_for "the probe DaemonSet's pod on each GPU node" 120 probe_pods_running
+wait_for "the reset DaemonSet's pod on each H200 node" 120 reset_pods_running
 for n in "${HEALTHY[@]}"; do start_probe "$n" healthy-8xh100.json lossless-8port; done
 start_probe "$HOT" throttled.json lossless-8port
 start_probe "$ROCE" healthy-8xh100.json pfc-wrong-priority
 start_probe "$XID" healthy-8xh100.json lossless-8port
-for n in "${H200_HEALTHY[@]}"; do start_probe "$n" healthy-8xh200.json lossless-8port --gpu-reset; done
-start_probe "$H200_HOT" h200-throttled.json lossless-8port --gpu-reset
-start_probe "$H200_REMAP" h200-remap-pending.json lossless-8port --gpu-reset
+for n in "${H200_HEALTHY[@]}"; do start_probe "$n" healthy-8xh200.json lossless-8port --follow-resets; done
+start_probe "$H200_HOT" h200-throttled.json lossless-8port --follow-resets
+start_probe "$H200_REMAP" h200-remap-pending.json lossless-8port --follow-resets
+for n in "${RESET_NODES[@]}"; do start_reset "$n"; done
 start_probe "$NVL" healthy-8xh100nvl.json lossless-8port
 start_operators
 wait_for "a GpuNodeReport from every GPU node" 120 all_reports_published
@@ -120,7 +123,7 @@ step 8 "Applying examples/ ($(example_names))"
 # at any hour, its window moves to one that opens 12 hours from now (UTC).
 close_h200_window
 note "watching until: $HOT tainted, $XID cordoned and drained within the PDB, $ROCE drifted;"
-note "  $H200_HOT waiting for the window, $H200_REMAP drained and its GPU $H200_BAD_GPU reset by its probe;"
+note "  $H200_HOT waiting for the window, $H200_REMAP drained and its GPU $H200_BAD_GPU reset by its gpu-reset pod;"
 note "  GPU $NVL_BAD_GPU of $NVL quarantined alone, 7 inference pods still on $NVL; the rest compliant"
 START=$(date +%s)
 while true; do

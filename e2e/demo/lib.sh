@@ -35,10 +35,13 @@ H200_HEALTHY=()
 for i in $(seq 0 4); do H200_HEALTHY+=("h200-00$i"); done
 # The H100 NVL node of examples/h100-nvl-per-gpu.yaml: one GPU quarantined at a time (DRA).
 NVL=h100-nvl
-# The GPU of $NVL that fails (the fixture's XID), and the one of $H200_REMAP that its probe resets.
+# The GPU of $NVL that fails (the fixture's XID), and the one of $H200_REMAP that its gpu-reset pod resets.
 NVL_BAD_GPU=5
 H200_BAD_GPU=3
 GPU_NODES=("${HEALTHY[@]}" "$HOT" "$ROCE" "$XID" "${H200_HEALTHY[@]}" "$H200_HOT" "$H200_REMAP" "$NVL")
+# The nodes that opt in to GPU resets (the chart's nodeProbe.gpuReset.nodeSelector selects
+# gpunode.dev/demo-role=h200): the reset DaemonSet runs there only.
+RESET_NODES=("${H200_HEALTHY[@]}" "$H200_HOT" "$H200_REMAP")
 
 die() {
 	printf 'demo: %s\n' "$*" >&2
@@ -109,6 +112,9 @@ running_pods() { # NAMESPACE SELECTOR: running pods as "name node" lines
 probe_pods_running() {
 	(($(running_pods "$NS" app.kubernetes.io/component=node-probe | wc -l) == ${#GPU_NODES[@]}))
 }
+reset_pods_running() {
+	(($(running_pods "$NS" app.kubernetes.io/component=gpu-reset | wc -l) == ${#RESET_NODES[@]}))
+}
 operator_pods_running() {
 	(($(running_pods "$NS" app.kubernetes.io/component=operator | wc -l) == 2))
 }
@@ -163,7 +169,8 @@ run_bg() {
 # start_probe NODE NVML_FIXTURE SYSFS_TREE [ARG...]: the node's probe, with its fixtures behind
 # symlinks that e2e/demo/ctl.sh swaps (the probe re-reads both on every collection), keeping the
 # XIDs of this boot in $WORK/nodes/NODE/state (as the chart's /var/lib/gpunode); ARGs are passed on
-# (--gpu-reset: the node's probe answers GpuResetRequests, as with nodeProbe.gpuReset.enabled).
+# (--follow-resets: the probe follows the resets of start_reset's process, as the chart's probe
+# does with nodeProbe.gpuReset.enabled).
 start_probe() {
 	local node=$1 dir=$WORK/nodes/$1 pod extra=("${@:4}")
 	mkdir -p "$dir/state"
@@ -176,6 +183,18 @@ start_probe() {
 		"$BIN/gpunode-probe" --node-name "$node" --nvml-lib "$BIN/libfake_nvml.so" \
 		--sysfs-root "$dir/tree/sys" --net-fixtures "$dir/tree" --interval 2s --metrics-addr 127.0.0.1:0 \
 		--state-dir "$dir/state" "${extra[@]}"
+}
+
+# start_reset NODE: the node's reset process (the chart's gpu-reset DaemonSet, --gpu-reset-only)
+# under the reset ServiceAccount, with a token bound to the DaemonSet's pod on NODE; it answers
+# the node's GpuResetRequests on the same fake GPUs as its probe (start_probe first).
+start_reset() {
+	local node=$1 dir=$WORK/nodes/$1 pod
+	pod=$(running_pods "$NS" app.kubernetes.io/component=gpu-reset | awk -v n="$node" '$2 == n {print $1}')
+	[[ -n $pod ]] || die "no gpu-reset pod on $node"
+	kubeconfig_for gpunode-gpu-reset "$pod" "$dir/reset.kubeconfig"
+	run_bg "reset-$node" "KUBECONFIG=$dir/reset.kubeconfig" "FAKE_NVML_FIXTURE=$dir/nvml.json" RUST_LOG=info -- \
+		"$BIN/gpunode-probe" --gpu-reset-only --node-name "$node" --nvml-lib "$BIN/libfake_nvml.so"
 }
 
 # publish_slice NODE NVML_FIXTURE: what NVIDIA's DRA driver would publish for NODE, one device per
@@ -295,7 +314,7 @@ screen() {
 		awk '{printf "%s %s  ", $1, $2} END {print ""}'
 	printf '\n$ kubectl get devicetaintrules   (gpunode quarantines one GPU of %s)\n' "$NVL"
 	"$KUBECTL" get devicetaintrules -o jsonpath='{range .items[*]}{.spec.deviceSelector.pool}{"/"}{.spec.deviceSelector.device}{"  "}{.spec.taint.effect}{"\n"}{end}' 2>/dev/null
-	printf '\n$ kubectl get gpuresetrequests   (the repair ladder resets a GPU of %s through its probe)\n' "$H200_REMAP"
+	printf '\n$ kubectl get gpuresetrequests   (the repair ladder resets a GPU of %s through its gpu-reset pod)\n' "$H200_REMAP"
 	"$KUBECTL" get gpuresetrequests -o jsonpath='{range .items[*]}{.metadata.name}{"  "}{.status.phase}{"\n"}{end}' 2>/dev/null
 	printf '\n$ kubectl get events  (from gpunode-operator, newest last)\n'
 	"$KUBECTL" get events -A --sort-by=.metadata.creationTimestamp \

@@ -50,8 +50,10 @@ pub const ACCOUNT_TEMPLATES: [&str; 4] = [
 /// chart's probe pieces with `nodeProbe.gpuReset.enabled=true`, beside the default release, so
 /// the default probe account keeps exactly the default permissions.
 pub const RESET_RELEASE: &str = "gpunode-reset";
-/// The GPU-reset probe's ServiceAccount.
+/// The probe's ServiceAccount in that release (it follows the resets, read-only).
 pub const RESET_PROBE_SA: &str = "gpunode-reset-node-probe";
+/// The reset DaemonSet's ServiceAccount in that release (it answers the resets).
+pub const RESET_SA: &str = "gpunode-reset-gpu-reset";
 /// Part of the reset admission policy's message for a write to another node's request.
 pub const RESET_OTHER_NODE_MESSAGE: &str = "may write only its own node's GpuResetRequests";
 
@@ -478,12 +480,14 @@ async fn grant_operator(
     .await
 }
 
-/// Installs the probe accounts of the chart rendered with `nodeProbe.gpuReset.enabled=true` as
-/// release [`RESET_RELEASE`] (ServiceAccount, RBAC, admission policies), and waits until its
-/// RBAC and the reset admission policy are enforced. Returns the probe's user name.
+/// Installs the probe and reset accounts of the chart rendered with
+/// `nodeProbe.gpuReset.enabled=true` as release [`RESET_RELEASE`] (ServiceAccounts, RBAC,
+/// admission policies), and waits until their RBAC and the reset admission policy are enforced.
+/// Returns the reset DaemonSet's user name.
 pub async fn install_reset_accounts(admin: &Client) -> Result<String, Error> {
     static DONE: tokio::sync::Mutex<bool> = tokio::sync::Mutex::const_new(false);
-    let user = format!("system:serviceaccount:{NAMESPACE}:{RESET_PROBE_SA}");
+    let user = format!("system:serviceaccount:{NAMESPACE}:{RESET_SA}");
+    let probe_user = format!("system:serviceaccount:{NAMESPACE}:{RESET_PROBE_SA}");
     let mut done = DONE.lock().await;
     if *done {
         return Ok(user);
@@ -493,6 +497,7 @@ pub async fn install_reset_accounts(admin: &Client) -> Result<String, Error> {
     for t in [
         "templates/serviceaccounts.yaml",
         "templates/rbac-node-probe.yaml",
+        "templates/rbac-gpu-reset.yaml",
         "templates/admission-policy.yaml",
     ] {
         extra.push("--show-only");
@@ -505,12 +510,12 @@ pub async fn install_reset_accounts(admin: &Client) -> Result<String, Error> {
             o.metadata
                 .name
                 .as_deref()
-                .is_some_and(|n| n.starts_with(RESET_PROBE_SA))
+                .is_some_and(|n| n.starts_with(RESET_PROBE_SA) || n.starts_with(RESET_SA))
         })
         .collect();
     apply(admin, &probe_objects, NAMESPACE, false).await?;
     wait::until(
-        "the GPU-reset probe's RBAC to take effect",
+        "the GPU-reset accounts' RBAC to take effect",
         SETUP_TIMEOUT,
         || async {
             let ok = can_i(
@@ -525,7 +530,16 @@ pub async fn install_reset_accounts(admin: &Client) -> Result<String, Error> {
                 && can_i(admin, &user, "watch", "gpunode.dev/gpuresetrequests", None, None).await?
                 && can_i(
                     admin,
-                    &user,
+                    &probe_user,
+                    "watch",
+                    "gpunode.dev/gpuresetrequests",
+                    None,
+                    None,
+                )
+                .await?
+                && can_i(
+                    admin,
+                    &probe_user,
                     "patch",
                     "gpunode.dev/gpunodereports/status",
                     None,
@@ -554,7 +568,7 @@ pub async fn install_reset_accounts(admin: &Client) -> Result<String, Error> {
             &Patch::Apply(&request),
         )
         .await?;
-    let token = accounts::client_for(admin, NAMESPACE, RESET_PROBE_SA, None).await?;
+    let token = accounts::client_for(admin, NAMESPACE, RESET_SA, None).await?;
     let as_probe: Api<DynamicObject> = Api::all_with(token, &ApiResource::erase::<GpuResetRequest>(&()));
     let pp = PatchParams {
         dry_run: true,
@@ -570,7 +584,7 @@ pub async fn install_reset_accounts(admin: &Client) -> Result<String, Error> {
                     Ok(Some(()))
                 }
                 Ok(_) => Err(Error::Unexpected(format!(
-                    "a probe's status write to {name} without a node claim was admitted"
+                    "a reset status write to {name} without a node claim was admitted"
                 ))),
                 Err(kube::Error::Api(s)) if s.code == 403 => Ok(None),
                 Err(e) => Err(e.into()),

@@ -96,6 +96,8 @@ pub struct Host {
     kubeconfig: PathBuf,
     /// The stand-in pod its token is bound to.
     pod: String,
+    /// The reset DaemonSet's stand-in pod and kubeconfig ([`Host::prepare_for_resets`]).
+    reset: Option<(String, PathBuf)>,
 }
 
 impl Host {
@@ -106,12 +108,46 @@ impl Host {
         Host::prepare_as(admin, node, chart::PROBE_SA, &chart::probe_pod_name(node)).await
     }
 
-    /// [`Host::prepare`] with the GPU-reset probe's account ([`chart::install_reset_accounts`]),
-    /// for a probe started with `--gpu-reset`.
+    /// [`Host::prepare`] with the accounts of the chart's GPU resets
+    /// ([`chart::install_reset_accounts`]): the probe's, for a probe started with
+    /// `--follow-resets`, and the reset DaemonSet's, for [`Host::start_reset_only`].
     pub async fn prepare_for_resets(admin: &Client, node: &str) -> Result<Host, Error> {
         chart::install_reset_accounts(admin).await?;
         let pod = format!("node-probe-reset-{node}");
-        Host::prepare_as(admin, node, chart::RESET_PROBE_SA, &pod).await
+        let mut host = Host::prepare_as(admin, node, chart::RESET_PROBE_SA, &pod).await?;
+        let reset_pod = format!("gpu-reset-{node}");
+        let bound = chart::probe_pod_as(admin, node, chart::RESET_SA, &reset_pod).await?;
+        let kubeconfig = host.dir.join("reset.kubeconfig");
+        chart::write_kubeconfig_as(admin, chart::RESET_SA, &bound, &kubeconfig).await?;
+        host.reset = Some((reset_pod, kubeconfig));
+        Ok(host)
+    }
+
+    /// The node's reset process, as the chart's reset DaemonSet runs it (`--gpu-reset-only`,
+    /// under its own account), on the same fake GPUs as the node's probe.
+    pub fn start_reset_only(&self) -> Result<Probe, Error> {
+        let Some((_, kubeconfig)) = &self.reset else {
+            return Err(Error::Unexpected(format!(
+                "{} was not prepared for resets (Host::prepare_for_resets)",
+                self.node
+            )));
+        };
+        let mut child = Command::new(built("gpunode-probe")?)
+            .args(["--gpu-reset-only", "--node-name", &self.node])
+            .arg("--nvml-lib")
+            .arg(built("libfake_nvml.so")?)
+            .env("FAKE_NVML_FIXTURE", self.fixture())
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(io("start gpunode-probe --gpu-reset-only"))?;
+        Ok(Probe {
+            log: echo_log(child.stderr.take(), format!("reset {}", self.node), true),
+            child,
+        })
     }
 
     async fn prepare_as(admin: &Client, node: &str, sa: &str, pod_name: &str) -> Result<Host, Error> {
@@ -125,6 +161,7 @@ impl Host {
             node: node.to_string(),
             kubeconfig,
             pod: pod_name.to_string(),
+            reset: None,
         };
         std::fs::copy(
             repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"),
@@ -206,21 +243,7 @@ impl Host {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(io("start gpunode-probe"))?;
-        let log = Arc::new(Mutex::new(Vec::new()));
-        if let Some(stderr) = child.stderr.take() {
-            let sink = log.clone();
-            let node = self.node.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    if echo {
-                        eprintln!("probe {node}: {line}");
-                    }
-                    if let Ok(mut v) = sink.lock() {
-                        v.push(line);
-                    }
-                }
-            });
-        }
+        let log = echo_log(child.stderr.take(), format!("probe {}", self.node), echo);
         Ok(Probe { child, log })
     }
 
@@ -260,6 +283,32 @@ impl Host {
     /// Removes its files and the probe's pod (best effort).
     pub async fn cleanup(&self, admin: &Client) {
         let _ = chart::delete_pod(admin, &self.pod).await;
+        if let Some((pod, _)) = &self.reset {
+            let _ = chart::delete_pod(admin, pod).await;
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Keeps a process's stderr lines (and echoes them to the test's, prefixed, when `echo`).
+fn echo_log(
+    stderr: Option<std::process::ChildStderr>,
+    prefix: String,
+    echo: bool,
+) -> Arc<Mutex<Vec<String>>> {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    if let Some(stderr) = stderr {
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if echo {
+                    eprintln!("{prefix}: {line}");
+                }
+                if let Ok(mut v) = sink.lock() {
+                    v.push(line);
+                }
+            }
+        });
+    }
+    log
 }

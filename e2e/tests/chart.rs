@@ -692,6 +692,165 @@ async fn helm_template_defaults_and_each_toggle() {
     assert!(old.to_string().contains("kubeVersion"), "{old}");
 }
 
+/// The pod spec of a DaemonSet or Deployment.
+fn pod_spec(o: &DynamicObject) -> &Value {
+    &o.data["spec"]["template"]["spec"]
+}
+
+/// Whether any container (init containers too) of the workload runs privileged.
+fn privileged(o: &DynamicObject) -> bool {
+    ["containers", "initContainers"].iter().any(|k| {
+        pod_spec(o)[*k]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["securityContext"]["privileged"] == true))
+    })
+}
+
+/// Least privilege (README "Least privilege"): the always-on probe is never privileged and is on
+/// the host network only as `nodeProbe.hostNetwork` says; GPU resets run in a DaemonSet of their
+/// own, the only privileged pod, only when enabled, on the nodes that opt in, under their own
+/// account with GpuResetRequest rights only, policed by the reset admission policy; the operator
+/// stays off GPU nodes unless `operator.affinity` says otherwise; the NetworkPolicies render
+/// only when enabled.
+#[tokio::test]
+async fn least_privilege_the_reset_daemonset_host_network_operator_affinity_and_network_policy() {
+    let admin = admin_client().await.unwrap();
+    let defaults = render(&admin, &[]).await;
+    let probe = one(&defaults, "DaemonSet", "-node-probe");
+    assert_eq!(
+        count(&defaults, "DaemonSet"),
+        1,
+        "no reset DaemonSet unless enabled"
+    );
+    assert!(!privileged(probe));
+    assert_eq!(
+        pod_spec(probe)["hostNetwork"],
+        true,
+        "RoCE reads need the host's netns by default"
+    );
+    assert!(
+        !args(probe)
+            .iter()
+            .any(|a| a == "--no-network" || a == "--follow-resets")
+    );
+    assert_eq!(count(&defaults, "NetworkPolicy"), 0, "NetworkPolicies are opt-in");
+    let sas: Vec<_> = defaults
+        .iter()
+        .filter(|o| kind_of(o) == "ServiceAccount")
+        .collect();
+    assert_eq!(sas.len(), 2, "the operator's and the probe's");
+
+    // The operator: required off the probe's nodes (NotIn on each label of its nodeSelector).
+    let op = one(&defaults, "Deployment", "-operator");
+    let affinity = &pod_spec(op)["affinity"];
+    assert_eq!(
+        affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"],
+        serde_json::json!([{"matchExpressions": [
+            {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]}
+        ]}])
+    );
+    assert!(affinity.get("podAntiAffinity").is_some(), "replicas still spread");
+    let own = render(&admin, &["operator.affinity.podAffinity.x=y"]).await;
+    let op = one(&own, "Deployment", "-operator");
+    assert_eq!(
+        pod_spec(op)["affinity"],
+        serde_json::json!({"podAffinity": {"x": "y"}}),
+        "operator.affinity replaces it"
+    );
+
+    // Resets enabled: the probe stays as it was (it follows read-only), the reset DaemonSet is
+    // the one privileged pod, on the probe's nodes that also opt in.
+    let reset = render(
+        &admin,
+        &[
+            "nodeProbe.gpuReset.enabled=true",
+            "nodeProbe.gpuReset.nodeSelector.gpunode\\.dev/gpu-reset=yes",
+        ],
+    )
+    .await;
+    let probe = one(&reset, "DaemonSet", "-node-probe");
+    assert!(!privileged(probe), "the probe is never privileged for resets");
+    assert_eq!(pod_spec(probe)["securityContext"]["runAsUser"], 65532);
+    assert!(args(probe).iter().any(|a| a == "--follow-resets"));
+    assert!(!args(probe).iter().any(|a| a == "--gpu-reset"));
+    let rs = one(&reset, "DaemonSet", "-gpu-reset");
+    assert!(privileged(rs));
+    assert_eq!(args(rs), vec!["--gpu-reset-only".to_string()]);
+    assert!(
+        pod_spec(rs).get("hostNetwork").is_none(),
+        "a reset needs no network"
+    );
+    assert!(container(rs).get("ports").is_none(), "it listens on nothing");
+    assert_eq!(pod_spec(rs)["serviceAccountName"], "r-gpunode-gpu-reset");
+    assert_eq!(
+        pod_spec(rs)["nodeSelector"],
+        serde_json::json!({"nvidia.com/gpu.present": "true", "gpunode.dev/gpu-reset": "yes"})
+    );
+    let rules = |o: &DynamicObject| o.data["rules"].clone();
+    assert_eq!(
+        rules(one(&reset, "ClusterRole", "-gpu-reset")),
+        serde_json::json!([
+            {"apiGroups": ["gpunode.dev"], "resources": ["gpuresetrequests"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["gpunode.dev"], "resources": ["gpuresetrequests/status"], "verbs": ["patch"]},
+        ])
+    );
+    let probe_rules = rules(one(&reset, "ClusterRole", "-node-probe"));
+    let reset_rules: Vec<_> = probe_rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["resources"].to_string().contains("gpuresetrequests"))
+        .collect();
+    assert_eq!(
+        reset_rules,
+        vec![
+            &serde_json::json!({"apiGroups": ["gpunode.dev"], "resources": ["gpuresetrequests"], "verbs": ["get", "list", "watch"]})
+        ],
+        "the probe only reads requests"
+    );
+    let policy = one(&reset, "ValidatingAdmissionPolicy", "-gpu-reset-own-node");
+    assert_eq!(
+        policy.data["spec"]["matchConditions"][0]["expression"],
+        "request.userInfo.username == 'system:serviceaccount:ns:r-gpunode-gpu-reset'"
+    );
+
+    // Off the host network: the probe skips the NICs; NetworkPolicies when asked for.
+    let netpol = render(
+        &admin,
+        &[
+            "nodeProbe.hostNetwork=false",
+            "networkPolicy.enabled=true",
+            "networkPolicy.from[0].namespaceSelector.matchLabels.team=monitoring",
+            "nodeProbe.gpuReset.enabled=true",
+        ],
+    )
+    .await;
+    let probe = one(&netpol, "DaemonSet", "-node-probe");
+    assert!(pod_spec(probe).get("hostNetwork").is_none());
+    assert!(pod_spec(probe).get("dnsPolicy").is_none());
+    assert!(args(probe).iter().any(|a| a == "--no-network"));
+    for (suffix, port) in [("-operator", 8080), ("-node-probe", 21400)] {
+        let np = one(&netpol, "NetworkPolicy", suffix);
+        assert_eq!(
+            np.data["spec"]["ingress"],
+            serde_json::json!([{
+                "from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}],
+                "ports": [{"protocol": "TCP", "port": port}],
+            }]),
+            "{suffix}"
+        );
+    }
+    let np = one(&netpol, "NetworkPolicy", "-gpu-reset");
+    assert_eq!(np.data["spec"]["ingress"], serde_json::json!([]));
+    let closed = render(&admin, &["networkPolicy.enabled=true"]).await;
+    let np = one(&closed, "NetworkPolicy", "-operator");
+    assert_eq!(
+        np.data["spec"]["ingress"],
+        serde_json::json!([]),
+        "no scraper named: no one"
+    );
+}
+
 #[tokio::test]
 async fn every_rendered_manifest_is_accepted_by_the_api_server() {
     let admin = admin_client().await.unwrap();
@@ -716,6 +875,16 @@ async fn every_rendered_manifest_is_accepted_by_the_api_server() {
             "nodeProbe.runtimeClassName=",
             "--set",
             "nodeProbe.podResources.enabled=true",
+        ][..],
+        &[
+            "--set",
+            "nodeProbe.gpuReset.enabled=true",
+            "--set",
+            "nodeProbe.hostNetwork=false",
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set",
+            "networkPolicy.from[0].podSelector.matchLabels.app=prometheus",
         ][..],
     ] {
         let objects = chart::template(&admin, "dry", &ns.name, sets).await.unwrap();

@@ -1,15 +1,18 @@
 //! The built-in GPU reset (`spec.repair` step `action: GpuReset`) on the real API server, with
-//! real probe processes (`--gpu-reset`, the fake NVML library) under the account the chart
-//! renders with `nodeProbe.gpuReset.enabled=true` (its RBAC and admission policies):
+//! real processes under the accounts the chart renders with `nodeProbe.gpuReset.enabled=true`
+//! (their RBAC and admission policies), run as the chart runs them: the unprivileged probe
+//! (`--follow-resets`) and the reset DaemonSet's process (`--gpu-reset-only`), both on the fake
+//! NVML library of their node:
 //! - a row remap turns pending on GPU 3 of one node: the node drifts (Memory) and is drained,
 //!   the operator asks for GPU 3's reset with a GpuResetRequest naming its index and UUID, the
-//!   node's probe resets it through NVML (drain, remove, discover: the remap is applied), writes
-//!   the outcome, and publishes a clean report; the node is released after `healthyFor` and the
-//!   request deleted;
-//! - on another node the same reset fails (NVML's remove fails): the probe fails the request,
-//!   the ladder moves to its next step, a hand-off to the fake remediator, whose "reboot" brings
-//!   the node back on a new boot without the pending remap, and the node is released;
-//! - a probe may write the status of its own node's requests only.
+//!   node's reset process resets it through NVML (drain, remove, discover: the remap is
+//!   applied) and writes the outcome, and the probe publishes a clean report; the node is
+//!   released after `healthyFor` and the request deleted;
+//! - on another node the same reset fails (NVML's remove fails): the reset process fails the
+//!   request, the ladder moves to its next step, a hand-off to the fake remediator, whose
+//!   "reboot" brings the node back on a new boot without the pending remap, and the node is
+//!   released;
+//! - the reset DaemonSet's account may write the status of its own node's requests only.
 //!
 //! (A separate test binary: one operator per process.) Needs the binaries built (`make test`
 //! builds them first): `gpunode-probe` and `libfake_nvml.so`.
@@ -139,10 +142,19 @@ async fn a_pending_row_remap_is_repaired_by_the_probes_gpu_reset_and_a_failed_re
             .await
             .unwrap();
     }
-    let reset = [OsStr::new("--gpu-reset")];
-    let good_probe = good_host.start_probe_with("boot-1", &reset).unwrap();
-    let bad_probe = bad_host.start_probe_with("boot-1", &reset).unwrap();
+    // As the chart runs them with nodeProbe.gpuReset.enabled: the unprivileged probe follows
+    // its node's requests, the reset DaemonSet's process answers them.
+    let follow = [OsStr::new("--follow-resets")];
+    let good_probe = good_host.start_probe_with("boot-1", &follow).unwrap();
+    let bad_probe = bad_host.start_probe_with("boot-1", &follow).unwrap();
+    let good_reset = good_host.start_reset_only().unwrap();
+    let bad_reset = bad_host.start_reset_only().unwrap();
     for p in [&good_probe, &bad_probe] {
+        p.logged("following this node's GpuResetRequests", DEADLINE)
+            .await
+            .unwrap();
+    }
+    for p in [&good_reset, &bad_reset] {
         p.logged("answering GpuResetRequests", DEADLINE).await.unwrap();
     }
     // The remediator's "reboot" of the bad node: a new boot, its GPUs healthy again.
@@ -192,9 +204,17 @@ async fn a_pending_row_remap_is_repaired_by_the_probes_gpu_reset_and_a_failed_re
         Some(good.as_str())
     );
 
-    // The probe resets it; the remap is applied; the node is released and the request deleted.
-    good_probe
+    // The reset process resets it; the remap is applied; the probe follows and publishes; the
+    // node is released and the request deleted.
+    good_reset
         .logged("was drained, removed and discovered again", DEADLINE)
+        .await
+        .unwrap();
+    good_probe
+        .logged(
+            "GPU reset by the reset DaemonSet: publishing a fresh report",
+            DEADLINE,
+        )
         .await
         .unwrap();
     released(&client, &good).await;
@@ -270,7 +290,7 @@ async fn a_pending_row_remap_is_repaired_by_the_probes_gpu_reset_and_a_failed_re
             .delete(n, &Default::default())
             .await;
     }
-    drop((good_probe, bad_probe));
+    drop((good_probe, bad_probe, good_reset, bad_reset));
     good_host.cleanup(&client).await;
     bad_host.cleanup(&client).await;
 }
@@ -289,11 +309,11 @@ async fn a_probe_writes_the_status_of_its_own_nodes_reset_requests_only() {
     )
     .await
     .unwrap();
-    let pod_name = format!("node-probe-reset-{mine}");
-    let pod = chart::probe_pod_as(&client, &mine, chart::RESET_PROBE_SA, &pod_name)
+    let pod_name = format!("gpu-reset-own-{mine}");
+    let pod = chart::probe_pod_as(&client, &mine, chart::RESET_SA, &pod_name)
         .await
         .unwrap();
-    let probe = accounts::client_for(&client, chart::NAMESPACE, chart::RESET_PROBE_SA, Some(&pod))
+    let probe = accounts::client_for(&client, chart::NAMESPACE, chart::RESET_SA, Some(&pod))
         .await
         .unwrap();
     let admin_requests: Api<GpuResetRequest> = Api::all(client.clone());

@@ -85,11 +85,11 @@ pub fn build(config: &Config, node: &str) -> (Arc<Probe>, Arc<NvmlCollector>) {
         Some(dir) => NetworkCollector::with_fixtures(&config.sysfs_root, dir),
         None => NetworkCollector::real(&config.sysfs_root),
     };
-    let mut collectors: Vec<Arc<dyn Collector>> = vec![
-        nvml.clone(),
-        Arc::new(CoolingCollector::new(&config.sysfs_root)),
-        Arc::new(network),
-    ];
+    let mut collectors: Vec<Arc<dyn Collector>> =
+        vec![nvml.clone(), Arc::new(CoolingCollector::new(&config.sysfs_root))];
+    if !config.no_network {
+        collectors.push(Arc::new(network));
+    }
     // After NVML: pods are attributed to the GPUs it listed.
     if let Some(socket) = &config.pod_resources_socket {
         collectors.push(Arc::new(PodResourcesCollector::new(
@@ -148,6 +148,26 @@ pub fn once(config: &Config) -> Result<String, RunError> {
     }
 }
 
+/// `--gpu-reset-only`: answers node `node`'s GpuResetRequests until `shutdown` completes, and
+/// nothing else (no XID events: the probe beside it listens for them), then unloads NVML.
+async fn reset_only(
+    config: &Config,
+    client: Client,
+    node: String,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let nvml = Arc::new(NvmlCollector::new(NvmlConfig {
+        lib_path: config.nvml_lib.clone(),
+        watch_xids: false,
+        xid_store: None,
+        ..NvmlConfig::default()
+    }));
+    tracing::info!(node = %node, "reset only: no observation, report or heartbeat");
+    crate::resets::answer_resets(client, node, nvml.clone(), shutdown).await;
+    let _ = tokio::task::spawn_blocking(move || nvml.shutdown()).await;
+    tracing::info!("stopped");
+}
+
 /// Runs the probe until `shutdown` completes: observes, publishes to the cluster, serves
 /// `/metrics` and `/healthz`, then stops the XID thread and unloads NVML.
 pub async fn run(
@@ -156,6 +176,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let node = config.node_name.clone().ok_or(RunError::NoNodeName)?;
+    if config.gpu_reset_only {
+        reset_only(&config, client, node, shutdown).await;
+        return Ok(());
+    }
     let (probe, nvml) = build(&config, &node);
     let xids = nvml.xids();
     let stale_after = config.interval * 3 + Duration::from_secs(30);
@@ -180,6 +204,13 @@ pub async fn run(
         .then(|| watch_policies(client.clone(), state.clone(), stopped(stop_rx.clone())));
     if config.gpu_reset {
         crate::resets::watch_resets(
+            client.clone(),
+            node.clone(),
+            nvml.clone(),
+            stopped(stop_rx.clone()),
+        );
+    } else if config.follow_resets {
+        crate::resets::follow_resets(
             client.clone(),
             node.clone(),
             nvml.clone(),

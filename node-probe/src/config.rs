@@ -148,6 +148,25 @@ pub struct Config {
     #[arg(long, env = "GPUNODE_GPU_RESET")]
     pub gpu_reset: bool,
 
+    /// Answer this node's GpuResetRequests as --gpu-reset does, and do nothing else: no
+    /// observation, no report, no heartbeat, no XID events, no HTTP endpoints. The chart's
+    /// privileged reset DaemonSet (nodeProbe.gpuReset.enabled), beside an unprivileged probe
+    /// that runs with --follow-resets.
+    #[arg(long, env = "GPUNODE_GPU_RESET_ONLY", conflicts_with_all = ["once", "gpu_reset", "follow_resets"])]
+    pub gpu_reset_only: bool,
+
+    /// Follow this node's GpuResetRequests, which another process answers (--gpu-reset-only),
+    /// read-only: after a reset succeeded, forget the GPU's XIDs and publish a fresh report at
+    /// once. Needs get, list and watch on gpuresetrequests.
+    #[arg(long, env = "GPUNODE_FOLLOW_RESETS", conflicts_with = "gpu_reset")]
+    pub follow_resets: bool,
+
+    /// Do not read the RoCE NICs (netdevs, DCB, ethtool): the report carries none. For a probe
+    /// outside the host's network namespace (the chart's nodeProbe.hostNetwork false), where
+    /// the host's NICs cannot be asked over netlink.
+    #[arg(long, env = "GPUNODE_NO_NETWORK")]
+    pub no_network: bool,
+
     /// Namespace of the heartbeat Lease `gpunode-probe-<node>` (the release namespace).
     #[arg(long, env = "GPUNODE_LEASE_NAMESPACE", default_value = "gpunode-system")]
     pub lease_namespace: String,
@@ -206,6 +225,7 @@ mod tests {
         assert_eq!(c.recovery_gap, Duration::from_secs(120));
         assert!(!c.no_policy_watch);
         assert!(!c.gpu_reset, "GPU resets are off unless asked for");
+        assert!(!c.gpu_reset_only && !c.follow_resets && !c.no_network);
         assert_eq!(c.metrics_addr, "0.0.0.0:21400".parse().unwrap());
         assert_eq!(c.margin_bands, vec![0, 3, 5, 10, 15]);
         let c = Config::try_parse_from([
@@ -246,5 +266,22 @@ mod tests {
         );
         assert!(Config::try_parse_from(["gpunode-probe", "--interval", "0s"]).is_err());
         assert!(Config::try_parse_from(["gpunode-probe", "--interval", "soon"]).is_err());
+    }
+
+    /// The reset runs in one process or the other, never both: a reset-only process answers,
+    /// the probe beside it follows.
+    #[test]
+    fn a_reset_only_process_neither_observes_nor_follows() {
+        let c = Config::try_parse_from(["gpunode-probe", "--gpu-reset-only"]).unwrap();
+        assert!(c.gpu_reset_only && !c.gpu_reset);
+        for other in ["--once", "--gpu-reset", "--follow-resets"] {
+            assert!(
+                Config::try_parse_from(["gpunode-probe", "--gpu-reset-only", other]).is_err(),
+                "{other}"
+            );
+        }
+        assert!(Config::try_parse_from(["gpunode-probe", "--follow-resets", "--gpu-reset"]).is_err());
+        let c = Config::try_parse_from(["gpunode-probe", "--follow-resets", "--no-network"]).unwrap();
+        assert!(c.follow_resets && c.no_network);
     }
 }

@@ -10,7 +10,8 @@
 //!   actions) and the server-side-apply sink; [`metrics`]: `/metrics`, `/healthz`; [`app`]:
 //!   wiring for the binary (`--once` and [`app::run`]).
 //! * [`xid_state`]: the XIDs of the current boot, kept across probe restarts.
-//! * [`resets`]: `--gpu-reset`, the GPU resets the operator requests (GpuResetRequest).
+//! * [`resets`]: `--gpu-reset` and `--gpu-reset-only`, the GPU resets the operator requests
+//!   (GpuResetRequest); `--follow-resets`, a probe following resets another process does.
 //!
 //! The probe writes nothing but its own node's report and heartbeat Lease and the status of
 //! the GpuResetRequests for its node; it never labels, taints or drains (the operator does).

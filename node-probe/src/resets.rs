@@ -10,6 +10,11 @@
 //! A request the probe finds `Resetting` that it did not take itself was taken by a probe that
 //! stopped mid-reset: its outcome is unknown, so it is failed, never run twice (the repair
 //! ladder moves on to its next step).
+//!
+//! The chart runs the resets apart from the observing probe (`--gpu-reset-only` in a privileged
+//! DaemonSet of its own, on the nodes that opt in); the observing probe then follows its node's
+//! requests read-only (`--follow-resets`): after a reset succeeded it forgets the GPU's XIDs,
+//! restarts its XID thread and publishes a fresh report at once, as it does after its own reset.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -132,8 +137,33 @@ pub fn next(node: &str, request: &GpuResetRequest, taken: &BTreeSet<String>) -> 
     }
 }
 
-/// Answers `node`'s requests until `shutdown` completes.
+/// Answers `node`'s requests until `shutdown` completes, in a task of its own.
 pub fn watch_resets(
+    client: Client,
+    node: String,
+    nvml: Arc<NvmlCollector>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    tokio::spawn(answer_resets(client, node, nvml, shutdown));
+}
+
+/// Answers `node`'s requests until `shutdown` completes (`--gpu-reset-only` awaits it).
+pub async fn answer_resets(
+    client: Client,
+    node: String,
+    nvml: Arc<NvmlCollector>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let api: Api<GpuResetRequest> = Api::all(client);
+    tokio::select! {
+        () = shutdown => {}
+        () = run(api, node, nvml) => {}
+    }
+}
+
+/// `--follow-resets`: follows `node`'s requests, which another process answers, until
+/// `shutdown` completes, in a task of its own. Read only: it never writes a request.
+pub fn follow_resets(
     client: Client,
     node: String,
     nvml: Arc<NvmlCollector>,
@@ -143,9 +173,60 @@ pub fn watch_resets(
     tokio::spawn(async move {
         tokio::select! {
             () = shutdown => {}
-            () = run(api, node, nvml) => {}
+            () = follow(api, node, nvml) => {}
         }
     });
+}
+
+/// The GPU whose reset `request` reports done, when the follower of `node` (started at `since`)
+/// has to act on it: a request of this node that succeeded after `since`. One that succeeded
+/// before was followed by an earlier process, or by none (then its XIDs are kept: better a
+/// drift reported once too often than an XID forgotten).
+pub fn reset_done(node: &str, request: &GpuResetRequest, since: jiff::Timestamp) -> Option<u32> {
+    let status = request.status.as_ref()?;
+    let completed = status.completed_at.as_ref()?.0;
+    (request.spec.node_name == node && status.phase == Some(ResetPhase::Succeeded) && completed >= since)
+        .then_some(request.spec.index)
+}
+
+async fn follow(api: Api<GpuResetRequest>, node: String, nvml: Arc<NvmlCollector>) {
+    // The API server keeps times to the second, cut off: a reset finished this second counts.
+    let since = jiff::Timestamp::now()
+        .checked_sub(jiff::SignedDuration::from_secs(1))
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH);
+    let config = watcher::Config::default().labels(&selector(&node));
+    let mut requests = std::pin::pin!(watcher::watcher(api, config).default_backoff().applied_objects());
+    let mut followed: BTreeSet<String> = BTreeSet::new();
+    tracing::info!(node = %node, "following this node's GpuResetRequests (answered by the reset DaemonSet)");
+    while let Some(event) = requests.next().await {
+        let request = match event {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "watching GpuResetRequests");
+                continue;
+            }
+        };
+        let Some(index) = reset_done(&node, &request, since) else {
+            continue;
+        };
+        if !followed.insert(request.uid().unwrap_or_default()) {
+            continue;
+        }
+        tracing::info!(request = %request.name_any(), gpu = index, "GPU reset by the reset DaemonSet: publishing a fresh report");
+        let reset_nvml = nvml.clone();
+        let _ = tokio::task::spawn_blocking(move || reset_nvml.reset_elsewhere(index)).await;
+        publish_after_outcome(&nvml).await;
+    }
+}
+
+/// Publishes a fresh report once the outcome just written lies in the past: the operator counts
+/// only a report observed after the outcome. The API server keeps the outcome's time to the
+/// second, cut off, so the operator takes it as the end of that second: the fresh report is
+/// observed from the next whole second on.
+async fn publish_after_outcome(nvml: &NvmlCollector) {
+    let into_second = u64::try_from(jiff::Timestamp::now().subsec_nanosecond()).unwrap_or(0);
+    tokio::time::sleep(Duration::from_nanos(1_000_000_000u64.saturating_sub(into_second))).await;
+    nvml.xids().wake();
 }
 
 /// The label selector of `node`'s requests: the node label as the operator writes it
@@ -231,12 +312,7 @@ async fn reset(api: &Api<GpuResetRequest>, request: &GpuResetRequest, nvml: &Arc
         &finished(&outcome, Some(started), jiff::Timestamp::now()),
     )
     .await;
-    // The operator counts only a report observed after the outcome. The API server keeps the
-    // outcome's time to the second, cut off, so the operator takes it as the end of that
-    // second: the fresh report is observed from the next whole second on.
-    let into_second = u64::try_from(jiff::Timestamp::now().subsec_nanosecond()).unwrap_or(0);
-    tokio::time::sleep(Duration::from_nanos(1_000_000_000u64.saturating_sub(into_second))).await;
-    nvml.xids().wake();
+    publish_after_outcome(nvml).await;
 }
 
 /// Merge-patches the request's status, retrying a few times; false when it could not.
@@ -301,6 +377,41 @@ mod tests {
             ..GpuResetRequestStatus::default()
         });
         r
+    }
+
+    #[test]
+    fn a_follower_acts_once_on_a_success_of_its_node_after_it_started() {
+        let at = |t: &str| {
+            t.parse::<jiff::Timestamp>()
+                .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+        };
+        let since = at("2026-12-02T08:00:00Z");
+        let done = |node: &str, phase: ResetPhase, completed: &str| {
+            let mut r = request(node, Some(phase));
+            if let Some(s) = r.status.as_mut() {
+                s.completed_at = Some(Time(at(completed)));
+            }
+            r
+        };
+        let ok = done("gpu-1", ResetPhase::Succeeded, "2026-12-02T08:00:05Z");
+        assert_eq!(reset_done("gpu-1", &ok, since), Some(2));
+        assert_eq!(reset_done("gpu-2", &ok, since), None, "another node's request");
+        let failed = done("gpu-1", ResetPhase::Failed, "2026-12-02T08:00:05Z");
+        assert_eq!(
+            reset_done("gpu-1", &failed, since),
+            None,
+            "a failed reset reset nothing"
+        );
+        let before = done("gpu-1", ResetPhase::Succeeded, "2026-12-02T07:59:59Z");
+        assert_eq!(
+            reset_done("gpu-1", &before, since),
+            None,
+            "finished before the follower started"
+        );
+        assert_eq!(
+            reset_done("gpu-1", &request("gpu-1", Some(ResetPhase::Resetting)), since),
+            None
+        );
     }
 
     #[test]

@@ -82,6 +82,25 @@ fn once_prints_a_full_report() {
     assert_eq!(report.status.and_then(|s| s.throttled_gpus), Some(1));
 }
 
+/// `--no-network` (the chart's nodeProbe.hostNetwork false): no RoCE NIC is read, and the
+/// report has no network collector and no network section; the rest is as without it.
+#[test]
+fn no_network_reads_no_nic() {
+    let fake = FakeNvml::new("throttled");
+    let (code, stdout, stderr) = probe_with(
+        &fake.lib,
+        "lossless-8port",
+        "yaml",
+        &[std::ffi::OsStr::new("--no-network")],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let status = parse_yaml(&stdout).status.unwrap_or_default();
+    let collectors: Vec<CollectorName> = status.collectors.iter().map(|c| c.name).collect();
+    assert_eq!(collectors, vec![CollectorName::Nvml, CollectorName::Cooling]);
+    assert!(status.network.is_none(), "{:?}", status.network);
+    assert_eq!(status.gpu_count, Some(8));
+}
+
 #[test]
 fn once_shows_the_xids_of_this_boot_from_the_state_dir_not_from_before_it_started() {
     // XIDs in the fixture before the process started happened before it could register: NVML

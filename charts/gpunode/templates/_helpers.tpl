@@ -56,12 +56,32 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-node-probe" (include "gpunode.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "gpunode.reset.fullname" -}}
+{{- printf "%s-gpu-reset" (include "gpunode.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "gpunode.operator.serviceAccountName" -}}
 {{- default (include "gpunode.operator.fullname" .) .Values.operator.serviceAccount.name }}
 {{- end }}
 
 {{- define "gpunode.probe.serviceAccountName" -}}
 {{- default (include "gpunode.probe.fullname" .) .Values.nodeProbe.serviceAccount.name }}
+{{- end }}
+
+{{- define "gpunode.reset.serviceAccountName" -}}
+{{- default (include "gpunode.reset.fullname" .) .Values.nodeProbe.gpuReset.serviceAccount.name }}
+{{- end }}
+
+{{/* The username the API server gives the reset DaemonSet's ServiceAccount tokens. */}}
+{{- define "gpunode.reset.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "gpunode.reset.serviceAccountName" .) }}
+{{- end }}
+
+{{/* Whether the reset DaemonSet is rendered: the probe and its gpuReset both enabled. */}}
+{{- define "gpunode.reset.enabled" -}}
+{{- if and .Values.nodeProbe.enabled .Values.nodeProbe.gpuReset.enabled -}}
+true
+{{- end }}
 {{- end }}
 
 {{/* The username the API server gives the probe's ServiceAccount tokens. */}}

@@ -44,11 +44,17 @@ pub struct State {
     seen: HashSet<(usize, u64)>,
     /// What the GPUs' own state holds (drain, removal, resets).
     pub hardware: Hardware,
+    /// The version of the hardware file last read or written by this process: another process
+    /// on the same "machine" (the chart's reset DaemonSet beside the probe) that writes it makes
+    /// this one read it again, as both would see the same GPUs.
+    hardware_stamp: Option<Stamp>,
 }
 
-/// The state of the GPUs themselves. Like hardware, it outlives the process: it is kept in a file
-/// next to the fixture (`<fixture>.hardware`), written on every change and read at
-/// initialisation, so a restarted probe sees a GPU it reset still reset.
+/// The state of the GPUs themselves. Like hardware, it outlives the process and is shared by
+/// every process of the machine: it is kept in a file next to the fixture
+/// (`<fixture>.hardware`), written on every change and read at initialisation and whenever
+/// another process changed it, so a restarted probe sees a GPU it reset still reset, and a probe
+/// sees a GPU that another process (the reset DaemonSet) reset as reset.
 #[derive(Default, serde::Serialize, serde::Deserialize)]
 pub struct Hardware {
     /// Bus ids whose drain state is on (`nvmlDeviceModifyDrainState`).
@@ -158,6 +164,7 @@ pub fn init() -> u32 {
     // Events already in the fixture happened before this process could register for them: like
     // the real library, they are never delivered.
     let seen = event_ids(&fixture);
+    let hardware_stamp = stamp_of(&Hardware::path(&path)).ok();
     let hardware = Hardware::load(&path);
     *guard = Some(State {
         fixture,
@@ -168,6 +175,7 @@ pub fn init() -> u32 {
         next_event_set: 1,
         seen,
         hardware,
+        hardware_stamp,
     });
     if let Some(state) = guard.as_mut() {
         state.apply_resets();
@@ -194,6 +202,14 @@ impl State {
     /// Events the new version lists and the previous one did not happen now: each is queued to
     /// the event sets registered for its device and type at this moment, and only to those.
     fn refresh(&mut self) {
+        let hardware_stamp = stamp_of(&Hardware::path(&self.path)).ok();
+        if hardware_stamp != self.hardware_stamp {
+            // Another process changed the GPUs (or a reboot removed their state): their state,
+            // applied to the fixture as read.
+            self.hardware = Hardware::load(&self.path);
+            self.hardware_stamp = hardware_stamp;
+            self.stamp = None;
+        }
         let Ok(stamp) = stamp_of(&self.path) else { return };
         if self.stamp == Some(stamp) {
             return;
@@ -262,9 +278,12 @@ impl State {
 
     /// Saves the hardware state next to the fixture (best effort: a fake that cannot write it
     /// forgets it at the next process, as a fixture-only fake would).
-    pub fn save_hardware(&self) {
+    pub fn save_hardware(&mut self) {
         if let Ok(json) = serde_json::to_string(&self.hardware) {
-            let _ = std::fs::write(Hardware::path(&self.path), json);
+            let path = Hardware::path(&self.path);
+            if std::fs::write(&path, json).is_ok() {
+                self.hardware_stamp = stamp_of(&path).ok();
+            }
         }
     }
 

@@ -187,6 +187,18 @@ impl NvmlCollector {
         result
     }
 
+    /// GPU `index` was reset by another process (the chart's reset DaemonSet, `--follow-resets`):
+    /// its XIDs are forgotten as after [`NvmlCollector::reset`], and the XID thread starts again
+    /// at the next collection (the event set's handles are stale after a discovery).
+    pub fn reset_elsewhere(&self, index: u32) {
+        let _exclusive = self
+            .resetting
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.xids.forget_gpu(index);
+        self.lock().watcher = None;
+    }
+
     /// Stops the XID thread and unloads the library.
     pub fn shutdown(&self) {
         let mut loaded = self.lock();
