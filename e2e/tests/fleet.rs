@@ -384,7 +384,9 @@ async fn the_breaker_stays_open_across_a_restart_and_its_window_until_close_brea
         json!({
             "nodeSelector": {"matchLabels": {"fleet-e2e-run": run, "fleet-e2e-pool": "brk"}},
             "gpu": {"driverVersion": ">=550"},
-            "remediation": [{"classes": ["Driver"], "action": "Cordon"}],
+            // `after`: the two drifts below are two report writes; without it the first could
+            // be cordoned before the second is seen (one drifting node never opens the breaker).
+            "remediation": [{"classes": ["Driver"], "action": "Cordon", "after": "20s"}],
             "disruption": {"maxUnavailable": "100%",
                            "circuitBreaker": {"maxDriftedPercent": 25, "window": "1m"}},
             "staleAfter": "10m",
