@@ -35,7 +35,7 @@ pub struct NamespaceBounds {
     /// `allowPrivileged`, for example `SYS_ADMIN` for DCGM's diagnostics.
     #[serde(default)]
     pub allowed_capabilities: Vec<String>,
-    /// The pod may use the host's PID, IPC and network namespaces.
+    /// The pod may use the host's PID, IPC and network namespaces, and host ports.
     #[serde(default)]
     pub allow_host_namespaces: bool,
     /// The pod may mount `hostPath` volumes.
@@ -197,6 +197,18 @@ fn check(ns: &NamespaceBounds, spec: &PodSpec) -> Result<(), String> {
             return refuse(field.to_string(), "host namespaces are", "allowHostNamespaces");
         }
     }
+    // A host port publishes the pod on the node's own address, as the host network would.
+    for (i, c) in spec.containers.iter().enumerate() {
+        for (j, p) in c.ports.iter().flatten().enumerate() {
+            if p.host_port.is_some_and(|port| port != 0) && !ns.allow_host_namespaces {
+                return refuse(
+                    format!("containers[{i}].ports[{j}].hostPort"),
+                    "host ports are",
+                    "allowHostNamespaces",
+                );
+            }
+        }
+    }
     for (i, v) in spec.volumes.iter().flatten().enumerate() {
         if v.host_path.is_some() && !ns.allow_host_path {
             return refuse(
@@ -352,6 +364,10 @@ mod tests {
             (
                 serde_json::json!({"containers": c, "volumes": [{"name": "e", "emptyDir": {}}, {"name": "h", "hostPath": {"path": "/"}}]}),
                 "spec.validation.template.spec.volumes[1].hostPath: hostPath volumes are not allowed in namespace gpu-validation (chart value operator.validation.namespaces[].allowHostPath)",
+            ),
+            (
+                serde_json::json!({"containers": [{"name": "a", "image": "a", "ports": [{"containerPort": 80}, {"containerPort": 81, "hostPort": 81}]}]}),
+                "spec.validation.template.spec.containers[0].ports[1].hostPort: host ports are not allowed in namespace gpu-validation (chart value operator.validation.namespaces[].allowHostNamespaces)",
             ),
             (
                 container(serde_json::json!({"privileged": true})),
