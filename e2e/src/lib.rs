@@ -1,5 +1,5 @@
 //! gpunode end-to-end test support: the cluster (local control plane or `GPUNODE_KUBECONFIG`),
-//! admin and ServiceAccount clients, scratch namespaces, fake GPU nodes, waits with deadlines,
+//! admin and ServiceAccount clients, scratch namespaces, fake GPU nodes, storm stages, waits with deadlines,
 //! and the fixtures shared with the schema tests.
 
 pub mod accounts;
@@ -20,6 +20,7 @@ pub mod probe;
 pub mod remediator;
 pub mod reports;
 pub mod scratch;
+pub mod storm;
 pub mod tools;
 pub mod wait;
 

@@ -605,6 +605,45 @@ fn a_margin_of_exactly_min_slowdown_margin_is_compliant() {
 }
 
 #[test]
+fn an_implausible_gpu_temperature_is_unknown_never_compliant_or_hot() {
+    // A probe bug or a dead sensor, not a GPU at -2,147,483,648 C (or at 2,147,483,647 C).
+    let why = |t: i32| {
+        format!(
+            "temperatureCelsius {t} C is outside what a GPU sensor reports (-40 to 200 C): a sensor or probe fault"
+        )
+    };
+    for t in [i32::MIN, -41, 201, i32::MAX] {
+        let report = healthy().set("status.gpus.3.temperatureCelsius", &t.to_string());
+        assert_unknowns(
+            &eval(&strict(), &report),
+            &[
+                unknown("cooling.maxGpuCelsius", Some(3), &why(t)),
+                unknown("cooling.minSlowdownMarginCelsius", Some(3), &why(t)),
+            ],
+        );
+    }
+    let cold = healthy().set("status.gpus.3.temperatureCelsius", "-40");
+    assert_compliant(&eval(&strict(), &cold));
+}
+
+#[test]
+fn an_implausible_slowdown_or_memory_temperature_is_unknown() {
+    let report = healthy()
+        .set("status.gpus.3.slowdownCelsius", "-2147483648")
+        .set("status.gpus.6.memoryTemperatureCelsius", "4000");
+    let v = eval(&strict(), &report);
+    let checks: Vec<(&str, Option<u32>)> = v.unknowns.iter().map(|u| (u.check.as_str(), u.gpu)).collect();
+    assert_eq!(
+        checks,
+        [
+            ("cooling.maxMemoryCelsius", Some(6)),
+            ("cooling.minSlowdownMarginCelsius", Some(3))
+        ]
+    );
+    assert!(v.drifts.is_empty(), "{:?}", v.drifts);
+}
+
+#[test]
 fn hbm_hotter_than_max_memory_celsius_is_thermal_drift() {
     let report = healthy().set("status.gpus.6.memoryTemperatureCelsius", "97");
     assert_drifts(

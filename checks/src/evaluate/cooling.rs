@@ -47,16 +47,32 @@ fn gpu_checks(req: &CoolingRequirements, ctx: &Context<'_>, f: &mut Findings) {
     ctx.for_each_gpu(&checks, f, |gpu, f| each_gpu(req, gpu, f));
 }
 
+/// GPU temperatures a sensor can really report, in degrees Celsius. NVML reads an unsigned
+/// value and a GPU shuts itself down near 100 C: anything outside is a sensor or probe fault,
+/// judged unknown rather than compliant (−2,147,483,648 C is not cool) or hot.
+const PLAUSIBLE_CELSIUS: std::ops::RangeInclusive<i32> = -40..=200;
+
+/// A temperature field of `gpu`, or why it cannot be judged: missing, or implausible.
+fn celsius(gpu: &GpuStatus, value: Option<i32>, field: &str) -> Result<i32, String> {
+    match value {
+        None => Err(missing_reason(&gpu.errors, field)),
+        Some(t) if !PLAUSIBLE_CELSIUS.contains(&t) => Err(format!(
+            "{field} {t} C is outside what a GPU sensor reports ({} to {} C): a sensor or probe fault",
+            PLAUSIBLE_CELSIUS.start(),
+            PLAUSIBLE_CELSIUS.end()
+        )),
+        Some(t) => Ok(t),
+    }
+}
+
 fn each_gpu(req: &CoolingRequirements, gpu: &GpuStatus, f: &mut Findings) {
     let i = Some(gpu.index);
-    let unknown = |f: &mut Findings, check: &str, field: &str| {
-        f.unknown(check, i, missing_reason(&gpu.errors, field));
-    };
+    let core = celsius(gpu, gpu.temperature_celsius, "temperatureCelsius");
 
     if let Some(max) = req.max_gpu_celsius {
-        match gpu.temperature_celsius {
-            None => unknown(f, check::COOLING_MAX_GPU_CELSIUS, "temperatureCelsius"),
-            Some(t) if t > max => f.drift(
+        match &core {
+            Err(why) => f.unknown(check::COOLING_MAX_GPU_CELSIUS, i, why.clone()),
+            Ok(t) if *t > max => f.drift(
                 DriftClass::Thermal,
                 check::COOLING_MAX_GPU_CELSIUS,
                 i,
@@ -64,20 +80,18 @@ fn each_gpu(req: &CoolingRequirements, gpu: &GpuStatus, f: &mut Findings) {
                 format!("<= {max} C"),
                 format!("{t} C"),
             ),
-            Some(_) => {}
+            Ok(_) => {}
         }
     }
 
     if let Some(min) = req.min_slowdown_margin_celsius {
-        match (gpu.temperature_celsius, gpu.slowdown_celsius) {
-            (None, _) => unknown(
-                f,
-                check::COOLING_MIN_SLOWDOWN_MARGIN_CELSIUS,
-                "temperatureCelsius",
-            ),
-            (_, None) => unknown(f, check::COOLING_MIN_SLOWDOWN_MARGIN_CELSIUS, "slowdownCelsius"),
-            (Some(t), Some(slowdown)) => {
-                let margin = i64::from(slowdown) - i64::from(t);
+        let slowdown = celsius(gpu, gpu.slowdown_celsius, "slowdownCelsius");
+        match (&core, &slowdown) {
+            (Err(why), _) | (_, Err(why)) => {
+                f.unknown(check::COOLING_MIN_SLOWDOWN_MARGIN_CELSIUS, i, why.clone());
+            }
+            (Ok(t), Ok(slowdown)) => {
+                let margin = i64::from(*slowdown) - i64::from(*t);
                 if margin < i64::from(min) {
                     f.drift(
                         DriftClass::Thermal,
@@ -93,9 +107,9 @@ fn each_gpu(req: &CoolingRequirements, gpu: &GpuStatus, f: &mut Findings) {
     }
 
     if let Some(max) = req.max_memory_celsius {
-        match gpu.memory_temperature_celsius {
-            None => unknown(f, check::COOLING_MAX_MEMORY_CELSIUS, "memoryTemperatureCelsius"),
-            Some(t) if t > max => f.drift(
+        match celsius(gpu, gpu.memory_temperature_celsius, "memoryTemperatureCelsius") {
+            Err(why) => f.unknown(check::COOLING_MAX_MEMORY_CELSIUS, i, why),
+            Ok(t) if t > max => f.drift(
                 DriftClass::Thermal,
                 check::COOLING_MAX_MEMORY_CELSIUS,
                 i,
@@ -103,7 +117,7 @@ fn each_gpu(req: &CoolingRequirements, gpu: &GpuStatus, f: &mut Findings) {
                 format!("<= {max} C"),
                 format!("{t} C"),
             ),
-            Some(_) => {}
+            Ok(_) => {}
         }
     }
 
