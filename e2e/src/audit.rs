@@ -30,6 +30,10 @@ pub struct AuditEvent {
     pub namespace: String,
     /// Name of the object.
     pub name: String,
+    /// The pod a bound ServiceAccount token names (empty for other users).
+    pub pod: String,
+    /// A dry run (`dryRun=All`): admission ran, nothing was stored.
+    pub dry_run: bool,
     /// HTTP status of the response.
     pub code: u16,
     /// When the API server received the request.
@@ -53,6 +57,8 @@ impl AuditEvent {
             subresource: s("/objectRef/subresource"),
             namespace: s("/objectRef/namespace"),
             name: s("/objectRef/name"),
+            pod: s("/user/extra/authentication.kubernetes.io~1pod-name/0"),
+            dry_run: s("/requestURI").contains("dryRun=All"),
             code: v
                 .pointer("/responseStatus/code")
                 .and_then(|c| c.as_u64())
@@ -73,6 +79,11 @@ impl AuditEvent {
     /// Answered with 2xx.
     pub fn succeeded(&self) -> bool {
         (200..300).contains(&self.code)
+    }
+
+    /// A write that was stored: answered 2xx and not a dry run.
+    pub fn committed(&self) -> bool {
+        self.is_write() && self.succeeded() && !self.dry_run
     }
 
     /// An eviction request for a pod of `namespace`, whatever it was answered.
@@ -211,6 +222,29 @@ mod tests {
             .into_iter()
             .map(|e| e.name)
             .collect()
+    }
+
+    #[test]
+    fn a_bound_token_names_its_pod_and_a_dry_run_is_not_committed() {
+        let line = serde_json::json!({
+            "verb": "create", "requestURI": "/apis/batch/v1/namespaces/j/jobs?dryRun=All",
+            "user": {"username": "system:serviceaccount:ns:op",
+                     "extra": {"authentication.kubernetes.io/pod-name": ["op-0"]}},
+            "objectRef": {"resource": "jobs", "namespace": "j", "name": "v"},
+            "responseStatus": {"code": 201},
+            "requestReceivedTimestamp": "2026-12-01T12:00:00.000000Z",
+        })
+        .to_string();
+        let dry = AuditEvent::parse(&line);
+        assert_eq!(dry.as_ref().map(|e| e.pod.as_str()), Some("op-0"));
+        assert_eq!(
+            dry.as_ref().map(|e| (e.dry_run, e.committed())),
+            Some((true, false))
+        );
+        let real = AuditEvent::parse(&line.replace("?dryRun=All", ""));
+        assert_eq!(real.map(|e| (e.dry_run, e.committed())), Some((false, true)));
+        let refused = AuditEvent::parse(&line.replace("?dryRun=All", "").replace("201", "403"));
+        assert_eq!(refused.map(|e| e.committed()), Some(false));
     }
 
     #[test]

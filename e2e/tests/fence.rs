@@ -3,16 +3,24 @@
 //! DeviceTaintRules, GpuResetRequests, remediation objects, Jobs, Events, policy status — is
 //! refused to a replica of its ServiceAccount that does not hold the leader Lease, and to a token
 //! that names no pod; once the Lease changes hands, the old holder is refused and the new one
-//! admitted. Writes are dry runs: admission runs on them, nothing is stored.
+//! admitted. Those probes are dry runs: admission runs on them, nothing is stored.
 //!
-//! The chart is rendered as its own release in its own namespace, so the policy fences only this
-//! test's ServiceAccount, never the operators other tests run.
+//! Then the deposed replica writes every kind for real, after the takeover, and the API server's
+//! audit log is the witness: each kind attempted by its pod after the new holder acquired the
+//! Lease, each answered 403, none stored; the new holder's same writes are stored (the witness
+//! sees a commit when there is one).
+//!
+//! It runs on the reliability suite's control plane (the one with an audit log). The chart is
+//! rendered as its own release in its own namespace, so the policy fences only this test's
+//! ServiceAccount, never the operators other tests run.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
-use gpunode_e2e::{accounts, chart, cluster::admin_client, crds, remediator, wait};
+use gpunode_e2e::{
+    accounts, audit::AuditEvent, chart, crds, faults::cluster::FaultCluster, remediator, wait,
+};
 use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{Node, Pod},
@@ -40,16 +48,30 @@ const NOT_HOLDER: &str = "does not hold the leader Lease";
 const NO_POD: &str = "this token names no pod";
 const DEADLINE: Duration = Duration::from_secs(60);
 
-fn dry_post() -> PostParams {
+/// Each kind of write [`every_write`] makes, in its order, as the audit log names it: (what,
+/// verb, resource, subresource).
+const KINDS: [(&str, &str, &str, &str); 9] = [
+    ("node labels and annotations", "patch", "nodes", ""),
+    ("node status", "patch", "nodes", "status"),
+    ("eviction", "create", "pods", "eviction"),
+    ("DeviceTaintRule", "create", "devicetaintrules", ""),
+    ("GpuResetRequest", "create", "gpuresetrequests", ""),
+    ("remediation object", "create", "fakereboots", ""),
+    ("Job", "create", "jobs", ""),
+    ("Event", "create", "events", ""),
+    ("policy status", "patch", "gpunodepolicies", "status"),
+];
+
+fn post(dry_run: bool) -> PostParams {
     PostParams {
-        dry_run: true,
+        dry_run,
         ..PostParams::default()
     }
 }
 
-fn dry_patch() -> PatchParams {
+fn patch(dry_run: bool) -> PatchParams {
     PatchParams {
-        dry_run: true,
+        dry_run,
         ..PatchParams::default()
     }
 }
@@ -73,8 +95,9 @@ fn object(value: serde_json::Value) -> DynamicObject {
     serde_json::from_value(value).unwrap()
 }
 
-/// Every kind of write the operator makes, as `client`, dry run: (what, the outcome).
-async fn every_write(client: &Client) -> Vec<(&'static str, Result<(), kube::Error>)> {
+/// Every kind of write the operator makes, as `client` (dry runs when `dry`): (what, the
+/// outcome), in the order of [`KINDS`].
+async fn every_write(client: &Client, dry: bool) -> Vec<(&'static str, Result<(), kube::Error>)> {
     let nodes: Api<Node> = Api::all(client.clone());
     let label = json!({"metadata": {"labels": {"gpunode.dev/state": "drifted"},
         "annotations": {"gpunode.dev/actions": "cordon"}}});
@@ -83,10 +106,10 @@ async fn every_write(client: &Client) -> Vec<(&'static str, Result<(), kube::Err
         "lastTransitionTime": jiff::Timestamp::now().to_string()}]}});
     let evict = EvictParams {
         delete_options: Some(DeleteParams {
-            dry_run: true,
+            dry_run: dry,
             ..DeleteParams::default()
         }),
-        post_options: dry_post(),
+        post_options: post(dry),
     };
     let rule = object(
         json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
@@ -119,14 +142,14 @@ async fn every_write(client: &Client) -> Vec<(&'static str, Result<(), kube::Err
     out.push((
         "node labels and annotations",
         nodes
-            .patch(NODE, &dry_patch(), &Patch::Merge(&label))
+            .patch(NODE, &patch(dry), &Patch::Merge(&label))
             .await
             .map(|_| ()),
     ));
     out.push((
         "node status",
         nodes
-            .patch_status(NODE, &dry_patch(), &Patch::Merge(&status))
+            .patch_status(NODE, &patch(dry), &Patch::Merge(&status))
             .await
             .map(|_| ()),
     ));
@@ -147,7 +170,7 @@ async fn every_write(client: &Client) -> Vec<(&'static str, Result<(), kube::Err
             "devicetaintrules",
             None,
         )
-        .create(&dry_post(), &rule)
+        .create(&post(dry), &rule)
         .await),
     ));
     out.push((
@@ -160,28 +183,28 @@ async fn every_write(client: &Client) -> Vec<(&'static str, Result<(), kube::Err
             "gpuresetrequests",
             None,
         )
-        .create(&dry_post(), &reset)
+        .create(&post(dry), &reset)
         .await),
     ));
     out.push((
         "remediation object",
         ok(
             Api::<DynamicObject>::namespaced_with(client.clone(), JOBS, &remediator::reboot_resource())
-                .create(&dry_post(), &reboot)
+                .create(&post(dry), &reboot)
                 .await,
         ),
     ));
     out.push((
         "Job",
         ok(api(client, "batch", "v1", "Job", "jobs", Some(JOBS))
-            .create(&dry_post(), &job)
+            .create(&post(dry), &job)
             .await),
     ));
     out.push((
         "Event",
         ok(
             api(client, "events.k8s.io", "v1", "Event", "events", Some("default"))
-                .create(&dry_post(), &event)
+                .create(&post(dry), &event)
                 .await,
         ),
     ));
@@ -195,7 +218,7 @@ async fn every_write(client: &Client) -> Vec<(&'static str, Result<(), kube::Err
             "gpunodepolicies",
             None,
         )
-        .patch_status(POLICY, &dry_patch(), &Patch::Merge(&policy_status))
+        .patch_status(POLICY, &patch(dry), &Patch::Merge(&policy_status))
         .await),
     ));
     out
@@ -237,13 +260,13 @@ async fn hold(admin: &Client, holder: &str) {
 /// asynchronously), and returns the last outcome's mismatches (empty on success).
 async fn settle(client: &Client, refused: Option<&'static str>, what: &str) -> Vec<String> {
     let r = wait::until(what, DEADLINE, || async {
-        let outcomes = every_write(client).await;
+        let outcomes = every_write(client, true).await;
         Ok(unexpected(&outcomes, refused).is_empty().then_some(()))
     })
     .await;
     match r {
         Ok(()) => Vec::new(),
-        Err(_) => unexpected(&every_write(client).await, refused),
+        Err(_) => unexpected(&every_write(client, true).await, refused),
     }
 }
 
@@ -311,34 +334,130 @@ async fn setup(admin: &Client) -> (Client, Client, Client) {
     )
     .await
     .unwrap();
-    let mut pods = Vec::new();
-    for name in ["fence-a", "fence-b", "fence-pod"] {
-        let sa = if name == "fence-pod" { "default" } else { SA };
-        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
-            "spec": {"serviceAccountName": sa, "automountServiceAccountToken": false,
-                "containers": [{"name": "c", "image": "gpunode/operator"}]}});
-        let pods_api: Api<Pod> = Api::namespaced(admin.clone(), NS);
-        pods.push(
-            pods_api
-                .patch(
-                    name,
-                    &PatchParams::apply("gpunode-e2e").force(),
-                    &Patch::Apply(&pod),
-                )
-                .await
-                .unwrap(),
-        );
-    }
+    let a = apply_pod(admin, "fence-a", SA).await;
+    let b = apply_pod(admin, "fence-b", SA).await;
+    apply_pod(admin, "fence-pod", "default").await;
+    let pods = [a, b];
     let a = accounts::client_for(admin, NS, SA, Some(&pods[0])).await.unwrap();
     let b = accounts::client_for(admin, NS, SA, Some(&pods[1])).await.unwrap();
     let unbound = accounts::client_for(admin, NS, SA, None).await.unwrap();
     (a, b, unbound)
 }
 
+/// Creates (or keeps) pod `name` of ServiceAccount `sa` in the fence's namespace.
+async fn apply_pod(admin: &Client, name: &str, sa: &str) -> Pod {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+        "spec": {"serviceAccountName": sa, "automountServiceAccountToken": false,
+            "containers": [{"name": "c", "image": "gpunode/operator"}]}});
+    Api::<Pod>::namespaced(admin.clone(), NS)
+        .patch(
+            name,
+            &PatchParams::apply("gpunode-e2e").force(),
+            &Patch::Apply(&pod),
+        )
+        .await
+        .unwrap()
+}
+
+/// Deletes what the real writes create (a leftover would make a create conflict) and puts back
+/// the pod an eviction deletes.
+async fn reset_objects(admin: &Client) {
+    let gone = [
+        (
+            api(
+                admin,
+                "resource.k8s.io",
+                "v1",
+                "DeviceTaintRule",
+                "devicetaintrules",
+                None,
+            ),
+            "fence-gpu-0".to_string(),
+        ),
+        (
+            api(
+                admin,
+                "gpunode.dev",
+                "v1alpha1",
+                "GpuResetRequest",
+                "gpuresetrequests",
+                None,
+            ),
+            format!("{NODE}-gpu-0"),
+        ),
+        (
+            Api::namespaced_with(admin.clone(), JOBS, &remediator::reboot_resource()),
+            NODE.to_string(),
+        ),
+        (
+            api(admin, "batch", "v1", "Job", "jobs", Some(JOBS)),
+            "fence-validate".to_string(),
+        ),
+        (
+            api(admin, "events.k8s.io", "v1", "Event", "events", Some("default")),
+            "fence-event".to_string(),
+        ),
+    ];
+    for (api, name) in &gone {
+        let _ = api.delete(name, &DeleteParams::background()).await;
+    }
+    wait::until("the written objects gone", DEADLINE, || async {
+        for (api, name) in &gone {
+            if api.get_opt(name).await?.is_some() {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })
+    .await
+    .unwrap();
+    apply_pod(admin, "fence-pod", "default").await;
+}
+
+/// What the audit log recorded of pod `pod`'s real writes (not dry runs) of each kind since
+/// `since`: (what, attempted, stored).
+fn witnessed(events: &[AuditEvent], pod: &str, since: jiff::Timestamp) -> Vec<(&'static str, usize, usize)> {
+    let user = format!("system:serviceaccount:{NS}:{SA}");
+    KINDS
+        .iter()
+        .map(|(what, verb, resource, sub)| {
+            let of_kind: Vec<&AuditEvent> = events
+                .iter()
+                .filter(|e| e.user == user && e.pod == pod && e.at >= since && !e.dry_run)
+                .filter(|e| e.verb == *verb && e.resource == *resource && e.subresource == *sub)
+                .collect();
+            (
+                *what,
+                of_kind.len(),
+                of_kind.iter().filter(|e| e.committed()).count(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until the audit log shows every kind of write by `pod` since `since`, and returns it.
+async fn until_witnessed(
+    fc: &FaultCluster,
+    pod: &str,
+    since: jiff::Timestamp,
+) -> Vec<(&'static str, usize, usize)> {
+    wait::until(
+        &format!("the audit log to record {pod}'s writes"),
+        DEADLINE,
+        || async {
+            let w = witnessed(&fc.audit()?, pod, since);
+            Ok(w.iter().all(|(_, attempted, _)| *attempted > 0).then_some(w))
+        },
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn only_the_replica_holding_the_lease_may_write_and_a_takeover_fences_the_old_one() {
-    let admin = admin_client().await.unwrap();
+    let (fc, admin) = FaultCluster::up().await.unwrap();
     let (a, b, unbound) = setup(&admin).await;
+    reset_objects(&admin).await;
     hold(&admin, "fence-a").await;
     let admitted = settle(&a, None, "the holder's writes to be admitted").await;
     assert!(
@@ -354,6 +473,7 @@ async fn only_the_replica_holding_the_lease_may_write_and_a_takeover_fences_the_
     assert!(no_pod.is_empty(), "a token naming no pod, yet: {no_pod:?}");
 
     // fence-b takes the Lease over: from then on fence-a is the one refused.
+    let took_over = jiff::Timestamp::now();
     hold(&admin, "fence-b").await;
     let refused = settle(&a, Some(NOT_HOLDER), "the old holder's writes to be refused").await;
     assert!(refused.is_empty(), "fence-a lost the Lease, yet: {refused:?}");
@@ -362,6 +482,35 @@ async fn only_the_replica_holding_the_lease_may_write_and_a_takeover_fences_the_
         admitted.is_empty(),
         "the new holder fence-b was refused: {admitted:?}"
     );
+
+    // fence-a, deposed, writes every kind for real. The audit log is the witness: each kind
+    // attempted after the takeover, each refused, nothing stored.
+    let late = every_write(&a, false).await;
+    let not_refused = unexpected(&late, Some(NOT_HOLDER));
+    assert!(not_refused.is_empty(), "fence-a's late writes: {not_refused:?}");
+    for (what, attempted, stored) in until_witnessed(&fc, "fence-a", took_over).await {
+        println!("late {what}: {attempted} attempted, {stored} stored (audit log)");
+        assert_eq!(stored, 0, "fence-a's late {what} was stored");
+    }
+    let stored: Vec<String> = fc
+        .audit()
+        .unwrap()
+        .iter()
+        .filter(|e| e.pod == "fence-a" && e.at >= took_over && e.committed())
+        .map(|e| format!("{} {}/{} {}", e.verb, e.resource, e.subresource, e.name))
+        .collect();
+    assert!(
+        stored.is_empty(),
+        "writes of fence-a stored after the takeover: {stored:?}"
+    );
+    // The new holder's same writes are stored, and the witness sees them.
+    let now = every_write(&b, false).await;
+    let refused = unexpected(&now, None);
+    assert!(refused.is_empty(), "the holder's real writes: {refused:?}");
+    for (what, _, stored) in until_witnessed(&fc, "fence-b", took_over).await {
+        assert!(stored > 0, "the audit log shows no stored {what} of the holder");
+    }
+    reset_objects(&admin).await;
 
     // The Lease released (held by nobody): nobody writes.
     hold(&admin, "").await;
