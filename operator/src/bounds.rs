@@ -11,7 +11,7 @@
 //! Pure: it parses the flags and checks a template or an object's place. It may not read or write the cluster, and it
 //! imports nothing of the operator's.
 
-use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec, SecurityContext};
+use k8s_openapi::api::core::v1::{ContainerPort, PodSpec, PodTemplateSpec, SecurityContext};
 use serde::Deserialize;
 
 /// The chart value the bounds come from (named in every refusal).
@@ -197,12 +197,13 @@ fn check(ns: &NamespaceBounds, spec: &PodSpec) -> Result<(), String> {
             return refuse(field.to_string(), "host namespaces are", "allowHostNamespaces");
         }
     }
+    let containers = every_container(spec);
     // A host port publishes the pod on the node's own address, as the host network would.
-    for (i, c) in spec.containers.iter().enumerate() {
-        for (j, p) in c.ports.iter().flatten().enumerate() {
+    for (at, ports, _) in &containers {
+        for (j, p) in ports.iter().enumerate() {
             if p.host_port.is_some_and(|port| port != 0) && !ns.allow_host_namespaces {
                 return refuse(
-                    format!("containers[{i}].ports[{j}].hostPort"),
+                    format!("{at}.ports[{j}].hostPort"),
                     "host ports are",
                     "allowHostNamespaces",
                 );
@@ -218,28 +219,9 @@ fn check(ns: &NamespaceBounds, spec: &PodSpec) -> Result<(), String> {
             );
         }
     }
-    let containers = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .enumerate()
-        .map(|(i, c)| (format!("initContainers[{i}]"), c.security_context.as_ref()))
-        .chain(
-            spec.containers
-                .iter()
-                .enumerate()
-                .map(|(i, c)| (format!("containers[{i}]"), c.security_context.as_ref())),
-        )
-        .chain(
-            spec.ephemeral_containers
-                .iter()
-                .flatten()
-                .enumerate()
-                .map(|(i, c)| (format!("ephemeralContainers[{i}]"), c.security_context.as_ref())),
-        );
-    for (at, sc) in containers {
+    for (at, _, sc) in &containers {
         if let Some(sc) = sc {
-            check_container(ns, &at, sc)?;
+            check_container(ns, at, sc)?;
         }
     }
     let account = spec
@@ -259,6 +241,33 @@ fn check(ns: &NamespaceBounds, spec: &PodSpec) -> Result<(), String> {
         ),
         _ => Ok(()),
     }
+}
+
+/// Every container of `spec` (init, regular, ephemeral) with its path in the pod spec, its
+/// ports and its security context.
+fn every_container(spec: &PodSpec) -> Vec<(String, &[ContainerPort], Option<&SecurityContext>)> {
+    let init = spec.init_containers.iter().flatten().enumerate().map(|(i, c)| {
+        let ports = c.ports.as_deref().unwrap_or_default();
+        (format!("initContainers[{i}]"), ports, c.security_context.as_ref())
+    });
+    let regular = spec.containers.iter().enumerate().map(|(i, c)| {
+        let ports = c.ports.as_deref().unwrap_or_default();
+        (format!("containers[{i}]"), ports, c.security_context.as_ref())
+    });
+    let ephemeral = spec
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, c)| {
+            let ports = c.ports.as_deref().unwrap_or_default();
+            (
+                format!("ephemeralContainers[{i}]"),
+                ports,
+                c.security_context.as_ref(),
+            )
+        });
+    init.chain(regular).chain(ephemeral).collect()
 }
 
 /// Whether one container's security context keeps within `ns`.
@@ -384,6 +393,10 @@ mod tests {
             (
                 serde_json::json!({"initContainers": [{"name": "i", "image": "i", "securityContext": {"privileged": true}}], "containers": c}),
                 "spec.validation.template.spec.initContainers[0].securityContext.privileged: privileged containers are not allowed in namespace gpu-validation (chart value operator.validation.namespaces[].allowPrivileged)",
+            ),
+            (
+                serde_json::json!({"initContainers": [{"name": "i", "image": "i", "ports": [{"containerPort": 53, "hostPort": 53}]}], "containers": c}),
+                "spec.validation.template.spec.initContainers[0].ports[0].hostPort: host ports are not allowed in namespace gpu-validation (chart value operator.validation.namespaces[].allowHostNamespaces)",
             ),
             (
                 serde_json::json!({"serviceAccountName": "cluster-admin-sa", "containers": c}),
