@@ -197,9 +197,12 @@ images() {
 chart() {
 	local op=${OPERATOR_IMAGE%:*} optag=${OPERATOR_IMAGE##*:} pr=${PROBE_IMAGE%:*} prtag=${PROBE_IMAGE##*:}
 	log "chart: installing $RELEASE in $NAMESPACE ($OPERATOR_IMAGE, $PROBE_IMAGE)"
-	# The namespace of the validation Jobs (values-kind.yaml operator.validation.namespaces): the
-	# chart's Role for it lives there, so it exists first.
-	kctl create namespace gpunode-validation --dry-run=client -o yaml | kctl apply -f - >&2
+	# The namespaces of the validation Jobs (values-kind.yaml operator.validation.namespaces): the
+	# chart's Roles for them live there, so they exist first.
+	local ns
+	for ns in gpunode-validation gpu-validation; do
+		kctl create namespace "$ns" --dry-run=client -o yaml | kctl apply -f - >&2
+	done
 	"$GPUNODE_HELM" --kubeconfig "$KUBECONFIG_OUT" upgrade --install "$RELEASE" "$REPO/charts/gpunode" \
 		--namespace "$NAMESPACE" --create-namespace -f "$KIND_HERE/values-kind.yaml" \
 		--set "operator.image.repository=$op,operator.image.tag=$optag" \

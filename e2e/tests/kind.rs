@@ -563,6 +563,61 @@ async fn a_recovered_node_is_uncordoned_only_after_its_validation_job_ran_on_it(
         "{events}"
     );
 
+    // Passes with the README's values for DCGM diagnostics: its namespace entry grants the
+    // SYS_ADMIN capability a DCGM container adds, and the pod runs with it (the workload image
+    // stands in for NVIDIA's, which no registry here serves).
+    let documented = dcgm_values_in_readme();
+    let kind_values = kind_validation_namespaces();
+    assert!(
+        kind_values.contains(&documented),
+        "values-kind.yaml has the README's DCGM entry {documented:?}: {kind_values:?}"
+    );
+    let dcgm = |spec: &mut serde_json::Value| {
+        spec["validation"]["namespace"] = documented["name"].clone();
+        spec["validation"]["template"]["spec"]["containers"][0]["securityContext"] =
+            json!({"capabilities": {"add": ["SYS_ADMIN"]}});
+    };
+    let mut dcgm_spec = spec("/metrics");
+    dcgm(&mut dcgm_spec);
+    Api::<GpuNodePolicy>::all(k.client.clone())
+        .patch(
+            "kind-validation",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": dcgm_spec})),
+        )
+        .await
+        .unwrap();
+    throttle(&k);
+    node_until(&k, &node, "cordoned", |n| unschedulable(n).then_some(())).await;
+    k.heal_fixture(&node).unwrap();
+    let dcgm_pods: Api<Pod> = Api::namespaced(k.client.clone(), "gpu-validation");
+    let pod = wait::until("the DCGM-style validation pod succeeded", DEADLINE, || async {
+        let label = format!("gpunode.dev/validation-node={node}");
+        Ok(dcgm_pods
+            .list(&ListParams::default().labels(&label))
+            .await?
+            .items
+            .into_iter()
+            .find(|p| phase(p).as_deref() == Some("Succeeded")))
+    })
+    .await
+    .unwrap();
+    let added = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.security_context.as_ref())
+        .and_then(|c| c.capabilities.as_ref())
+        .and_then(|c| c.add.clone());
+    assert_eq!(added, Some(vec!["SYS_ADMIN".to_string()]));
+    node_until(
+        &k,
+        &node,
+        "uncordoned after the DCGM-style validation passed",
+        |n| (!unschedulable(n) && label(n, "gpunode.dev/validation").is_none()).then_some(()),
+    )
+    .await;
+
     // Fails (the pod exits 1 on a 404): the node stays cordoned, drifting in Validation.
     let policies: Api<GpuNodePolicy> = Api::all(k.client.clone());
     policies
@@ -585,6 +640,27 @@ async fn a_recovered_node_is_uncordoned_only_after_its_validation_job_ran_on_it(
     let n = Api::<Node>::all(k.client.clone()).get(&node).await.unwrap();
     assert!(unschedulable(&n), "a failed validation keeps the node cordoned");
     remove_policy(&k, "kind-validation", &node).await;
+}
+
+/// The `operator.validation.namespaces` entry the README documents for DCGM diagnostics (the
+/// first YAML block after "**DCGM diagnostics.**").
+fn dcgm_values_in_readme() -> serde_json::Value {
+    let readme = std::fs::read_to_string(gpunode_e2e::fixtures::repo_root().join("README.md")).unwrap();
+    let (_, after) = readme.split_once("**DCGM diagnostics.**").unwrap();
+    let (_, block) = after.split_once("```yaml").unwrap();
+    let (block, _) = block.split_once("```").unwrap();
+    let values: serde_json::Value = serde_yaml::from_str(block).unwrap();
+    values["operator"]["validation"]["namespaces"][0].clone()
+}
+
+/// `operator.validation.namespaces` of the kind suite's values.
+fn kind_validation_namespaces() -> Vec<serde_json::Value> {
+    let path = gpunode_e2e::fixtures::repo_root().join("e2e/kind/values-kind.yaml");
+    let values: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    values["operator"]["validation"]["namespaces"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// Pod deletions seen by a watch: when each pod was first seen terminating and when it was gone,
