@@ -1,7 +1,7 @@
 //! The load generator: one node-probe publish loop per fake node, with the probe's own code
 //! (`gpunode_probe::publish::run_loop` and `KubeSink`) and default timing (observe every 10 s,
 //! material changes at once, the heartbeat Lease renewed every 60 s, the whole report refreshed
-//! every 10 minutes). Only the observation is synthetic: a
+//! a jittered 5 to 10 minutes after the last, seeded by the node). Only the observation is synthetic: a
 //! healthy 8x H100 report, optionally with GPU 0 thermally throttled.
 
 use std::{
@@ -14,7 +14,7 @@ use std::{
 
 use gpunode_crds::{ThrottleReason, report::GpuNodeReportStatus};
 use gpunode_probe::{
-    publish::{Beat, KubeSink, Observe, PublishConfig, PublishError, ReportSink, run_loop},
+    publish::{Beat, KubeSink, Observe, PublishConfig, PublishError, ReportSink, refresh_seed, run_loop},
     state::ProbeState,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -200,15 +200,12 @@ impl LoadGen {
                     () = tokio::time::sleep(delay) => {}
                 }
                 let state = Arc::new(ProbeState::new(&node.name, Duration::from_secs(300), None));
-                run_loop(
-                    &PublishConfig::default(),
-                    node.clone(),
-                    &mut sink,
-                    Some(wake_rx),
-                    state,
-                    stopped,
-                )
-                .await;
+                // The probe's own jitter, seeded by the node as the probe seeds it.
+                let config = PublishConfig {
+                    refresh_seed: refresh_seed(&node.name),
+                    ..PublishConfig::default()
+                };
+                run_loop(&config, node.clone(), &mut sink, Some(wake_rx), state, stopped).await;
             }));
         }
         LoadGen {

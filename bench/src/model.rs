@@ -84,10 +84,10 @@ impl Line {
 }
 
 /// The probe's writes per node and hour at its defaults (publish/config.rs
-/// `PublishConfig::default`: a Lease renewal every 60 s, the whole report every 600 s) —
-/// material changes come on top.
+/// `PublishConfig::default`: a Lease renewal every 60 s, the whole report a jittered 300 to
+/// 600 s after the last, 450 s on average: 8 an hour) — material changes come on top.
 const LEASE_PER_HOUR: f64 = 60.0;
-const REPORTS_PER_HOUR: f64 = 6.0;
+const REPORTS_PER_HOUR: f64 = 8.0;
 
 /// One projected row.
 struct Row {
@@ -279,7 +279,9 @@ mod tests {
             .iter()
             .find(|r| r.what.starts_with("kube-apiserver CPU for the probes"))
             .unwrap();
-        // (60 × 3.6 + 6 × 24) ms per node-hour = 360 ms / 3600 s = 0.1 ms/s = 1e-4 cores per node.
-        assert!((fleet.line.at(100_000) - 10.0).abs() < 1e-9, "{:?}", fleet.line);
+        // (60 × 3.6 + 8 × 24) ms per node-hour = 408 ms / 3600 s = 0.1133 ms/s = 1.133e-4 cores
+        // per node.
+        let want = (60.0 * 3.6 + 8.0 * 24.0) / 3600.0 / 1000.0 * 100_000.0;
+        assert!((fleet.line.at(100_000) - want).abs() < 1e-9, "{:?}", fleet.line);
     }
 }

@@ -200,6 +200,7 @@ impl Config {
             interval: self.interval,
             heartbeat: self.heartbeat,
             report_refresh: self.report_refresh,
+            refresh_seed: crate::publish::refresh_seed(self.node_name.as_deref().unwrap_or_default()),
             backoff_max: self.max_backoff,
             recovery_gap: self.recovery_gap,
             change: ChangeConfig {

@@ -454,19 +454,39 @@ fn seconds(h: &Harness, times: impl IntoIterator<Item = Instant>) -> Vec<u64> {
 async fn heartbeats_renew_the_lease_and_the_whole_report_is_refreshed_rarely() {
     let config = PublishConfig {
         report_refresh: Duration::from_secs(300),
+        refresh_seed: 42,
         ..PublishConfig::default()
     };
-    let h = start(config);
+    let h = start(config.clone());
     h.sink.lease.store(true, Ordering::SeqCst);
     h.run_for(Duration::from_secs(605)).await;
     let reports = seconds(&h, h.sink.published().into_iter().map(|(t, _)| t));
     let beats = seconds(&h, h.sink.beats());
-    assert_eq!(reports, vec![0, 300, 600], "first, then every report_refresh");
-    assert_eq!(
-        beats,
-        vec![60, 120, 180, 240, 360, 420, 480, 540],
-        "a Lease renewal every heartbeat in between"
-    );
+    // First, then each refresh at the first observation (every 10 s) at least its jittered
+    // part of report_refresh (half to all of it) after the last.
+    let mut expected = vec![0u64];
+    for n in 1.. {
+        let after = config.refresh_after(n).as_secs_f64();
+        let at = ((expected[expected.len() - 1] as f64 + after) / 10.0).ceil() as u64 * 10;
+        if at > 605 {
+            break;
+        }
+        expected.push(at);
+    }
+    assert_eq!(reports, expected, "first, then every jittered report_refresh");
+    assert!(expected.len() >= 3, "two refreshes in 605 s: {expected:?}");
+    // A Lease renewal a heartbeat after every write, report or renewal, and only then.
+    let mut writes: Vec<(u64, bool)> = reports.iter().map(|t| (*t, false)).collect();
+    writes.extend(beats.iter().map(|t| (*t, true)));
+    writes.sort_unstable();
+    for w in writes.windows(2) {
+        let gap = w[1].0 - w[0].0;
+        assert!(gap <= 60, "{gap} s without a write: {writes:?}");
+        if w[1].1 {
+            assert_eq!(gap, 60, "a renewal a heartbeat after the last write: {writes:?}");
+        }
+    }
+    assert!(beats.len() >= 5, "{beats:?}");
     h.stop().await;
 }
 

@@ -23,7 +23,8 @@
 //! What an observation makes due ([`Due`]): the first one creates the report ("first
 //! observation"); a material change ([`crate::change::decide`]) writes the whole report at once
 //! (a recovery only `recovery_gap` after the last report write); with no change, the whole
-//! report every `report_refresh`, or when one was asked for ([`Source::ReportAsked`]: after a
+//! report a jittered half to all of `report_refresh` after the last
+//! ([`PublishConfig::refresh_after`]), or when one was asked for ([`Source::ReportAsked`]: after a
 //! GPU reset, whose outcome the operator judges by the first report written after it) until an
 //! observation made after the ask is written, and otherwise a heartbeat every `heartbeat`. A heartbeat renews
 //! the Lease ([`Write::Heartbeat`]) unless a write failed since the last success or the last
@@ -243,6 +244,8 @@ struct Memory {
     published: Option<Arc<GpuNodeReportStatus>>,
     /// Last write of the whole report.
     last_report_at: Option<Instant>,
+    /// Whole reports written so far (draws each refresh's jitter).
+    reports: u64,
     /// Last write of anything (report or Lease).
     last_write_at: Option<Instant>,
     /// No write before this: the backoff, or `min_gap` after a report write.
@@ -271,6 +274,7 @@ impl Machine {
             policies: Channel::new(policies),
             published: None,
             last_report_at: None,
+            reports: 0,
             last_write_at: None,
             next_attempt: now,
             backoff: config.backoff_initial,
@@ -434,7 +438,8 @@ impl Memory {
         let since = |last: Option<Instant>, gap: Duration| last.is_none_or(|t| at.duration_since(t) >= gap);
         if !changes.is_empty() {
             Some(Due::changed(&changes))
-        } else if self.ask == Ask::Observed || since(self.last_report_at, config.report_refresh) {
+        } else if self.ask == Ask::Observed || since(self.last_report_at, config.refresh_after(self.reports))
+        {
             Some(Due::Refresh)
         } else if since(self.last_write_at, config.heartbeat) {
             Some(Due::Heartbeat)
@@ -476,6 +481,7 @@ impl Memory {
         if beat == Beat::Report {
             self.published = Some(pending.status);
             self.last_report_at = Some(at);
+            self.reports = self.reports.wrapping_add(1);
             if self.ask == Ask::Observed {
                 self.ask = Ask::None;
             }

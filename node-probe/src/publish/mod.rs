@@ -29,7 +29,7 @@ pub mod kube_sink;
 pub mod machine;
 pub mod seams;
 
-pub use config::PublishConfig;
+pub use config::{PublishConfig, refresh_seed};
 pub use driver::{run_loop, run_loop_with_policies};
 pub use kube_sink::{FIELD_MANAGER, KubeSink, publish_once};
 pub use seams::{Beat, Observe, PublishError, ReportSink};
