@@ -3,7 +3,7 @@
 # (-max_total_time), starting from the committed seeds in fuzz/corpus/<target>/ (read only: new
 # inputs go to a scratch corpus under fuzz/work/). Writes one reliability result row per target
 # into ${GPUNODE_RELIABILITY_DIR:-target/tmp/reliability}/cargofuzz-<target>.json (the format of
-# e2e/src/faults.rs Run). Exits non-zero when a target crashed (its input is in fuzz/artifacts/)
+# e2e/src/faults/record.rs Results: the commit and the runs). Exits non-zero when a target crashed (its input is in fuzz/artifacts/)
 # or could not be built or run.
 #
 # Usage: fuzz/run.sh SECONDS [TARGET...]     (default: every target)
@@ -28,16 +28,22 @@ CARGO_FUZZ=$("$HERE/install.sh") || { echo "run.sh: cargo-fuzz could not be inst
 # Debug assertions stay on (-a), so arithmetic overflow panics too.
 fuzz() { (cd "$HERE" && PATH="$(dirname "$CARGO_FUZZ"):$PATH" cargo +nightly fuzz "$@"); }
 
+# The commit the fuzzed code is at, as gpunode_testkit::source_commit names it.
+COMMIT=$(git -C "$ROOT" rev-parse --short=7 HEAD 2>/dev/null || echo unknown)
+if [ "$COMMIT" != unknown ] && [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no -- . ':!docs')" ]; then
+  COMMIT="$COMMIT (with uncommitted changes)"
+fi
+
 # A row for the reliability report: the fault, then (invariant, ok, detail) triples.
 row() {
   local target=$1 fault=$2; shift 2
-  python3 - "$OUT/cargofuzz-$target.json" "$fault" "$@" <<'PY'
+  python3 - "$OUT/cargofuzz-$target.json" "$COMMIT" "$fault" "$@" <<'PY'
 import json, sys
-path, fault, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+path, commit, fault, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 checks = [{"invariant": rest[i], "ok": rest[i + 1] == "true", "detail": rest[i + 2]}
           for i in range(0, len(rest), 3)]
-json.dump([{"class": "bad input (fuzz)", "fault": fault, "seed": None,
-            "checks": checks, "recovery_ms": None}], open(path, "w"))
+json.dump({"commit": commit, "runs": [{"class": "bad input (fuzz)", "fault": fault, "seed": None,
+            "checks": checks, "recovery_ms": None}]}, open(path, "w"))
 PY
 }
 

@@ -16,12 +16,15 @@
 //! - [`marks`]: gpunode's taint, labels and annotations on a node, as the checks read them.
 //! - [`checks`]: [`checks::Check`], one invariant and its evidence, and the audit log's eviction
 //!   invariants.
+//! - [`late`]: every kind of write the operator makes, issued late with a deposed replica's
+//!   token, and what the audit log witnessed of them.
 //! - [`record`]: [`record::Recorder`] writes each run's invariants and recovery time as JSON;
 //!   [`record::summary`] turns every results file into the table of docs/reliability.md.
 
 pub mod checks;
 pub mod cluster;
 pub mod labels;
+pub mod late;
 pub mod marks;
 pub mod record;
 pub mod replica;

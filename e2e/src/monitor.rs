@@ -24,7 +24,7 @@ use crate::{
     faults::{
         checks::Check,
         labels::{BYSTANDER_LABEL, FOREIGN_LABEL, FOREIGN_TAINT},
-        marks::disrupted,
+        marks::TAINT_KEY,
     },
 };
 
@@ -61,6 +61,19 @@ fn has_foreign(node: &Node) -> (bool, bool) {
             })
         });
     (label, taint)
+}
+
+/// Out of service, judged from the node itself and not from gpunode's bookkeeping (its
+/// annotations): cordoned, unless it is the wave's bystander (a person cordoned it), or tainted
+/// NoSchedule/NoExecute with gpunode's key. A cordon gpunode made without recording it counts.
+fn out_of_service(node: &Node) -> bool {
+    let spec = node.spec.as_ref();
+    let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false) && !is_bystander(node);
+    let tainted = spec.and_then(|s| s.taints.as_ref()).is_some_and(|ts| {
+        ts.iter()
+            .any(|t| t.key == TAINT_KEY && matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
+    });
+    cordoned || tainted
 }
 
 fn is_bystander(node: &Node) -> bool {
@@ -109,7 +122,7 @@ impl WaveMonitor {
             while let Some(item) = nodes.next().await {
                 // Errors are the faults themselves (API server down); the watcher relists.
                 let Ok(node) = item else { continue };
-                let now = reader.state().iter().filter(|n| disrupted(n)).count();
+                let now = reader.state().iter().filter(|n| out_of_service(n)).count();
                 let Ok(mut seen) = s.lock() else { return };
                 seen.max_disrupted = seen.max_disrupted.max(now);
                 seen.node_changes += 1;

@@ -19,7 +19,12 @@
 use std::time::Duration;
 
 use gpunode_e2e::{
-    accounts, audit::AuditEvent, chart, crds, faults::cluster::FaultCluster, remediator, wait,
+    accounts, chart, crds,
+    faults::{
+        cluster::FaultCluster,
+        late::{self, Targets},
+    },
+    remediator, wait,
 };
 use k8s_openapi::api::{
     coordination::v1::Lease,
@@ -27,10 +32,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client,
-    api::{
-        ApiResource, DeleteParams, DynamicObject, EvictParams, GroupVersionKind, Patch, PatchParams,
-        PostParams,
-    },
+    api::{DeleteParams, Patch, PatchParams},
 };
 use serde_json::json;
 
@@ -48,196 +50,20 @@ const NOT_HOLDER: &str = "does not hold the leader Lease";
 const NO_POD: &str = "this token names no pod";
 const DEADLINE: Duration = Duration::from_secs(60);
 
-/// Each kind of write [`every_write`] makes, in its order, as the audit log names it: (what,
-/// verb, resource, subresource).
-const KINDS: [(&str, &str, &str, &str); 9] = [
-    ("node labels and annotations", "patch", "nodes", ""),
-    ("node status", "patch", "nodes", "status"),
-    ("eviction", "create", "pods", "eviction"),
-    ("DeviceTaintRule", "create", "devicetaintrules", ""),
-    ("GpuResetRequest", "create", "gpuresetrequests", ""),
-    ("remediation object", "create", "fakereboots", ""),
-    ("Job", "create", "jobs", ""),
-    ("Event", "create", "events", ""),
-    ("policy status", "patch", "gpunodepolicies", "status"),
-];
-
-fn post(dry_run: bool) -> PostParams {
-    PostParams {
-        dry_run,
-        ..PostParams::default()
+/// What this test's writes are aimed at.
+fn targets() -> Targets {
+    Targets {
+        node: NODE.to_string(),
+        namespace: JOBS.to_string(),
+        events: "default".to_string(),
+        pod: "fence-pod".to_string(),
+        policy: POLICY.to_string(),
+        prefix: "fence".to_string(),
     }
 }
 
-fn patch(dry_run: bool) -> PatchParams {
-    PatchParams {
-        dry_run,
-        ..PatchParams::default()
-    }
-}
-
-fn api(
-    client: &Client,
-    group: &str,
-    version: &str,
-    kind: &str,
-    plural: &str,
-    ns: Option<&str>,
-) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
-    match ns {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-        None => Api::all_with(client.clone(), &ar),
-    }
-}
-
-fn object(value: serde_json::Value) -> DynamicObject {
-    serde_json::from_value(value).unwrap()
-}
-
-/// Every kind of write the operator makes, as `client` (dry runs when `dry`): (what, the
-/// outcome), in the order of [`KINDS`].
-async fn every_write(client: &Client, dry: bool) -> Vec<(&'static str, Result<(), kube::Error>)> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let label = json!({"metadata": {"labels": {"gpunode.dev/state": "drifted"},
-        "annotations": {"gpunode.dev/actions": "cordon"}}});
-    let status = json!({"status": {"conditions": [{"type": "GpuPolicyCompliant", "status": "False",
-        "reason": "Drifted", "message": "fence test", "lastHeartbeatTime": null,
-        "lastTransitionTime": jiff::Timestamp::now().to_string()}]}});
-    let evict = EvictParams {
-        delete_options: Some(DeleteParams {
-            dry_run: dry,
-            ..DeleteParams::default()
-        }),
-        post_options: post(dry),
-    };
-    let rule = object(
-        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
-        "metadata": {"name": "fence-gpu-0"},
-        "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": NODE, "device": "gpu-0"},
-            "taint": {"key": "gpunode.dev/drift", "value": POLICY, "effect": "NoSchedule"}}}),
-    );
-    let reset = object(
-        json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuResetRequest",
-        "metadata": {"name": format!("{NODE}-gpu-0")},
-        "spec": {"nodeName": NODE, "index": 0, "uuid": "GPU-0000"}}),
-    );
-    let reboot = object(
-        json!({"apiVersion": format!("{}/{}", remediator::GROUP, remediator::VERSION),
-        "kind": "FakeReboot", "metadata": {"name": NODE, "namespace": JOBS},
-        "spec": {"behavior": "Succeed"}}),
-    );
-    let job = object(json!({"apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "fence-validate", "namespace": JOBS},
-        "spec": {"template": {"spec": {"restartPolicy": "Never",
-            "containers": [{"name": "check", "image": "busybox"}]}}}}));
-    let event = object(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-        "metadata": {"name": "fence-event", "namespace": "default"},
-        "eventTime": "2026-12-06T00:00:00.000000Z", "reportingController": "gpunode.dev/operator",
-        "reportingInstance": "fence", "action": "Cordon", "reason": "Cordoned", "type": "Normal",
-        "regarding": {"kind": "Node", "name": NODE, "apiVersion": "v1"}}));
-    let policy_status = json!({"status": {"matched": 1}});
-    let mut out = Vec::new();
-    let ok = |r: Result<DynamicObject, kube::Error>| r.map(|_| ());
-    out.push((
-        "node labels and annotations",
-        nodes
-            .patch(NODE, &patch(dry), &Patch::Merge(&label))
-            .await
-            .map(|_| ()),
-    ));
-    out.push((
-        "node status",
-        nodes
-            .patch_status(NODE, &patch(dry), &Patch::Merge(&status))
-            .await
-            .map(|_| ()),
-    ));
-    out.push((
-        "eviction",
-        Api::<Pod>::namespaced(client.clone(), NS)
-            .evict("fence-pod", &evict)
-            .await
-            .map(|_| ()),
-    ));
-    out.push((
-        "DeviceTaintRule",
-        ok(api(
-            client,
-            "resource.k8s.io",
-            "v1",
-            "DeviceTaintRule",
-            "devicetaintrules",
-            None,
-        )
-        .create(&post(dry), &rule)
-        .await),
-    ));
-    out.push((
-        "GpuResetRequest",
-        ok(api(
-            client,
-            "gpunode.dev",
-            "v1alpha1",
-            "GpuResetRequest",
-            "gpuresetrequests",
-            None,
-        )
-        .create(&post(dry), &reset)
-        .await),
-    ));
-    out.push((
-        "remediation object",
-        ok(
-            Api::<DynamicObject>::namespaced_with(client.clone(), JOBS, &remediator::reboot_resource())
-                .create(&post(dry), &reboot)
-                .await,
-        ),
-    ));
-    out.push((
-        "Job",
-        ok(api(client, "batch", "v1", "Job", "jobs", Some(JOBS))
-            .create(&post(dry), &job)
-            .await),
-    ));
-    out.push((
-        "Event",
-        ok(
-            api(client, "events.k8s.io", "v1", "Event", "events", Some("default"))
-                .create(&post(dry), &event)
-                .await,
-        ),
-    ));
-    out.push((
-        "policy status",
-        ok(api(
-            client,
-            "gpunode.dev",
-            "v1alpha1",
-            "GpuNodePolicy",
-            "gpunodepolicies",
-            None,
-        )
-        .patch_status(POLICY, &patch(dry), &Patch::Merge(&policy_status))
-        .await),
-    ));
-    out
-}
-
-fn refused_with(r: &Result<(), kube::Error>, message: &str) -> bool {
-    matches!(r, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(message))
-}
-
-/// The writes whose outcome is not `expected` (admitted, or refused by the fence with `message`).
-fn unexpected(outcomes: &[(&str, Result<(), kube::Error>)], refused: Option<&str>) -> Vec<String> {
-    outcomes
-        .iter()
-        .filter(|(_, r)| match refused {
-            Some(m) => !refused_with(r, m),
-            None => r.is_err(),
-        })
-        .map(|(what, r)| format!("{what}: {r:?}"))
-        .collect()
+async fn every_write(client: &Client, dry: bool) -> late::Outcomes {
+    late::every_write(client, &targets(), dry).await.unwrap()
 }
 
 async fn hold(admin: &Client, holder: &str) {
@@ -261,12 +87,12 @@ async fn hold(admin: &Client, holder: &str) {
 async fn settle(client: &Client, refused: Option<&'static str>, what: &str) -> Vec<String> {
     let r = wait::until(what, DEADLINE, || async {
         let outcomes = every_write(client, true).await;
-        Ok(unexpected(&outcomes, refused).is_empty().then_some(()))
+        Ok(late::unexpected(&outcomes, refused).is_empty().then_some(()))
     })
     .await;
     match r {
         Ok(()) => Vec::new(),
-        Err(_) => unexpected(&every_write(client, true).await, refused),
+        Err(_) => late::unexpected(&every_write(client, true).await, refused),
     }
 }
 
@@ -319,11 +145,9 @@ async fn setup(admin: &Client) -> (Client, Client, Client) {
     let policy = json!({"apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
         "metadata": {"name": POLICY},
         "spec": {"nodeSelector": {"matchLabels": {"gpunode.dev/fence": "true"}}}});
-    api(
+    late::api(
         admin,
-        "gpunode.dev",
-        "v1alpha1",
-        "GpuNodePolicy",
+        ("gpunode.dev", "v1alpha1", "GpuNodePolicy"),
         "gpunodepolicies",
         None,
     )
@@ -334,9 +158,9 @@ async fn setup(admin: &Client) -> (Client, Client, Client) {
     )
     .await
     .unwrap();
-    let a = apply_pod(admin, "fence-a", SA).await;
-    let b = apply_pod(admin, "fence-b", SA).await;
-    apply_pod(admin, "fence-pod", "default").await;
+    let a = apply_pod(admin, NS, "fence-a", SA).await;
+    let b = apply_pod(admin, NS, "fence-b", SA).await;
+    apply_pod(admin, JOBS, "fence-pod", "default").await;
     let pods = [a, b];
     let a = accounts::client_for(admin, NS, SA, Some(&pods[0])).await.unwrap();
     let b = accounts::client_for(admin, NS, SA, Some(&pods[1])).await.unwrap();
@@ -344,12 +168,12 @@ async fn setup(admin: &Client) -> (Client, Client, Client) {
     (a, b, unbound)
 }
 
-/// Creates (or keeps) pod `name` of ServiceAccount `sa` in the fence's namespace.
-async fn apply_pod(admin: &Client, name: &str, sa: &str) -> Pod {
-    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+/// Creates (or keeps) pod `ns/name` of ServiceAccount `sa`.
+async fn apply_pod(admin: &Client, ns: &str, name: &str, sa: &str) -> Pod {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
         "spec": {"serviceAccountName": sa, "automountServiceAccountToken": false,
             "containers": [{"name": "c", "image": "gpunode/operator"}]}});
-    Api::<Pod>::namespaced(admin.clone(), NS)
+    Api::<Pod>::namespaced(admin.clone(), ns)
         .patch(
             name,
             &PatchParams::apply("gpunode-e2e").force(),
@@ -362,42 +186,7 @@ async fn apply_pod(admin: &Client, name: &str, sa: &str) -> Pod {
 /// Deletes what the real writes create (a leftover would make a create conflict) and puts back
 /// the pod an eviction deletes.
 async fn reset_objects(admin: &Client) {
-    let gone = [
-        (
-            api(
-                admin,
-                "resource.k8s.io",
-                "v1",
-                "DeviceTaintRule",
-                "devicetaintrules",
-                None,
-            ),
-            "fence-gpu-0".to_string(),
-        ),
-        (
-            api(
-                admin,
-                "gpunode.dev",
-                "v1alpha1",
-                "GpuResetRequest",
-                "gpuresetrequests",
-                None,
-            ),
-            format!("{NODE}-gpu-0"),
-        ),
-        (
-            Api::namespaced_with(admin.clone(), JOBS, &remediator::reboot_resource()),
-            NODE.to_string(),
-        ),
-        (
-            api(admin, "batch", "v1", "Job", "jobs", Some(JOBS)),
-            "fence-validate".to_string(),
-        ),
-        (
-            api(admin, "events.k8s.io", "v1", "Event", "events", Some("default")),
-            "fence-event".to_string(),
-        ),
-    ];
+    let gone = late::created(admin, &targets());
     for (api, name) in &gone {
         let _ = api.delete(name, &DeleteParams::background()).await;
     }
@@ -411,28 +200,7 @@ async fn reset_objects(admin: &Client) {
     })
     .await
     .unwrap();
-    apply_pod(admin, "fence-pod", "default").await;
-}
-
-/// What the audit log recorded of pod `pod`'s real writes (not dry runs) of each kind since
-/// `since`: (what, attempted, stored).
-fn witnessed(events: &[AuditEvent], pod: &str, since: jiff::Timestamp) -> Vec<(&'static str, usize, usize)> {
-    let user = format!("system:serviceaccount:{NS}:{SA}");
-    KINDS
-        .iter()
-        .map(|(what, verb, resource, sub)| {
-            let of_kind: Vec<&AuditEvent> = events
-                .iter()
-                .filter(|e| e.user == user && e.pod == pod && e.at >= since && !e.dry_run)
-                .filter(|e| e.verb == *verb && e.resource == *resource && e.subresource == *sub)
-                .collect();
-            (
-                *what,
-                of_kind.len(),
-                of_kind.iter().filter(|e| e.committed()).count(),
-            )
-        })
-        .collect()
+    apply_pod(admin, JOBS, "fence-pod", "default").await;
 }
 
 /// Waits until the audit log shows every kind of write by `pod` since `since`, and returns it.
@@ -445,7 +213,8 @@ async fn until_witnessed(
         &format!("the audit log to record {pod}'s writes"),
         DEADLINE,
         || async {
-            let w = witnessed(&fc.audit()?, pod, since);
+            let user = format!("system:serviceaccount:{NS}:{SA}");
+            let w = late::witnessed(&fc.audit()?, |e| e.user == user && e.pod == pod, since);
             Ok(w.iter().all(|(_, attempted, _)| *attempted > 0).then_some(w))
         },
     )
@@ -486,7 +255,7 @@ async fn only_the_replica_holding_the_lease_may_write_and_a_takeover_fences_the_
     // fence-a, deposed, writes every kind for real. The audit log is the witness: each kind
     // attempted after the takeover, each refused, nothing stored.
     let late = every_write(&a, false).await;
-    let not_refused = unexpected(&late, Some(NOT_HOLDER));
+    let not_refused = late::unexpected(&late, Some(NOT_HOLDER));
     assert!(not_refused.is_empty(), "fence-a's late writes: {not_refused:?}");
     for (what, attempted, stored) in until_witnessed(&fc, "fence-a", took_over).await {
         println!("late {what}: {attempted} attempted, {stored} stored (audit log)");
@@ -505,7 +274,7 @@ async fn only_the_replica_holding_the_lease_may_write_and_a_takeover_fences_the_
     );
     // The new holder's same writes are stored, and the witness sees them.
     let now = every_write(&b, false).await;
-    let refused = unexpected(&now, None);
+    let refused = late::unexpected(&now, None);
     assert!(refused.is_empty(), "the holder's real writes: {refused:?}");
     for (what, _, stored) in until_witnessed(&fc, "fence-b", took_over).await {
         assert!(stored > 0, "the audit log shows no stored {what} of the holder");

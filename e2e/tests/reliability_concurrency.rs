@@ -143,6 +143,9 @@ fn observed_mine(n: &Node) -> Mine {
     }
 }
 
+/// The policy's `maxUnavailable`, of the wave's 4 nodes.
+const BUDGET: usize = 2;
+
 #[tokio::test]
 async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_policy() {
     let (fc, client) = FaultCluster::up().await.unwrap();
@@ -154,7 +157,9 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
     let mut spec = WaveSpec::drain("conc", 4, 0);
     spec.policy_spec["remediation"] =
         json!([{"classes": ["Xid"], "action": "Taint", "effect": "NoSchedule"}]);
-    spec.policy_spec["disruption"]["maxUnavailable"] = json!(4);
+    // A budget of 2 of the 4 nodes: the flips drift more at once, so the budget check below
+    // can fail (with 4 of 4 it could not); the final reports drift 2.
+    spec.policy_spec["disruption"]["maxUnavailable"] = json!(BUDGET);
     let wave = Wave::setup(&client, &spec).await.unwrap();
     // Besides the actor's own markers, checked against its last write at the end: a third
     // controller's label and taint and a person's cordon, watched at every instant.
@@ -270,7 +275,7 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
             Check::new("operator survived", op.alive(), "same process"),
         ]
         .into_iter()
-        .chain(monitor.checks(4, &fc.audit().unwrap(), &wave.namespace))
+        .chain(monitor.checks(BUDGET, &fc.audit().unwrap(), &wave.namespace))
         .collect(),
         recovery_ms: Some(recovery),
     })

@@ -220,6 +220,9 @@ async fn clock_skew(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew
     let killed = Instant::now();
     b.wait_holding(client, DEADLINE).await.unwrap();
     let takeover = record::elapsed_ms(killed);
+    // The skew really applied: the follower stamped its acquisition with its own wall clock.
+    let acquired = replica::lease(client, &ns).await.map(|(_, at)| at);
+    let stamped = acquired.map(|at| at.duration_since(jiff::Timestamp::now()).as_secs_f64());
     b.wait_leading(DEADLINE).await.unwrap();
     // Work for the new leader: a wave of its own, carried through with its clock.
     later.drift_all().await.unwrap();
@@ -238,6 +241,11 @@ async fn clock_skew(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew
             "holder {holder:?} after {} s; follower's writes {early:?}",
             jiff::Timestamp::now().duration_since(since).as_secs()
         ),
+    ));
+    checks.push(Check::new(
+        "the follower's wall clock was skewed (its Lease acquireTime)",
+        stamped.is_some_and(|d| (d - skew as f64).abs() <= 3.0),
+        format!("acquireTime minus the real time at takeover: {stamped:?} s, skew {skew:+} s"),
     ));
     // The Lease duration by the follower's own monotonic clock, a retry, and a margin for a
     // loaded machine: the skew must add nothing.

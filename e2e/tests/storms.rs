@@ -68,7 +68,9 @@ fn policy(classes: &[&str], breaker: Value) -> impl Fn(Value) -> Value {
             "remediation": [{"classes": classes, "action": "Cordon"}],
             "disruption": {"maxUnavailable": "100%", "circuitBreaker": breaker},
             "recovery": {"healthyFor": "1s"},
-            "staleAfter": "10m",
+            // Longer than the longest ramp (16 min with the 10-minute window): a stale report
+            // would turn every quiet node Unknown at once.
+            "staleAfter": "1h",
         })
     }
 }

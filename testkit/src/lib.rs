@@ -1,6 +1,6 @@
-//! Test support shared by the crates' own tests (a dev-dependency only): the seeded, bounded
-//! property-test runner of the fuzz tests, and the record each fuzz test leaves for the
-//! reliability report (`make reliability-report`).
+//! Test support shared by the crates' own tests (a dev-dependency only, and the e2e harness):
+//! the seeded, bounded property-test runner of the fuzz tests, the record each fuzz test leaves
+//! for the reliability report (`make reliability-report`), and the commit every record names.
 
 use std::path::{Path, PathBuf};
 
@@ -66,12 +66,55 @@ pub fn record<E: std::fmt::Display>(
         })
         .collect();
     let fault = format!("{fault} ({cases_run} cases run)");
-    let run = serde_json::json!([{"class": "bad input (fuzz)", "fault": fault, "seed": 1,
-                                   "checks": checks, "recovery_ms": null}]);
+    let run = results(
+        serde_json::json!([{"class": "bad input (fuzz)", "fault": fault, "seed": 1,
+                                   "checks": checks, "recovery_ms": null}]),
+    );
     // A report that cannot be written leaves a gap in the table, which the report names;
     // it is not a reason to fail the test that passed.
     let _ = std::fs::create_dir_all(&dir);
     let _ = std::fs::write(dir.join(format!("fuzz-{file}.json")), run.to_string());
+}
+
+/// A results file of the reliability report: the commit of the code that produced `runs`
+/// ([`source_commit`]) and the runs (a JSON list of the e2e harness's `Run`).
+pub fn results(runs: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"commit": source_commit(), "runs": runs})
+}
+
+/// The commit the code under test is at: the checkout's HEAD (7 digits), marked "(with
+/// uncommitted changes)" when a tracked file outside docs/ differs from it (the results then
+/// describe code no commit contains); "unknown" outside a git checkout. Tests run the binaries
+/// cargo built from this tree just before, so this is the commit of those binaries.
+pub fn source_commit() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(&root)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let Some(head) = git(&["rev-parse", "--short=7", "HEAD"]) else {
+        return "unknown".to_string();
+    };
+    let dirty = git(&[
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+        "--",
+        ".",
+        ":!docs",
+    ])
+    .is_some_and(|s| !s.is_empty());
+    if dirty {
+        format!("{head} (with uncommitted changes)")
+    } else {
+        head
+    }
 }
 
 /// Counts the cases a property test actually executed (call [`Counter::hit`] in the body).

@@ -1,6 +1,7 @@
 //! The runs' record: [`Run`], one fault injected and what was checked after it; [`Recorder`]
-//! writes a test binary's runs as JSON (invariants, seed, recovery time); [`summary`] turns every
-//! results file into the table of docs/reliability.md.
+//! writes a test binary's runs as JSON (invariants, seed, recovery time) with the commit of the
+//! code that produced them; [`summary`] turns every results file into the table of
+//! docs/reliability.md, refusing results of different commits.
 
 use std::{
     collections::BTreeMap,
@@ -35,10 +36,20 @@ impl Run {
     }
 }
 
+/// A results file: the commit of the code that produced the runs
+/// (`gpunode_testkit::source_commit`), and the runs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Results {
+    /// The commit, e.g. "a8ff14e" or "a8ff14e (with uncommitted changes)".
+    pub commit: String,
+    /// The runs.
+    pub runs: Vec<Run>,
+}
+
 /// Collects a test binary's runs and writes them to `<dir>/<file>.json`.
 pub struct Recorder {
     path: PathBuf,
-    runs: Vec<Run>,
+    results: Results,
 }
 
 /// Where results go: `GPUNODE_RELIABILITY_DIR`, else `<target tmp>/reliability`.
@@ -53,7 +64,10 @@ impl Recorder {
     pub fn new(target_tmp: &str, file: &str) -> Recorder {
         Recorder {
             path: results_dir(target_tmp).join(format!("{file}.json")),
-            runs: Vec::new(),
+            results: Results {
+                commit: gpunode_testkit::source_commit(),
+                runs: Vec::new(),
+            },
         }
     }
 
@@ -65,16 +79,18 @@ impl Recorder {
                 run.class, run.fault, c.invariant, c.detail
             );
         }
-        self.runs.push(run);
+        self.results.runs.push(run);
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(io(dir.display()))?;
         }
-        std::fs::write(&self.path, serde_json::to_string_pretty(&self.runs)?).map_err(io(self.path.display()))
+        std::fs::write(&self.path, serde_json::to_string_pretty(&self.results)?)
+            .map_err(io(self.path.display()))
     }
 
     /// Fails with every violation recorded so far.
     pub fn assert_clean(&self) {
         let bad: Vec<String> = self
+            .results
             .runs
             .iter()
             .flat_map(|r| {
@@ -84,7 +100,7 @@ impl Recorder {
             })
             .collect();
         assert!(bad.is_empty(), "invariants violated:\n{}", bad.join("\n"));
-        assert!(!self.runs.is_empty(), "no run recorded");
+        assert!(!self.results.runs.is_empty(), "no run recorded");
     }
 }
 
@@ -106,6 +122,8 @@ pub struct Summary {
     pub runs: usize,
     /// Invariants that did not hold, in all.
     pub violations: usize,
+    /// The commit every result names.
+    pub commit: String,
 }
 
 /// The tables of every results file in `dir`.
@@ -117,11 +135,32 @@ pub fn summary(dir: &Path) -> Result<Summary, Error> {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     files.sort();
+    let mut commits: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for f in &files {
         let text = std::fs::read_to_string(f).map_err(io(f.display()))?;
-        let mut some: Vec<Run> = serde_json::from_str(&text)?;
-        runs.append(&mut some);
+        let mut some: Results = serde_json::from_str(&text).map_err(|e| {
+            Error::Unexpected(format!(
+                "{}: {e} (a results file names its commit and its runs; rerun the suite that wrote it)",
+                f.display()
+            ))
+        })?;
+        let name = f
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        commits.entry(some.commit).or_default().push(name);
+        runs.append(&mut some.runs);
     }
+    // One table describes one commit's code: results of several are refused, naming each.
+    let commit = match commits.len() {
+        0 => String::from("none"),
+        1 => commits.keys().next().cloned().unwrap_or_default(),
+        _ => {
+            return Err(Error::Unexpected(format!(
+                "the results were produced at different commits: {commits:?}; rerun them at one"
+            )));
+        }
+    };
     let mut rows: BTreeMap<(String, String), Vec<&Run>> = BTreeMap::new();
     for r in &runs {
         rows.entry((r.class.clone(), r.fault.clone()))
@@ -167,5 +206,72 @@ pub fn summary(dir: &Path) -> Result<Summary, Error> {
         table: out,
         runs: total_runs,
         violations: total_bad,
+        commit,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, file: &str, body: serde_json::Value) {
+        std::fs::write(dir.join(file), body.to_string()).unwrap_or_default();
+    }
+
+    fn run(ok: bool) -> serde_json::Value {
+        serde_json::json!([{"class": "c", "fault": "f", "seed": null, "recovery_ms": 5,
+            "checks": [{"invariant": "i", "ok": ok, "detail": "d"}]}])
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("gpunode-record-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap_or_default();
+        dir
+    }
+
+    #[test]
+    fn results_of_one_commit_make_one_table_naming_it() {
+        let dir = scratch("one");
+        write(
+            &dir,
+            "a.json",
+            serde_json::json!({"commit": "abc1234", "runs": run(true)}),
+        );
+        write(
+            &dir,
+            "b.json",
+            serde_json::json!({"commit": "abc1234", "runs": run(false)}),
+        );
+        let s = summary(&dir).map_err(|e| e.to_string());
+        assert_eq!(
+            s.as_ref().map(|s| (s.commit.as_str(), s.runs, s.violations)),
+            Ok(("abc1234", 2, 1))
+        );
+    }
+
+    #[test]
+    fn results_of_different_commits_or_none_are_refused() {
+        let dir = scratch("mixed");
+        write(
+            &dir,
+            "a.json",
+            serde_json::json!({"commit": "abc1234", "runs": run(true)}),
+        );
+        write(
+            &dir,
+            "b.json",
+            serde_json::json!({"commit": "def5678", "runs": run(true)}),
+        );
+        let e = summary(&dir).map(|s| s.commit).map_err(|e| e.to_string());
+        assert!(
+            e.as_ref()
+                .is_err_and(|e| e.contains("abc1234") && e.contains("def5678")),
+            "{e:?}"
+        );
+        let dir = scratch("old");
+        write(&dir, "a.json", run(true));
+        let e = summary(&dir).map(|s| s.commit).map_err(|e| e.to_string());
+        assert!(e.as_ref().is_err_and(|e| e.contains("names its commit")), "{e:?}");
+    }
 }
