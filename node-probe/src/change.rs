@@ -45,7 +45,7 @@ use gpunode_crds::report::{
     CoolingStatus, FieldError, GpuNodeReport, GpuNodeReportStatus, GpuStatus, NetworkStatus, PcieStatus,
     RdmaDevice, SensorReading,
 };
-use gpunode_crds::{DriftClass, GpuNodePolicySpec, GpuNodeReportSpec};
+use gpunode_crds::{DriftClass, ErrorCounter, GpuNodePolicySpec, GpuNodeReportSpec};
 use jiff::Timestamp;
 
 /// Temperature bands used to decide when a temperature change matters.
@@ -513,28 +513,10 @@ fn network_changes(a: Option<&NetworkStatus>, b: Option<&NetworkStatus>, out: &m
 
 /// Whether any error count of the port moved to another order of magnitude.
 fn error_levels_crossed(a: &RdmaDevice, b: &RdmaDevice) -> bool {
-    let counts = |d: &RdmaDevice| -> [Option<u64>; 11] {
-        let Some(r) = &d.error_rates else {
-            return [None; 11];
-        };
-        [
-            r.link_downed,
-            r.symbol_errors,
-            r.link_error_recovery,
-            r.rcv_errors,
-            r.xmit_discards,
-            r.buffer_overruns,
-            r.link_integrity_errors,
-            r.rx_discards,
-            r.out_of_buffer,
-            r.pause_storm_warnings,
-            r.pause_storm_errors,
-        ]
-    };
-    counts(a)
+    let count = |d: &RdmaDevice, c: ErrorCounter| d.error_rates.as_ref().and_then(|r| r.get(c));
+    ErrorCounter::ALL
         .into_iter()
-        .zip(counts(b))
-        .any(|(p, n)| level_crossed(p, n))
+        .any(|c| level_crossed(count(a, c), count(b, c)))
 }
 
 /// Order-of-magnitude edges of an error count over the window.

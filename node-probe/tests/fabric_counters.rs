@@ -23,7 +23,7 @@ use gpunode_crds::report::{GpuNodeReportStatus, NetworkStatus, PortErrorRates, R
 use gpunode_probe::boot_state::BootFile;
 use gpunode_probe::change::{ChangeConfig, KnownPolicy, decide};
 use gpunode_probe::network::NetworkCollector;
-use gpunode_probe::network::counters::{CounterKind, RawCounters};
+use gpunode_probe::network::counters::{ErrorCounter, RawCounters};
 use gpunode_probe::network::history::History;
 use gpunode_probe::network::history_store::{self, HistoryStore};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -277,14 +277,14 @@ fn unreadable_counters_are_field_errors_and_unknown_not_drift() {
 fn healthy_counters(secs: i64) -> RawCounters {
     let every = |period: i64| u64::try_from(secs / period).unwrap_or(0);
     RawCounters::from([
-        (CounterKind::LinkDowned, 1),
-        (CounterKind::SymbolErrors, 3 + every(360)),
-        (CounterKind::LinkErrorRecovery, 0),
-        (CounterKind::RcvErrors, every(1200)),
-        (CounterKind::XmitDiscards, 40 + every(10)),
-        (CounterKind::OutOfBuffer, 12 + every(30)),
-        (CounterKind::PauseStormWarnings, 0),
-        (CounterKind::PauseStormErrors, 0),
+        (ErrorCounter::LinkDowned, 1),
+        (ErrorCounter::SymbolErrors, 3 + every(360)),
+        (ErrorCounter::LinkErrorRecovery, 0),
+        (ErrorCounter::RcvErrors, every(1200)),
+        (ErrorCounter::XmitDiscards, 40 + every(10)),
+        (ErrorCounter::OutOfBuffer, 12 + every(30)),
+        (ErrorCounter::PauseStormWarnings, 0),
+        (ErrorCounter::PauseStormErrors, 0),
     ])
 }
 

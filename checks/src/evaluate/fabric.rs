@@ -6,86 +6,18 @@
 //! some of them, and a port without a counter is not a broken port. Only a counter the probe
 //! tried and failed to read (an `errors` entry naming it) makes its check Unknown.
 
-use gpunode_crds::{
-    DriftClass,
-    policy::NetworkRequirements,
-    report::{PortErrorRates, RdmaDevice},
-};
+use gpunode_crds::{DriftClass, ErrorCounter, policy::NetworkRequirements, report::RdmaDevice};
 
 use super::{
     check,
     findings::{Findings, field_error},
 };
 
-/// One counter of [`PortErrorRates`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Counter {
-    LinkDowned,
-    SymbolErrors,
-    LinkErrorRecovery,
-    RcvErrors,
-    XmitDiscards,
-    BufferOverruns,
-    LinkIntegrityErrors,
-    RxDiscards,
-    OutOfBuffer,
-    PauseStormErrors,
-}
-
-impl Counter {
-    /// The report field, as named in the port's `errors`.
-    fn field(self) -> &'static str {
-        match self {
-            Counter::LinkDowned => "errorRates.linkDowned",
-            Counter::SymbolErrors => "errorRates.symbolErrors",
-            Counter::LinkErrorRecovery => "errorRates.linkErrorRecovery",
-            Counter::RcvErrors => "errorRates.rcvErrors",
-            Counter::XmitDiscards => "errorRates.xmitDiscards",
-            Counter::BufferOverruns => "errorRates.bufferOverruns",
-            Counter::LinkIntegrityErrors => "errorRates.linkIntegrityErrors",
-            Counter::RxDiscards => "errorRates.rxDiscards",
-            Counter::OutOfBuffer => "errorRates.outOfBuffer",
-            Counter::PauseStormErrors => "errorRates.pauseStormErrors",
-        }
-    }
-
-    /// The kernel's name for the counter, which the person on call will look up.
-    fn kernel(self) -> &'static str {
-        match self {
-            Counter::LinkDowned => "link_downed",
-            Counter::SymbolErrors => "symbol_error",
-            Counter::LinkErrorRecovery => "link_error_recovery",
-            Counter::RcvErrors => "port_rcv_errors",
-            Counter::XmitDiscards => "port_xmit_discards",
-            Counter::BufferOverruns => "excessive_buffer_overrun_errors",
-            Counter::LinkIntegrityErrors => "local_link_integrity_errors",
-            Counter::RxDiscards => "rx_discards_phy",
-            Counter::OutOfBuffer => "out_of_buffer",
-            Counter::PauseStormErrors => "tx_pause_storm_error_events",
-        }
-    }
-
-    fn get(self, r: &PortErrorRates) -> Option<u64> {
-        match self {
-            Counter::LinkDowned => r.link_downed,
-            Counter::SymbolErrors => r.symbol_errors,
-            Counter::LinkErrorRecovery => r.link_error_recovery,
-            Counter::RcvErrors => r.rcv_errors,
-            Counter::XmitDiscards => r.xmit_discards,
-            Counter::BufferOverruns => r.buffer_overruns,
-            Counter::LinkIntegrityErrors => r.link_integrity_errors,
-            Counter::RxDiscards => r.rx_discards,
-            Counter::OutOfBuffer => r.out_of_buffer,
-            Counter::PauseStormErrors => r.pause_storm_errors,
-        }
-    }
-}
-
 /// One budget the policy sets: the check, the counter it judges and the most per hour.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Budget {
     check: &'static str,
-    counter: Counter,
+    counter: ErrorCounter,
     limit: u32,
 }
 
@@ -95,52 +27,52 @@ pub(super) fn budgets(req: &NetworkRequirements) -> Vec<Budget> {
     [
         (
             check::NETWORK_IB_MAX_LINK_DOWNED,
-            Counter::LinkDowned,
+            ErrorCounter::LinkDowned,
             ib.max_link_downed_per_hour,
         ),
         (
             check::NETWORK_IB_MAX_SYMBOL_ERRORS,
-            Counter::SymbolErrors,
+            ErrorCounter::SymbolErrors,
             ib.max_symbol_errors_per_hour,
         ),
         (
             check::NETWORK_IB_MAX_LINK_ERROR_RECOVERY,
-            Counter::LinkErrorRecovery,
+            ErrorCounter::LinkErrorRecovery,
             ib.max_link_error_recovery_per_hour,
         ),
         (
             check::NETWORK_IB_MAX_RCV_ERRORS,
-            Counter::RcvErrors,
+            ErrorCounter::RcvErrors,
             ib.max_rcv_errors_per_hour,
         ),
         (
             check::NETWORK_IB_MAX_XMIT_DISCARDS,
-            Counter::XmitDiscards,
+            ErrorCounter::XmitDiscards,
             ib.max_xmit_discards_per_hour,
         ),
         (
             check::NETWORK_IB_MAX_BUFFER_OVERRUNS,
-            Counter::BufferOverruns,
+            ErrorCounter::BufferOverruns,
             ib.max_buffer_overruns_per_hour,
         ),
         (
             check::NETWORK_IB_MAX_LINK_INTEGRITY_ERRORS,
-            Counter::LinkIntegrityErrors,
+            ErrorCounter::LinkIntegrityErrors,
             ib.max_link_integrity_errors_per_hour,
         ),
         (
             check::NETWORK_MAX_PAUSE_STORM_EVENTS,
-            Counter::PauseStormErrors,
+            ErrorCounter::PauseStormErrors,
             req.max_pause_storm_events_per_hour,
         ),
         (
             check::NETWORK_MAX_DISCARDS,
-            Counter::RxDiscards,
+            ErrorCounter::RxDiscards,
             req.max_discards_per_hour,
         ),
         (
             check::NETWORK_MAX_DISCARDS,
-            Counter::OutOfBuffer,
+            ErrorCounter::OutOfBuffer,
             req.max_discards_per_hour,
         ),
     ]
@@ -173,7 +105,7 @@ pub(super) fn each_port(budgets: &[Budget], port: &RdmaDevice, label: &str, f: &
 fn judge(budget: &Budget, port: &RdmaDevice, label: &str, f: &mut Findings) {
     let counter = budget.counter;
     let rates = port.error_rates.as_ref();
-    let Some(observed) = rates.and_then(|r| counter.get(r)) else {
+    let Some(observed) = rates.and_then(|r| r.get(counter)) else {
         // Unknown only when reading it failed; a counter the kernel lacks is not judged.
         let failed = field_error(&port.errors, counter.field()).or_else(|| {
             rates
@@ -196,7 +128,7 @@ fn judge(budget: &Budget, port: &RdmaDevice, label: &str, f: &mut Findings) {
             format!("<= {} per hour", budget.limit),
             format!(
                 "{observed} ({} on port {}, last {window}m)",
-                counter.kernel(),
+                counter.kernel_name(),
                 port.port
             ),
         );
@@ -208,7 +140,7 @@ mod tests {
     use gpunode_crds::{
         GpuNodePolicySpec, GpuNodeReport, GpuNodeReportSpec, GpuNodeReportStatus,
         policy::PortErrorBudgets,
-        report::{CollectorName, CollectorStatus, FieldError, NetworkStatus},
+        report::{CollectorName, CollectorStatus, FieldError, NetworkStatus, PortErrorRates},
     };
     use jiff::Timestamp;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

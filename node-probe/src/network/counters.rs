@@ -10,78 +10,31 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+pub use gpunode_crds::ErrorCounter;
 
 use crate::sysfs;
 
-/// One error counter of a port.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum CounterKind {
-    /// `counters/link_downed`.
-    LinkDowned,
-    /// `counters/symbol_error`.
-    SymbolErrors,
-    /// `counters/link_error_recovery`.
-    LinkErrorRecovery,
-    /// `counters/port_rcv_errors`.
-    RcvErrors,
-    /// `counters/port_xmit_discards`.
-    XmitDiscards,
-    /// `counters/excessive_buffer_overrun_errors`.
-    BufferOverruns,
-    /// `counters/local_link_integrity_errors`.
-    LinkIntegrityErrors,
-    /// ethtool `rx_discards_phy`.
-    RxDiscards,
-    /// ethtool `rx_out_of_buffer`, else `hw_counters/out_of_buffer`.
-    OutOfBuffer,
-    /// ethtool `tx_pause_storm_warning_events`.
-    PauseStormWarnings,
-    /// ethtool `tx_pause_storm_error_events`.
-    PauseStormErrors,
-}
-
-impl CounterKind {
-    /// The report field (under `errorRates`), as named in a port's `errors`.
-    pub fn field(self) -> &'static str {
-        match self {
-            CounterKind::LinkDowned => "errorRates.linkDowned",
-            CounterKind::SymbolErrors => "errorRates.symbolErrors",
-            CounterKind::LinkErrorRecovery => "errorRates.linkErrorRecovery",
-            CounterKind::RcvErrors => "errorRates.rcvErrors",
-            CounterKind::XmitDiscards => "errorRates.xmitDiscards",
-            CounterKind::BufferOverruns => "errorRates.bufferOverruns",
-            CounterKind::LinkIntegrityErrors => "errorRates.linkIntegrityErrors",
-            CounterKind::RxDiscards => "errorRates.rxDiscards",
-            CounterKind::OutOfBuffer => "errorRates.outOfBuffer",
-            CounterKind::PauseStormWarnings => "errorRates.pauseStormWarnings",
-            CounterKind::PauseStormErrors => "errorRates.pauseStormErrors",
-        }
-    }
-}
-
 /// The InfiniBand port counters under `ports/<n>/counters/`.
-const SYSFS_COUNTERS: [(&str, CounterKind); 7] = [
-    ("link_downed", CounterKind::LinkDowned),
-    ("symbol_error", CounterKind::SymbolErrors),
-    ("link_error_recovery", CounterKind::LinkErrorRecovery),
-    ("port_rcv_errors", CounterKind::RcvErrors),
-    ("port_xmit_discards", CounterKind::XmitDiscards),
-    ("excessive_buffer_overrun_errors", CounterKind::BufferOverruns),
-    ("local_link_integrity_errors", CounterKind::LinkIntegrityErrors),
+const SYSFS_COUNTERS: [(&str, ErrorCounter); 7] = [
+    ("link_downed", ErrorCounter::LinkDowned),
+    ("symbol_error", ErrorCounter::SymbolErrors),
+    ("link_error_recovery", ErrorCounter::LinkErrorRecovery),
+    ("port_rcv_errors", ErrorCounter::RcvErrors),
+    ("port_xmit_discards", ErrorCounter::XmitDiscards),
+    ("excessive_buffer_overrun_errors", ErrorCounter::BufferOverruns),
+    ("local_link_integrity_errors", ErrorCounter::LinkIntegrityErrors),
 ];
 
 /// The mlx5 driver statistics read for a RoCE port.
-const ETHTOOL_COUNTERS: [(&str, CounterKind); 4] = [
-    ("rx_discards_phy", CounterKind::RxDiscards),
-    ("rx_out_of_buffer", CounterKind::OutOfBuffer),
-    ("tx_pause_storm_warning_events", CounterKind::PauseStormWarnings),
-    ("tx_pause_storm_error_events", CounterKind::PauseStormErrors),
+const ETHTOOL_COUNTERS: [(&str, ErrorCounter); 4] = [
+    ("rx_discards_phy", ErrorCounter::RxDiscards),
+    ("rx_out_of_buffer", ErrorCounter::OutOfBuffer),
+    ("tx_pause_storm_warning_events", ErrorCounter::PauseStormWarnings),
+    ("tx_pause_storm_error_events", ErrorCounter::PauseStormErrors),
 ];
 
 /// Raw cumulative values of one port's counters.
-pub type RawCounters = BTreeMap<CounterKind, u64>;
+pub type RawCounters = BTreeMap<ErrorCounter, u64>;
 
 /// A counter that exists but could not be read: its report field and why.
 pub type CounterError = (&'static str, String);
@@ -101,15 +54,15 @@ pub fn read(port_dir: &Path, stats: Option<&BTreeMap<String, u64>>) -> (RawCount
             }
         }
     }
-    if !raw.contains_key(&CounterKind::OutOfBuffer) {
+    if !raw.contains_key(&ErrorCounter::OutOfBuffer) {
         let path = port_dir.join("hw_counters/out_of_buffer");
-        read_file(&path, CounterKind::OutOfBuffer, &mut raw, &mut errors);
+        read_file(&path, ErrorCounter::OutOfBuffer, &mut raw, &mut errors);
     }
     (raw, errors)
 }
 
 /// One counter file: absent is not an error, unreadable or garbage is.
-fn read_file(path: &Path, kind: CounterKind, raw: &mut RawCounters, errors: &mut Vec<CounterError>) {
+fn read_file(path: &Path, kind: ErrorCounter, raw: &mut RawCounters, errors: &mut Vec<CounterError>) {
     let text = match sysfs::read_optional(path) {
         Ok(Some(text)) => text,
         Ok(None) => return,
@@ -149,9 +102,9 @@ mod tests {
         assert_eq!(
             raw,
             RawCounters::from([
-                (CounterKind::LinkDowned, 3),
-                (CounterKind::SymbolErrors, 65535),
-                (CounterKind::OutOfBuffer, 17),
+                (ErrorCounter::LinkDowned, 3),
+                (ErrorCounter::SymbolErrors, 65535),
+                (ErrorCounter::OutOfBuffer, 17),
             ])
         );
     }
@@ -173,10 +126,10 @@ mod tests {
         assert_eq!(
             raw,
             RawCounters::from([
-                (CounterKind::RxDiscards, 5),
-                (CounterKind::OutOfBuffer, 9),
-                (CounterKind::PauseStormWarnings, 2),
-                (CounterKind::PauseStormErrors, 1),
+                (ErrorCounter::RxDiscards, 5),
+                (ErrorCounter::OutOfBuffer, 9),
+                (ErrorCounter::PauseStormWarnings, 2),
+                (ErrorCounter::PauseStormErrors, 1),
             ])
         );
     }

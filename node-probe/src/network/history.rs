@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, VecDeque};
 use gpunode_crds::report::PortErrorRates;
 use serde::{Deserialize, Serialize};
 
-use super::counters::{CounterKind, RawCounters};
+use super::counters::{ErrorCounter, RawCounters};
 
 /// How far back the counts reach.
 pub const WINDOW_SECS: i64 = 3600;
@@ -31,7 +31,7 @@ type Series = VecDeque<(i64, u64)>;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct History {
     /// `<device>/<port>` → counter → samples.
-    ports: BTreeMap<String, BTreeMap<CounterKind, Series>>,
+    ports: BTreeMap<String, BTreeMap<ErrorCounter, Series>>,
 }
 
 /// What one observation of a port gave.
@@ -68,7 +68,7 @@ impl History {
             let (count, covered, stored) = observe_one(series.entry(*kind).or_default(), *value, now);
             changed |= stored;
             rates.window_minutes = rates.window_minutes.min(minutes(covered));
-            set(&mut rates, *kind, count);
+            rates.set(*kind, Some(count));
         }
         Observed {
             rates: Some(rates),
@@ -123,35 +123,18 @@ fn minutes(secs: i64) -> u32 {
     u32::try_from(secs.clamp(0, WINDOW_SECS) / 60).unwrap_or(0)
 }
 
-fn set(rates: &mut PortErrorRates, kind: CounterKind, count: u64) {
-    let field = match kind {
-        CounterKind::LinkDowned => &mut rates.link_downed,
-        CounterKind::SymbolErrors => &mut rates.symbol_errors,
-        CounterKind::LinkErrorRecovery => &mut rates.link_error_recovery,
-        CounterKind::RcvErrors => &mut rates.rcv_errors,
-        CounterKind::XmitDiscards => &mut rates.xmit_discards,
-        CounterKind::BufferOverruns => &mut rates.buffer_overruns,
-        CounterKind::LinkIntegrityErrors => &mut rates.link_integrity_errors,
-        CounterKind::RxDiscards => &mut rates.rx_discards,
-        CounterKind::OutOfBuffer => &mut rates.out_of_buffer,
-        CounterKind::PauseStormWarnings => &mut rates.pause_storm_warnings,
-        CounterKind::PauseStormErrors => &mut rates.pause_storm_errors,
-    };
-    *field = Some(count);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const T0: i64 = 1_800_000_000;
 
-    fn raw(pairs: &[(CounterKind, u64)]) -> RawCounters {
+    fn raw(pairs: &[(ErrorCounter, u64)]) -> RawCounters {
         pairs.iter().copied().collect()
     }
 
     fn downed(h: &mut History, value: u64, at: i64) -> PortErrorRates {
-        h.observe("mlx5_0/1", &raw(&[(CounterKind::LinkDowned, value)]), at)
+        h.observe("mlx5_0/1", &raw(&[(ErrorCounter::LinkDowned, value)]), at)
             .rates
             .unwrap()
     }
@@ -188,7 +171,7 @@ mod tests {
         downed(&mut h, 100, T0);
         assert_eq!(downed(&mut h, 105, T0 + 300).link_downed, Some(5));
         // Counters cleared: nothing before counts, and the values after count from the reset.
-        let observed = h.observe("mlx5_0/1", &raw(&[(CounterKind::LinkDowned, 2)]), T0 + 400);
+        let observed = h.observe("mlx5_0/1", &raw(&[(ErrorCounter::LinkDowned, 2)]), T0 + 400);
         assert!(observed.changed);
         assert_eq!(observed.rates.unwrap().link_downed, Some(0));
         assert_eq!(downed(&mut h, 4, T0 + 800).link_downed, Some(2));
@@ -208,7 +191,7 @@ mod tests {
         for i in 0..MAX_PORTS + 5 {
             h.observe(
                 &format!("mlx5_{i}/1"),
-                &raw(&[(CounterKind::SymbolErrors, 1)]),
+                &raw(&[(ErrorCounter::SymbolErrors, 1)]),
                 T0,
             );
         }
@@ -221,13 +204,13 @@ mod tests {
     fn each_counter_keeps_its_own_window() {
         let mut h = History::default();
         let port = "mlx5_0/1";
-        h.observe(port, &raw(&[(CounterKind::SymbolErrors, 10)]), T0);
+        h.observe(port, &raw(&[(ErrorCounter::SymbolErrors, 10)]), T0);
         let r = h
             .observe(
                 port,
                 &raw(&[
-                    (CounterKind::SymbolErrors, 30),
-                    (CounterKind::PauseStormErrors, 1),
+                    (ErrorCounter::SymbolErrors, 30),
+                    (ErrorCounter::PauseStormErrors, 1),
                 ]),
                 T0 + 1200,
             )

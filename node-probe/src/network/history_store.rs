@@ -109,7 +109,7 @@ impl HistoryStore {
 mod tests {
     use std::path::{Path, PathBuf};
 
-    use super::super::counters::CounterKind;
+    use super::super::counters::ErrorCounter;
     use super::super::history::SLOT_SECS;
     use super::*;
 
@@ -139,7 +139,7 @@ mod tests {
     fn flaps(store: &HistoryStore, value: u64, at: i64) -> Option<u64> {
         let ports = [(
             "mlx5_0/1".to_owned(),
-            RawCounters::from([(CounterKind::LinkDowned, value)]),
+            RawCounters::from([(ErrorCounter::LinkDowned, value)]),
         )];
         store.observe(&ports, at)[0].as_ref().and_then(|r| r.link_downed)
     }
