@@ -5,7 +5,9 @@
 //! A counter the kernel does not expose is simply absent (older kernels and drivers lack some);
 //! one that exists but cannot be read or parsed is absent with an error naming its report field.
 //! The values are cumulative since the driver loaded: [`super::history`] turns them into counts
-//! over the last hour.
+//! over the last hour. The InfiniBand error counters are narrow (4 to 16 bits) and saturate
+//! rather than wrap: a saturated counter stops rising, so it counts nothing until someone
+//! clears it (`perfquery -x`), which the history sees as a reset.
 
 use std::collections::BTreeMap;
 use std::path::Path;
