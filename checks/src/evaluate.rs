@@ -12,7 +12,9 @@
 //!    error: nvml → `gpu.*` and the cooling checks on GPU temperatures and throttling; cooling →
 //!    `cooling.sensors` and `cooling.minFanRpm`; network → `network.*`.
 //! 4. A field the probe did not report makes its check Unknown, with the reason from the GPU's,
-//!    device's or chassis' `errors` entry that names the field, else `not reported`.
+//!    device's or chassis' `errors` entry that names the field, else `not reported`. The one
+//!    exception is a port's error counters (`errorRates`): one the probe did not publish, with no
+//!    error naming it, is not judged, since older kernels and drivers lack some counters.
 //! 5. Drifted if anything drifted (a drift is a certain fact, whatever else is unknown), else
 //!    Unknown if anything is unknown, else Compliant.
 //!
@@ -21,6 +23,7 @@
 
 pub mod check;
 mod cooling;
+mod fabric;
 mod findings;
 mod glob;
 mod gpu;

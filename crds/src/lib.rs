@@ -6,6 +6,7 @@
 
 pub mod budget;
 pub mod duration;
+pub mod error_counter;
 pub mod generate;
 pub mod heartbeat;
 pub mod maintenance;
@@ -22,6 +23,7 @@ pub mod version;
 
 pub use budget::MaxUnavailable;
 pub use duration::Duration;
+pub use error_counter::ErrorCounter;
 pub use policy::{GpuNodePolicy, GpuNodePolicySpec, GpuNodePolicyStatus};
 pub use report::{GpuNodeReport, GpuNodeReportSpec, GpuNodeReportStatus};
 pub use reset::{GpuResetRequest, GpuResetRequestSpec, GpuResetRequestStatus};

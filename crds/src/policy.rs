@@ -433,6 +433,77 @@ pub struct NetworkRequirements {
     /// State every checked port must be in. Defaults to Active.
     #[serde(default = "default_port_state")]
     pub port_state: PortState,
+
+    /// Error budgets for the InfiniBand port counters of each checked port (link flaps,
+    /// symbol errors, ...), per hour (drift class Network). They apply to InfiniBand ports and
+    /// to RoCE ports whose driver exposes the same counters. Omit to skip these checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infiniband: Option<PortErrorBudgets>,
+
+    /// Most PFC pause storms the NIC's watchdog may stop on a port in an hour (ethtool
+    /// `tx_pause_storm_error_events`, drift class Network). A storm means a host stopped
+    /// draining its receive queue and flooded the fabric with pause frames; 0 makes any storm
+    /// drift. The watchdog's warnings are reported, not judged. Ports whose NIC has no such
+    /// counter are not judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub max_pause_storm_events_per_hour: Option<u32>,
+
+    /// Most packets a RoCE NIC may drop per hour on a port, for lack of port buffer (ethtool
+    /// `rx_discards_phy`) and for lack of posted receive buffers (`rx_out_of_buffer`), each
+    /// judged on its own (drift class Network). A lossless fabric drops nothing, so small
+    /// values are usual. Ports whose NIC has no such counter are not judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000000))]
+    pub max_discards_per_hour: Option<u32>,
+}
+
+/// Error budgets for the InfiniBand port counters (`/sys/class/infiniband/<device>/ports/<n>/
+/// counters/`), each the most events a port may count in the last hour. The probe publishes the
+/// increase of each counter over the last hour; right after a reboot or a counter reset it
+/// counts only what happened since, never extrapolating. A counter the kernel does not expose
+/// is not judged. An unset field is not checked.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortErrorBudgets {
+    /// Most times a port's link may go down in an hour (`link_downed`): link flaps. 0 makes
+    /// any flap drift; 1 or 2 tolerate a switch reboot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub max_link_downed_per_hour: Option<u32>,
+
+    /// Most physical-layer symbol errors per hour (`symbol_error`): a marginal cable,
+    /// transceiver or port. A healthy NDR link counts a few at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000000))]
+    pub max_symbol_errors_per_hour: Option<u32>,
+
+    /// Most link error recoveries (retraining without going down) per hour
+    /// (`link_error_recovery`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub max_link_error_recovery_per_hour: Option<u32>,
+
+    /// Most received packets with errors per hour (`port_rcv_errors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000000))]
+    pub max_rcv_errors_per_hour: Option<u32>,
+
+    /// Most outbound packets discarded per hour (`port_xmit_discards`): the port was down or
+    /// congested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000000))]
+    pub max_xmit_discards_per_hour: Option<u32>,
+
+    /// Most receive buffer overruns per hour (`excessive_buffer_overrun_errors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000000))]
+    pub max_buffer_overruns_per_hour: Option<u32>,
+
+    /// Most local link integrity errors per hour (`local_link_integrity_errors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000000))]
+    pub max_link_integrity_errors_per_hour: Option<u32>,
 }
 
 impl Default for NetworkRequirements {
@@ -446,6 +517,9 @@ impl Default for NetworkRequirements {
             min_mtu: None,
             min_rate_gbps: None,
             port_state: default_port_state(),
+            infiniband: None,
+            max_pause_storm_events_per_hour: None,
+            max_discards_per_hour: None,
         }
     }
 }

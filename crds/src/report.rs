@@ -435,6 +435,10 @@ pub struct RdmaDevice {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]
     pub pfc_pause: Vec<PauseCounters>,
+    /// Link flaps and error counts of the port over the last hour; absent when the probe reads
+    /// none of its error counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_rates: Option<PortErrorRates>,
     /// Fields that could not be read, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
@@ -452,4 +456,57 @@ pub struct PauseCounters {
     pub rx: u64,
     /// Pause frames sent.
     pub tx: u64,
+}
+
+/// How often a port's error counters rose over the last hour. Each value is the increase of
+/// one kernel counter over the window, so it reads as events per hour; it is never extrapolated
+/// from a shorter history, so right after a reboot, a counter reset or the port appearing it
+/// counts only what happened since (see `windowMinutes`). A value is absent when the kernel or
+/// driver does not expose that counter for the port: it is then not judged.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PortErrorRates {
+    /// Minutes of history the counts cover: 60 once the probe has watched the port for an
+    /// hour of this boot, less before.
+    #[schemars(range(min = 0, max = 60))]
+    pub window_minutes: u32,
+    /// Times the link went down (`counters/link_downed`): link flaps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_downed: Option<u64>,
+    /// Physical-layer symbol errors (`counters/symbol_error`): a marginal cable, transceiver or
+    /// port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symbol_errors: Option<u64>,
+    /// Link error recoveries (`counters/link_error_recovery`): the link retrained without going
+    /// down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_error_recovery: Option<u64>,
+    /// Received packets with errors (`counters/port_rcv_errors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rcv_errors: Option<u64>,
+    /// Outbound packets discarded because the port was down or congested
+    /// (`counters/port_xmit_discards`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xmit_discards: Option<u64>,
+    /// Receive buffer overruns (`counters/excessive_buffer_overrun_errors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer_overruns: Option<u64>,
+    /// Local link integrity errors (`counters/local_link_integrity_errors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_integrity_errors: Option<u64>,
+    /// Packets the NIC dropped for lack of port buffer (ethtool `rx_discards_phy`, RoCE NICs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rx_discards: Option<u64>,
+    /// Packets dropped because the host had posted no receive buffer (ethtool
+    /// `rx_out_of_buffer`, else `hw_counters/out_of_buffer`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_buffer: Option<u64>,
+    /// PFC pause-storm warnings of the NIC's watchdog (ethtool
+    /// `tx_pause_storm_warning_events`): the port sent pause frames for too long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_storm_warnings: Option<u64>,
+    /// PFC pause storms the NIC's watchdog stopped (ethtool `tx_pause_storm_error_events`): the
+    /// port stopped honouring its own pause requests, so lossless traffic can drop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_storm_errors: Option<u64>,
 }

@@ -5,7 +5,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
     time::Duration,
@@ -98,6 +98,8 @@ pub struct Host {
     pod: String,
     /// The reset DaemonSet's stand-in pod and kubeconfig ([`Host::prepare_for_resets`]).
     reset: Option<(String, PathBuf)>,
+    /// The fixture tree its probe reads (`<tree>/sys`, `<tree>/dcb`, `<tree>/ethtool`).
+    tree: PathBuf,
 }
 
 impl Host {
@@ -162,6 +164,7 @@ impl Host {
             kubeconfig,
             pod: pod_name.to_string(),
             reset: None,
+            tree: repo_root().join("node-probe/tests/fixtures/sysfs/lossless-8port"),
         };
         std::fs::copy(
             repo_root().join("node-probe/fake-nvml/fixtures/healthy-8xh100.json"),
@@ -169,6 +172,24 @@ impl Host {
         )
         .map_err(io("copy the NVML fixture"))?;
         Ok(host)
+    }
+
+    /// The same host reading a copy of the fixture tree `name` (`ib-ndr-healthy`) that the test
+    /// may change under a running probe ([`Host::tree`]), instead of the repo's lossless-8port.
+    pub fn with_tree_copy(mut self, name: &str) -> Result<Host, Error> {
+        let copy = self.dir.join("tree");
+        let _ = std::fs::remove_dir_all(&copy);
+        copy_tree(
+            &repo_root().join("node-probe/tests/fixtures/sysfs").join(name),
+            &copy,
+        )?;
+        self.tree = copy;
+        Ok(self)
+    }
+
+    /// The fixture tree the probe reads.
+    pub fn tree(&self) -> &Path {
+        &self.tree
     }
 
     /// The NVML fixture the probe's fake library reads.
@@ -217,7 +238,7 @@ impl Host {
         rust_log: &str,
         echo: bool,
     ) -> Result<Probe, Error> {
-        let tree = repo_root().join("node-probe/tests/fixtures/sysfs/lossless-8port");
+        let tree = &self.tree;
         let mut child = Command::new(built("gpunode-probe")?)
             .arg("--node-name")
             .arg(&self.node)
@@ -226,7 +247,7 @@ impl Host {
             .arg("--sysfs-root")
             .arg(tree.join("sys"))
             .arg("--net-fixtures")
-            .arg(&tree)
+            .arg(tree)
             .arg("--proc-root")
             .arg(self.proc_root(boot)?)
             .arg("--state-dir")
@@ -288,6 +309,22 @@ impl Host {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Copies the directory `from` to `to`, recursively (the fixture trees hold only directories
+/// and files).
+fn copy_tree(from: &Path, to: &Path) -> Result<(), Error> {
+    std::fs::create_dir_all(to).map_err(io(to.display()))?;
+    for entry in std::fs::read_dir(from).map_err(io(from.display()))? {
+        let entry = entry.map_err(io(from.display()))?;
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target).map_err(io(target.display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Keeps a process's stderr lines (and echoes them to the test's, prefixed, when `echo`).

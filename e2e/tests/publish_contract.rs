@@ -1,7 +1,8 @@
 //! The contract between the node-probe's publish decision and the operator (issue #14): when
 //! the probe would not publish an observation at once, the operator decides nothing differently
 //! on it than on the last published report. Property-tested (seeded, bounded) over report
-//! pairs with temperature, power and sensor noise, threshold-crossing values and discrete faults,
+//! pairs with temperature, power and sensor noise, fabric error counts moving around the
+//! example's budgets, threshold-crossing values and discrete faults,
 //! under generated cooling policies and the repository's fixture and example policies. Both
 //! sides are real code: the probe's pure `gpunode_probe::change::decide` and the operator's
 //! `gpunode_operator::evaluate::evaluate_heard` on the report as the API server would hold it.
@@ -18,7 +19,8 @@
 use std::collections::BTreeSet;
 
 use gpunode_crds::{
-    DriftClass, GpuNodePolicy, GpuNodePolicySpec, GpuNodeReport, ThrottleReason, report::GpuNodeReportStatus,
+    DriftClass, GpuNodePolicy, GpuNodePolicySpec, GpuNodeReport, ThrottleReason,
+    report::{GpuNodeReportStatus, PortErrorRates},
 };
 use gpunode_operator::{evaluate::evaluate_heard, verdict::Verdict};
 use gpunode_probe::change::{ChangeConfig, KnownPolicy, decide};
@@ -154,6 +156,44 @@ fn gpu_gen() -> impl Strategy<Value = GpuGen> {
         })
 }
 
+/// Per RDMA port: its error counts over the last hour (flaps, symbol errors, pause storms, NIC
+/// drops) in the published report, and how each moved by the next observation (errors arriving
+/// and older ones leaving the window), around the fabric example's budgets.
+#[derive(Debug, Clone)]
+struct PortGen {
+    counts: [u64; 4],
+    deltas: [i64; 4],
+}
+
+fn port_gen() -> impl Strategy<Value = PortGen> {
+    (
+        (0u64..4, 0u64..1500, 0u64..2, 0u64..12_000),
+        (-2i64..=2, -300i64..=300, -1i64..=1, -3000i64..=3000),
+    )
+        .prop_map(|((a, b, c, d), (da, db, dc, dd))| PortGen {
+            counts: [a, b, c, d],
+            deltas: [da, db, dc, dd],
+        })
+}
+
+impl PortGen {
+    /// The port's counts, `moved` or not.
+    fn rates(&self, moved: bool) -> PortErrorRates {
+        let at = |i: usize| {
+            let delta = if moved { self.deltas[i] } else { 0 };
+            Some(self.counts[i].saturating_add_signed(delta))
+        };
+        PortErrorRates {
+            window_minutes: 60,
+            link_downed: at(0),
+            symbol_errors: at(1),
+            pause_storm_errors: at(2),
+            rx_discards: at(3),
+            ..PortErrorRates::default()
+        }
+    }
+}
+
 /// A discrete fault in the next observation (or none).
 #[derive(Debug, Clone, Copy)]
 enum Fault {
@@ -187,6 +227,8 @@ struct Case {
     d_sensor: f64,
     fault: Fault,
     policies: Vec<GpuNodePolicySpec>,
+    /// One RDMA port whose error counts move (the others report none).
+    port: Option<(usize, PortGen)>,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -196,13 +238,15 @@ fn case() -> impl Strategy<Value = Case> {
         -3.0f64..3.0,
         fault(),
         proptest::collection::vec(cooling_policy(), 1..4),
+        proptest::option::weighted(0.3, (0usize..8, port_gen())),
     )
-        .prop_map(|(gpus, sensor, d_sensor, fault, policies)| Case {
+        .prop_map(|(gpus, sensor, d_sensor, fault, policies, port)| Case {
             gpus,
             sensor,
             d_sensor,
             fault,
             policies,
+            port,
         })
 }
 
@@ -222,8 +266,16 @@ fn pair(c: &Case, now: Timestamp) -> (GpuNodeReportStatus, GpuNodeReportStatus) 
             s.celsius = c.sensor;
         }
     }
+    let counts = |r: &mut GpuNodeReportStatus, moved: bool| {
+        let Some((i, x)) = &c.port else { return };
+        if let Some(d) = r.network.as_mut().and_then(|n| n.rdma_devices.get_mut(*i)) {
+            d.error_rates = Some(x.rates(moved));
+        }
+    };
+    counts(&mut prev, false);
     let mut next = prev.clone();
     next.observed_at = Some(Time(now));
+    counts(&mut next, true);
     for (g, x) in next.gpus.iter_mut().zip(&c.gpus) {
         g.temperature_celsius = Some(x.temp + x.d_temp);
         g.memory_temperature_celsius = Some(x.mem + x.d_mem);

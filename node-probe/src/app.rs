@@ -18,6 +18,7 @@ use crate::config::{Config, Output};
 use crate::cooling::CoolingCollector;
 use crate::metrics;
 use crate::network::NetworkCollector;
+use crate::network::history_store::{self, HistoryStore};
 use crate::nvml::{NvmlCollector, NvmlConfig};
 use crate::pods::PodResourcesCollector;
 use crate::policies::watch_policies;
@@ -73,6 +74,30 @@ fn xid_store(config: &Config, node: &str) -> Option<XidStore> {
     }
 }
 
+/// Where node `node` keeps the fabric counter history of this boot: beside the XIDs in
+/// `--state-dir` (read-only with `--once`), else in memory only.
+fn fabric_history(config: &Config, node: &str) -> HistoryStore {
+    let Some(dir) = &config.state_dir else {
+        return HistoryStore::default();
+    };
+    let file = crate::boot_state::BootFile::open(
+        dir,
+        history_store::FILE_NAME,
+        history_store::FORMAT,
+        history_store::MAX_FILE_BYTES,
+        node,
+        &config.proc_root,
+    );
+    match file {
+        Ok(file) if config.once => HistoryStore::persistent(file.read_only()),
+        Ok(file) => HistoryStore::persistent(file),
+        Err(e) => {
+            tracing::warn!(error = %e, "the fabric counter history is kept in memory only: a restarted probe forgets it");
+            HistoryStore::default()
+        }
+    }
+}
+
 /// The probe of node `node` with all collectors, and the NVML collector on its own for its XID log.
 pub fn build(config: &Config, node: &str) -> (Arc<Probe>, Arc<NvmlCollector>) {
     let nvml = Arc::new(NvmlCollector::new(NvmlConfig {
@@ -84,7 +109,8 @@ pub fn build(config: &Config, node: &str) -> (Arc<Probe>, Arc<NvmlCollector>) {
     let network = match &config.net_fixtures {
         Some(dir) => NetworkCollector::with_fixtures(&config.sysfs_root, dir),
         None => NetworkCollector::real(&config.sysfs_root),
-    };
+    }
+    .with_history(fabric_history(config, node));
     let mut collectors: Vec<Arc<dyn Collector>> =
         vec![nvml.clone(), Arc::new(CoolingCollector::new(&config.sysfs_root))];
     if !config.no_network {

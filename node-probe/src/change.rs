@@ -27,10 +27,14 @@
 //! does not know what the operator checks and falls back to [`material_changes`]: anything a
 //! check could flip on — collector health, inventory, driver, modes, throttle reasons, XIDs,
 //! ECC / retirement / remap counters, PCIe and NVLink state, RDMA port state and lossless
-//! settings, field errors appearing or clearing, and temperatures crossing a band (margin to
-//! slowdown for GPUs, absolute for HBM and chassis sensors) by more than the hysteresis. Not
-//! material there: temperature noise inside a band, power draw, PCIe replay and pause counters,
-//! timestamps. A threshold between two band edges can then wait for the refresh.
+//! settings, field errors appearing or clearing, temperatures crossing a band (margin to
+//! slowdown for GPUs, absolute for HBM and chassis sensors) by more than the hysteresis, and a
+//! port's error counts over the last hour reaching another order of magnitude
+//! ([`level_crossed`]). Not material there: temperature noise inside a band, error counts
+//! moving within their order of magnitude, power draw, PCIe replay and pause counters,
+//! timestamps. A threshold between two band edges can then wait for the refresh. With the
+//! policies known, error counts matter only through the verdict (a port going over or back
+//! under a budget), so counters moving at healthy rates never write.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -41,7 +45,7 @@ use gpunode_crds::report::{
     CoolingStatus, FieldError, GpuNodeReport, GpuNodeReportStatus, GpuStatus, NetworkStatus, PcieStatus,
     RdmaDevice, SensorReading,
 };
-use gpunode_crds::{DriftClass, GpuNodePolicySpec, GpuNodeReportSpec};
+use gpunode_crds::{DriftClass, ErrorCounter, GpuNodePolicySpec, GpuNodeReportSpec};
 use jiff::Timestamp;
 
 /// Temperature bands used to decide when a temperature change matters.
@@ -128,6 +132,17 @@ impl Change {
                 what: "temperature band" | "memory temperature band",
                 ..
             } | Change::Cooling("sensor temperature band")
+        )
+    }
+
+    /// A port's error counts moving to another order of magnitude ([`level_crossed`]).
+    pub fn is_error_level(&self) -> bool {
+        matches!(
+            self,
+            Change::Port {
+                what: "error count level",
+                ..
+            }
         )
     }
 
@@ -263,7 +278,8 @@ pub fn decide(
         // The policies say exactly which temperatures matter; bands would only add writes on
         // noise. Discrete changes (throttling, counters, links, ...) stay immediate for the
         // report's readers, as without policies.
-        changes.retain(|c| !c.is_temperature_band());
+        // The same for the fabric error counts: the policies' budgets say which counts matter.
+        changes.retain(|c| !c.is_temperature_band() && !c.is_error_level());
         changes.extend(verdict_changes(prev, next, policies, now));
     }
     changes
@@ -491,6 +507,32 @@ fn network_changes(a: Option<&NetworkStatus>, b: Option<&NetworkStatus>, out: &m
         changed("trust", x.trust != y.trust);
         changed("ECN priorities", x.ecn_priorities != y.ecn_priorities);
         changed("field errors", port_errors(x) != port_errors(y));
+        changed("error count level", error_levels_crossed(x, y));
+    }
+}
+
+/// Whether any error count of the port moved to another order of magnitude.
+fn error_levels_crossed(a: &RdmaDevice, b: &RdmaDevice) -> bool {
+    let count = |d: &RdmaDevice, c: ErrorCounter| d.error_rates.as_ref().and_then(|r| r.get(c));
+    ErrorCounter::ALL
+        .into_iter()
+        .any(|c| level_crossed(count(a, c), count(b, c)))
+}
+
+/// Order-of-magnitude edges of an error count over the window.
+const ERROR_LEVEL_EDGES: [u64; 7] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000];
+
+/// Whether an error count crossed a level edge since the last published one: up when it
+/// reaches an edge from below, down only once it fell under half the edge. A count moving at a
+/// steady rate stays on one side of an edge, and one wobbling across it publishes once: without
+/// policies, healthy counters write nothing, and a port going from 0 to 1 error publishes.
+pub fn level_crossed(prev: Option<u64>, next: Option<u64>) -> bool {
+    match (prev, next) {
+        (Some(p), Some(n)) => ERROR_LEVEL_EDGES
+            .iter()
+            .any(|&e| (p < e && n >= e) || (p >= e && n.saturating_mul(2) < e)),
+        (None, None) => false,
+        _ => true,
     }
 }
 
@@ -501,8 +543,8 @@ fn port_errors(d: &RdmaDevice) -> BTreeSet<&str> {
 #[cfg(test)]
 mod tests {
     use gpunode_crds::report::{
-        CollectorName, CollectorStatus, EccCounters, FanReading, NvlinkStatus, PauseCounters, RemappedRows,
-        SensorReading, XidEvent,
+        CollectorName, CollectorStatus, EccCounters, FanReading, NvlinkStatus, PauseCounters, PortErrorRates,
+        RemappedRows, SensorReading, XidEvent,
     };
     use gpunode_crds::{ObservedTrust, ThrottleReason};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -558,6 +600,7 @@ mod tests {
                 tx: 1,
             }],
             errors: vec![],
+            error_rates: None,
         }
     }
 
@@ -809,8 +852,34 @@ mod tests {
     }
 
     #[test]
+    fn error_counts_count_only_across_an_order_of_magnitude() {
+        assert!(!level_crossed(Some(0), Some(0)));
+        assert!(level_crossed(Some(0), Some(1)));
+        assert!(!level_crossed(Some(3), Some(9)));
+        assert!(level_crossed(Some(9), Some(10)));
+        // Wobbling just under an edge is not a change; falling well under it is.
+        assert!(!level_crossed(Some(10), Some(9)));
+        assert!(!level_crossed(Some(10), Some(5)));
+        assert!(level_crossed(Some(10), Some(4)));
+        assert!(level_crossed(Some(1), Some(0)));
+        assert!(level_crossed(Some(0), Some(u64::MAX)));
+        assert!(level_crossed(None, Some(0)));
+        assert!(!level_crossed(None, None));
+    }
+
+    #[test]
     fn network_setting_changes_are_material() {
         let cases: Vec<(&str, Edit<RdmaDevice>)> = vec![
+            (
+                "error count level",
+                Box::new(|d| {
+                    d.error_rates = Some(PortErrorRates {
+                        window_minutes: 60,
+                        link_downed: Some(3),
+                        ..PortErrorRates::default()
+                    })
+                }),
+            ),
             ("state", Box::new(|d| d.state = Some("Down".into()))),
             ("state", Box::new(|d| d.physical_state = Some("Polling".into()))),
             ("rate", Box::new(|d| d.rate_gbps = Some(200))),

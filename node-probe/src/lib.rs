@@ -9,7 +9,8 @@
 //! * [`publish`]: the publish loop (a pure state machine and the driver that carries out its
 //!   actions) and the server-side-apply sink; [`metrics`]: `/metrics`, `/healthz`; [`app`]:
 //!   wiring for the binary (`--once` and [`app::run`]).
-//! * [`xid_state`]: the XIDs of the current boot, kept across probe restarts.
+//! * [`xid_state`]: the XIDs of the current boot, kept across probe restarts; [`boot_state`]:
+//!   the per-boot state file it and the fabric counter history use.
 //! * [`resets`]: `--gpu-reset` and `--gpu-reset-only`, the GPU resets the operator requests
 //!   (GpuResetRequest); `--follow-resets`, a probe following resets another process does.
 //!
@@ -18,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod app;
+pub mod boot_state;
 pub mod change;
 pub mod collect;
 pub mod config;

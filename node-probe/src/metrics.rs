@@ -492,6 +492,10 @@ fn network_metrics(registry: &mut Registry, report: &GpuNodeReportStatus, host: 
         "gpunode_rdma_pfc_pause_frames",
         "PFC pause frames per priority and direction.",
     );
+    let mut errors = GaugeFamily::new(
+        "gpunode_rdma_port_errors_last_hour",
+        "How much each port error counter rose over the last hour (the report's errorRates), by kernel counter name.",
+    );
     for d in &network.rdma_devices {
         for p in 0..8u8 {
             if let Some(list) = &d.pfc_priorities {
@@ -512,10 +516,25 @@ fn network_metrics(registry: &mut Registry, report: &GpuNodeReportStatus, host: 
             pause.set(with(labels.clone(), "direction", "rx"), c.rx as f64);
             pause.set(with(labels, "direction", "tx"), c.tx as f64);
         }
+        port_error_counts(&mut errors, d, host);
     }
     pfc.register(registry);
     ecn.register(registry);
     pause.register(registry);
+    errors.register(registry);
+}
+
+/// One series per error counter the port reports (at most 11 per port: bounded).
+fn port_error_counts(family: &mut GaugeFamily, d: &RdmaDevice, host: &str) {
+    let Some(rates) = &d.error_rates else { return };
+    for counter in gpunode_crds::ErrorCounter::ALL {
+        if let Some(count) = rates.get(counter) {
+            family.set(
+                with(port_labels(d, host), "counter", counter.kernel_name()),
+                count as f64,
+            );
+        }
+    }
 }
 
 /// Whether the XIDs of this boot survive a probe restart, and what became of the state file.
@@ -568,6 +587,7 @@ const OTHER_SERIES: &[&str] = &[
     "gpunode_rdma_pfc_enabled",
     "gpunode_rdma_ecn_enabled",
     "gpunode_rdma_pfc_pause_frames",
+    "gpunode_rdma_port_errors_last_hour",
     "gpunode_probe_xid_state_enabled",
     "gpunode_probe_xid_state_restored",
     "gpunode_probe_xid_state_ignored_total",
@@ -748,6 +768,7 @@ mod tests {
                 "rateGbps": 400, "mtu": 9000, "roceV2Gid": true,
                 "pfcPriorities": [3], "ecnPriorities": [3],
                 "pfcPause": [{"priority": 3, "rx": 1, "tx": 2}],
+                "errorRates": {"windowMinutes": 60, "linkDowned": 1, "symbolErrors": 12},
                 "errors": [{"field": "trust", "reason": "unreadable"}]
             }]}
         }))

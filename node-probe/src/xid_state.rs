@@ -1,4 +1,5 @@
-//! The XIDs of the current boot, kept in a small file so that they outlive the probe process.
+//! The XIDs of the current boot, kept in a small file so that they outlive the probe process
+//! (a [`BootFile`]).
 //!
 //! NVML delivers an XID once, to the event sets registered when it happened: a probe that
 //! restarts (rollout, OOM kill, crash) on the same boot would otherwise forget that a GPU fell
@@ -10,11 +11,13 @@
 //! or unreadable, is ignored with a warning (and counted in the metrics), never fatal.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use gpunode_crds::report::{MAX_GPUS, MAX_XIDS_PER_GPU, XidEvent};
 use serde::{Deserialize, Serialize};
+
+use crate::boot_state::BootFile;
+pub use crate::boot_state::{Ignored, StateError};
 
 /// The state file's name in the state directory.
 pub const FILE_NAME: &str = "xids.json";
@@ -26,62 +29,9 @@ const FORMAT: u32 = 1;
 /// XIDs per GPU index, oldest first.
 pub type XidsByGpu = BTreeMap<u32, Vec<XidEvent>>;
 
-/// Why the XID state could not be used or written.
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    /// The boot id could not be read, so XIDs cannot be tied to a boot.
-    #[error("reading the boot id: {0}")]
-    BootId(#[from] crate::sysfs::SysfsError),
-    /// The state directory or file could not be written.
-    #[error("{path}: {source}")]
-    Io {
-        /// The directory or file.
-        path: PathBuf,
-        /// What went wrong.
-        source: std::io::Error,
-    },
-    /// The state could not be encoded.
-    #[error("encoding the XID state: {0}")]
-    Encode(#[from] serde_json::Error),
-}
-
-/// Why a state file was not restored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ignored {
-    /// There is none (first start since the directory was created, or it was lost).
-    Missing,
-    /// It could not be read.
-    Unreadable,
-    /// It is larger than any state the probe writes.
-    TooLarge,
-    /// It does not parse as a state file.
-    Corrupt,
-    /// It was written during another boot: the node rebooted.
-    OtherBoot,
-    /// It was written by the probe of another node.
-    OtherNode,
-}
-
-impl Ignored {
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Ignored::Missing => "missing",
-            Ignored::Unreadable => "unreadable",
-            Ignored::TooLarge => "too_large",
-            Ignored::Corrupt => "corrupt",
-            Ignored::OtherBoot => "other_boot",
-            Ignored::OtherNode => "other_node",
-        }
-    }
-}
-
+/// The file's own fields, beside the node and boot id.
 #[derive(Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
 struct StateFile {
-    version: u32,
-    node: String,
-    boot_id: String,
     /// GPU index (as a string: JSON keys) → XIDs, oldest first.
     gpus: BTreeMap<u32, Vec<XidEvent>>,
 }
@@ -89,86 +39,37 @@ struct StateFile {
 /// Where and for which node and boot the XID state is kept.
 #[derive(Debug, Clone)]
 pub struct XidStore {
-    dir: PathBuf,
-    node: String,
-    boot_id: String,
-    writable: bool,
+    file: BootFile,
 }
 
 impl XidStore {
     /// The store in `dir` for `node`, during the boot `proc_root` names.
     pub fn open(dir: &Path, node: &str, proc_root: &Path) -> Result<XidStore, StateError> {
-        let boot_id = crate::sysfs::read_text(&proc_root.join("sys/kernel/random/boot_id"))?;
-        Ok(XidStore {
-            dir: dir.to_owned(),
-            node: node.to_owned(),
-            boot_id,
-            writable: true,
-        })
+        let file = BootFile::open(dir, FILE_NAME, FORMAT, MAX_FILE_BYTES, node, proc_root)?;
+        Ok(XidStore { file })
     }
 
     /// The same store, never written (`--once`, next to a running probe that owns the file).
-    pub fn read_only(mut self) -> XidStore {
-        self.writable = false;
-        self
+    pub fn read_only(self) -> XidStore {
+        XidStore {
+            file: self.file.read_only(),
+        }
     }
 
     /// The state file.
     pub fn path(&self) -> PathBuf {
-        self.dir.join(FILE_NAME)
+        self.file.path()
     }
 
     /// The boot this store keeps XIDs for.
     pub fn boot_id(&self) -> &str {
-        &self.boot_id
+        self.file.boot_id()
     }
 
     /// The XIDs saved during this boot on this node, capped like the report; or why there are none,
     /// with a detail for the log.
     pub fn load(&self) -> Result<XidsByGpu, (Ignored, String)> {
-        let path = self.path();
-        let file = match std::fs::File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err((Ignored::Missing, format!("{} does not exist", path.display())));
-            }
-            Err(e) => return Err((Ignored::Unreadable, format!("{}: {e}", path.display()))),
-        };
-        let mut bytes = Vec::new();
-        if let Err(e) = file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes) {
-            return Err((Ignored::Unreadable, format!("{}: {e}", path.display())));
-        }
-        if bytes.len() as u64 > MAX_FILE_BYTES {
-            return Err((
-                Ignored::TooLarge,
-                format!("{} is over {MAX_FILE_BYTES} bytes", path.display()),
-            ));
-        }
-        let state: StateFile = serde_json::from_slice(&bytes)
-            .map_err(|e| (Ignored::Corrupt, format!("{}: {e}", path.display())))?;
-        if state.version != FORMAT {
-            return Err((
-                Ignored::Corrupt,
-                format!("{}: format version {}", path.display(), state.version),
-            ));
-        }
-        if state.node != self.node {
-            return Err((
-                Ignored::OtherNode,
-                format!("{} was written on node {:?}", path.display(), state.node),
-            ));
-        }
-        if state.boot_id != self.boot_id {
-            return Err((
-                Ignored::OtherBoot,
-                format!(
-                    "{} is of boot {}, this is boot {}",
-                    path.display(),
-                    state.boot_id,
-                    self.boot_id
-                ),
-            ));
-        }
+        let state: StateFile = self.file.load()?;
         Ok(state
             .gpus
             .into_iter()
@@ -187,36 +88,13 @@ impl XidStore {
     /// file, never half of one), creating the directory if needed. A read-only store writes
     /// nothing.
     pub fn save(&self, gpus: &BTreeMap<u32, VecDeque<XidEvent>>) -> Result<(), StateError> {
-        if !self.writable {
-            return Ok(());
-        }
         let state = StateFile {
-            version: FORMAT,
-            node: self.node.clone(),
-            boot_id: self.boot_id.clone(),
             gpus: gpus
                 .iter()
                 .map(|(index, xids)| (*index, xids.iter().cloned().collect()))
                 .collect(),
         };
-        let bytes = serde_json::to_vec(&state)?;
-        let io = |path: &Path| {
-            let path = path.to_owned();
-            move |source| StateError::Io { path, source }
-        };
-        // Created here, not only by the chart's init container: a local run names any path.
-        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".xids-")
-            .tempfile_in(&self.dir)
-            .map_err(io(&self.dir))?;
-        tmp.write_all(&bytes).map_err(io(tmp.path()))?;
-        let path = self.path();
-        tmp.persist(&path).map_err(|e| StateError::Io {
-            path,
-            source: e.error,
-        })?;
-        Ok(())
+        self.file.save(&state)
     }
 }
 

@@ -175,9 +175,15 @@ fn garbage_sysfs_files_become_field_errors() {
             "ecnPriorities",
             "trust",
             "pfcPriorities",
-            "pfcPause"
+            "pfcPause",
+            "errorRates.linkDowned",
+            "errorRates.symbolErrors"
         ]
     );
+    // The counters that could be read are still counted.
+    let rates = d.error_rates.as_ref().expect("the readable counters");
+    assert_eq!((rates.link_downed, rates.symbol_errors), (None, None));
+    assert_eq!(rates.rcv_errors, Some(0));
     let reason = |field: &str| {
         d.errors
             .iter()

@@ -1006,6 +1006,98 @@ fn a_second_port_of_a_device_is_named_device_slash_port() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// network: fabric error counters
+
+/// The strict policy with error budgets for an NDR fabric.
+fn fabric_budgets() -> Doc {
+    strict()
+        .set(
+            "spec.network.infiniband",
+            "{maxLinkDownedPerHour: 2, maxSymbolErrorsPerHour: 100}",
+        )
+        .set("spec.network.maxPauseStormEventsPerHour", "0")
+        .set("spec.network.maxDiscardsPerHour", "1000")
+}
+
+#[test]
+fn ports_without_error_counts_are_not_judged() {
+    // The healthy fixture has no errorRates: an older kernel, driver or probe.
+    assert_compliant(&eval(&fabric_budgets(), &healthy()));
+}
+
+#[test]
+fn error_counts_within_the_budgets_are_compliant() {
+    let report = healthy().set(
+        "status.network.rdmaDevices.3.errorRates",
+        "{windowMinutes: 60, linkDowned: 2, symbolErrors: 100, rxDiscards: 1000, pauseStormWarnings: 9, pauseStormErrors: 0}",
+    );
+    assert_compliant(&eval(&fabric_budgets(), &report));
+}
+
+#[test]
+fn a_port_over_an_error_budget_is_network_drift_naming_the_counter() {
+    let report = healthy()
+        .set(
+            "status.network.rdmaDevices.3.errorRates",
+            "{windowMinutes: 60, linkDowned: 5, symbolErrors: 4}",
+        )
+        .set(
+            "status.network.rdmaDevices.6.errorRates",
+            "{windowMinutes: 25, pauseStormErrors: 2, rxDiscards: 40000}",
+        );
+    assert_drifts(
+        &eval(&fabric_budgets(), &report),
+        &[
+            drift(
+                Network,
+                "network.infiniband.maxLinkDownedPerHour",
+                None,
+                Some("mlx5_3"),
+                "<= 2 per hour",
+                "5 (link_downed on port 1, last 60m)",
+            ),
+            drift(
+                Network,
+                "network.maxDiscardsPerHour",
+                None,
+                Some("mlx5_6"),
+                "<= 1000 per hour",
+                "40000 (rx_discards_phy on port 1, last 25m)",
+            ),
+            drift(
+                Network,
+                "network.maxPauseStormEventsPerHour",
+                None,
+                Some("mlx5_6"),
+                "<= 0 per hour",
+                "2 (tx_pause_storm_error_events on port 1, last 25m)",
+            ),
+        ],
+    );
+}
+
+#[test]
+fn an_error_counter_that_could_not_be_read_is_unknown() {
+    let report = healthy()
+        .set(
+            "status.network.rdmaDevices.1.errorRates",
+            "{windowMinutes: 60, symbolErrors: 0}",
+        )
+        .set(
+            "status.network.rdmaDevices.1.errors",
+            "[{field: errorRates.linkDowned, reason: 'counters/link_downed: Is a directory'}]",
+        );
+    assert_unknowns(
+        &eval(&fabric_budgets(), &report),
+        &[unknown(
+            "network.infiniband.maxLinkDownedPerHour",
+            None,
+            "mlx5_1: counters/link_downed: Is a directory",
+        )],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // Unknown: no fresh report
 
 #[test]

@@ -64,3 +64,21 @@ pub const NETWORK_MIN_MTU: &str = "network.minMtu";
 pub const NETWORK_MIN_RATE_GBPS: &str = "network.minRateGbps";
 /// Port state (Network, per device).
 pub const NETWORK_PORT_STATE: &str = "network.portState";
+/// Link flaps per hour (Network, per device).
+pub const NETWORK_IB_MAX_LINK_DOWNED: &str = "network.infiniband.maxLinkDownedPerHour";
+/// Symbol errors per hour (Network, per device).
+pub const NETWORK_IB_MAX_SYMBOL_ERRORS: &str = "network.infiniband.maxSymbolErrorsPerHour";
+/// Link error recoveries per hour (Network, per device).
+pub const NETWORK_IB_MAX_LINK_ERROR_RECOVERY: &str = "network.infiniband.maxLinkErrorRecoveryPerHour";
+/// Receive errors per hour (Network, per device).
+pub const NETWORK_IB_MAX_RCV_ERRORS: &str = "network.infiniband.maxRcvErrorsPerHour";
+/// Transmit discards per hour (Network, per device).
+pub const NETWORK_IB_MAX_XMIT_DISCARDS: &str = "network.infiniband.maxXmitDiscardsPerHour";
+/// Receive buffer overruns per hour (Network, per device).
+pub const NETWORK_IB_MAX_BUFFER_OVERRUNS: &str = "network.infiniband.maxBufferOverrunsPerHour";
+/// Local link integrity errors per hour (Network, per device).
+pub const NETWORK_IB_MAX_LINK_INTEGRITY_ERRORS: &str = "network.infiniband.maxLinkIntegrityErrorsPerHour";
+/// PFC pause storms stopped by the NIC's watchdog per hour (Network, per device).
+pub const NETWORK_MAX_PAUSE_STORM_EVENTS: &str = "network.maxPauseStormEventsPerHour";
+/// Packets a RoCE NIC dropped per hour, per discard counter (Network, per device).
+pub const NETWORK_MAX_DISCARDS: &str = "network.maxDiscardsPerHour";

@@ -12,13 +12,15 @@ use gpunode_crds::{
 };
 
 use super::{
-    check,
+    check, fabric,
     findings::{Context, Findings, field_error, list, missing_reason},
     glob::glob_match,
 };
 
 pub(super) fn check(req: &NetworkRequirements, ctx: &Context<'_>, f: &mut Findings) {
-    let checks = asked(req);
+    let budgets = fabric::budgets(req);
+    let mut checks = asked(req);
+    checks.extend(fabric::asked(&budgets));
     if let Some(reason) = ctx.collector_failure(CollectorName::Network) {
         f.all_unknown(&checks, &reason);
         return;
@@ -70,6 +72,7 @@ pub(super) fn check(req: &NetworkRequirements, ctx: &Context<'_>, f: &mut Findin
             Cow::Borrowed(port.device.as_str())
         };
         each_port(req, &masks, port, &label, f);
+        fabric::each_port(&budgets, port, &label, f);
     }
 }
 

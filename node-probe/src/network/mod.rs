@@ -1,7 +1,9 @@
 //! The `network` collector: every RDMA port under `<sys_root>/class/infiniband`, with the
 //! lossless-Ethernet settings of the interface behind it: MTU, PFC priorities and trust mode
 //! (DCB netlink, or the OFED `qos/trust` file), ECN priorities (OFED files; unknown without
-//! them) and PFC pause counters (ethtool statistics, else the DCB PFC counters).
+//! them), PFC pause counters (ethtool statistics, else the DCB PFC counters) and the port's
+//! error counters as counts over the last hour ([`counters`], [`history`]; the history outlives
+//! a probe restart on the same boot through [`history_store`]).
 //!
 //! A field that cannot be read is absent from its port with an entry in that port's `errors`;
 //! only an unreadable `class/infiniband` directory fails the collector.
@@ -10,11 +12,15 @@
 //! setting of the node, and it does not decide what a value means for the node's health (the
 //! operator's checks do).
 
+pub mod counters;
 pub mod dcb;
 pub mod ethtool;
+pub mod history;
+pub mod history_store;
 pub mod netlink;
 pub mod ports;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gpunode_crds::ObservedTrust;
@@ -24,8 +30,16 @@ use gpunode_crds::report::{
 
 use crate::collect::{CollectError, Collector, Outcome};
 use crate::sysfs::{self, SysfsError};
+use counters::RawCounters;
 use dcb::{DcbConfig, DcbSource};
 use ethtool::EthtoolSource;
+use history_store::HistoryStore;
+
+/// Driver statistics of one interface, by name.
+type Stats = BTreeMap<String, u64>;
+
+/// The time in unix seconds (a fixed clock in tests).
+type Clock = Box<dyn Fn() -> i64 + Send + Sync>;
 
 /// Why the network collector failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +60,8 @@ pub struct NetworkCollector {
     sys_root: PathBuf,
     dcb: Box<dyn DcbSource>,
     ethtool: Box<dyn EthtoolSource>,
+    history: HistoryStore,
+    clock: Clock,
 }
 
 impl NetworkCollector {
@@ -59,7 +75,21 @@ impl NetworkCollector {
             sys_root: sys_root.into(),
             dcb,
             ethtool,
+            history: HistoryStore::default(),
+            clock: Box::new(|| jiff::Timestamp::now().as_second()),
         }
+    }
+
+    /// The same collector, keeping the counter history in `history` (in memory by default).
+    pub fn with_history(mut self, history: HistoryStore) -> Self {
+        self.history = history;
+        self
+    }
+
+    /// The same collector, reading the time (unix seconds) from `clock`.
+    pub fn with_clock(mut self, clock: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
+        self.clock = Box::new(clock);
+        self
     }
 
     /// The kernel sources: DCB over netlink, statistics over the ethtool ioctl.
@@ -86,6 +116,7 @@ impl NetworkCollector {
         let mut names = sysfs::dir_names(&class)?;
         names.sort_by_key(|n| natural_key(n));
         let mut status = NetworkStatus::default();
+        let mut counters = Vec::new();
         for name in names {
             let device_dir = class.join(&name);
             let ports = match sysfs::numbered_entries(&device_dir.join("ports"), "") {
@@ -103,18 +134,37 @@ impl NetworkCollector {
                 }
             };
             for (port, port_dir) in ports {
-                status
-                    .rdma_devices
-                    .push(self.read_port(&name, &device_dir, port, &port_dir));
+                let (device, raw) = self.read_port(&name, &device_dir, port, &port_dir);
+                counters.push((status.rdma_devices.len(), format!("{name}/{port}"), raw));
+                status.rdma_devices.push(device);
             }
         }
+        self.add_rates(&mut status, counters);
         Ok(status)
+    }
+
+    /// Turns each port's raw counters into counts over the last hour, in one history update.
+    fn add_rates(&self, status: &mut NetworkStatus, counters: Vec<(usize, String, RawCounters)>) {
+        let (indexes, ports): (Vec<usize>, Vec<(String, RawCounters)>) =
+            counters.into_iter().map(|(i, key, raw)| (i, (key, raw))).unzip();
+        let rates = self.history.observe(&ports, (self.clock)());
+        for (index, rates) in indexes.into_iter().zip(rates) {
+            if let Some(device) = status.rdma_devices.get_mut(index) {
+                device.error_rates = rates;
+            }
+        }
     }
 
     /// One port: its link (state, rate, RoCE v2 GIDs) and, behind its interface, the lossless
     /// settings. Each field that cannot be read is absent with an entry in `errors`, in the order
-    /// the fields are read.
-    fn read_port(&self, name: &str, device_dir: &Path, port: u32, port_dir: &Path) -> RdmaDevice {
+    /// the fields are read. Also returns the port's raw error counters.
+    fn read_port(
+        &self,
+        name: &str,
+        device_dir: &Path,
+        port: u32,
+        port_dir: &Path,
+    ) -> (RdmaDevice, RawCounters) {
         let _span = tracing::debug_span!("rdma_port", device = name, port).entered();
         let mut d = RdmaDevice {
             device: name.to_owned(),
@@ -123,21 +173,33 @@ impl NetworkCollector {
         };
         let mut errors = Errors::default();
         let (infiniband, v2) = read_link(&mut d, port_dir, &mut errors);
+        let mut stats = None;
         match ports::netdev(device_dir, port_dir, &v2) {
             Some(netdev) => {
-                self.read_lossless(&mut d, &netdev, device_dir, &mut errors);
+                stats = self.read_lossless(&mut d, &netdev, device_dir, &mut errors);
                 d.netdev = Some(netdev);
             }
             None if !infiniband => errors.fail("netdev", "no network interface found for this port".into()),
             None => {}
         }
+        let (raw, counter_errors) = counters::read(port_dir, stats.as_ref());
+        for (field, reason) in counter_errors {
+            errors.fail(field, reason);
+        }
         d.errors = errors.0;
-        d
+        (d, raw)
     }
 
     /// The settings of interface `netdev`: MTU, then (on the physical function behind a bond)
-    /// ECN, trust and PFC priorities, and PFC pause counters.
-    fn read_lossless(&self, d: &mut RdmaDevice, netdev: &str, device_dir: &Path, errors: &mut Errors) {
+    /// ECN, trust and PFC priorities, and PFC pause counters. Returns the driver statistics of
+    /// the physical interface, when they could be read.
+    fn read_lossless(
+        &self,
+        d: &mut RdmaDevice,
+        netdev: &str,
+        device_dir: &Path,
+        errors: &mut Errors,
+    ) -> Option<Stats> {
         let net = self.sys_root.join("class/net").join(netdev);
         match sysfs::read_num::<u32>(&net.join("mtu")) {
             Ok(mtu) => d.mtu = Some(mtu),
@@ -172,14 +234,20 @@ impl NetworkCollector {
         }
 
         match self.ethtool.stats(&physical) {
-            Ok(stats) => d.pfc_pause = ethtool::pause_counters(&stats),
-            Err(e) => match dcb.as_ref().ok().and_then(dcb_pause_counters) {
-                Some(counters) => {
-                    tracing::debug!(netdev = %physical, error = %e, "pause counters from DCB instead of ethtool");
-                    d.pfc_pause = counters;
+            Ok(stats) => {
+                d.pfc_pause = ethtool::pause_counters(&stats);
+                Some(stats)
+            }
+            Err(e) => {
+                match dcb.as_ref().ok().and_then(dcb_pause_counters) {
+                    Some(counters) => {
+                        tracing::debug!(netdev = %physical, error = %e, "pause counters from DCB instead of ethtool");
+                        d.pfc_pause = counters;
+                    }
+                    None => errors.fail("pfcPause", format!("{physical}: {e}")),
                 }
-                None => errors.fail("pfcPause", format!("{physical}: {e}")),
-            },
+                None
+            }
         }
     }
 
