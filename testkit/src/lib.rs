@@ -147,7 +147,10 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let _ = std::fs::remove_file(&path);
         let _ = std::fs::remove_dir_all(&tmp);
-        serde_json::from_str(&text).unwrap_or_default()
+        let file: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        // Every results file names the commit of the code that produced it.
+        assert!(file["commit"].as_str().is_some_and(|c| !c.is_empty()), "{file}");
+        file["runs"].clone()
     }
 
     #[test]
