@@ -45,7 +45,7 @@ const LEASE: &str = "gpunode-operator";
 const NODE: &str = "fence-node";
 const POLICY: &str = "fence-policy";
 /// Part of the fence's message for a replica that does not hold the Lease.
-const NOT_HOLDER: &str = "does not hold the leader Lease";
+const NOT_HOLDER: &str = late::NOT_HOLDER;
 /// Part of the fence's message for a token without a pod.
 const NO_POD: &str = "this token names no pod";
 const DEADLINE: Duration = Duration::from_secs(60);

@@ -24,12 +24,13 @@ use gpunode_e2e::{
     faults::{
         checks::Check,
         cluster::{self, FaultCluster},
+        late,
         record::{self, Recorder, Run},
         replica::{self, Launch, Operator},
         wave::{self, Wave, WaveSpec},
     },
     netns::Netns,
-    wait,
+    remediator, wait,
 };
 use kube::{Api, Client, api::PostParams};
 use serde_json::json;
@@ -87,6 +88,8 @@ fn writes_since(fc: &FaultCluster, user: &str, since: jiff::Timestamp) -> (Vec<S
 
 async fn network_partition(fc: &FaultCluster, client: &Client, rec: &mut Recorder, seed: u64) {
     let ns = format!("rel-net{seed}");
+    // The remediation object among the late writes is a FakeReboot.
+    remediator::install(client).await.unwrap();
     let target = cluster::apiserver_addr(fc).unwrap();
     let subnet = u8::try_from(10 + seed % 200).unwrap_or(10);
     let net = Netns::create(&format!("gpnrel{seed}"), subnet, target)
@@ -128,6 +131,12 @@ async fn network_partition(fc: &FaultCluster, client: &Client, rec: &mut Recorde
     let cut = Instant::now();
     let acquired = b.wait_holding(client, DEADLINE).await.unwrap();
     let failover = record::elapsed_ms(cut);
+    // What the cut-off leader could still send once its link returns: every kind of write, with
+    // its own token, after the new leader acquired. The fence must refuse each (audit log).
+    let targets = late::Targets::in_wave(&wave, &format!("rel-net{seed}-late"));
+    let deposed = late::deposed_writes(fc, &a.client_as(fc).await.unwrap(), &a.user(), &targets, acquired)
+        .await
+        .unwrap();
     // The old leader stays cut off a little longer, then its link comes back: whatever it had
     // queued in its sockets now reaches the API server.
     cluster::hold("partition after the failover", Duration::from_secs(3))
@@ -141,6 +150,7 @@ async fn network_partition(fc: &FaultCluster, client: &Client, rec: &mut Recorde
     wave.release_pdb().await.unwrap();
     wave.drive(DEADLINE).await.unwrap();
     let mut checks = wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap();
+    checks.extend(deposed);
     let (late, committed) = writes_since(fc, &a.user(), acquired);
     checks.push(Check::new(
         "old leader committed nothing after the new one acquired the Lease",

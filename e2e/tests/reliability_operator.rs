@@ -6,7 +6,8 @@
 //! - both replicas SIGKILLed mid-drain and restarted;
 //! - the leader cut off (SIGSTOP, its view of a partition) at a seeded point until its Lease
 //!   expires: the follower takes over, and the old leader, continued, writes nothing after the new
-//!   one acquired the Lease (audit log, per ServiceAccount); `GPUNODE_REL_PARTITIONS` seeds.
+//!   one acquired the Lease (audit log, per ServiceAccount), and every kind of write sent late
+//!   with its token is refused by the leader fence; `GPUNODE_REL_PARTITIONS` seeds.
 //!
 //! Every wave has three nodes under `maxUnavailable: 1`, so the budget binds. After each run: no
 //! pod evicted twice, none after its eviction was committed, every node ends as the policy
@@ -25,13 +26,13 @@ use gpunode_e2e::{
     faults::{
         checks::Check,
         cluster::{self, FaultCluster},
-        marks,
+        late, marks,
         record::{self, Recorder, Run},
         replica::{self, Launch, Operator},
         wave::{self, Wave, WaveSpec},
     },
     monitor::WaveMonitor,
-    wait,
+    remediator, wait,
 };
 use kube::Client;
 use serde_json::json;
@@ -337,6 +338,8 @@ async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Reco
 
 async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Recorder, seed: u64) {
     let ns = &format!("rel-part{seed}");
+    // The remediation object among the late writes is a FakeReboot.
+    remediator::install(client).await.unwrap();
     // The cluster outlives a test run: only this run's writes count.
     let started = jiff::Timestamp::now();
     // Both behind the chart's leader fence: the old leader's clock decides what it attempts,
@@ -375,6 +378,12 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
     .await
     .unwrap();
     let failover = record::elapsed_ms(paused);
+    // What the paused leader could still send: every kind of write, with its own token, after
+    // the new leader acquired. The fence must refuse each (audit log).
+    let targets = late::Targets::in_wave(&wave, &format!("rel-part{seed}-late"));
+    let deposed = late::deposed_writes(fc, &a.client_as(fc).await.unwrap(), &a.user(), &targets, acquired)
+        .await
+        .unwrap();
     // The old leader runs again, its term long over by its own clock: it must write nothing.
     a.resume().unwrap();
     cluster::hold("old leader running after the partition", Duration::from_secs(6))
@@ -383,6 +392,7 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
     wave.release_pdb().await.unwrap();
     wave.drive(DEADLINE).await.unwrap();
     let mut checks = wave_checks(fc, &wave, &monitor).await;
+    checks.extend(deposed);
     let audit = fc.audit().unwrap();
     let late: Vec<String> = audit
         .iter()

@@ -16,7 +16,11 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::{Error, audit::AuditEvent, remediator};
+use super::{checks::Check, cluster::FaultCluster};
+use crate::{Error, audit::AuditEvent, remediator, wait};
+
+/// Part of the leader fence's message for a replica that does not hold the Lease.
+pub const NOT_HOLDER: &str = "does not hold the leader Lease";
 
 /// Each kind of write [`every_write`] makes, in its order, as the audit log names it: (what,
 /// verb, resource, subresource).
@@ -248,4 +252,74 @@ pub fn witnessed(
             )
         })
         .collect()
+}
+
+/// A deposed replica's late requests: every kind of write, issued with its own token
+/// (`client`, audit-log user `user`) at `t` after the new leader `acquired` the Lease. Checks
+/// that the audit log recorded an attempt of each kind after the acquisition, that the fence
+/// refused each, and that none was stored; removes anything stored all the same.
+pub async fn deposed_writes(
+    fc: &FaultCluster,
+    client: &Client,
+    user: &str,
+    t: &Targets,
+    acquired: jiff::Timestamp,
+) -> Result<Vec<Check>, Error> {
+    let outcomes = every_write(client, t, false).await?;
+    let not_refused = unexpected(&outcomes, Some(NOT_HOLDER));
+    let seen = wait::until(
+        "the audit log to record every late write",
+        std::time::Duration::from_secs(60),
+        || async {
+            let w = witnessed(&fc.audit()?, |e| e.user == user, acquired);
+            Ok(w.iter().all(|(_, attempted, _)| *attempted > 0).then_some(w))
+        },
+    )
+    .await;
+    let w = match &seen {
+        Ok(w) => w.clone(),
+        Err(_) => witnessed(&fc.audit()?, |e| e.user == user, acquired),
+    };
+    let kinds = w.iter().filter(|(_, n, _)| *n > 0).count();
+    let stored: Vec<&str> = w.iter().filter(|(_, _, s)| *s > 0).map(|(k, ..)| *k).collect();
+    if !stored.is_empty() {
+        for (api, name) in created(client, t) {
+            let _ = api.delete(&name, &DeleteParams::background()).await;
+        }
+    }
+    Ok(vec![
+        Check::new(
+            "every write kind attempted late by the deposed replica (audit log)",
+            seen.is_ok(),
+            format!(
+                "{kinds} of {} kinds attempted after the new leader acquired: {w:?}",
+                KINDS.len()
+            ),
+        ),
+        Check::new(
+            "each late write refused by the leader fence",
+            not_refused.is_empty(),
+            format!("not refused by the fence: {not_refused:?}"),
+        ),
+        Check::new(
+            "no late write stored (audit log)",
+            stored.is_empty(),
+            format!("stored: {stored:?}"),
+        ),
+    ])
+}
+
+impl Targets {
+    /// Targets in `wave`: its first node, its last pod, its namespace and policy; created
+    /// objects named after `prefix`.
+    pub fn in_wave(wave: &super::wave::Wave, prefix: &str) -> Targets {
+        Targets {
+            node: wave.nodes.first().cloned().unwrap_or_default(),
+            namespace: wave.namespace.clone(),
+            events: "default".to_string(),
+            pod: wave.all_pods().last().cloned().unwrap_or_default(),
+            policy: wave.policy.clone(),
+            prefix: prefix.to_string(),
+        }
+    }
 }

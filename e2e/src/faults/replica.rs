@@ -63,6 +63,8 @@ pub struct Operator {
     pub identity: String,
     /// Namespace of the Lease and the ServiceAccount.
     pub namespace: String,
+    /// Its ServiceAccount token (bound to its stand-in pod behind the fence).
+    token: String,
     process: Process,
 }
 
@@ -155,7 +157,7 @@ impl Operator {
         let kc = json!({
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": "rel", "cluster": cluster}],
-            "users": [{"name": identity, "user": {"token": token}}],
+            "users": [{"name": identity, "user": {"token": &token}}],
             "contexts": [{"name": "rel", "context": {"cluster": "rel", "user": identity}}],
             "current-context": "rel",
         });
@@ -180,8 +182,21 @@ impl Operator {
         Ok(Operator {
             identity: identity.to_string(),
             namespace: namespace.to_string(),
+            token,
             process: Process::start(spec, log)?,
         })
+    }
+
+    /// A client with this replica's own token, reaching the API server the admin way (from this
+    /// test process, whatever network the replica is in): the requests the replica could still
+    /// send.
+    pub async fn client_as(&self, fc: &FaultCluster) -> Result<Client, Error> {
+        let mut config = fc.config().await?;
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(self.token.clone().into()),
+            ..kube::config::AuthInfo::default()
+        };
+        Ok(Client::try_from(config)?)
     }
 
     /// The audit log's name for this replica.
