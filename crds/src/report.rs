@@ -9,6 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::recovery::GpuRecoveryAction;
 use crate::types::{EnabledState, ObservedTrust, ThrottleReason};
 
 /// Most GPUs a report may list.
@@ -226,6 +227,11 @@ pub struct GpuStatus {
     /// Current MIG mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_mode: Option<EnabledState>,
+
+    /// What the driver asks for before the GPU can be used again (NVML's recovery action).
+    /// Absent when the driver cannot report it (older drivers) or it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<GpuRecoveryAction>,
 
     /// XID errors seen since the probe started on this boot, newest last (at most 32).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
