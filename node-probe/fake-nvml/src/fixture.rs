@@ -23,6 +23,9 @@ pub struct Fixture {
     pub cuda_driver_version: i64,
     /// Return codes for calls that take no device (symbol name → code).
     pub errors: HashMap<String, u32>,
+    /// C symbols of per-device calls that do not return (a hung driver) while the fixture lists
+    /// them: each such call blocks until a rewritten fixture drops its name.
+    pub hang: Vec<String>,
     /// The GPUs, in NVML index order.
     pub devices: Vec<Device>,
 }
@@ -35,6 +38,7 @@ impl Default for Fixture {
             driver_version: "550.90.07".to_owned(),
             cuda_driver_version: 12040,
             errors: HashMap::new(),
+            hang: Vec::new(),
             devices: Vec::new(),
         }
     }

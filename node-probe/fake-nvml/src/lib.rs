@@ -159,11 +159,20 @@ fn fill_chars(dst: &mut [c_char], s: &str) {
 
 /// Runs `f` on the device behind `handle` unless the fixture configures an error for `symbol`.
 fn device_call(handle: DeviceHandle, symbol: &str, f: impl FnOnce(&Device) -> Return) -> Return {
+    hang_while_listed(symbol);
     with_state(|s| match s.device(handle as usize, symbol) {
         Ok(device) => f(device),
         Err(code) => code,
     })
     .unwrap_or(code::UNINITIALIZED)
+}
+
+/// Blocks while the fixture lists `symbol` under `hang`, as a call into a hung driver would;
+/// the state lock is not held meanwhile, so other threads' calls and re-reads go on.
+fn hang_while_listed(symbol: &str) {
+    while with_state(|s| s.fixture.hang.iter().any(|h| h == symbol)).unwrap_or(false) {
+        std::thread::sleep(POLL_INTERVAL);
+    }
 }
 
 /// Runs `f` unless the fixture configures an error for `symbol` (calls without a device).
