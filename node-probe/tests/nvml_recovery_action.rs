@@ -1,5 +1,5 @@
 //! NVML's recovery action through the real nvml-wrapper calls against the fake library: read per
-//! GPU, absent where the driver cannot report it, renumbered for 580.82 drivers, and cleared
+//! GPU, absent where the driver cannot report it, the same field on 580.82 drivers (not among the renumbered ids), and cleared
 //! only by the reset or the reboot it asks for.
 
 // clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
@@ -70,7 +70,7 @@ fn reads_each_gpus_action_and_leaves_it_absent_where_not_supported() {
 }
 
 #[test]
-fn a_580_82_driver_is_asked_for_the_renumbered_field() {
+fn a_580_82_driver_is_asked_for_the_same_field_which_is_not_renumbered() {
     let fake = asking("580.82.07");
     let report = collect(&collector(&fake));
     assert_eq!(
@@ -95,7 +95,7 @@ fn a_failing_read_is_a_field_error_not_absent() {
     let fake = FakeNvml::new("healthy-8xh100");
     fake.edit(|f| {
         f["devices"][6]["recovery_action"] = 2.into();
-        f["devices"][6]["errors"]["field:271"] = 999.into();
+        f["devices"][6]["errors"]["field:230"] = 999.into();
     });
     let report = collect(&collector(&fake));
     assert_eq!(report.gpus[6].recovery_action, None);

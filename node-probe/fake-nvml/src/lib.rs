@@ -109,10 +109,8 @@ pub struct FieldValue {
 const FIELD_MEMORY_TEMP: c_uint = 82;
 /// NVML_FI_DEV_NVLINK_LINK_COUNT.
 const FIELD_NVLINK_LINK_COUNT: c_uint = 91;
-/// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION before driver 580.82, and from it on (the field ids
-/// 256–273 moved down by 5).
-const FIELD_RECOVERY_ACTION: c_uint = 271;
-const FIELD_RECOVERY_ACTION_580: c_uint = 266;
+/// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvml.h; not among the ids renumbered from driver 580.82).
+const FIELD_RECOVERY_ACTION: c_uint = 230;
 /// NVML_VALUE_TYPE_UNSIGNED_INT.
 const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
 
@@ -740,8 +738,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     count: c_int,
     values: *mut FieldValue,
 ) -> Return {
-    let recovery_field =
-        with_state(|s| recovery_action_field(&s.fixture.driver_version)).unwrap_or(FIELD_RECOVERY_ACTION);
+    let recovery_field = FIELD_RECOVERY_ACTION;
     device_call(device, "nvmlDeviceGetFieldValues", |d| {
         if values.is_null() || count <= 0 {
             return code::INVALID_ARGUMENT;
@@ -772,18 +769,6 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         }
         code::SUCCESS
     })
-}
-
-/// Where a driver of `version` numbers the recovery action: drivers from 580.82 on use the
-/// renumbered field ids.
-fn recovery_action_field(version: &str) -> c_uint {
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if (major, minor) >= (580, 82) {
-        FIELD_RECOVERY_ACTION_580
-    } else {
-        FIELD_RECOVERY_ACTION
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
