@@ -14,6 +14,7 @@ use crate::{
     budget::MaxUnavailable,
     duration::Duration,
     maintenance::MaintenancePolicy,
+    recovery::RecoveryActionRequirements,
     repair::RepairPolicy,
     rules,
     types::{DriftClass, EnabledState, PortState, ThrottleReason, TrustMode},
@@ -278,6 +279,12 @@ pub struct GpuRequirements {
     /// never seen: NVML delivers events only to a process listening at the time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub xid_window: Option<Duration>,
+
+    /// Drift (class Xid) while NVML's recovery action for a GPU is one of `driftOn`: the
+    /// driver's own verdict after a fault, usually an XID, so the steps that repair XIDs repair
+    /// it. Unset: not checked. A repair's GpuReset step skips a GPU that asks for NodeReboot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<RecoveryActionRequirements>,
 }
 
 /// DCGM's fatal XIDs (48, 74, 79, 95, 119, 120, 140) plus 64 (row-remapper failure).

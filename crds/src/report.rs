@@ -9,6 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::recovery::GpuRecoveryAction;
 use crate::types::{EnabledState, ObservedTrust, ThrottleReason};
 
 /// Most GPUs a report may list.
@@ -120,9 +121,24 @@ pub struct CollectorStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub error: Option<String>,
+    /// How it failed, when it did: Failed (it returned an error) or Hung (a call into the
+    /// driver did not return within the probe's deadline, `--nvml-timeout`: the driver is
+    /// stuck, while the probe itself still reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<CollectorErrorKind>,
     /// How long it took, in milliseconds.
     #[serde(default)]
     pub duration_ms: u64,
+}
+
+/// How a collector failed.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[schemars(transform = crate::types::without_description)]
+pub enum CollectorErrorKind {
+    /// It returned an error (no library, no driver, a call failed).
+    Failed,
+    /// It did not finish within its deadline: a driver call has not returned.
+    Hung,
 }
 
 /// The probe's collectors.
@@ -226,6 +242,11 @@ pub struct GpuStatus {
     /// Current MIG mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_mode: Option<EnabledState>,
+
+    /// What the driver asks for before the GPU can be used again (NVML's recovery action).
+    /// Absent when the driver cannot report it (older drivers) or it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_action: Option<GpuRecoveryAction>,
 
     /// XID errors seen since the probe started on this boot, newest last (at most 32).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -102,6 +102,7 @@ fn fabric_history(config: &Config, node: &str) -> HistoryStore {
 pub fn build(config: &Config, node: &str) -> (Arc<Probe>, Arc<NvmlCollector>) {
     let nvml = Arc::new(NvmlCollector::new(NvmlConfig {
         lib_path: config.nvml_lib.clone(),
+        timeout: config.nvml_timeout,
         watch_xids: !config.no_xid_events,
         xid_store: xid_store(config, node),
         ..NvmlConfig::default()
@@ -184,6 +185,7 @@ async fn reset_only(
 ) {
     let nvml = Arc::new(NvmlCollector::new(NvmlConfig {
         lib_path: config.nvml_lib.clone(),
+        timeout: config.nvml_timeout,
         watch_xids: false,
         xid_store: None,
         ..NvmlConfig::default()

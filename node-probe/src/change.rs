@@ -611,6 +611,7 @@ mod tests {
                 name: CollectorName::Nvml,
                 ok: true,
                 error: None,
+                error_kind: None,
                 duration_ms: 3,
             }],
             driver_version: Some("550.90.07".into()),

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gpunode_crds::ThrottleReason;
-use gpunode_crds::report::{CollectorName, CollectorStatus, GpuNodeReportStatus, GpuStatus};
+use gpunode_crds::report::{
+    CollectorErrorKind, CollectorName, CollectorStatus, GpuNodeReportStatus, GpuStatus,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::limits;
@@ -28,13 +30,32 @@ pub struct Outcome {
 /// one (`impl From<..> for CollectError`), so that this module, which the collectors import,
 /// names none of them.
 #[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-pub struct CollectError(Box<dyn std::error::Error + Send + Sync + 'static>);
+#[error("{error}")]
+pub struct CollectError {
+    error: Box<dyn std::error::Error + Send + Sync + 'static>,
+    kind: CollectorErrorKind,
+}
 
 impl CollectError {
-    /// Wraps a collector's error.
+    /// Wraps a collector's error: it failed.
     pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
-        CollectError(Box::new(error))
+        CollectError {
+            error: Box::new(error),
+            kind: CollectorErrorKind::Failed,
+        }
+    }
+
+    /// Wraps a collector's error: it did not finish within its deadline.
+    pub fn hung(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        CollectError {
+            error: Box::new(error),
+            kind: CollectorErrorKind::Hung,
+        }
+    }
+
+    /// Whether the collector failed or hung.
+    pub fn kind(&self) -> CollectorErrorKind {
+        self.kind
     }
 }
 
@@ -98,6 +119,7 @@ impl Probe {
                         name,
                         ok: true,
                         error: outcome.note,
+                        error_kind: None,
                         duration_ms,
                     }
                 }
@@ -107,6 +129,7 @@ impl Probe {
                         name,
                         ok: false,
                         error: Some(e.to_string()),
+                        error_kind: Some(e.kind()),
                         duration_ms,
                     }
                 }

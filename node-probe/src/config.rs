@@ -82,6 +82,12 @@ pub struct Config {
     #[arg(long, env = "GPUNODE_NVML_LIB", default_value = DEFAULT_LIB)]
     pub nvml_lib: OsString,
 
+    /// How long one NVML collection may take before the report says the nvml collector hung
+    /// (a driver call that does not return); until that call returns, later collections say so
+    /// at once.
+    #[arg(long, env = "GPUNODE_NVML_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub nvml_timeout: Duration,
+
     /// Read DCB and ethtool answers from DIR/dcb/<if>.json and DIR/ethtool/<if>.json instead of
     /// netlink and ioctl (fixture trees, demos).
     #[arg(long, env = "GPUNODE_NET_FIXTURES", value_name = "DIR")]

@@ -158,6 +158,8 @@ fn an_unmapped_code_on_a_whole_call_fails_only_that_field() {
             "memoryTemperatureCelsius",
             "throttleReasons",
             "nvlink",
+            // The failed field-value call leaves the recovery action unknown too.
+            "recoveryAction",
             "pcie.replayCounter"
         ]
     );

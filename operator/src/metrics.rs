@@ -160,6 +160,7 @@ impl ActionKind {
             Reason::RepairStarted => Some(ActionKind::RepairStart),
             Reason::NeedsHuman => Some(ActionKind::NeedsHuman),
             Reason::Escalated
+            | Reason::NvmlHung
             | Reason::Repairing
             | Reason::RepairSucceeded
             | Reason::RepairFailed

@@ -13,6 +13,9 @@ pub enum Reason {
     Drifted,
     /// Some check cannot be told (state change; condition).
     Unknown,
+    /// Unknown because the probe's NVML calls hang (a stuck driver), while the probe itself
+    /// still reports: not a dead probe (condition).
+    NvmlHung,
     /// A drain is evicting pods (condition).
     Draining,
     /// A drain has run past its timeout (event; condition).
@@ -69,10 +72,11 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 28] = [
+    pub const ALL: [Reason; 29] = [
         Reason::Compliant,
         Reason::Drifted,
         Reason::Unknown,
+        Reason::NvmlHung,
         Reason::Draining,
         Reason::DrainStuck,
         Reason::Drained,
@@ -106,6 +110,7 @@ impl Reason {
             Reason::Compliant => "Compliant",
             Reason::Drifted => "Drifted",
             Reason::Unknown => "Unknown",
+            Reason::NvmlHung => "NvmlHung",
             Reason::Draining => "Draining",
             Reason::DrainStuck => "DrainStuck",
             Reason::Drained => "Drained",

@@ -507,6 +507,64 @@ fn a_fatal_xid_is_xid_drift_of_that_gpu() {
     );
 }
 
+// ---------------------------------------------------------------------------------------------
+// gpu: NVML's recovery action
+
+/// The healthy report with every GPU's recovery action None but GPU `gpu`'s `action`.
+fn recovery(gpu: usize, action: &str) -> Doc {
+    (0..8).fold(healthy(), |doc, i| {
+        let value = if i == gpu { action } else { "None" };
+        doc.set(&format!("status.gpus.{i}.recoveryAction"), value)
+    })
+}
+
+#[test]
+fn a_gpu_asking_for_a_reboot_is_xid_drift_of_that_gpu() {
+    let policy = strict().set("spec.gpu.recoveryAction", "{}");
+    assert_drifts(
+        &eval(&policy, &recovery(2, "NodeReboot")),
+        &[drift(
+            Xid,
+            "gpu.recoveryAction",
+            Some(2),
+            None,
+            "none of [GpuReset, NodeReboot, DrainAndReset]",
+            "NodeReboot",
+        )],
+    );
+}
+
+#[test]
+fn recovery_action_none_never_drifts() {
+    let policy = strict().set(
+        "spec.gpu.recoveryAction",
+        "{driftOn: [GpuReset, NodeReboot, DrainP2P, DrainAndReset]}",
+    );
+    assert_compliant(&eval(&policy, &recovery(0, "None")));
+}
+
+#[test]
+fn an_action_outside_drift_on_is_not_drift() {
+    let policy = strict().set("spec.gpu.recoveryAction", "{}");
+    assert_compliant(&eval(&policy, &recovery(5, "DrainP2P")));
+    let policy = strict().set("spec.gpu.recoveryAction", "{driftOn: [DrainP2P]}");
+    assert_eq!(eval(&policy, &recovery(5, "DrainP2P")).drifts.len(), 1);
+}
+
+#[test]
+fn an_unreported_recovery_action_is_unknown_only_when_the_policy_asks() {
+    let report = healthy().set("status.gpus.4.recoveryAction", "GpuReset");
+    assert_compliant(&eval(&strict(), &report));
+    let v = eval(&strict().set("spec.gpu.recoveryAction", "{}"), &healthy());
+    assert_eq!(v.state, NodeState::Unknown);
+    assert!(
+        v.unknowns.iter().all(|u| u.check == "gpu.recoveryAction"),
+        "{:?}",
+        v.unknowns
+    );
+    assert_eq!(v.unknowns[0].reason, "not reported");
+}
+
 #[test]
 fn a_non_fatal_xid_is_not_drift() {
     let report = healthy().set(
@@ -1161,6 +1219,35 @@ fn a_report_from_the_future_counts_as_fresh() {
 
 // ---------------------------------------------------------------------------------------------
 // Unknown: failed collectors
+
+#[test]
+fn a_hung_nvml_collector_is_unknown_and_says_it_hung() {
+    let report = healthy().set(
+        "status.collectors.0",
+        "{name: nvml, ok: false, errorKind: Hung, error: 'an NVML call has not returned for 5.0s (deadline 5.0s)'}",
+    );
+    let v = eval(&strict(), &report);
+    assert_eq!(v.state, NodeState::Unknown);
+    assert_eq!(v.drifts, []);
+    let reason = "nvml collector hung: an NVML call has not returned for 5.0s (deadline 5.0s)";
+    assert!(
+        v.unknowns
+            .iter()
+            .any(|u| u.check == "collectors.nvml" && u.reason == reason),
+        "{:?}",
+        v.unknowns
+    );
+    assert!(v.unknowns.iter().all(|u| u.reason == reason), "{:?}", v.unknowns);
+    assert!(v.summary().contains("nvml collector hung"), "{}", v.summary());
+
+    // A failure that is not a hang has no such check.
+    let failed = healthy().set(
+        "status.collectors.0",
+        "{name: nvml, ok: false, errorKind: Failed, error: 'NVML: DriverNotLoaded'}",
+    );
+    let v = eval(&strict(), &failed);
+    assert!(!v.unknowns.iter().any(|u| u.check == "collectors.nvml"));
+}
 
 #[test]
 fn a_failed_nvml_collector_makes_every_gpu_check_unknown_not_drifted() {

@@ -712,6 +712,38 @@ fn a_paused_policy_neither_acts_nor_undoes() {
 }
 
 #[test]
+fn a_hung_nvml_names_itself_in_the_condition_a_dead_probe_does_not() {
+    let policy = ladder();
+    let mut nodes = vec![node("a")];
+    let reason = "nvml collector hung: an NVML call has not returned for 5.0s (deadline 5.0s)";
+    nodes[0].verdict = Verdict::new(
+        Vec::new(),
+        ["collectors.nvml", "gpu.eccMode"]
+            .map(|check| Unknown {
+                check: check.to_string(),
+                reason: reason.to_string(),
+                gpu: None,
+            })
+            .to_vec(),
+    );
+    let p = step(&policy, &mut nodes, at(0));
+    let a = of(&p, "a");
+    assert_eq!(a.condition.status, "Unknown");
+    assert_eq!(a.condition.reason, Reason::NvmlHung);
+    assert!(
+        a.condition.message.contains("nvml collector hung"),
+        "{}",
+        a.condition.message
+    );
+    assert!(a.actions.is_empty(), "unknown, not drifted: nothing is done");
+
+    let mut nodes = vec![node("a")];
+    nodes[0].verdict = stale();
+    let p = step(&policy, &mut nodes, at(0));
+    assert_eq!(of(&p, "a").condition.reason, Reason::Unknown);
+}
+
+#[test]
 fn unknown_is_never_acted_on_unless_the_policy_lists_stale() {
     let policy = ladder();
     let mut nodes = vec![node("a")];

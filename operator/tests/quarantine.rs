@@ -97,6 +97,7 @@ fn node(name: &str) -> NodeView {
         .map(|i| GpuView {
             index: i,
             uuid: Some(uuid(i)),
+            recovery_action: None,
         })
         .collect::<Vec<_>>();
     NodeView::new(name, Verdict::new(Vec::new(), Vec::new())).with_gpus(gpus, dra_devices(name, 8))

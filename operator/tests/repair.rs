@@ -582,10 +582,57 @@ fn with_gpus(mut nodes: Vec<NodeView>) -> Vec<NodeView> {
         .map(|index| GpuView {
             index,
             uuid: Some(format!("GPU-0000000{index}")),
+            recovery_action: None,
         })
         .collect::<Vec<_>>();
     nodes[0] = nodes[0].clone().with_gpus(gpus, NodeDevices::Unknown);
     nodes
+}
+
+#[test]
+fn a_gpu_reset_step_skips_a_gpu_whose_recovery_action_is_a_node_reboot() {
+    use gpunode_crds::GpuRecoveryAction;
+    let policy = reset_policy();
+    let mut nodes = drained(&policy);
+    let gpus = (0..4)
+        .map(|index| GpuView {
+            index,
+            uuid: Some(format!("GPU-0000000{index}")),
+            recovery_action: Some(if index == 0 {
+                GpuRecoveryAction::NodeReboot
+            } else {
+                GpuRecoveryAction::None
+            }),
+        })
+        .collect::<Vec<_>>();
+    nodes[0] = nodes[0].clone().with_gpus(gpus, NodeDevices::Unknown);
+    nodes[0].verdict = drifted(DriftClass::Xid);
+    let p = pass(&policy, &mut nodes, at(2));
+    let np = of(&p, "gpu-1");
+    assert_eq!(
+        np.repair.state,
+        RepairState::Running {
+            step: "reboot".to_string(),
+            since: at(2)
+        },
+        "GPU 0 asks for a reboot: the reset step has nothing to reset, the reboot is next"
+    );
+    assert!(
+        np.repair
+            .ensure
+            .iter()
+            .all(|e| !e.object.to_string().contains("GpuResetRequest")),
+        "{:?}",
+        np.repair.ensure
+    );
+
+    // The same GPU asking for a reset (or nothing) gets the reset step.
+    let mut nodes = with_gpus(drained(&policy));
+    nodes[0].verdict = drifted(DriftClass::Xid);
+    let p = pass(&policy, &mut nodes, at(2));
+    assert!(
+        matches!(&of(&p, "gpu-1").repair.state, RepairState::Running { step, .. } if step == "gpu-reset")
+    );
 }
 
 #[test]
@@ -790,6 +837,7 @@ fn quarantine_node(holders: Vec<PodRef>) -> Vec<NodeView> {
         .map(|index| GpuView {
             index,
             uuid: Some(uuid(index)),
+            recovery_action: None,
         })
         .collect::<Vec<_>>();
     let by_gpu = (0..8)

@@ -523,6 +523,7 @@ fn idle_node(name: &str, pods: usize) -> NodeView {
         vec![GpuView {
             index: 0,
             uuid: Some("GPU-0".to_string()),
+            recovery_action: None,
         }],
         NodeDevices::DevicePlugin(Some(GpuPods {
             observed_at: Some(at(0)),

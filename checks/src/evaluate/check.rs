@@ -4,6 +4,10 @@
 /// No fresh report (missing, no status, no observedAt, older than staleAfter).
 pub use crate::verdict::REPORT_CHECK as REPORT;
 
+/// The nvml collector hung: an NVML call did not return within the probe's deadline (unknown
+/// only, node). Listed beside the GPU checks it leaves unknown, so that the node's condition can
+/// say the driver hung rather than that a check is unknown.
+pub const NVML_HUNG: &str = "collectors.nvml";
 /// Number of GPUs NVML sees (Inventory, node).
 pub const GPU_COUNT: &str = "gpu.count";
 /// Product name contains one of the accepted models (Inventory, per GPU).
@@ -34,6 +38,8 @@ pub const GPU_MAX_RETIRED_PAGES: &str = "gpu.maxRetiredPages";
 pub const GPU_ALLOW_ROW_REMAP_FAILURE: &str = "gpu.allowRowRemapFailure";
 /// Fatal XIDs within the window (Xid, per GPU).
 pub const GPU_FATAL_XIDS: &str = "gpu.fatalXids";
+/// NVML's recovery action asks for one the policy drifts on (Xid, per GPU).
+pub const GPU_RECOVERY_ACTION: &str = "gpu.recoveryAction";
 
 /// GPU core temperature (Thermal, per GPU).
 pub const COOLING_MAX_GPU_CELSIUS: &str = "cooling.maxGpuCelsius";

@@ -214,6 +214,7 @@ mod tests {
                 name: CollectorName::Network,
                 ok: true,
                 error: None,
+                error_kind: None,
                 duration_ms: 1,
             }],
             network: Some(NetworkStatus { rdma_devices: ports }),

@@ -2,7 +2,7 @@
 //! report, the time) and the [`Findings`] they write, and how a missing field's reason is found.
 //! It knows no check of its own.
 
-use gpunode_crds::report::{CollectorName, FieldError, GpuNodeReportStatus, GpuStatus};
+use gpunode_crds::report::{CollectorErrorKind, CollectorName, FieldError, GpuNodeReportStatus, GpuStatus};
 use jiff::Timestamp;
 
 use crate::verdict::{Drift, Unknown, Verdict};
@@ -20,10 +20,24 @@ impl Context<'_> {
             .collectors
             .iter()
             .find(|c| c.name == name && !c.ok)
-            .map(|c| match c.error.as_deref() {
-                Some(e) if !e.trim().is_empty() => format!("{} collector failed: {e}", collector(name)),
-                _ => format!("{} collector failed", collector(name)),
+            .map(|c| {
+                let how = match c.error_kind {
+                    Some(CollectorErrorKind::Hung) => "hung",
+                    Some(CollectorErrorKind::Failed) | None => "failed",
+                };
+                match c.error.as_deref() {
+                    Some(e) if !e.trim().is_empty() => format!("{} collector {how}: {e}", collector(name)),
+                    _ => format!("{} collector {how}", collector(name)),
+                }
             })
+    }
+
+    /// Whether the collector hung (a driver call that did not return in time).
+    pub(crate) fn collector_hung(&self, name: CollectorName) -> bool {
+        self.status
+            .collectors
+            .iter()
+            .any(|c| c.name == name && !c.ok && c.error_kind == Some(CollectorErrorKind::Hung))
     }
 
     /// Runs `body` on every GPU when any of the per-GPU `checks` is asked for. GPUs the report

@@ -3,8 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpunode_crds::{
-    DriftClass, EnabledState, Version, VersionRange, policy::GpuRequirements, report::CollectorName,
-    report::GpuStatus,
+    DriftClass, EnabledState, GpuRecoveryAction, Version, VersionRange, policy::GpuRequirements,
+    report::CollectorName, report::GpuStatus,
 };
 use jiff::Timestamp;
 
@@ -17,6 +17,9 @@ pub(super) fn check(req: &GpuRequirements, ctx: &Context<'_>, f: &mut Findings) 
     let node = node_checks(req);
     let per_gpu = per_gpu_checks(req);
     if let Some(reason) = ctx.collector_failure(CollectorName::Nvml) {
+        if ctx.collector_hung(CollectorName::Nvml) && !(node.is_empty() && per_gpu.is_empty()) {
+            f.unknown(check::NVML_HUNG, None, reason.clone());
+        }
         f.all_unknown(&node, &reason);
         f.all_unknown(&per_gpu, &reason);
         return;
@@ -98,6 +101,7 @@ fn per_gpu_checks(req: &GpuRequirements) -> Vec<&'static str> {
         (req.max_retired_pages.is_some(), check::GPU_MAX_RETIRED_PAGES),
         (!req.allow_row_remap_failure, check::GPU_ALLOW_ROW_REMAP_FAILURE),
         (!req.fatal_xids.is_empty(), check::GPU_FATAL_XIDS),
+        (req.recovery_action.is_some(), check::GPU_RECOVERY_ACTION),
     ]
     .into_iter()
     .filter_map(|(asked, name)| asked.then_some(name))
@@ -325,6 +329,30 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
 
     if !req.fatal_xids.is_empty() {
         fatal_xids(req, now, gpu, f);
+    }
+
+    if let Some(wanted) = &req.recovery_action
+        && observed(
+            f,
+            check::GPU_RECOVERY_ACTION,
+            "recoveryAction",
+            gpu.recovery_action.is_some(),
+        )
+        && let Some(action) = gpu.recovery_action.filter(|a| {
+            // None never drifts, whatever the list says (the API refuses it there anyway).
+            *a != GpuRecoveryAction::None && wanted.drift_on.contains(a)
+        })
+    {
+        // Class Xid: the driver sets a recovery action when it reports the fault, usually as an
+        // XID, so the steps that handle XIDs (reset, reboot) are the ones that do the action.
+        f.drift(
+            DriftClass::Xid,
+            check::GPU_RECOVERY_ACTION,
+            i,
+            None,
+            format!("none of {}", list(&wanted.drift_on)),
+            action.to_string(),
+        );
     }
 }
 

@@ -23,6 +23,9 @@ pub struct Fixture {
     pub cuda_driver_version: i64,
     /// Return codes for calls that take no device (symbol name → code).
     pub errors: HashMap<String, u32>,
+    /// C symbols of per-device calls that do not return (a hung driver) while the fixture lists
+    /// them: each such call blocks until a rewritten fixture drops its name.
+    pub hang: Vec<String>,
     /// The GPUs, in NVML index order.
     pub devices: Vec<Device>,
 }
@@ -35,6 +38,7 @@ impl Default for Fixture {
             driver_version: "550.90.07".to_owned(),
             cuda_driver_version: 12040,
             errors: HashMap::new(),
+            hang: Vec::new(),
             devices: Vec::new(),
         }
     }
@@ -61,6 +65,11 @@ pub struct Device {
     /// HBM temperature (field 82), °C; absent → that field sample is NotSupported.
     pub memory_temperature: Option<i64>,
     pub thresholds: Thresholds,
+    /// NVML's recovery action (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and
+    /// reset); absent → that field sample is NotSupported (drivers before it existed). A GPU
+    /// reset clears 1 and 4; only a reboot (a new fixture, the hardware file gone) clears 2
+    /// and 3.
+    pub recovery_action: Option<i64>,
     /// Fan speeds in percent; absent → `nvmlDeviceGetNumFans` is NotSupported (SXM boards).
     pub fans: Option<Vec<i64>>,
     pub power_mw: i64,
@@ -103,6 +112,7 @@ impl Default for Device {
             temperature: 41,
             memory_temperature: Some(44),
             thresholds: Thresholds::default(),
+            recovery_action: None,
             fans: None,
             power_mw: 71_000,
             power_limit_mw: 700_000,

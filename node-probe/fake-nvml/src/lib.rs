@@ -109,6 +109,8 @@ pub struct FieldValue {
 const FIELD_MEMORY_TEMP: c_uint = 82;
 /// NVML_FI_DEV_NVLINK_LINK_COUNT.
 const FIELD_NVLINK_LINK_COUNT: c_uint = 91;
+/// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvml.h; not among the ids renumbered from driver 580.82).
+const FIELD_RECOVERY_ACTION: c_uint = 230;
 /// NVML_VALUE_TYPE_UNSIGNED_INT.
 const VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
 
@@ -155,11 +157,20 @@ fn fill_chars(dst: &mut [c_char], s: &str) {
 
 /// Runs `f` on the device behind `handle` unless the fixture configures an error for `symbol`.
 fn device_call(handle: DeviceHandle, symbol: &str, f: impl FnOnce(&Device) -> Return) -> Return {
+    hang_while_listed(symbol);
     with_state(|s| match s.device(handle as usize, symbol) {
         Ok(device) => f(device),
         Err(code) => code,
     })
     .unwrap_or(code::UNINITIALIZED)
+}
+
+/// Blocks while the fixture lists `symbol` under `hang`, as a call into a hung driver would;
+/// the state lock is not held meanwhile, so other threads' calls and re-reads go on.
+fn hang_while_listed(symbol: &str) {
+    while with_state(|s| s.fixture.hang.iter().any(|h| h == symbol)).unwrap_or(false) {
+        std::thread::sleep(POLL_INTERVAL);
+    }
 }
 
 /// Runs `f` unless the fixture configures an error for `symbol` (calls without a device).
@@ -727,6 +738,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
     count: c_int,
     values: *mut FieldValue,
 ) -> Return {
+    let recovery_field = FIELD_RECOVERY_ACTION;
     device_call(device, "nvmlDeviceGetFieldValues", |d| {
         if values.is_null() || count <= 0 {
             return code::INVALID_ARGUMENT;
@@ -742,6 +754,10 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
                         None => (code::NOT_SUPPORTED, 0),
                     },
                     FIELD_NVLINK_LINK_COUNT => (code::SUCCESS, d.nvlink.len() as u64),
+                    id if id == recovery_field => match d.recovery_action {
+                        Some(a) => (code::SUCCESS, u64::from(a as c_uint)),
+                        None => (code::NOT_SUPPORTED, 0),
+                    },
                     _ => (code::NOT_SUPPORTED, 0),
                 },
             };

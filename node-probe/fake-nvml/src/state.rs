@@ -84,14 +84,21 @@ impl Hardware {
     }
 }
 
-/// What a GPU reset cleared: the volatile ECC counters and the pending row remap, as the fixture
+/// What a GPU reset cleared: the volatile ECC counters, the pending row remap and a recovery
+/// action asking for a reset, as the fixture
 /// showed them. A re-read fixture that still shows those values shows them cleared (the reset
 /// happened to that hardware state); one that shows other values describes new errors.
 #[derive(Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Cleared {
     vol: (i64, i64),
     remap_pending: i64,
+    /// The recovery action the reset did (GPU reset, drain and reset), if it asked for one.
+    #[serde(default)]
+    recovery_action: Option<i64>,
 }
+
+/// Recovery actions a GPU reset does: GPU reset (1) and drain and reset (4).
+const RESET_ACTIONS: [i64; 2] = [1, 4];
 
 /// One `nvmlEventSet_t`.
 #[derive(Default)]
@@ -270,6 +277,7 @@ impl State {
             let cleared = Cleared {
                 vol: (d.ecc.vol.corr, d.ecc.vol.unc),
                 remap_pending: d.remapped_rows.pending,
+                recovery_action: d.recovery_action.filter(|a| RESET_ACTIONS.contains(a)),
             };
             clear(d, cleared);
             self.hardware.resets.insert(index, cleared);
@@ -336,6 +344,10 @@ fn clear(d: &mut Device, cleared: Cleared) -> bool {
     }
     if d.remapped_rows.pending == cleared.remap_pending {
         d.remapped_rows.pending = 0;
+        applies = true;
+    }
+    if cleared.recovery_action.is_some() && d.recovery_action == cleared.recovery_action {
+        d.recovery_action = Some(0);
         applies = true;
     }
     applies

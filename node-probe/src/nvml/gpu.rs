@@ -7,7 +7,7 @@
 use gpunode_crds::report::{
     EccCounters, FieldError, GpuStatus, NvlinkStatus, PcieStatus, RemappedRows, RetiredPages,
 };
-use gpunode_crds::{EnabledState, ThrottleReason};
+use gpunode_crds::{EnabledState, GpuRecoveryAction, ThrottleReason};
 use nvml_wrapper::enum_wrappers::device::{
     EccCounter, MemoryError, RetirementCause, TemperatureSensor, TemperatureThreshold,
 };
@@ -21,6 +21,10 @@ use super::reason::nvml_reason;
 
 /// NVML_FI_DEV_MEMORY_TEMP: HBM temperature, only readable as a field value.
 const FIELD_MEMORY_TEMP: u32 = 82;
+/// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION as nvml.h numbers it (230: outside the ids nvml-wrapper
+/// renumbers for drivers from 580.82, so the same on every driver).
+const FIELD_RECOVERY_ACTION: u32 =
+    nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 /// NVML_NVLINK_MAX_LINKS.
 const MAX_NVLINKS: u32 = 18;
 /// Temperatures outside this range (°C) are a driver or sensor fault, not a reading.
@@ -154,6 +158,7 @@ fn read_links_and_modes(device: &Device<'_>, gpu: &mut GpuStatus, e: &mut Errors
             .map_err(ReadError::from),
     );
     gpu.mig_mode = e.take("migMode", mig_mode(device));
+    gpu.recovery_action = e.take("recoveryAction", recovery_action(device)).flatten();
     if let Some(pcie) = gpu.pcie.as_mut() {
         match device.pcie_replay_counter() {
             Ok(replays) => pcie.replay_counter = u64::from(replays),
@@ -236,6 +241,32 @@ fn memory_temperature(device: &Device<'_>) -> Result<i32, ReadError> {
         SampleValue::F64(v) => v as i64,
     };
     plausible_celsius(value)
+}
+
+/// NVML's recovery action; `None` (and no error) where the driver cannot report it, so that
+/// older drivers are not unknown for a check no policy asks for.
+fn recovery_action(device: &Device<'_>) -> Result<Option<GpuRecoveryAction>, ReadError> {
+    let samples = match device.field_values_for(&[FieldId(FIELD_RECOVERY_ACTION)]) {
+        Err(NvmlError::NotSupported) => return Ok(None),
+        other => other?,
+    };
+    let sample = match samples.into_iter().next().ok_or(NvmlError::NoData)? {
+        Err(NvmlError::NotSupported) => return Ok(None),
+        other => other?,
+    };
+    let value = match sample.value {
+        Err(NvmlError::NotSupported) => return Ok(None),
+        other => other?,
+    };
+    let raw = match value {
+        SampleValue::U32(v) => u64::from(v),
+        SampleValue::U64(v) => v,
+        SampleValue::I64(v) => u64::try_from(v).unwrap_or(u64::MAX),
+        SampleValue::F64(v) => v as u64,
+    };
+    GpuRecoveryAction::from_nvml(raw)
+        .map(Some)
+        .ok_or_else(|| ReadError::Implausible(format!("recovery action {raw}")))
 }
 
 fn pcie(device: &Device<'_>) -> Result<PcieStatus, ReadError> {

@@ -14,8 +14,9 @@ pub mod reset;
 pub mod xid;
 
 use std::ffi::OsString;
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, mpsc};
+use std::time::{Duration, Instant};
 
 use gpunode_crds::report::{CollectorName, FieldError, GpuNodeReportStatus, MAX_GPUS};
 use nvml_wrapper::Nvml;
@@ -28,6 +29,8 @@ use crate::xid_state::XidStore;
 
 /// Default library name, resolved by the dynamic loader.
 pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
+/// Default deadline of one collection.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// XID codes above this (other than NVML's 999 "unknown") are not real XIDs.
 const MAX_PLAUSIBLE_XID: u32 = 1023;
 
@@ -45,11 +48,25 @@ pub enum NvmlCollectError {
     /// The GPU count could not be read.
     #[error("NVML device count: {0}")]
     DeviceCount(String),
+    /// An NVML call did not return within the collector's deadline (a hung driver).
+    #[error("an NVML call has not returned for {:.1}s (deadline {:.1}s)", .waited.as_secs_f64(), .deadline.as_secs_f64())]
+    Hung {
+        /// How long the oldest unfinished collection has been waiting.
+        waited: Duration,
+        /// The deadline (`--nvml-timeout`).
+        deadline: Duration,
+    },
+    /// The collection's thread ended without an answer (it panicked).
+    #[error("NVML collection thread ended without an answer")]
+    Lost,
 }
 
 impl From<NvmlCollectError> for CollectError {
     fn from(e: NvmlCollectError) -> Self {
-        CollectError::new(e)
+        match e {
+            NvmlCollectError::Hung { .. } => CollectError::hung(e),
+            other => CollectError::new(other),
+        }
     }
 }
 
@@ -64,6 +81,8 @@ pub struct NvmlConfig {
     pub event_wait: Duration,
     /// Where the XIDs of this boot are kept across probe restarts; `None`: in memory only.
     pub xid_store: Option<XidStore>,
+    /// How long one collection may take before it is reported as hung.
+    pub timeout: Duration,
 }
 
 impl Default for NvmlConfig {
@@ -73,6 +92,7 @@ impl Default for NvmlConfig {
             watch_xids: true,
             event_wait: Duration::from_millis(500),
             xid_store: None,
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 }
@@ -91,6 +111,15 @@ pub struct NvmlCollector {
     /// Held for reading by each collection and for writing by a reset, so that no report shows
     /// a GPU in the middle of its reset (off the bus between remove and discover).
     resetting: RwLock<()>,
+    /// A collection that missed its deadline and has not returned yet: while it hangs, no other
+    /// starts (each would hang on the same driver and pile up threads).
+    stuck: Mutex<Option<Stuck>>,
+}
+
+/// A collection still running past its deadline, on its own thread.
+struct Stuck {
+    since: Instant,
+    done: Arc<AtomicBool>,
 }
 
 impl NvmlCollector {
@@ -105,6 +134,7 @@ impl NvmlCollector {
             xids: Arc::new(xids),
             loaded: Mutex::default(),
             resetting: RwLock::new(()),
+            stuck: Mutex::default(),
         }
     }
 
@@ -206,51 +236,106 @@ impl NvmlCollector {
         loaded.nvml = None;
     }
 
-    fn collect_gpus(&self, report: &mut GpuNodeReportStatus) -> Result<Outcome, NvmlCollectError> {
-        let nvml = self.ensure_loaded()?;
-        let count = nvml
-            .device_count()
-            .map_err(|e| NvmlCollectError::DeviceCount(nvml_reason(&e)))?;
-        let mut notes = Vec::new();
-        match nvml.sys_driver_version() {
-            Ok(version) => report.driver_version = Some(version),
-            Err(e) => notes.push(format!("driverVersion: {}", nvml_reason(&e))),
+    /// The hung collection's error while it still has not returned.
+    fn still_hung(&self) -> Option<NvmlCollectError> {
+        let mut stuck = self.stuck.lock().unwrap_or_else(|p| p.into_inner());
+        if stuck.as_ref().is_some_and(|s| s.done.load(Ordering::Acquire)) {
+            *stuck = None;
         }
-        match nvml.sys_cuda_driver_version() {
-            Ok(version) => report.cuda_version = Some(cuda_version(version)),
-            Err(e) => notes.push(format!("cudaVersion: {}", nvml_reason(&e))),
-        }
-        if count as usize > MAX_GPUS {
-            notes.push(format!("{count} GPUs, only the first {MAX_GPUS} are reported"));
-        }
-        report.gpu_count = Some(count);
-        report.gpus = (0..count.min(MAX_GPUS as u32))
-            .map(|index| {
-                let mut gpu = gpu::read_gpu(&nvml, index);
-                gpu.xids = self.xids.for_gpu(index);
-                for bad in gpu
-                    .xids
-                    .iter()
-                    .filter(|x| x.xid > MAX_PLAUSIBLE_XID && x.xid != xid::XID_UNKNOWN)
-                {
-                    let reason = format!("implausible XID code {} (kept as received)", bad.xid);
-                    if !gpu.errors.iter().any(|e| e.reason == reason) {
-                        gpu.errors.push(FieldError {
-                            field: "xids".to_owned(),
-                            reason,
-                        });
-                    }
-                }
-                gpu
-            })
-            .collect();
-        if let Some(error) = self.xids.watcher_error() {
-            notes.push(error);
-        }
-        Ok(Outcome {
-            note: (!notes.is_empty()).then(|| notes.join("; ")),
+        stuck.as_ref().map(|s| NvmlCollectError::Hung {
+            waited: s.since.elapsed(),
+            deadline: self.config.timeout,
         })
     }
+
+    /// Reads the GPUs on a thread of its own and waits for it up to the deadline: a call into a
+    /// hung driver never returns, and only a report that says so tells it from a dead probe.
+    fn collect_within_deadline(&self, report: &mut GpuNodeReportStatus) -> Result<Outcome, NvmlCollectError> {
+        if let Some(hung) = self.still_hung() {
+            return Err(hung);
+        }
+        let nvml = self.ensure_loaded()?;
+        let xids = self.xids.clone();
+        let mut scratch = report.clone();
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = done.clone();
+        let (tx, rx) = mpsc::channel();
+        let started = Instant::now();
+        std::thread::Builder::new()
+            .name("nvml-collect".to_owned())
+            .spawn(move || {
+                let result = collect_gpus(&nvml, &xids, &mut scratch).map(|o| (o, scratch));
+                finished.store(true, Ordering::Release);
+                // The receiver is gone when the deadline passed: nothing to tell.
+                let _ = tx.send(result);
+            })
+            .map_err(|_| NvmlCollectError::Lost)?;
+        match rx.recv_timeout(self.config.timeout) {
+            Ok(Ok((outcome, filled))) => {
+                *report = filled;
+                Ok(outcome)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                *self.stuck.lock().unwrap_or_else(|p| p.into_inner()) = Some(Stuck { since: started, done });
+                Err(NvmlCollectError::Hung {
+                    waited: started.elapsed(),
+                    deadline: self.config.timeout,
+                })
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(NvmlCollectError::Lost),
+        }
+    }
+}
+
+/// One collection of every GPU through `nvml`, with the XIDs `xids` holds.
+fn collect_gpus(
+    nvml: &Nvml,
+    xids: &XidLog,
+    report: &mut GpuNodeReportStatus,
+) -> Result<Outcome, NvmlCollectError> {
+    let count = nvml
+        .device_count()
+        .map_err(|e| NvmlCollectError::DeviceCount(nvml_reason(&e)))?;
+    let mut notes = Vec::new();
+    match nvml.sys_driver_version() {
+        Ok(version) => report.driver_version = Some(version),
+        Err(e) => notes.push(format!("driverVersion: {}", nvml_reason(&e))),
+    }
+    match nvml.sys_cuda_driver_version() {
+        Ok(version) => report.cuda_version = Some(cuda_version(version)),
+        Err(e) => notes.push(format!("cudaVersion: {}", nvml_reason(&e))),
+    }
+    if count as usize > MAX_GPUS {
+        notes.push(format!("{count} GPUs, only the first {MAX_GPUS} are reported"));
+    }
+    report.gpu_count = Some(count);
+    report.gpus = (0..count.min(MAX_GPUS as u32))
+        .map(|index| {
+            let mut gpu = gpu::read_gpu(nvml, index);
+            gpu.xids = xids.for_gpu(index);
+            for bad in gpu
+                .xids
+                .iter()
+                .filter(|x| x.xid > MAX_PLAUSIBLE_XID && x.xid != xid::XID_UNKNOWN)
+            {
+                let reason = format!("implausible XID code {} (kept as received)", bad.xid);
+                if !gpu.errors.iter().any(|e| e.reason == reason) {
+                    gpu.errors.push(FieldError {
+                        field: "xids".to_owned(),
+                        reason,
+                    });
+                }
+            }
+            gpu
+        })
+        .collect();
+    if let Some(error) = xids.watcher_error() {
+        notes.push(error);
+    }
+    Ok(Outcome {
+        note: (!notes.is_empty()).then(|| notes.join("; ")),
+    })
 }
 
 /// 12040 → "12.4" (NVML encodes major * 1000 + minor * 10).
@@ -268,7 +353,7 @@ impl Collector for NvmlCollector {
             .resetting
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Ok(self.collect_gpus(report)?)
+        Ok(self.collect_within_deadline(report)?)
     }
 }
 

@@ -1,4 +1,5 @@
-//! What a report says of its GPUs, as the planner reads it: their indexes and UUIDs, and the
+//! What a report says of its GPUs, as the planner reads it: their indexes, UUIDs and recovery
+//! actions, and the
 //! pods that hold each. Pure; the report cache ([`super::compact`]) keeps these beside the
 //! compressed report so that a pass reads them without decoding it.
 
@@ -18,6 +19,7 @@ pub fn gpu_views(report: Option<&GpuNodeReport>) -> Vec<GpuView> {
                 .map(|g| GpuView {
                     index: g.index,
                     uuid: g.uuid.clone(),
+                    recovery_action: g.recovery_action,
                 })
                 .collect()
         })

@@ -501,6 +501,7 @@ fn verdict_condition(
     let (status, reason) = match node.verdict.state {
         NodeState::Compliant => ("True", Reason::Compliant),
         NodeState::Drifted => ("False", Reason::Drifted),
+        NodeState::Unknown if nvml_hung(&node.verdict) => ("Unknown", Reason::NvmlHung),
         NodeState::Unknown => ("Unknown", Reason::Unknown),
     };
     let (reason, mut message) = match drain {
@@ -534,6 +535,14 @@ fn verdict_condition(
         reason,
         message,
     }
+}
+
+/// Whether the verdict is unknown because the probe's NVML calls hang.
+fn nvml_hung(verdict: &crate::verdict::Verdict) -> bool {
+    verdict
+        .unknowns
+        .iter()
+        .any(|u| u.check == crate::evaluate::check::NVML_HUNG)
 }
 
 /// An Event when the node's state changes (its first verdict being Compliant is not news), and

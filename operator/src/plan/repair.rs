@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpunode_crds::{
-    DriftClass, GpuResetRequest, names,
+    DriftClass, GpuRecoveryAction, GpuResetRequest, names,
     repair::{RemediatorTemplate, RepairAction, RepairPolicy, RepairStep},
     reset::SUCCEEDED,
 };
@@ -237,11 +237,14 @@ impl RepairInput<'_> {
     }
 }
 
-/// The node's drifting GPUs by class, those with a UUID (a GpuReset step's targets).
+/// The node's drifting GPUs by class, those with a UUID (a GpuReset step's targets). A GPU for
+/// which NVML asks for a node reboot is left out: a reset would not do, so a GpuReset step
+/// skips it and the ladder goes on to its next step.
 pub fn drifting_gpus(node: &NodeView) -> BTreeMap<DriftClass, BTreeSet<ResetGpu>> {
     let uuids: BTreeMap<u32, &str> = node
         .gpus
         .iter()
+        .filter(|g| g.recovery_action != Some(GpuRecoveryAction::NodeReboot))
         .filter_map(|g| Some((g.index, g.uuid.as_deref()?)))
         .collect();
     let mut out: BTreeMap<DriftClass, BTreeSet<ResetGpu>> = BTreeMap::new();

@@ -14,6 +14,7 @@ use std::{
     sync::Arc,
 };
 
+use gpunode_crds::GpuRecoveryAction;
 use jiff::Timestamp;
 
 use crate::{
@@ -125,6 +126,8 @@ pub struct GpuView {
     pub index: u32,
     /// NVML's UUID (`GPU-…`), if the probe read it.
     pub uuid: Option<String>,
+    /// What NVML says the GPU needs before it can be used again, if the probe read it.
+    pub recovery_action: Option<GpuRecoveryAction>,
 }
 
 impl GpuView {
