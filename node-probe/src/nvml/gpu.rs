@@ -23,8 +23,7 @@ use super::reason::nvml_reason;
 const FIELD_MEMORY_TEMP: u32 = 82;
 /// NVML_FI_DEV_GET_GPU_RECOVERY_ACTION as nvml.h numbers it (230: outside the ids nvml-wrapper
 /// renumbers for drivers from 580.82, so the same on every driver).
-const FIELD_RECOVERY_ACTION: u32 =
-    nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
+const FIELD_RECOVERY_ACTION: u32 = nvml_wrapper::sys_exports::field_id::NVML_FI_DEV_GET_GPU_RECOVERY_ACTION;
 /// NVML_NVLINK_MAX_LINKS.
 const MAX_NVLINKS: u32 = 18;
 /// Temperatures outside this range (°C) are a driver or sensor fault, not a reading.
