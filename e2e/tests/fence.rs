@@ -302,4 +302,27 @@ async fn only_the_replica_holding_the_lease_may_write_and_a_takeover_fences_the_
         admitted.is_empty(),
         "without a Lease the admin was refused: {admitted:?}"
     );
+    remove_fence(&admin).await;
+}
+
+/// Deletes this release's fence policy and binding: the reliability control plane outlives the
+/// test, and a fence left there resolves its Lease parameter on every write of every user (a
+/// fetch that times out while etcd restarts denies them all).
+async fn remove_fence(admin: &Client) {
+    let name = format!("{SA}-leader-fence");
+    for (kind, plural) in [
+        (
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+        ),
+        ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+    ] {
+        let api = late::api(admin, ("admissionregistration.k8s.io", "v1", kind), plural, None);
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+        wait::until(&format!("{kind} {name} gone"), DEADLINE, || async {
+            Ok(api.get_opt(&name).await?.is_none().then_some(()))
+        })
+        .await
+        .unwrap();
+    }
 }
