@@ -19,6 +19,7 @@ pub mod pods;
 pub mod probe;
 pub mod remediator;
 pub mod reports;
+pub mod rig;
 pub mod scratch;
 pub mod storm;
 pub mod tools;

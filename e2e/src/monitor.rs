@@ -67,13 +67,8 @@ fn has_foreign(node: &Node) -> (bool, bool) {
 /// annotations): cordoned, unless it is the wave's bystander (a person cordoned it), or tainted
 /// NoSchedule/NoExecute with gpunode's key. A cordon gpunode made without recording it counts.
 fn out_of_service(node: &Node) -> bool {
-    let spec = node.spec.as_ref();
-    let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false) && !is_bystander(node);
-    let tainted = spec.and_then(|s| s.taints.as_ref()).is_some_and(|ts| {
-        ts.iter()
-            .any(|t| t.key == TAINT_KEY && matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
-    });
-    cordoned || tainted
+    let cordoned = crate::nodes::cordoned(node) && !is_bystander(node);
+    cordoned || crate::nodes::tainted_off(node, |key| key == TAINT_KEY)
 }
 
 fn is_bystander(node: &Node) -> bool {

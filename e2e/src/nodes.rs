@@ -80,6 +80,16 @@ pub fn cordoned(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
 }
 
+/// True when the node carries a taint that keeps pods off (NoSchedule or NoExecute) whose key
+/// `key` accepts.
+pub fn tainted_off(node: &Node, key: impl Fn(&str) -> bool) -> bool {
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref());
+    taints.is_some_and(|ts| {
+        ts.iter()
+            .any(|t| key(&t.key) && matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
+    })
+}
+
 /// The reason and message of gpunode's `GpuPolicyCompliant` condition (empty when absent).
 pub fn compliance(node: &Node) -> (String, String) {
     node.status

@@ -33,12 +33,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Unavailable as the fleet cap counts it, read from the Node alone.
 pub fn unavailable(node: &Node) -> bool {
-    let spec = node.spec.as_ref();
-    let tainted = spec.and_then(|s| s.taints.as_ref()).is_some_and(|ts| {
-        ts.iter()
-            .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-    });
-    nodes::cordoned(node) || tainted || !nodes::is_ready(node)
+    nodes::cordoned(node) || nodes::tainted_off(node, |_| true) || !nodes::is_ready(node)
 }
 
 /// A healthy one-GPU report (driver 550, 70 °C, rows remapped fine) whose GPU names the

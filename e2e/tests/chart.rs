@@ -1273,3 +1273,130 @@ async fn remediators_limited_to_namespaces_get_a_role_there_only_and_the_operato
         "a kind not listed"
     );
 }
+
+/// A write as admission names it: (API group, resource or resource/subresource, operation).
+type Write = (String, String, String);
+
+/// Every write `rules` (RBAC PolicyRules) grant, as admission operations: create is CREATE,
+/// update and patch are UPDATE (an apply that creates is granted create as well), delete is
+/// DELETE. The leader Lease is left out: the fence must never match it.
+fn granted_writes(rules: &Value) -> BTreeSet<Write> {
+    let mut out = BTreeSet::new();
+    for rule in rules.as_array().into_iter().flatten() {
+        let list = |k: &str| -> Vec<String> {
+            rule[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        };
+        for verb in list("verbs") {
+            let op = match verb.as_str() {
+                "create" => "CREATE",
+                "update" | "patch" => "UPDATE",
+                "delete" => "DELETE",
+                _ => continue,
+            };
+            for group in list("apiGroups") {
+                for resource in list("resources").into_iter().filter(|r| r != "leases") {
+                    out.insert((group.clone(), resource, op.to_string()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every write the fence's resourceRules match.
+fn fenced_writes(fence: &DynamicObject) -> BTreeSet<Write> {
+    let mut out = BTreeSet::new();
+    let rules = &fence.data["spec"]["matchConstraints"]["resourceRules"];
+    for rule in rules.as_array().into_iter().flatten() {
+        let list = |k: &str| -> Vec<String> {
+            rule[k]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        };
+        assert_eq!(list("apiVersions"), ["*"], "{rule}");
+        for op in list("operations") {
+            for group in list("apiGroups") {
+                for resource in list("resources") {
+                    out.insert((group.clone(), resource, op.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The RBAC rules bound to the operator's ServiceAccount (`r-gpunode-operator` in `ns`).
+fn operator_rules(objects: &[DynamicObject]) -> Value {
+    let bound: BTreeSet<(String, Option<String>)> = objects
+        .iter()
+        .filter(|o| matches!(kind_of(o), "RoleBinding" | "ClusterRoleBinding"))
+        .filter(|o| {
+            o.data["subjects"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| s["kind"] == "ServiceAccount" && s["name"] == "r-gpunode-operator")
+        })
+        .map(|o| {
+            let role = o.data["roleRef"]["name"].as_str().unwrap_or_default().to_string();
+            let ns = (kind_of(o) == "RoleBinding")
+                .then(|| o.metadata.namespace.clone())
+                .flatten();
+            (role, ns)
+        })
+        .collect();
+    let rules: Vec<Value> = objects
+        .iter()
+        .filter(|o| matches!(kind_of(o), "Role" | "ClusterRole"))
+        .filter(|o| {
+            let ns = (kind_of(o) == "Role")
+                .then(|| o.metadata.namespace.clone())
+                .flatten();
+            bound.contains(&(o.metadata.name.clone().unwrap_or_default(), ns))
+        })
+        .flat_map(|o| o.data["rules"].as_array().cloned().unwrap_or_default())
+        .collect();
+    Value::Array(rules)
+}
+
+#[tokio::test]
+async fn the_leader_fence_matches_exactly_the_writes_the_operator_is_granted() {
+    // The API server resolves the fence's Lease for every request it matches, everyone's: the
+    // fence matches what the operator may write and nothing more, whatever the values grant.
+    let admin = admin_client().await.unwrap();
+    let granting = [
+        r#"operator.remediators=[{"apiGroup":"self-node-remediation.medik8s.io","resources":["selfnoderemediations"],"templates":["selfnoderemediationtemplates"]},{"apiGroup":"machine.example.com","resources":["reboots"],"templates":["reboottemplates"],"namespaces":["ops"]}]"#,
+        r#"operator.validation.namespaces=["gpu-validation"]"#,
+    ];
+    for sets in [&[][..], &granting[..]] {
+        let objects = render_json(&admin, sets).await;
+        let granted = granted_writes(&operator_rules(&objects));
+        let fenced = fenced_writes(one(&objects, "ValidatingAdmissionPolicy", "-leader-fence"));
+        assert!(granted.len() >= 10, "{sets:?}: {granted:?}");
+        assert_eq!(
+            fenced, granted,
+            "{sets:?}: the fence must match exactly what RBAC lets the operator write"
+        );
+    }
+    let ignore = render(&admin, &["operator.leaderElection.fenceFailurePolicy=Ignore"]).await;
+    let fence = one(&ignore, "ValidatingAdmissionPolicy", "-leader-fence");
+    assert_eq!(fence.data["spec"]["failurePolicy"], "Ignore");
+    let err = helm(strings(&[
+        "template",
+        "r",
+        &chart_path(),
+        "--set",
+        "operator.leaderElection.fenceFailurePolicy=Open",
+    ]))
+    .await
+    .expect_err("fenceFailurePolicy=Open was accepted");
+    assert!(err.to_string().contains("fenceFailurePolicy"), "{err}");
+}

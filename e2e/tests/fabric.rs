@@ -15,16 +15,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
-use gpunode_e2e::{
-    chart, cluster, crds, nodes,
-    operator::InProcess,
-    probe::{Host, Probe},
-    scratch::rand_suffix,
-    wait,
-};
-use k8s_openapi::api::core::v1::Node;
-use kube::{Api, api::DeleteParams};
+use gpunode_crds::GpuNodeReport;
+use gpunode_e2e::{probe::Probe, rig::Rig};
+use kube::Api;
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -32,10 +25,6 @@ const DEADLINE: Duration = Duration::from_secs(60);
 const HEALTHY_FOR: Duration = Duration::from_secs(5);
 /// How far past `healthyFor` the node must stay cordoned after a restart on the same boot.
 const MARGIN: Duration = Duration::from_secs(4);
-
-fn state(n: &Node) -> Option<String> {
-    nodes::label(n, "gpunode.dev/state")
-}
 
 /// Sets a counter of the copied tree, atomically (a new file renamed over the old one).
 fn set_counter(tree: &Path, device: &str, counter: &str, value: u64) {
@@ -68,78 +57,47 @@ async fn flaps(reports: &Api<GpuNodeReport>, node: &str) -> Option<u64> {
 
 #[tokio::test]
 async fn a_flapping_port_cordons_the_node_across_a_probe_restart_until_a_reboot() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let client = cluster::admin_client().await.unwrap();
-    crds::install(&client).await.unwrap();
-    let node = format!("fabric-{:06x}", rand_suffix());
-    nodes::create(
-        &client,
-        std::slice::from_ref(&node),
-        &nodes::GpuNodeShape::default(),
-    )
-    .await
-    .unwrap();
-    let host = Host::prepare(&client, &node)
-        .await
-        .unwrap()
-        .with_tree_copy("ib-ndr-healthy")
-        .unwrap();
-
-    crds::create_policy(
-        &client,
-        &node,
+    let rig = Rig::start("fabric", Some("ib-ndr-healthy"), |node| {
         json!({
             "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
             "network": {"minRateGbps": 400, "infiniband": {"maxLinkDownedPerHour": 2}},
             "remediation": [{"classes": ["Network"], "action": "Cordon"}],
             "recovery": {"healthyFor": "5s"},
             "staleAfter": "5m",
-        }),
-    )
+        })
+    })
     .await
     .unwrap();
-    let operator_client = chart::operator_client(&client).await.unwrap();
-    let operator = InProcess::start(&operator_client, "e2e-fabric");
-    let node_api: Api<Node> = Api::all(client.clone());
-    let reports: Api<GpuNodeReport> = Api::all(client.clone());
+    let (host, node, reports) = (&rig.host, &rig.node, &rig.reports);
 
     // Boot A: healthy, then mlx5_3 flaps six times.
     let first = host.start_probe("boot-a").unwrap();
-    wait::until("the node compliant", DEADLINE, || async {
-        let n = node_api.get(&node).await?;
-        Ok((state(&n).as_deref() == Some("compliant")).then_some(()))
-    })
-    .await
-    .unwrap();
+    rig.until("the node compliant", "compliant", false, DEADLINE)
+        .await
+        .unwrap();
     let saved = host.dir.join("state/fabric-counters.json");
     assert!(saved.exists(), "no counter history in {}", saved.display());
     set_counter(host.tree(), "mlx5_3", "link_downed", 7);
-    wait::until(
-        "the node drifted and cordoned for link flaps",
-        DEADLINE,
-        || async {
-            let n = node_api.get(&node).await?;
-            Ok((state(&n).as_deref() == Some("drifted") && nodes::cordoned(&n)).then_some(n))
-        },
-    )
-    .await
-    .map(|n| {
-        let (_, message) = nodes::compliance(&n);
-        assert!(
-            message.contains("maxLinkDownedPerHour") && message.contains("link_downed on port 1"),
-            "{message}"
-        );
-    })
-    .unwrap();
-    assert_eq!(flaps(&reports, &node).await, Some(6));
+    let drifted = rig
+        .until(
+            "the node drifted and cordoned for link flaps",
+            "drifted",
+            true,
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+    let (_, message) = gpunode_e2e::nodes::compliance(&drifted);
+    assert!(
+        message.contains("maxLinkDownedPerHour") && message.contains("link_downed on port 1"),
+        "{message}"
+    );
+    assert_eq!(flaps(reports, node).await, Some(6));
     assert!(first.kill().unwrap(), "the probe exited by itself");
 
     // Restarted on the same boot: the history in the state directory still counts the flaps.
     let second = host.start_probe("boot-a").unwrap();
-    assert_eq!(first_flaps(&second, &reports, &node).await, Some(6));
+    assert_eq!(first_flaps(&second, reports, node).await, Some(6));
     let published = Instant::now();
     assert!(
         second
@@ -149,39 +107,16 @@ async fn a_flapping_port_cordons_the_node_across_a_probe_restart_until_a_reboot(
         "{:?}",
         second.lines()
     );
-    wait::until(
-        "healthyFor and a margin past the restarted probe's report, cordoned throughout",
-        HEALTHY_FOR + MARGIN + DEADLINE,
-        || async {
-            let n = node_api.get(&node).await?;
-            assert!(
-                nodes::cordoned(&n) && state(&n).as_deref() == Some("drifted"),
-                "{:?} after the restarted probe's report, the node is {:?}, cordoned: {}",
-                published.elapsed(),
-                state(&n),
-                nodes::cordoned(&n)
-            );
-            Ok((published.elapsed() >= HEALTHY_FOR + MARGIN).then_some(()))
-        },
-    )
-    .await
-    .unwrap();
+    rig.stays_cordoned(published, HEALTHY_FOR + MARGIN).await.unwrap();
     assert!(second.kill().unwrap(), "the probe exited by itself");
 
     // Boot B: the counters restarted with the node (and so does the history): no flaps.
     set_counter(host.tree(), "mlx5_3", "link_downed", 1);
     let third = host.start_probe("boot-b").unwrap();
-    assert_eq!(first_flaps(&third, &reports, &node).await, Some(0));
-    wait::until("the node uncordoned and compliant", DEADLINE, || async {
-        let n = node_api.get(&node).await?;
-        Ok((!nodes::cordoned(&n) && state(&n).as_deref() == Some("compliant")).then_some(()))
-    })
-    .await
-    .unwrap();
-
+    assert_eq!(first_flaps(&third, reports, node).await, Some(0));
+    rig.until("the node uncordoned and compliant", "compliant", false, DEADLINE)
+        .await
+        .unwrap();
     assert!(third.kill().unwrap(), "the probe exited by itself");
-    operator.stop().await.unwrap();
-    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
-    let _ = policies.delete(&node, &DeleteParams::default()).await;
-    host.cleanup(&client).await;
+    rig.finish().await.unwrap();
 }

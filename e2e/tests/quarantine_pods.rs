@@ -19,8 +19,7 @@ use gpunode_e2e::{
     scratch::rand_suffix, wait,
 };
 use gpunode_podresources::{
-    ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources,
-    fake::{FakeKubelet, serve},
+    ContainerDevices, ContainerResources, ListPodResourcesResponse, PodResources, fake::spawn,
 };
 use k8s_openapi::api::{
     core::v1::{Node, Pod},
@@ -89,24 +88,14 @@ async fn an_xid_on_gpu_5_evicts_only_the_pod_holding_gpu_5() {
         ],
     }));
     let socket = host.dir.join("kubelet.sock");
-    let _ = std::fs::remove_file(&socket);
-    let (stop_kubelet, stopped) = tokio::sync::oneshot::channel::<()>();
     let kubelet = {
-        let socket = socket.clone();
         let answer = answer.clone();
-        let source = Arc::new(move || answer.lock().map(|a| a.clone()).map_err(|e| e.to_string()));
-        tokio::spawn(async move {
-            serve(&socket, FakeKubelet::new(source), async {
-                let _ = stopped.await;
-            })
-            .await
-        })
+        spawn(
+            &socket,
+            Arc::new(move || answer.lock().map(|a| a.clone()).map_err(|e| e.to_string())),
+        )
+        .unwrap()
     };
-    wait::until("the fake kubelet listening", DEADLINE, || async {
-        Ok(socket.exists().then_some(()))
-    })
-    .await
-    .unwrap();
     let probe = host
         .start_probe_with(
             "boot-1",
@@ -255,8 +244,7 @@ async fn an_xid_on_gpu_5_evicts_only_the_pod_holding_gpu_5() {
 
     operator.stop().await.unwrap();
     let _ = probe.kill();
-    let _ = stop_kubelet.send(());
-    let _ = kubelet.await;
+    kubelet.stop().await.unwrap();
     let policies: Api<gpunode_crds::GpuNodePolicy> = Api::all(client.clone());
     policies.delete(&node, &DeleteParams::default()).await.unwrap();
     host.cleanup(&client).await;

@@ -12,10 +12,7 @@ use gpunode_e2e::nodes::label;
 use gpunode_e2e::{
     chart, cluster::admin_client, crds, nodes, operator::InProcess, probe::Host, scratch::rand_suffix, wait,
 };
-use gpunode_podresources::{
-    ListPodResourcesResponse,
-    fake::{FakeKubelet, serve},
-};
+use gpunode_podresources::{ListPodResourcesResponse, fake::spawn};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, api::DeleteParams};
 use serde_json::json;
@@ -49,22 +46,10 @@ async fn a_gpu_quarantined_for_its_recovery_action_is_released_when_the_action_i
 
     // The kubelet: no pod holds any GPU.
     let socket = host.dir.join("kubelet.sock");
-    let _ = std::fs::remove_file(&socket);
-    let (stop_kubelet, stopped) = tokio::sync::oneshot::channel::<()>();
-    let kubelet = {
-        let socket = socket.clone();
-        let source = Arc::new(|| Ok::<_, String>(ListPodResourcesResponse::default()));
-        tokio::spawn(async move {
-            serve(&socket, FakeKubelet::new(source), async {
-                let _ = stopped.await;
-            })
-            .await
-        })
-    };
-    wait::until("the fake kubelet listening", DEADLINE, || async {
-        Ok(socket.exists().then_some(()))
-    })
-    .await
+    let kubelet = spawn(
+        &socket,
+        Arc::new(|| Ok::<_, String>(ListPodResourcesResponse::default())),
+    )
     .unwrap();
     let probe = host
         .start_probe_with(
@@ -131,8 +116,7 @@ async fn a_gpu_quarantined_for_its_recovery_action_is_released_when_the_action_i
 
     operator.stop().await.unwrap();
     let _ = probe.kill();
-    let _ = stop_kubelet.send(());
-    let _ = kubelet.await;
+    kubelet.stop().await.unwrap();
     let policies: Api<gpunode_crds::GpuNodePolicy> = Api::all(client.clone());
     policies.delete(&node, &DeleteParams::default()).await.unwrap();
     host.cleanup(&client).await;

@@ -17,16 +17,9 @@
 
 use std::time::{Duration, Instant};
 
-use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
-use gpunode_e2e::{
-    chart, cluster, crds, nodes,
-    operator::InProcess,
-    probe::{Host, Probe},
-    scratch::rand_suffix,
-    wait,
-};
-use k8s_openapi::api::core::v1::Node;
-use kube::{Api, api::DeleteParams};
+use gpunode_crds::GpuNodeReport;
+use gpunode_e2e::{probe::Probe, rig::Rig, wait};
+use kube::Api;
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -35,13 +28,6 @@ const HEALTHY_FOR: Duration = Duration::from_secs(5);
 /// How far past `healthyFor` the node must still be cordoned after a restart on the same boot:
 /// well over the operator's reaction time to a report.
 const MARGIN: Duration = Duration::from_secs(4);
-
-fn state(n: &Node) -> Option<String> {
-    n.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get("gpunode.dev/state").cloned())
-}
 
 /// The XIDs in the stored report, once `probe` has written its first one (its log says so after
 /// the write; observedAt has whole seconds only, too coarse to tell two probes apart).
@@ -57,55 +43,33 @@ async fn first_report(probe: &Probe, reports: &Api<GpuNodeReport>, node: &str) -
 
 #[tokio::test]
 async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_reboot() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let client = cluster::admin_client().await.unwrap();
-    crds::install(&client).await.unwrap();
-    let node = format!("xid-restart-{:06x}", rand_suffix());
-    nodes::create(
-        &client,
-        std::slice::from_ref(&node),
-        &nodes::GpuNodeShape::default(),
-    )
-    .await
-    .unwrap();
-    let host = Host::prepare(&client, &node).await.unwrap();
-
-    crds::create_policy(
-        &client,
-        &node,
+    let rig = Rig::start("xid-restart", None, |node| {
         json!({
             "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
             "gpu": {},
             "remediation": [{"classes": ["Xid"], "action": "Cordon"}],
             "recovery": {"healthyFor": "5s"},
             "staleAfter": "5m",
-        }),
-    )
+        })
+    })
     .await
     .unwrap();
-    let operator_client = chart::operator_client(&client).await.unwrap();
-    let operator = InProcess::start(&operator_client, "e2e-xid-restart");
-    let node_api: Api<Node> = Api::all(client.clone());
-    let reports: Api<GpuNodeReport> = Api::all(client.clone());
+    let (host, node, reports) = (&rig.host, &rig.node, &rig.reports);
 
     // Boot A. The XID happens once the probe has registered for events (NVML delivers nothing
     // that happened before).
     let first = host.start_probe("boot-a").unwrap();
     first.logged("listening for XID events", DEADLINE).await.unwrap();
-    wait::until("the node compliant", DEADLINE, || async {
-        let n = node_api.get(&node).await?;
-        Ok((state(&n).as_deref() == Some("compliant")).then_some(()))
-    })
-    .await
-    .unwrap();
+    rig.until("the node compliant", "compliant", false, DEADLINE)
+        .await
+        .unwrap();
     host.inject_xid(5, 79).unwrap();
-    wait::until("the node drifted and cordoned for XID 79", DEADLINE, || async {
-        let n = node_api.get(&node).await?;
-        Ok((state(&n).as_deref() == Some("drifted") && nodes::cordoned(&n)).then_some(()))
-    })
+    rig.until(
+        "the node drifted and cordoned for XID 79",
+        "drifted",
+        true,
+        DEADLINE,
+    )
     .await
     .unwrap();
     // Saved at once (the first XID after a quiet spell is not held back).
@@ -121,7 +85,7 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
     // Restarted on the same boot: the XID comes back from the state directory, and the node stays
     // cordoned while healthyFor, and more, passes after the restarted probe's report.
     let second = host.start_probe("boot-a").unwrap();
-    let xids = first_report(&second, &reports, &node).await;
+    let xids = first_report(&second, reports, node).await;
     let published = Instant::now();
     assert_eq!(xids, vec![79], "the restarted probe forgot the XID of this boot");
     assert!(
@@ -132,39 +96,19 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
         "{:?}",
         second.lines()
     );
-    wait::until(
-        "healthyFor and a margin past the restarted probe's report, cordoned throughout",
-        HEALTHY_FOR + MARGIN + DEADLINE,
-        || async {
-            let n = node_api.get(&node).await?;
-            if !nodes::cordoned(&n) || state(&n).as_deref() != Some("drifted") {
-                panic!(
-                    "{:?} after the restarted probe's report, the node is {:?}, cordoned: {}",
-                    published.elapsed(),
-                    state(&n),
-                    nodes::cordoned(&n)
-                );
-            }
-            Ok((published.elapsed() >= HEALTHY_FOR + MARGIN).then_some(()))
-        },
-    )
-    .await
-    .unwrap();
+    rig.stays_cordoned(published, HEALTHY_FOR + MARGIN).await.unwrap();
     assert!(second.kill().unwrap(), "the probe exited by itself");
 
     // Boot B: the node rebooted, the XIDs of boot A are forgotten and the node recovers after
     // healthyFor.
     let third = host.start_probe("boot-b").unwrap();
-    let xids = first_report(&third, &reports, &node).await;
+    let xids = first_report(&third, reports, node).await;
     let clear = Instant::now();
     third.logged("the node rebooted", DEADLINE).await.unwrap();
     assert_eq!(xids, Vec::<u32>::new());
-    wait::until("the node uncordoned and compliant", DEADLINE, || async {
-        let n = node_api.get(&node).await?;
-        Ok((!nodes::cordoned(&n) && state(&n).as_deref() == Some("compliant")).then_some(()))
-    })
-    .await
-    .unwrap();
+    rig.until("the node uncordoned and compliant", "compliant", false, DEADLINE)
+        .await
+        .unwrap();
     assert!(
         clear.elapsed() >= HEALTHY_FOR - Duration::from_millis(500),
         "uncordoned {:?} after the first clear report, before healthyFor",
@@ -174,10 +118,6 @@ async fn a_fatal_xid_keeps_the_node_cordoned_across_a_probe_restart_until_a_rebo
         "recovered {:?} after the rebooted probe's first report",
         clear.elapsed()
     );
-
     assert!(third.kill().unwrap(), "the probe exited by itself");
-    operator.stop().await.unwrap();
-    let policies: Api<GpuNodePolicy> = Api::all(client.clone());
-    let _ = policies.delete(&node, &DeleteParams::default()).await;
-    host.cleanup(&client).await;
+    rig.finish().await.unwrap();
 }

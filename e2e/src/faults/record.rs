@@ -230,19 +230,19 @@ mod tests {
         dir
     }
 
+    /// A directory of results files, one per (commit, the run passed).
+    fn results(name: &str, files: &[(&str, bool)]) -> PathBuf {
+        let dir = scratch(name);
+        for (i, (commit, ok)) in files.iter().enumerate() {
+            let body = serde_json::json!({"commit": commit, "runs": run(*ok)});
+            write(&dir, &format!("{i}.json"), body);
+        }
+        dir
+    }
+
     #[test]
     fn results_of_one_commit_make_one_table_naming_it() {
-        let dir = scratch("one");
-        write(
-            &dir,
-            "a.json",
-            serde_json::json!({"commit": "abc1234", "runs": run(true)}),
-        );
-        write(
-            &dir,
-            "b.json",
-            serde_json::json!({"commit": "abc1234", "runs": run(false)}),
-        );
+        let dir = results("one", &[("abc1234", true), ("abc1234", false)]);
         let s = summary(&dir).map_err(|e| e.to_string());
         assert_eq!(
             s.as_ref().map(|s| (s.commit.as_str(), s.runs, s.violations)),
@@ -252,17 +252,7 @@ mod tests {
 
     #[test]
     fn results_of_different_commits_or_none_are_refused() {
-        let dir = scratch("mixed");
-        write(
-            &dir,
-            "a.json",
-            serde_json::json!({"commit": "abc1234", "runs": run(true)}),
-        );
-        write(
-            &dir,
-            "b.json",
-            serde_json::json!({"commit": "def5678", "runs": run(true)}),
-        );
+        let dir = results("mixed", &[("abc1234", true), ("def5678", true)]);
         let e = summary(&dir).map(|s| s.commit).map_err(|e| e.to_string());
         assert!(
             e.as_ref()

@@ -89,11 +89,46 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let listener = UnixListener::bind(socket).map_err(ServeError::Bind)?;
+    serve_on(listener, kubelet, shutdown).await
+}
+
+async fn serve_on(
+    listener: UnixListener,
+    kubelet: FakeKubelet,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
     tonic::transport::Server::builder()
         .add_service(kubelet)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await
         .map_err(ServeError::Serve)
+}
+
+/// A fake kubelet serving in the background (see [`spawn`]).
+pub struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), ServeError>>,
+}
+
+/// Serves `source` on a new unix socket at `socket` (a stale socket file there is removed) in a
+/// task of the current runtime. The socket is bound when this returns, so a client may connect
+/// at once.
+pub fn spawn(socket: &Path, source: Source) -> Result<Running, ServeError> {
+    let _ = std::fs::remove_file(socket);
+    let listener = UnixListener::bind(socket).map_err(ServeError::Bind)?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(serve_on(listener, FakeKubelet::new(source), async {
+        let _ = stopped.await;
+    }));
+    Ok(Running { stop, task })
+}
+
+impl Running {
+    /// Stops serving and waits for the server to end.
+    pub async fn stop(self) -> Result<(), ServeError> {
+        let _ = self.stop.send(());
+        self.task.await.map_err(ServeError::Task)?
+    }
 }
 
 /// Why the fake kubelet stopped.
@@ -105,6 +140,9 @@ pub enum ServeError {
     /// The server failed.
     #[error("serving failed: {0}")]
     Serve(#[source] tonic::transport::Error),
+    /// The background task panicked or was cancelled.
+    #[error("the server's task ended abnormally: {0}")]
+    Task(#[source] tokio::task::JoinError),
 }
 
 /// A source that reads `file` (a `ListPodResourcesResponse` as JSON, camelCase) on every request:
