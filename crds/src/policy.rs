@@ -20,6 +20,7 @@ use crate::{
     types::{DriftClass, EnabledState, PortState, ThrottleReason, TrustMode},
     validation::ValidationPolicy,
     version::VersionRange,
+    xid_resolution::XidResolutionRequirements,
 };
 
 /// GpuNodePolicy declares the state a set of GPU nodes must be in (GPUs, cooling, RoCE network)
@@ -264,8 +265,10 @@ pub struct GpuRequirements {
     #[serde(default)]
     pub allow_row_remap_failure: bool,
 
-    /// XID error codes that make the node drift (class Xid) when seen within `xidWindow`.
-    /// Defaults to DCGM's fatal set plus 64: 48, 64, 74, 79, 95, 119, 120, 140.
+    /// XID error codes that make the node drift (class Xid) when seen within `xidWindow`,
+    /// whatever NVIDIA's catalogue says of them (see `xidResolution` to act by the catalogue's
+    /// resolution instead). Defaults to DCGM's fatal set plus 64: 48, 64, 74, 79, 95, 119, 120,
+    /// 140. The drift names each XID's catalogue resolution.
     #[serde(default = "default_fatal_xids")]
     #[schemars(length(max = 256), inner(range(min = 1, max = 65535)))]
     pub fatal_xids: Vec<u32>,
@@ -285,6 +288,13 @@ pub struct GpuRequirements {
     /// it. Unset: not checked. A repair's GpuReset step skips a GPU that asks for NodeReboot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_action: Option<RecoveryActionRequirements>,
+
+    /// Drift (class Xid) when a GPU reports, within `xidWindow`, an XID whose resolution in
+    /// NVIDIA's XID catalogue (built in, edition R610) is one of `driftOn`, for example every
+    /// XID after which NVIDIA says to reset the GPU. Adds to `fatalXids`, which still drift by
+    /// number. Unset: XIDs drift by number only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_resolution: Option<XidResolutionRequirements>,
 }
 
 /// DCGM's fatal XIDs (48, 74, 79, 95, 119, 120, 140) plus 64 (row-remapper failure).

@@ -38,6 +38,8 @@ pub const GPU_MAX_RETIRED_PAGES: &str = "gpu.maxRetiredPages";
 pub const GPU_ALLOW_ROW_REMAP_FAILURE: &str = "gpu.allowRowRemapFailure";
 /// Fatal XIDs within the window (Xid, per GPU).
 pub const GPU_FATAL_XIDS: &str = "gpu.fatalXids";
+/// XIDs whose catalogue resolution is listed in `driftOn`, within the window (Xid, per GPU).
+pub const GPU_XID_RESOLUTION: &str = "gpu.xidResolution";
 /// NVML's recovery action asks for one the policy drifts on (Xid, per GPU).
 pub const GPU_RECOVERY_ACTION: &str = "gpu.recoveryAction";
 
