@@ -28,6 +28,7 @@ mod findings;
 mod glob;
 mod gpu;
 mod network;
+mod power;
 mod xid;
 
 use gpunode_crds::{
@@ -129,6 +130,18 @@ pub fn unchanged_until_heard(
                 && leaves >= now
             {
                 until = until.min(leaves);
+            }
+        }
+    }
+    if let (Some(gpu), Some(status)) = (&policy.gpu, report.and_then(|r| r.status.as_ref())) {
+        // A power brake drifts once it has lasted maxPowerBrake.
+        for outlasts in status
+            .gpus
+            .iter()
+            .filter_map(|g| power::brake_outlasts(gpu.power.as_ref(), g))
+        {
+            if outlasts >= now {
+                until = until.min(outlasts);
             }
         }
     }

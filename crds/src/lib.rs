@@ -12,6 +12,7 @@ pub mod heartbeat;
 pub mod maintenance;
 pub mod names;
 pub mod policy;
+pub mod power;
 pub mod recovery;
 pub mod repair;
 pub mod report;

@@ -14,6 +14,7 @@ use crate::{
     budget::MaxUnavailable,
     duration::Duration,
     maintenance::MaintenancePolicy,
+    power::PowerRequirements,
     recovery::RecoveryActionRequirements,
     repair::RepairPolicy,
     rules,
@@ -244,6 +245,11 @@ pub struct GpuRequirements {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pcie: Option<PcieRequirements>,
 
+    /// The enforced power limit each GPU must run under (drift class Config), and how long the
+    /// hardware power brake may hold its clocks down (drift class Throttle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerRequirements>,
+
     /// Minimum active NVLinks per GPU (drift class Nvlink).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink: Option<NvlinkRequirements>,
@@ -315,6 +321,14 @@ pub struct PcieRequirements {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 32))]
     pub min_width: Option<u32>,
+
+    /// Most PCIe replays (link-level retransmissions, NVML's replay counter) a GPU may have
+    /// over the last hour (drift class Pcie). A healthy link replays rarely; DCGM warns above
+    /// about 1.92 per lane and minute at Gen5 (BER 1e-12), so 0 is too strict for most fleets.
+    /// A probe that has watched for less than an hour counts over the time it has watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_replays_per_hour: Option<u64>,
 }
 
 /// Minimum NVLink connectivity of each GPU.

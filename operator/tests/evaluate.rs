@@ -729,6 +729,112 @@ fn xid_resolution_is_unknown_when_the_probe_could_not_listen() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// gpu: power limit, power brake, PCIe replays per hour
+
+/// The healthy report with every GPU's default limit 700 W and replays counted over the hour.
+fn powered() -> Doc {
+    (0..8).fold(healthy(), |doc, i| {
+        doc.set(&format!("status.gpus.{i}.defaultPowerLimitWatts"), "700")
+            .set(&format!("status.gpus.{i}.pcie.replaysLastHour"), "3")
+            .set(&format!("status.gpus.{i}.pcie.replayWindowMinutes"), "60")
+    })
+}
+
+#[test]
+fn an_enforced_limit_below_the_share_of_the_default_is_config_drift() {
+    let policy = strict().set("spec.gpu.power", "{minLimitPercentOfDefault: 90}");
+    // 630 W is exactly 90% of 700 W: compliant.
+    assert_compliant(&eval(
+        &policy,
+        &powered().set("status.gpus.1.powerLimitWatts", "630"),
+    ));
+    assert_drifts(
+        &eval(&policy, &powered().set("status.gpus.1.powerLimitWatts", "629")),
+        &[drift(
+            Config,
+            "gpu.power.minLimitPercentOfDefault",
+            Some(1),
+            None,
+            ">= 90% of the 700 W default",
+            "629 W enforced",
+        )],
+    );
+}
+
+#[test]
+fn an_enforced_limit_outside_the_watt_range_is_config_drift() {
+    let policy = strict().set("spec.gpu.power", "{minLimitWatts: 650, maxLimitWatts: 700}");
+    assert_compliant(&eval(&policy, &powered()));
+    let v = eval(&policy, &powered().set("status.gpus.4.powerLimitWatts", "500"));
+    assert_eq!(v.drifts.len(), 1);
+    assert_eq!(v.drifts[0].check, "gpu.power.minLimitWatts");
+    let v = eval(&policy, &powered().set("status.gpus.4.powerLimitWatts", "750"));
+    assert_eq!(v.drifts[0].check, "gpu.power.maxLimitWatts");
+}
+
+#[test]
+fn an_unreported_default_limit_is_unknown_only_for_the_share_check() {
+    let policy = strict().set("spec.gpu.power", "{minLimitPercentOfDefault: 90}");
+    let v = eval(&policy, &healthy());
+    assert_eq!(v.state, NodeState::Unknown);
+    assert!(
+        v.unknowns
+            .iter()
+            .all(|u| u.check == "gpu.power.minLimitPercentOfDefault"),
+        "{:?}",
+        v.unknowns
+    );
+}
+
+#[test]
+fn a_power_brake_that_lasts_is_throttle_drift_and_a_brief_one_is_not() {
+    let policy = strict().set("spec.gpu.power", "{maxPowerBrake: 2m}");
+    // Braking for 90 s of the 2 minutes allowed.
+    assert_compliant(&eval(
+        &policy,
+        &powered().set("status.gpus.3.powerBrakeSince", "'2026-11-29T11:59:00Z'"),
+    ));
+    assert_drifts(
+        &eval(
+            &policy,
+            &powered().set("status.gpus.3.powerBrakeSince", "'2026-11-29T11:55:00Z'"),
+        ),
+        &[drift(
+            Throttle,
+            "gpu.power.maxPowerBrake",
+            Some(3),
+            None,
+            "hardware power brake for at most 2m",
+            "braking since 2026-11-29T11:55:00Z",
+        )],
+    );
+}
+
+#[test]
+fn pcie_replays_over_the_hourly_budget_are_pcie_drift() {
+    let policy = strict().set("spec.gpu.pcie.maxReplaysPerHour", "100");
+    // Replays at a healthy rate (3 an hour) never drift.
+    assert_compliant(&eval(&policy, &powered()));
+    assert_drifts(
+        &eval(
+            &policy,
+            &powered().set("status.gpus.7.pcie.replaysLastHour", "101"),
+        ),
+        &[drift(
+            Pcie,
+            "gpu.pcie.maxReplaysPerHour",
+            Some(7),
+            None,
+            "<= 100 replays per hour",
+            "101 replays in the last 60 min",
+        )],
+    );
+    // Not counted: unknown, not compliant.
+    let v = eval(&policy, &healthy());
+    assert_eq!(v.state, NodeState::Unknown);
+}
+
+// ---------------------------------------------------------------------------------------------
 // cooling: GPU temperatures and throttling
 
 #[test]

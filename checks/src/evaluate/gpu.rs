@@ -89,6 +89,10 @@ fn per_gpu_checks(req: &GpuRequirements) -> Vec<&'static str> {
             check::GPU_PCIE_MIN_WIDTH,
         ),
         (
+            pcie.is_some_and(|p| p.max_replays_per_hour.is_some()),
+            check::GPU_PCIE_MAX_REPLAYS_PER_HOUR,
+        ),
+        (
             min_active_links(req).is_some(),
             check::GPU_NVLINK_MIN_ACTIVE_LINKS,
         ),
@@ -104,6 +108,7 @@ fn per_gpu_checks(req: &GpuRequirements) -> Vec<&'static str> {
     ]
     .into_iter()
     .filter_map(|(asked, name)| asked.then_some(name))
+    .chain(super::power::checks(req.power.as_ref()))
     .collect()
 }
 
@@ -233,6 +238,13 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
         }
     }
 
+    if let Some(max) = req.pcie.as_ref().and_then(|p| p.max_replays_per_hour) {
+        pcie_replays(max, gpu, f);
+    }
+    if let Some(power) = &req.power {
+        super::power::check(power, now, gpu, f);
+    }
+
     if let Some(min) = min_active_links(req)
         && observed(
             f,
@@ -351,6 +363,31 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
             None,
             format!("none of {}", list(&wanted.drift_on)),
             action.to_string(),
+        );
+    }
+}
+
+/// PCIe replays over the last hour against the budget. A link that replays at all is not
+/// drift: only one that replays more than the policy allows.
+fn pcie_replays(max: u64, gpu: &GpuStatus, f: &mut Findings) {
+    let i = Some(gpu.index);
+    let counted = gpu
+        .pcie
+        .as_ref()
+        .and_then(|p| Some((p.replays_last_hour?, p.replay_window_minutes)));
+    let Some((count, minutes)) = counted else {
+        let reason = missing_reason(&gpu.errors, "pcie.replayCounter");
+        f.unknown(check::GPU_PCIE_MAX_REPLAYS_PER_HOUR, i, reason);
+        return;
+    };
+    if count > max {
+        f.drift(
+            DriftClass::Pcie,
+            check::GPU_PCIE_MAX_REPLAYS_PER_HOUR,
+            i,
+            None,
+            format!("<= {max} replays per hour"),
+            format!("{count} replays in the last {} min", minutes.unwrap_or(60)),
         );
     }
 }
