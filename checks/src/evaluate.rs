@@ -28,6 +28,8 @@ mod findings;
 mod glob;
 mod gpu;
 mod network;
+mod power;
+mod xid;
 
 use gpunode_crds::{
     Duration, GpuNodePolicySpec,
@@ -121,13 +123,25 @@ pub fn unchanged_until_heard(
     if let (Some(gpu), Some(status)) = (&policy.gpu, report.and_then(|r| r.status.as_ref()))
         && let Some(window) = gpu.xid_window
     {
-        // Each fatal XID still within the window drops out of it after `at + window`.
+        // Each drifting XID still within the window drops out of it after `at + window`.
         for xid in status.gpus.iter().flat_map(|g| &g.xids) {
-            if gpu.fatal_xids.contains(&xid.xid)
+            if xid::drifting_check(gpu, xid.xid).is_some()
                 && let Ok(leaves) = xid.at.0.checked_add(signed(window.get()))
                 && leaves >= now
             {
                 until = until.min(leaves);
+            }
+        }
+    }
+    if let (Some(gpu), Some(status)) = (&policy.gpu, report.and_then(|r| r.status.as_ref())) {
+        // A power brake drifts once it has lasted maxPowerBrake.
+        for outlasts in status
+            .gpus
+            .iter()
+            .filter_map(|g| power::brake_outlasts(gpu.power.as_ref(), g))
+        {
+            if outlasts >= now {
+                until = until.min(outlasts);
             }
         }
     }

@@ -12,6 +12,7 @@ pub mod heartbeat;
 pub mod maintenance;
 pub mod names;
 pub mod policy;
+pub mod power;
 pub mod recovery;
 pub mod repair;
 pub mod report;
@@ -21,6 +22,8 @@ pub mod selector;
 pub mod types;
 pub mod validation;
 pub mod version;
+pub mod xid_catalog;
+pub mod xid_resolution;
 
 pub use budget::MaxUnavailable;
 pub use duration::Duration;
@@ -31,6 +34,7 @@ pub use report::{GpuNodeReport, GpuNodeReportSpec, GpuNodeReportStatus};
 pub use reset::{GpuResetRequest, GpuResetRequestSpec, GpuResetRequestStatus};
 pub use types::{DriftClass, EnabledState, ObservedTrust, PortState, ThrottleReason, TrustMode};
 pub use version::{Version, VersionRange};
+pub use xid_resolution::XidResolution;
 
 /// The API group of every gpunode kind.
 pub const GROUP: &str = "gpunode.dev";

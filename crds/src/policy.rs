@@ -14,12 +14,14 @@ use crate::{
     budget::MaxUnavailable,
     duration::Duration,
     maintenance::MaintenancePolicy,
+    power::PowerRequirements,
     recovery::RecoveryActionRequirements,
     repair::RepairPolicy,
     rules,
     types::{DriftClass, EnabledState, PortState, ThrottleReason, TrustMode},
     validation::ValidationPolicy,
     version::VersionRange,
+    xid_resolution::XidResolutionRequirements,
 };
 
 /// GpuNodePolicy declares the state a set of GPU nodes must be in (GPUs, cooling, RoCE network)
@@ -243,6 +245,11 @@ pub struct GpuRequirements {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pcie: Option<PcieRequirements>,
 
+    /// The enforced power limit each GPU must run under (drift class Config), and how long the
+    /// hardware power brake may hold its clocks down (drift class Throttle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power: Option<PowerRequirements>,
+
     /// Minimum active NVLinks per GPU (drift class Nvlink).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink: Option<NvlinkRequirements>,
@@ -264,8 +271,10 @@ pub struct GpuRequirements {
     #[serde(default)]
     pub allow_row_remap_failure: bool,
 
-    /// XID error codes that make the node drift (class Xid) when seen within `xidWindow`.
-    /// Defaults to DCGM's fatal set plus 64: 48, 64, 74, 79, 95, 119, 120, 140.
+    /// XID error codes that make the node drift (class Xid) when seen within `xidWindow`,
+    /// whatever NVIDIA's catalogue says of them (see `xidResolution` to act by the catalogue's
+    /// resolution instead). Defaults to DCGM's fatal set plus 64: 48, 64, 74, 79, 95, 119, 120,
+    /// 140. The drift names each XID's catalogue resolution.
     #[serde(default = "default_fatal_xids")]
     #[schemars(length(max = 256), inner(range(min = 1, max = 65535)))]
     pub fatal_xids: Vec<u32>,
@@ -285,6 +294,13 @@ pub struct GpuRequirements {
     /// it. Unset: not checked. A repair's GpuReset step skips a GPU that asks for NodeReboot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_action: Option<RecoveryActionRequirements>,
+
+    /// Drift (class Xid) when a GPU reports, within `xidWindow`, an XID whose resolution in
+    /// NVIDIA's XID catalogue (built in, edition R610) is one of `driftOn`, for example every
+    /// XID after which NVIDIA says to reset the GPU. Adds to `fatalXids`, which still drift by
+    /// number. Unset: XIDs drift by number only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xid_resolution: Option<XidResolutionRequirements>,
 }
 
 /// DCGM's fatal XIDs (48, 74, 79, 95, 119, 120, 140) plus 64 (row-remapper failure).
@@ -305,6 +321,14 @@ pub struct PcieRequirements {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 32))]
     pub min_width: Option<u32>,
+
+    /// Most PCIe replays (link-level retransmissions, NVML's replay counter) a GPU may have
+    /// over the last hour (drift class Pcie). A healthy link replays rarely; DCGM warns above
+    /// about 1.92 per lane and minute at Gen5 (BER 1e-12), so 0 is too strict for most fleets.
+    /// A probe that has watched for less than an hour counts over the time it has watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_replays_per_hour: Option<u64>,
 }
 
 /// Minimum NVLink connectivity of each GPU.

@@ -223,6 +223,13 @@ pub struct GpuStatus {
     /// Enforced power limit in watts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power_limit_watts: Option<u32>,
+    /// The board's default power limit in watts (what the enforced limit is without a cap).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_power_limit_watts: Option<u32>,
+    /// Since when the hardware power brake (HwPowerBrakeSlowdown) has held the clocks down
+    /// without a break, as far as this probe has seen; absent while it does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_brake_since: Option<Time>,
 
     /// Why clocks are currently reduced, by name. Empty when running at full clocks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -333,6 +340,13 @@ pub struct PcieStatus {
     /// PCIe replay counter (link-level retransmissions).
     #[serde(default)]
     pub replay_counter: u64,
+    /// Replays over the last `replayWindowMinutes` (60 once the probe has watched an hour): the
+    /// count a policy's `pcie.maxReplaysPerHour` is held to. Absent when the counter is unread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replays_last_hour: Option<u64>,
+    /// The minutes `replaysLastHour` covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_window_minutes: Option<u32>,
 }
 
 /// NVLink connectivity.

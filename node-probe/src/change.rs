@@ -570,6 +570,7 @@ mod tests {
                 current_width: 16,
                 max_width: 16,
                 replay_counter: 0,
+                ..PcieStatus::default()
             }),
             nvlink: Some(NvlinkStatus {
                 active: 18,

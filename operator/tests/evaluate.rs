@@ -502,7 +502,7 @@ fn a_fatal_xid_is_xid_drift_of_that_gpu() {
             Some(3),
             None,
             "none of [48, 64, 74, 79, 94, 95, 119, 120, 140] since boot",
-            "XID 79 at 2026-11-29T11:58:00Z",
+            "XID 79 (RESTART_BM) at 2026-11-29T11:58:00Z",
         )],
     );
 }
@@ -579,7 +579,10 @@ fn without_xid_window_every_fatal_xid_in_the_report_counts() {
     let report = healthy().set("status.gpus.0.xids", "[{xid: 48, at: '2026-11-20T03:00:00Z'}]");
     let v = eval(&strict(), &report);
     assert_eq!(v.drifts.len(), 1);
-    assert_eq!(v.drifts[0].actual, "XID 48 at 2026-11-20T03:00:00Z");
+    assert_eq!(
+        v.drifts[0].actual,
+        "XID 48 (WORKFLOW_XID_48) at 2026-11-20T03:00:00Z"
+    );
 }
 
 #[test]
@@ -604,7 +607,7 @@ fn a_fatal_xid_within_xid_window_is_drift_with_the_latest_time_per_code() {
             Some(3),
             None,
             "none of [48, 64, 74, 79, 94, 95, 119, 120, 140] within 1h",
-            "XID 79 at 2026-11-29T11:30:00Z, XID 94 at 2026-11-29T11:10:00Z",
+            "XID 79 (RESTART_BM) at 2026-11-29T11:30:00Z, XID 94 (RESTART_APP) at 2026-11-29T11:10:00Z",
         )],
     );
 }
@@ -617,6 +620,218 @@ fn fatal_xids_default_to_dcgms_fatal_set_plus_64() {
     assert_compliant(&eval(&policy, &report));
     let report = healthy().set("status.gpus.3.xids", "[{xid: 64, at: '2026-11-29T11:58:00Z'}]");
     assert_eq!(eval(&policy, &report).drifts[0].check, "gpu.fatalXids");
+}
+
+// ---------------------------------------------------------------------------------------------
+// gpu: XIDs by the resolution of NVIDIA's catalogue
+
+/// The strict policy with `xidResolution` at its defaults and DCGM's fatal set by number.
+fn by_resolution() -> Doc {
+    strict()
+        .remove("spec.gpu.fatalXids")
+        .set("spec.gpu.xidResolution", "{}")
+}
+
+#[test]
+fn an_xid_whose_resolution_is_in_drift_on_is_xid_drift_naming_the_resolution() {
+    // 109 (context-switch timeout) is in no fatal list; the catalogue says RESET_GPU.
+    let report = healthy().set("status.gpus.6.xids", "[{xid: 109, at: '2026-11-29T11:58:00Z'}]");
+    assert_drifts(
+        &eval(&by_resolution(), &report),
+        &[drift(
+            Xid,
+            "gpu.xidResolution",
+            Some(6),
+            None,
+            "no XID resolved by [RESET_GPU, RESTART_BM, WORKFLOW_XID_48] since boot",
+            "XID 109 (RESET_GPU) at 2026-11-29T11:58:00Z",
+        )],
+    );
+}
+
+#[test]
+fn xids_that_end_one_application_or_are_ignored_never_drift_by_default() {
+    // 94 (contained ECC error), 13, 31, 45: RESTART_APP or a workflow; 43, 63, 92: IGNORE;
+    // 200: not in the catalogue.
+    let xids = [94, 13, 31, 45, 43, 63, 92, 200]
+        .iter()
+        .map(|x| format!("{{xid: {x}, at: '2026-11-29T11:58:00Z'}}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let report = healthy().set("status.gpus.2.xids", &format!("[{xids}]"));
+    assert_compliant(&eval(&by_resolution(), &report));
+    // Even when every resolution but IGNORE is listed, an IGNORE XID does not drift.
+    let all = "{driftOn: [RESTART_APP, RESET_GPU, RESTART_BM, RESTART_VM, CONTACT_SUPPORT, CHECK_MECHANICALS, UPDATE_SWFW, CHECK_UVM, WORKFLOW_XID_45, WORKFLOW_XID_48, WORKFLOW_NVLINK_ERR, WORKFLOW_NVLINK5_ERR, XID_154]}";
+    let report = healthy()
+        .set("status.gpus.2.xids", "[{xid: 63, at: '2026-11-29T11:58:00Z'}]")
+        // The fixture's XID 13 (RESTART_APP) on GPU 6 would drift with this list.
+        .set("status.gpus.6.xids", "[]");
+    assert_compliant(&eval(
+        &by_resolution().set("spec.gpu.xidResolution", all),
+        &report,
+    ));
+}
+
+#[test]
+fn an_xid_listed_by_number_is_reported_once_by_fatal_xids_with_its_resolution() {
+    let report = healthy().set(
+        "status.gpus.1.xids",
+        "[{xid: 79, at: '2026-11-29T11:58:00Z'}, {xid: 143, at: '2026-11-29T11:59:00Z'}]",
+    );
+    let v = eval(&by_resolution(), &report);
+    let found: Vec<(&str, &str)> = v
+        .drifts
+        .iter()
+        .map(|d| (d.check.as_str(), d.actual.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("gpu.fatalXids", "XID 79 (RESTART_BM) at 2026-11-29T11:58:00Z"),
+            ("gpu.xidResolution", "XID 143 (RESET_GPU) at 2026-11-29T11:59:00Z"),
+        ]
+    );
+}
+
+#[test]
+fn a_policy_without_xid_resolution_still_drifts_by_number_only() {
+    // A policy stored before xidResolution existed: 109 is not in its list, 79 is.
+    let report = healthy().set("status.gpus.6.xids", "[{xid: 109, at: '2026-11-29T11:58:00Z'}]");
+    assert_compliant(&eval(&strict(), &report));
+    let report = healthy().set("status.gpus.6.xids", "[{xid: 79, at: '2026-11-29T11:58:00Z'}]");
+    assert_eq!(eval(&strict(), &report).drifts[0].check, "gpu.fatalXids");
+}
+
+#[test]
+fn an_xid_resolved_by_drift_on_older_than_xid_window_is_not_drift() {
+    let policy = by_resolution().set("spec.gpu.xidWindow", "1h");
+    // 143 (GPU init error): RESET_GPU, and in no fatal list.
+    let report = healthy().set("status.gpus.6.xids", "[{xid: 143, at: '2026-11-29T10:59:00Z'}]");
+    assert_compliant(&eval(&policy, &report));
+    let report = healthy().set("status.gpus.6.xids", "[{xid: 143, at: '2026-11-29T11:01:00Z'}]");
+    assert_eq!(eval(&policy, &report).drifts[0].check, "gpu.xidResolution");
+}
+
+#[test]
+fn xid_resolution_is_unknown_when_the_probe_could_not_listen() {
+    let report = healthy().set(
+        "status.gpus.0.errors",
+        "[{field: xids, reason: 'NVML: NotSupported'}]",
+    );
+    let v = eval(&by_resolution(), &report);
+    let checks: Vec<&str> = v
+        .unknowns
+        .iter()
+        .filter(|u| u.gpu == Some(0))
+        .map(|u| u.check.as_str())
+        .collect();
+    assert_eq!(checks, ["gpu.fatalXids", "gpu.xidResolution"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gpu: power limit, power brake, PCIe replays per hour
+
+/// The healthy report with every GPU's default limit 700 W and replays counted over the hour.
+fn powered() -> Doc {
+    (0..8).fold(healthy(), |doc, i| {
+        doc.set(&format!("status.gpus.{i}.defaultPowerLimitWatts"), "700")
+            .set(&format!("status.gpus.{i}.pcie.replaysLastHour"), "3")
+            .set(&format!("status.gpus.{i}.pcie.replayWindowMinutes"), "60")
+    })
+}
+
+#[test]
+fn an_enforced_limit_below_the_share_of_the_default_is_config_drift() {
+    let policy = strict().set("spec.gpu.power", "{minLimitPercentOfDefault: 90}");
+    // 630 W is exactly 90% of 700 W: compliant.
+    assert_compliant(&eval(
+        &policy,
+        &powered().set("status.gpus.1.powerLimitWatts", "630"),
+    ));
+    assert_drifts(
+        &eval(&policy, &powered().set("status.gpus.1.powerLimitWatts", "629")),
+        &[drift(
+            Config,
+            "gpu.power.minLimitPercentOfDefault",
+            Some(1),
+            None,
+            ">= 90% of the 700 W default",
+            "629 W enforced",
+        )],
+    );
+}
+
+#[test]
+fn an_enforced_limit_outside_the_watt_range_is_config_drift() {
+    let policy = strict().set("spec.gpu.power", "{minLimitWatts: 650, maxLimitWatts: 700}");
+    assert_compliant(&eval(&policy, &powered()));
+    let v = eval(&policy, &powered().set("status.gpus.4.powerLimitWatts", "500"));
+    assert_eq!(v.drifts.len(), 1);
+    assert_eq!(v.drifts[0].check, "gpu.power.minLimitWatts");
+    let v = eval(&policy, &powered().set("status.gpus.4.powerLimitWatts", "750"));
+    assert_eq!(v.drifts[0].check, "gpu.power.maxLimitWatts");
+}
+
+#[test]
+fn an_unreported_default_limit_is_unknown_only_for_the_share_check() {
+    let policy = strict().set("spec.gpu.power", "{minLimitPercentOfDefault: 90}");
+    let v = eval(&policy, &healthy());
+    assert_eq!(v.state, NodeState::Unknown);
+    assert!(
+        v.unknowns
+            .iter()
+            .all(|u| u.check == "gpu.power.minLimitPercentOfDefault"),
+        "{:?}",
+        v.unknowns
+    );
+}
+
+#[test]
+fn a_power_brake_that_lasts_is_throttle_drift_and_a_brief_one_is_not() {
+    let policy = strict().set("spec.gpu.power", "{maxPowerBrake: 2m}");
+    // Braking for 90 s of the 2 minutes allowed.
+    assert_compliant(&eval(
+        &policy,
+        &powered().set("status.gpus.3.powerBrakeSince", "'2026-11-29T11:59:00Z'"),
+    ));
+    assert_drifts(
+        &eval(
+            &policy,
+            &powered().set("status.gpus.3.powerBrakeSince", "'2026-11-29T11:55:00Z'"),
+        ),
+        &[drift(
+            Throttle,
+            "gpu.power.maxPowerBrake",
+            Some(3),
+            None,
+            "hardware power brake for at most 2m",
+            "braking since 2026-11-29T11:55:00Z",
+        )],
+    );
+}
+
+#[test]
+fn pcie_replays_over_the_hourly_budget_are_pcie_drift() {
+    let policy = strict().set("spec.gpu.pcie.maxReplaysPerHour", "100");
+    // Replays at a healthy rate (3 an hour) never drift.
+    assert_compliant(&eval(&policy, &powered()));
+    assert_drifts(
+        &eval(
+            &policy,
+            &powered().set("status.gpus.7.pcie.replaysLastHour", "101"),
+        ),
+        &[drift(
+            Pcie,
+            "gpu.pcie.maxReplaysPerHour",
+            Some(7),
+            None,
+            "<= 100 replays per hour",
+            "101 replays in the last 60 min",
+        )],
+    );
+    // Not counted: unknown, not compliant.
+    let v = eval(&policy, &healthy());
+    assert_eq!(v.state, NodeState::Unknown);
 }
 
 // ---------------------------------------------------------------------------------------------

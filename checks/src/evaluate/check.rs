@@ -38,6 +38,18 @@ pub const GPU_MAX_RETIRED_PAGES: &str = "gpu.maxRetiredPages";
 pub const GPU_ALLOW_ROW_REMAP_FAILURE: &str = "gpu.allowRowRemapFailure";
 /// Fatal XIDs within the window (Xid, per GPU).
 pub const GPU_FATAL_XIDS: &str = "gpu.fatalXids";
+/// XIDs whose catalogue resolution is listed in `driftOn`, within the window (Xid, per GPU).
+pub const GPU_XID_RESOLUTION: &str = "gpu.xidResolution";
+/// PCIe replays over the last hour (Pcie, per GPU).
+pub const GPU_PCIE_MAX_REPLAYS_PER_HOUR: &str = "gpu.pcie.maxReplaysPerHour";
+/// Enforced power limit as a share of the default limit (Config, per GPU).
+pub const GPU_POWER_MIN_LIMIT_PERCENT: &str = "gpu.power.minLimitPercentOfDefault";
+/// Enforced power limit, lowest (Config, per GPU).
+pub const GPU_POWER_MIN_LIMIT_WATTS: &str = "gpu.power.minLimitWatts";
+/// Enforced power limit, highest (Config, per GPU).
+pub const GPU_POWER_MAX_LIMIT_WATTS: &str = "gpu.power.maxLimitWatts";
+/// How long the hardware power brake held the clocks down (Throttle, per GPU).
+pub const GPU_POWER_MAX_POWER_BRAKE: &str = "gpu.power.maxPowerBrake";
 /// NVML's recovery action asks for one the policy drifts on (Xid, per GPU).
 pub const GPU_RECOVERY_ACTION: &str = "gpu.recoveryAction";
 

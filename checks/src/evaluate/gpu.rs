@@ -1,7 +1,5 @@
 //! `gpu.*`: inventory, driver and CUDA versions, modes, memory health, PCIe, NVLink, fatal XIDs.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use gpunode_crds::{
     DriftClass, EnabledState, GpuRecoveryAction, Version, VersionRange, policy::GpuRequirements,
     report::CollectorName, report::GpuStatus,
@@ -10,7 +8,7 @@ use jiff::Timestamp;
 
 use super::{
     check,
-    findings::{Context, Findings, field_error, list, missing_reason},
+    findings::{Context, Findings, list, missing_reason},
 };
 
 pub(super) fn check(req: &GpuRequirements, ctx: &Context<'_>, f: &mut Findings) {
@@ -91,6 +89,10 @@ fn per_gpu_checks(req: &GpuRequirements) -> Vec<&'static str> {
             check::GPU_PCIE_MIN_WIDTH,
         ),
         (
+            pcie.is_some_and(|p| p.max_replays_per_hour.is_some()),
+            check::GPU_PCIE_MAX_REPLAYS_PER_HOUR,
+        ),
+        (
             min_active_links(req).is_some(),
             check::GPU_NVLINK_MIN_ACTIVE_LINKS,
         ),
@@ -101,10 +103,12 @@ fn per_gpu_checks(req: &GpuRequirements) -> Vec<&'static str> {
         (req.max_retired_pages.is_some(), check::GPU_MAX_RETIRED_PAGES),
         (!req.allow_row_remap_failure, check::GPU_ALLOW_ROW_REMAP_FAILURE),
         (!req.fatal_xids.is_empty(), check::GPU_FATAL_XIDS),
+        (req.xid_resolution.is_some(), check::GPU_XID_RESOLUTION),
         (req.recovery_action.is_some(), check::GPU_RECOVERY_ACTION),
     ]
     .into_iter()
     .filter_map(|(asked, name)| asked.then_some(name))
+    .chain(super::power::checks(req.power.as_ref()))
     .collect()
 }
 
@@ -234,6 +238,13 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
         }
     }
 
+    if let Some(max) = req.pcie.as_ref().and_then(|p| p.max_replays_per_hour) {
+        pcie_replays(max, gpu, f);
+    }
+    if let Some(power) = &req.power {
+        super::power::check(power, now, gpu, f);
+    }
+
     if let Some(min) = min_active_links(req)
         && observed(
             f,
@@ -327,8 +338,8 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
         );
     }
 
-    if !req.fatal_xids.is_empty() {
-        fatal_xids(req, now, gpu, f);
+    if !req.fatal_xids.is_empty() || req.xid_resolution.is_some() {
+        super::xid::check(req, now, gpu, f);
     }
 
     if let Some(wanted) = &req.recovery_action
@@ -356,6 +367,31 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
     }
 }
 
+/// PCIe replays over the last hour against the budget. A link that replays at all is not
+/// drift: only one that replays more than the policy allows.
+fn pcie_replays(max: u64, gpu: &GpuStatus, f: &mut Findings) {
+    let i = Some(gpu.index);
+    let counted = gpu
+        .pcie
+        .as_ref()
+        .and_then(|p| Some((p.replays_last_hour?, p.replay_window_minutes)));
+    let Some((count, minutes)) = counted else {
+        let reason = missing_reason(&gpu.errors, "pcie.replayCounter");
+        f.unknown(check::GPU_PCIE_MAX_REPLAYS_PER_HOUR, i, reason);
+        return;
+    };
+    if count > max {
+        f.drift(
+            DriftClass::Pcie,
+            check::GPU_PCIE_MAX_REPLAYS_PER_HOUR,
+            i,
+            None,
+            format!("<= {max} replays per hour"),
+            format!("{count} replays in the last {} min", minutes.unwrap_or(60)),
+        );
+    }
+}
+
 /// Whether `text` contains `word`, ignoring case. Product names are ASCII: compare bytes in
 /// place instead of lower-casing copies of both for every GPU.
 fn contains_ignoring_case(text: &str, word: &str) -> bool {
@@ -364,42 +400,6 @@ fn contains_ignoring_case(text: &str, word: &str) -> bool {
         return w.is_empty() || t.windows(w.len()).any(|win| win.eq_ignore_ascii_case(w));
     }
     text.to_lowercase().contains(&word.to_lowercase())
-}
-
-fn fatal_xids(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Findings) {
-    let window = req.xid_window.map(|w| w.get());
-    // The latest time each fatal XID was seen within the window. The policy's list is short:
-    // a scan is cheaper than building a set for every GPU of every node.
-    let mut seen: BTreeMap<u32, Timestamp> = BTreeMap::new();
-    for event in gpu.xids.iter().filter(|x| req.fatal_xids.contains(&x.xid)) {
-        let age = now.duration_since(event.at.0);
-        // An XID stamped in the future (clock skew) is recent.
-        let within = window.is_none_or(|w| age.is_negative() || age.unsigned_abs() <= w);
-        if within {
-            let latest = seen.entry(event.xid).or_insert(event.at.0);
-            *latest = (*latest).max(event.at.0);
-        }
-    }
-    if !seen.is_empty() {
-        let fatal: BTreeSet<u32> = req.fatal_xids.iter().copied().collect();
-        let since = req
-            .xid_window
-            .map_or_else(|| "since boot".to_string(), |w| format!("within {w}"));
-        f.drift(
-            DriftClass::Xid,
-            check::GPU_FATAL_XIDS,
-            Some(gpu.index),
-            None,
-            format!("none of {} {since}", list(&fatal)),
-            seen.iter()
-                .map(|(xid, at)| format!("XID {xid} at {at}"))
-                .collect::<Vec<_>>()
-                .join(", "),
-        );
-    } else if let Some(err) = field_error(&gpu.errors, "xids") {
-        // No fatal XID seen, but the probe could not listen for them.
-        f.unknown(check::GPU_FATAL_XIDS, Some(gpu.index), err.reason.clone());
-    }
 }
 
 pub(super) fn enabled(state: EnabledState) -> &'static str {

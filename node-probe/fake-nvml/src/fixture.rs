@@ -75,6 +75,8 @@ pub struct Device {
     pub power_mw: i64,
     pub power_limit_mw: i64,
     pub enforced_limit_mw: i64,
+    /// The board's default power limit (nvmlDeviceGetPowerManagementDefaultLimit), mW.
+    pub default_limit_mw: i64,
     /// `nvmlClocksThrottleReasons` bitmask.
     pub throttle_reasons: u64,
     pub pcie: Pcie,
@@ -117,6 +119,7 @@ impl Default for Device {
             power_mw: 71_000,
             power_limit_mw: 700_000,
             enforced_limit_mw: 700_000,
+            default_limit_mw: 700_000,
             throttle_reasons: 0x1,
             pcie: Pcie::default(),
             nvlink: vec![1; 18],

@@ -634,6 +634,16 @@ pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(device: DeviceHandle, l
     })
 }
 
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPowerManagementDefaultLimit(
+    device: DeviceHandle,
+    limit: *mut c_uint,
+) -> Return {
+    device_call(device, "nvmlDeviceGetPowerManagementDefaultLimit", |d| unsafe {
+        put(limit, d.default_limit_mw as c_uint)
+    })
+}
+
 /// The deprecated name nvml-wrapper 0.13 resolves for `current_throttle_reasons()`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(

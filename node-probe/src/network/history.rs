@@ -25,7 +25,7 @@ pub const SLOT_SECS: i64 = 300;
 const MAX_PORTS: usize = 256;
 
 /// Samples of one counter: (unix seconds, value), oldest first.
-type Series = VecDeque<(i64, u64)>;
+pub(crate) type Series = VecDeque<(i64, u64)>;
 
 /// Every tracked port's counter samples.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -101,7 +101,7 @@ impl History {
 
 /// Adds `value` at `now` to one counter's samples; returns the increase over the window, the
 /// seconds it covers, and whether the samples changed.
-fn observe_one(series: &mut Series, value: u64, now: i64) -> (u64, i64, bool) {
+pub(crate) fn observe_one(series: &mut Series, value: u64, now: i64) -> (u64, i64, bool) {
     let mut changed = false;
     if series.back().is_some_and(|(t, v)| *v > value || *t > now) {
         series.clear();
@@ -119,7 +119,7 @@ fn observe_one(series: &mut Series, value: u64, now: i64) -> (u64, i64, bool) {
     (value.saturating_sub(oldest), now - since, changed)
 }
 
-fn minutes(secs: i64) -> u32 {
+pub(crate) fn minutes(secs: i64) -> u32 {
     u32::try_from(secs.clamp(0, WINDOW_SECS) / 60).unwrap_or(0)
 }
 

@@ -133,6 +133,10 @@ fn read_thermal(device: &Device<'_>, gpu: &mut GpuStatus, e: &mut Errors) {
     );
     gpu.power_watts = e.take("powerWatts", watts(device.power_usage()));
     gpu.power_limit_watts = e.take("powerLimitWatts", watts(device.enforced_power_limit()));
+    gpu.default_power_limit_watts = e.take(
+        "defaultPowerLimitWatts",
+        watts(device.power_management_limit_default()),
+    );
     gpu.throttle_reasons = e
         .take(
             "throttleReasons",
@@ -274,7 +278,7 @@ fn pcie(device: &Device<'_>) -> Result<PcieStatus, ReadError> {
         max_generation: device.max_pcie_link_gen()?,
         current_width: device.current_pcie_link_width()?,
         max_width: device.max_pcie_link_width()?,
-        replay_counter: 0,
+        ..PcieStatus::default()
     })
 }
 

@@ -11,6 +11,7 @@ pub mod gpu;
 mod raw;
 mod reason;
 pub mod reset;
+pub mod signals;
 pub mod xid;
 
 use std::ffi::OsString;
@@ -107,6 +108,8 @@ struct Loaded {
 pub struct NvmlCollector {
     config: NvmlConfig,
     xids: Arc<XidLog>,
+    /// The power brake's start and the PCIe replay history of each GPU.
+    signals: Arc<Mutex<signals::Signals>>,
     loaded: Mutex<Loaded>,
     /// Held for reading by each collection and for writing by a reset, so that no report shows
     /// a GPU in the middle of its reset (off the bus between remove and discover).
@@ -132,6 +135,7 @@ impl NvmlCollector {
         NvmlCollector {
             config,
             xids: Arc::new(xids),
+            signals: Arc::default(),
             loaded: Mutex::default(),
             resetting: RwLock::new(()),
             stuck: Mutex::default(),
@@ -256,6 +260,7 @@ impl NvmlCollector {
         }
         let nvml = self.ensure_loaded()?;
         let xids = self.xids.clone();
+        let signals = self.signals.clone();
         let mut scratch = report.clone();
         let done = Arc::new(AtomicBool::new(false));
         let finished = done.clone();
@@ -264,7 +269,7 @@ impl NvmlCollector {
         std::thread::Builder::new()
             .name("nvml-collect".to_owned())
             .spawn(move || {
-                let result = collect_gpus(&nvml, &xids, &mut scratch).map(|o| (o, scratch));
+                let result = collect_gpus(&nvml, &xids, &signals, &mut scratch).map(|o| (o, scratch));
                 finished.store(true, Ordering::Release);
                 // The receiver is gone when the deadline passed: nothing to tell.
                 let _ = tx.send(result);
@@ -292,8 +297,10 @@ impl NvmlCollector {
 fn collect_gpus(
     nvml: &Nvml,
     xids: &XidLog,
+    signals: &Mutex<signals::Signals>,
     report: &mut GpuNodeReportStatus,
 ) -> Result<Outcome, NvmlCollectError> {
+    let now = jiff::Timestamp::now();
     let count = nvml
         .device_count()
         .map_err(|e| NvmlCollectError::DeviceCount(nvml_reason(&e)))?;
@@ -313,6 +320,10 @@ fn collect_gpus(
     report.gpus = (0..count.min(MAX_GPUS as u32))
         .map(|index| {
             let mut gpu = gpu::read_gpu(nvml, index);
+            signals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .apply(&mut gpu, now);
             gpu.xids = xids.for_gpu(index);
             for bad in gpu
                 .xids
