@@ -8,6 +8,7 @@
 //! the collector here sits on top of [`gpu`], [`reset`] and [`xid`].
 
 pub mod gpu;
+pub mod nvlink;
 mod raw;
 mod reason;
 pub mod reset;
@@ -25,7 +26,12 @@ use crate::collect::{CollectError, Collector, Outcome};
 pub use reason::nvml_reason;
 pub use xid::{Persistence, XidLog, XidWatcher};
 
+use crate::boot_state::BootFile;
 use crate::xid_state::XidStore;
+use nvlink::NvlinkHistory;
+
+/// The time in unix seconds (a fixed clock in tests).
+type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 /// Default library name, resolved by the dynamic loader.
 pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
@@ -83,6 +89,9 @@ pub struct NvmlConfig {
     pub xid_store: Option<XidStore>,
     /// How long one collection may take before it is reported as hung.
     pub timeout: Duration,
+    /// Where the NVLink error counter history of this boot is kept across probe restarts
+    /// ([`nvlink::FILE_NAME`]); `None`: in memory only.
+    pub nvlink_state: Option<BootFile>,
 }
 
 impl Default for NvmlConfig {
@@ -93,6 +102,7 @@ impl Default for NvmlConfig {
             event_wait: Duration::from_millis(500),
             xid_store: None,
             timeout: DEFAULT_TIMEOUT,
+            nvlink_state: None,
         }
     }
 }
@@ -107,6 +117,8 @@ struct Loaded {
 pub struct NvmlCollector {
     config: NvmlConfig,
     xids: Arc<XidLog>,
+    nvlink: Arc<NvlinkHistory>,
+    clock: Clock,
     loaded: Mutex<Loaded>,
     /// Held for reading by each collection and for writing by a reset, so that no report shows
     /// a GPU in the middle of its reset (off the bus between remove and discover).
@@ -129,13 +141,25 @@ impl NvmlCollector {
             Some(store) => XidLog::persistent(store.clone()),
             None => XidLog::default(),
         };
+        let nvlink = match &config.nvlink_state {
+            Some(file) => NvlinkHistory::persistent_as(file.clone(), "NVLink counter"),
+            None => NvlinkHistory::in_memory("NVLink counter"),
+        };
         NvmlCollector {
             config,
             xids: Arc::new(xids),
+            nvlink: Arc::new(nvlink),
+            clock: Arc::new(|| jiff::Timestamp::now().as_second()),
             loaded: Mutex::default(),
             resetting: RwLock::new(()),
             stuck: Mutex::default(),
         }
+    }
+
+    /// The same collector, reading the time (unix seconds) from `clock` (the NVLink counts).
+    pub fn with_clock(mut self, clock: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     /// The XID log (for the publisher's notifications and metrics).
@@ -255,7 +279,11 @@ impl NvmlCollector {
             return Err(hung);
         }
         let nvml = self.ensure_loaded()?;
-        let xids = self.xids.clone();
+        let sources = Sources {
+            xids: self.xids.clone(),
+            nvlink: self.nvlink.clone(),
+            clock: self.clock.clone(),
+        };
         let mut scratch = report.clone();
         let done = Arc::new(AtomicBool::new(false));
         let finished = done.clone();
@@ -264,7 +292,7 @@ impl NvmlCollector {
         std::thread::Builder::new()
             .name("nvml-collect".to_owned())
             .spawn(move || {
-                let result = collect_gpus(&nvml, &xids, &mut scratch).map(|o| (o, scratch));
+                let result = collect_gpus(&nvml, &sources, &mut scratch).map(|o| (o, scratch));
                 finished.store(true, Ordering::Release);
                 // The receiver is gone when the deadline passed: nothing to tell.
                 let _ = tx.send(result);
@@ -288,12 +316,20 @@ impl NvmlCollector {
     }
 }
 
-/// One collection of every GPU through `nvml`, with the XIDs `xids` holds.
+/// What a collection reads beside NVML: the XIDs, the NVLink counter history and the time.
+struct Sources {
+    xids: Arc<XidLog>,
+    nvlink: Arc<NvlinkHistory>,
+    clock: Clock,
+}
+
+/// One collection of every GPU through `nvml`, with the XIDs and NVLink history of `sources`.
 fn collect_gpus(
     nvml: &Nvml,
-    xids: &XidLog,
+    sources: &Sources,
     report: &mut GpuNodeReportStatus,
 ) -> Result<Outcome, NvmlCollectError> {
+    let xids = &sources.xids;
     let count = nvml
         .device_count()
         .map_err(|e| NvmlCollectError::DeviceCount(nvml_reason(&e)))?;
@@ -310,9 +346,12 @@ fn collect_gpus(
         notes.push(format!("{count} GPUs, only the first {MAX_GPUS} are reported"));
     }
     report.gpu_count = Some(count);
+    let mut links = Vec::new();
     report.gpus = (0..count.min(MAX_GPUS as u32))
-        .map(|index| {
-            let mut gpu = gpu::read_gpu(nvml, index);
+        .enumerate()
+        .map(|(position, index)| {
+            let (mut gpu, counters) = gpu::read_gpu(nvml, index);
+            links.extend(counters.into_iter().map(|c| (position, c)));
             gpu.xids = xids.for_gpu(index);
             for bad in gpu
                 .xids
@@ -330,6 +369,7 @@ fn collect_gpus(
             gpu
         })
         .collect();
+    nvlink::add_rates(&sources.nvlink, &mut report.gpus, links, (sources.clock)());
     if let Some(error) = xids.watcher_error() {
         notes.push(error);
     }
