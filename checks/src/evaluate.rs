@@ -28,6 +28,7 @@ mod findings;
 mod glob;
 mod gpu;
 mod network;
+mod nvlink;
 mod power;
 mod xid;
 

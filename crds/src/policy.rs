@@ -250,7 +250,8 @@ pub struct GpuRequirements {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub power: Option<PowerRequirements>,
 
-    /// Minimum active NVLinks per GPU (drift class Nvlink).
+    /// NVLink and NVSwitch fabric health of each GPU: active links, error budgets per link
+    /// and hour, a completed fabric registration (drift class Nvlink).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink: Option<NvlinkRequirements>,
 
@@ -331,13 +332,51 @@ pub struct PcieRequirements {
     pub max_replays_per_hour: Option<u64>,
 }
 
-/// Minimum NVLink connectivity of each GPU.
+/// NVLink connectivity, error budgets and NVSwitch fabric registration of each GPU (drift
+/// class Nvlink). The error budgets judge each active link's NVML error counters as the probe
+/// publishes them: the increase of each counter over the last hour (`nvidia-smi nvlink -e`
+/// shows the same counters). Right after a reboot or a GPU reset, which clear the counters, it
+/// counts only what happened since, never extrapolating. A counter NVML does not report for a
+/// link is not judged. An unset field is not checked.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NvlinkRequirements {
-    /// Minimum number of active NVLinks per GPU (H100 SXM has 18).
+    /// Minimum number of active NVLinks per GPU (H100 SXM has 18). 0 (the default) skips the
+    /// check.
+    #[serde(default)]
     #[schemars(range(min = 0, max = 18))]
     pub min_active_links: u32,
+
+    /// Most data-link replays per link and hour (`NVML_NVLINK_ERROR_DL_REPLAY`): flits sent
+    /// again because the other end received them damaged. A few are normal on a healthy link;
+    /// a steady stream costs bandwidth and usually comes with CRC errors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000000))]
+    pub max_replay_errors_per_hour: Option<u32>,
+
+    /// Most data-link recoveries per link and hour (`NVML_NVLINK_ERROR_DL_RECOVERY`): the link
+    /// retrained, stalling its traffic meanwhile. DCGM fails a GPU on any recovery; 0 does the
+    /// same here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub max_recovery_errors_per_hour: Option<u32>,
+
+    /// Most flits received with a CRC error per link and hour, judged for flow-control flits
+    /// (`NVML_NVLINK_ERROR_DL_CRC_FLIT`) and data flits (`NVML_NVLINK_ERROR_DL_CRC_DATA`) each
+    /// on its own: a marginal link, cable or connector. DCGM's own limit is 100 per second
+    /// (360000 per hour).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000000))]
+    pub max_crc_errors_per_hour: Option<u32>,
+
+    /// Require every GPU's registration with the NVSwitch fabric to have completed and
+    /// succeeded (NVML fabric state Completed, status Success). On HGX boards a GPU whose
+    /// registration did not complete (Fabric Manager down, or of another version than the
+    /// driver) fails every CUDA job that uses NVLink while the rest of NVML looks healthy. A GPU
+    /// outside an NVSwitch fabric (state NotSupported) drifts too: set it only on policies that
+    /// select NVSwitch systems. False (the default) skips the check.
+    #[serde(default)]
+    pub require_fabric_registration: bool,
 }
 
 /// Thermal and cooling limits.

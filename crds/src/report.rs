@@ -9,6 +9,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::nvlink::{GpuFabricStatus, NvlinkErrorRates};
 use crate::recovery::GpuRecoveryAction;
 use crate::types::{EnabledState, ObservedTrust, ThrottleReason};
 
@@ -242,6 +243,10 @@ pub struct GpuStatus {
     /// NVLink connectivity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvlink: Option<NvlinkStatus>,
+    /// The GPU's NVSwitch fabric registration and health. State NotSupported on GPUs outside
+    /// an NVSwitch fabric; absent when it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fabric: Option<GpuFabricStatus>,
 
     /// Persistence mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -357,6 +362,11 @@ pub struct NvlinkStatus {
     pub active: u32,
     /// Links the GPU has.
     pub total: u32,
+    /// Error counts over the last hour of each active link that counted any error; a link
+    /// whose counters all stayed at 0 is left out, so a healthy GPU lists none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 18))]
+    pub error_rates: Vec<NvlinkErrorRates>,
 }
 
 /// One XID error.

@@ -98,6 +98,28 @@ fn fabric_history(config: &Config, node: &str) -> HistoryStore {
     }
 }
 
+/// Where node `node` keeps the NVLink error counter history of this boot: beside the XIDs in
+/// `--state-dir` (read-only with `--once`), else in memory only (None).
+fn nvlink_state(config: &Config, node: &str) -> Option<crate::boot_state::BootFile> {
+    let dir = config.state_dir.as_ref()?;
+    let file = crate::boot_state::BootFile::open(
+        dir,
+        crate::nvml::nvlink::FILE_NAME,
+        crate::nvml::nvlink::FORMAT,
+        crate::nvml::nvlink::MAX_FILE_BYTES,
+        node,
+        &config.proc_root,
+    );
+    match file {
+        Ok(file) if config.once => Some(file.read_only()),
+        Ok(file) => Some(file),
+        Err(e) => {
+            tracing::warn!(error = %e, "the NVLink counter history is kept in memory only: a restarted probe forgets it");
+            None
+        }
+    }
+}
+
 /// The probe of node `node` with all collectors, and the NVML collector on its own for its XID log.
 pub fn build(config: &Config, node: &str) -> (Arc<Probe>, Arc<NvmlCollector>) {
     let nvml = Arc::new(NvmlCollector::new(NvmlConfig {
@@ -105,6 +127,7 @@ pub fn build(config: &Config, node: &str) -> (Arc<Probe>, Arc<NvmlCollector>) {
         timeout: config.nvml_timeout,
         watch_xids: !config.no_xid_events,
         xid_store: xid_store(config, node),
+        nvlink_state: nvlink_state(config, node),
         ..NvmlConfig::default()
     }));
     let network = match &config.net_fixtures {

@@ -26,26 +26,27 @@
 //! Until the policy watch has listed once, after it fails, or when RBAC forbids it, the probe
 //! does not know what the operator checks and falls back to [`material_changes`]: anything a
 //! check could flip on — collector health, inventory, driver, modes, throttle reasons, XIDs,
-//! ECC / retirement / remap counters, PCIe and NVLink state, RDMA port state and lossless
-//! settings, field errors appearing or clearing, temperatures crossing a band (margin to
-//! slowdown for GPUs, absolute for HBM and chassis sensors) by more than the hysteresis, and a
-//! port's error counts over the last hour reaching another order of magnitude
-//! ([`level_crossed`]). Not material there: temperature noise inside a band, error counts
-//! moving within their order of magnitude, power draw, PCIe replay and pause counters,
-//! timestamps. A threshold between two band edges can then wait for the refresh. With the
-//! policies known, error counts matter only through the verdict (a port going over or back
-//! under a budget), so counters moving at healthy rates never write.
+//! ECC / retirement / remap counters, PCIe and NVLink state, NVSwitch fabric state, RDMA port
+//! state and lossless settings, field errors appearing or clearing, temperatures crossing a
+//! band (margin to slowdown for GPUs, absolute for HBM and chassis sensors) by more than the
+//! hysteresis, and a port's or an NVLink's error counts over the last hour reaching another
+//! order of magnitude ([`level_crossed`]). Not material there: temperature noise inside a band,
+//! error counts moving within their order of magnitude, power draw, PCIe replay and pause
+//! counters, timestamps. A threshold between two band edges can then wait for the refresh.
+//! With the policies known, error counts matter only through the verdict (a port or a link
+//! going over or back under a budget), so counters moving at healthy rates never write.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use gpunode_checks::evaluate::evaluate_heard;
 use gpunode_checks::verdict::{NodeState, Verdict};
+use gpunode_crds::nvlink::NvlinkErrorRates;
 use gpunode_crds::report::{
-    CoolingStatus, FieldError, GpuNodeReport, GpuNodeReportStatus, GpuStatus, NetworkStatus, PcieStatus,
-    RdmaDevice, SensorReading,
+    CoolingStatus, FieldError, GpuNodeReport, GpuNodeReportStatus, GpuStatus, NetworkStatus, NvlinkStatus,
+    PcieStatus, RdmaDevice, SensorReading,
 };
-use gpunode_crds::{DriftClass, ErrorCounter, GpuNodePolicySpec, GpuNodeReportSpec};
+use gpunode_crds::{DriftClass, ErrorCounter, GpuNodePolicySpec, GpuNodeReportSpec, NvlinkCounter};
 use jiff::Timestamp;
 
 /// Temperature bands used to decide when a temperature change matters.
@@ -135,12 +136,16 @@ impl Change {
         )
     }
 
-    /// A port's error counts moving to another order of magnitude ([`level_crossed`]).
+    /// A port's or an NVLink's error counts moving to another order of magnitude
+    /// ([`level_crossed`]).
     pub fn is_error_level(&self) -> bool {
         matches!(
             self,
             Change::Port {
                 what: "error count level",
+                ..
+            } | Change::Gpu {
+                what: "NVLink error count level",
                 ..
             }
         )
@@ -366,7 +371,9 @@ fn gpu_changes(a: &GpuStatus, b: &GpuStatus, cfg: &ChangeConfig, out: &mut Vec<C
     changed("power limit", a.power_limit_watts != b.power_limit_watts);
     changed("throttle reasons", a.throttle_reasons != b.throttle_reasons);
     changed("PCIe link", pcie_link(&a.pcie) != pcie_link(&b.pcie));
-    changed("NVLink", a.nvlink != b.nvlink);
+    changed("NVLink", nvlink_links(&a.nvlink) != nvlink_links(&b.nvlink));
+    changed("NVLink error count level", nvlink_levels_crossed(a, b));
+    changed("fabric", a.fabric != b.fabric);
     changed("persistence mode", a.persistence_mode != b.persistence_mode);
     changed("MIG mode", a.mig_mode != b.mig_mode);
     changed("XIDs", a.xids != b.xids);
@@ -511,6 +518,29 @@ fn network_changes(a: Option<&NetworkStatus>, b: Option<&NetworkStatus>, out: &m
     }
 }
 
+/// NVLink state without the (ever moving) error counts: active and total links.
+fn nvlink_links(n: &Option<NvlinkStatus>) -> Option<(u32, u32)> {
+    n.as_ref().map(|n| (n.active, n.total))
+}
+
+/// Whether any NVLink error count of the GPU moved to another order of magnitude.
+fn nvlink_levels_crossed(a: &GpuStatus, b: &GpuStatus) -> bool {
+    let rates = |g: &GpuStatus| -> BTreeMap<u32, NvlinkErrorRates> {
+        g.nvlink
+            .iter()
+            .flat_map(|n| n.error_rates.iter().map(|r| (r.link, r.clone())))
+            .collect()
+    };
+    let (ra, rb) = (rates(a), rates(b));
+    let links: BTreeSet<u32> = ra.keys().chain(rb.keys()).copied().collect();
+    links.into_iter().any(|link| {
+        NvlinkCounter::ALL.into_iter().any(|c| {
+            let count = |r: &BTreeMap<u32, NvlinkErrorRates>| r.get(&link).and_then(|r| r.get(c));
+            level_crossed(count(&ra), count(&rb))
+        })
+    })
+}
+
 /// Whether any error count of the port moved to another order of magnitude.
 fn error_levels_crossed(a: &RdmaDevice, b: &RdmaDevice) -> bool {
     let count = |d: &RdmaDevice, c: ErrorCounter| d.error_rates.as_ref().and_then(|r| r.get(c));
@@ -575,6 +605,7 @@ mod tests {
             nvlink: Some(NvlinkStatus {
                 active: 18,
                 total: 18,
+                ..NvlinkStatus::default()
             }),
             ecc: Some(EccCounters::default()),
             remapped_rows: Some(RemappedRows::default()),
@@ -736,6 +767,7 @@ mod tests {
                     g.nvlink = Some(NvlinkStatus {
                         active: 17,
                         total: 18,
+                        ..NvlinkStatus::default()
                     })
                 }),
             ),

@@ -84,7 +84,8 @@ fn healthy_node_fills_every_field() {
         g.nvlink,
         Some(NvlinkStatus {
             active: 18,
-            total: 18
+            total: 18,
+            ..NvlinkStatus::default()
         })
     );
     assert_eq!(g.persistence_mode, Some(EnabledState::Enabled));
@@ -146,14 +147,16 @@ fn memory_faults_and_link_degradation_are_reported() {
         gpu(&report, 4).nvlink,
         Some(NvlinkStatus {
             active: 16,
-            total: 18
+            total: 18,
+            ..NvlinkStatus::default()
         })
     );
     assert_eq!(
         gpu(&report, 3).nvlink,
         Some(NvlinkStatus {
             active: 18,
-            total: 18
+            total: 18,
+            ..NvlinkStatus::default()
         })
     );
 }

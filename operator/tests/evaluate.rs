@@ -383,6 +383,166 @@ fn min_active_links_zero_accepts_gpus_without_nvlink() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// gpu: NVLink error counters and the NVSwitch fabric
+
+/// Budgets a platform team might set for an HGX H100 board.
+fn nvlink_budgets() -> Doc {
+    strict().set(
+        "spec.gpu.nvlink",
+        "{minActiveLinks: 18, maxReplayErrorsPerHour: 100, maxRecoveryErrorsPerHour: 0, \
+         maxCrcErrorsPerHour: 1000, requireFabricRegistration: true}",
+    )
+}
+
+/// One link's counts over the last hour, as a healthy link moves: a few CRC errors and the
+/// replays they cause, no recovery.
+fn healthy_link(link: usize) -> String {
+    format!(
+        "{{link: {link}, windowMinutes: 60, replayErrors: {}, recoveryErrors: 0, crcFlitErrors: {}, crcDataErrors: {}}}",
+        link % 5,
+        3 + link * 7,
+        link % 3
+    )
+}
+
+/// The healthy report with every GPU registered with the fabric and every link's counts moving
+/// at healthy rates.
+fn nvlink_healthy() -> Doc {
+    (0..8).fold(healthy(), |doc, i| {
+        let links: Vec<String> = (0..18).map(healthy_link).collect();
+        doc.set(
+            &format!("status.gpus.{i}.nvlink.errorRates"),
+            &format!("[{}]", links.join(", ")),
+        )
+        .set(
+            &format!("status.gpus.{i}.fabric"),
+            "{state: Completed, status: Success, cliqueId: 1, \
+             clusterUuid: 6f1d0e54-9a1e-4c37-9b0e-1f5e6a7b8c9d, bandwidthDegraded: false, healthMask: 10}",
+        )
+    })
+}
+
+#[test]
+fn healthy_nvlink_counters_moving_at_normal_rates_never_drift() {
+    assert_compliant(&eval(&nvlink_budgets(), &nvlink_healthy()));
+    // At the edge of every budget, still compliant: a budget is the most allowed.
+    let edge = nvlink_healthy().set(
+        "status.gpus.2.nvlink.errorRates.4",
+        "{link: 4, windowMinutes: 60, replayErrors: 100, recoveryErrors: 0, crcFlitErrors: 1000, crcDataErrors: 1000}",
+    );
+    assert_compliant(&eval(&nvlink_budgets(), &edge));
+}
+
+#[test]
+fn an_nvlink_crc_burst_is_nvlink_drift_of_that_gpu_naming_link_counter_and_window() {
+    let report = nvlink_healthy().set(
+        "status.gpus.5.nvlink.errorRates.3",
+        "{link: 3, windowMinutes: 25, replayErrors: 40, recoveryErrors: 0, crcFlitErrors: 4812, crcDataErrors: 3}",
+    );
+    assert_drifts(
+        &eval(&nvlink_budgets(), &report),
+        &[drift(
+            Nvlink,
+            "gpu.nvlink.maxCrcErrorsPerHour",
+            Some(5),
+            None,
+            "<= 1000 per link per hour",
+            "link 3: 4812 NVML_NVLINK_ERROR_DL_CRC_FLIT (last 25m)",
+        )],
+    );
+}
+
+#[test]
+fn each_nvlink_counter_over_its_budget_drifts_under_its_own_check() {
+    let cases = [
+        ("replayErrors", "101", "gpu.nvlink.maxReplayErrorsPerHour"),
+        ("recoveryErrors", "1", "gpu.nvlink.maxRecoveryErrorsPerHour"),
+        ("crcFlitErrors", "1001", "gpu.nvlink.maxCrcErrorsPerHour"),
+        ("crcDataErrors", "1001", "gpu.nvlink.maxCrcErrorsPerHour"),
+    ];
+    for (field, value, check) in cases {
+        let report = nvlink_healthy().set(&format!("status.gpus.1.nvlink.errorRates.9.{field}"), value);
+        let v = eval(&nvlink_budgets(), &report);
+        let checks: Vec<(&str, Option<u32>)> = v.drifts.iter().map(|d| (d.check.as_str(), d.gpu)).collect();
+        assert_eq!(checks, vec![(check, Some(1))], "{field}");
+        assert_eq!(v.drifts[0].class, Nvlink);
+    }
+}
+
+#[test]
+fn a_gpu_whose_fabric_registration_did_not_complete_is_nvlink_drift() {
+    for (fabric, actual) in [
+        ("{state: NotStarted}", "NotStarted"),
+        ("{state: InProgress}", "InProgress"),
+        ("{state: Completed, status: Unknown}", "Completed, status Unknown"),
+        ("{state: NotSupported}", "NotSupported"),
+    ] {
+        let report = nvlink_healthy().set("status.gpus.6.fabric", fabric);
+        assert_drifts(
+            &eval(&nvlink_budgets(), &report),
+            &[drift(
+                Nvlink,
+                "gpu.nvlink.requireFabricRegistration",
+                Some(6),
+                None,
+                "fabric registration Completed, status Success",
+                actual,
+            )],
+        );
+    }
+}
+
+#[test]
+fn nvlink_checks_not_asked_for_are_not_judged() {
+    // The strict policy sets only minActiveLinks: no fabric and huge counts are not its business.
+    let report = nvlink_healthy()
+        .set("status.gpus.6.fabric", "{state: NotStarted}")
+        .set(
+            "status.gpus.0.nvlink.errorRates.0",
+            "{link: 0, windowMinutes: 60, recoveryErrors: 9999}",
+        );
+    assert_compliant(&eval(&strict(), &report));
+}
+
+#[test]
+fn missing_nvlink_data_is_unknown_only_where_it_was_asked_for_and_not_read() {
+    // No fabric section at all (an older probe): Unknown, not drifted.
+    let report = nvlink_healthy().remove("status.gpus.4.fabric");
+    assert_unknowns(
+        &eval(&nvlink_budgets(), &report),
+        &[unknown(
+            "gpu.nvlink.requireFabricRegistration",
+            Some(4),
+            "not reported",
+        )],
+    );
+    // A counter NVML does not report for a link is not judged.
+    let report = nvlink_healthy().set(
+        "status.gpus.4.nvlink.errorRates.2",
+        "{link: 2, windowMinutes: 60}",
+    );
+    assert_compliant(&eval(&nvlink_budgets(), &report));
+    // One the probe failed to read is Unknown, with the probe's reason.
+    let report = nvlink_healthy()
+        .set(
+            "status.gpus.4.nvlink.errorRates.2",
+            "{link: 2, windowMinutes: 60, replayErrors: 0, crcFlitErrors: 0, crcDataErrors: 0}",
+        )
+        .set(
+            "status.gpus.4.errors",
+            "[{field: nvlink.errorRates.recoveryErrors, reason: 'link 2: NVML: Unknown'}]",
+        );
+    assert_unknowns(
+        &eval(&nvlink_budgets(), &report),
+        &[unknown(
+            "gpu.nvlink.maxRecoveryErrorsPerHour",
+            Some(4),
+            "link 2: NVML: Unknown",
+        )],
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // gpu: memory health
 
 #[test]

@@ -30,6 +30,14 @@ pub const GPU_PCIE_MIN_GENERATION: &str = "gpu.pcie.minGeneration";
 pub const GPU_PCIE_MIN_WIDTH: &str = "gpu.pcie.minWidth";
 /// Active NVLinks (Nvlink, per GPU).
 pub const GPU_NVLINK_MIN_ACTIVE_LINKS: &str = "gpu.nvlink.minActiveLinks";
+/// NVLink data-link replays per link and hour (Nvlink, per GPU).
+pub const GPU_NVLINK_MAX_REPLAY_ERRORS: &str = "gpu.nvlink.maxReplayErrorsPerHour";
+/// NVLink data-link recoveries per link and hour (Nvlink, per GPU).
+pub const GPU_NVLINK_MAX_RECOVERY_ERRORS: &str = "gpu.nvlink.maxRecoveryErrorsPerHour";
+/// NVLink flits with a CRC error per link and hour, flow-control and data each (Nvlink, per GPU).
+pub const GPU_NVLINK_MAX_CRC_ERRORS: &str = "gpu.nvlink.maxCrcErrorsPerHour";
+/// NVSwitch fabric registration completed with success (Nvlink, per GPU).
+pub const GPU_NVLINK_REQUIRE_FABRIC_REGISTRATION: &str = "gpu.nvlink.requireFabricRegistration";
 /// Volatile uncorrectable ECC errors (Memory, per GPU).
 pub const GPU_MAX_VOLATILE_UNCORRECTED_ECC: &str = "gpu.maxVolatileUncorrectedEcc";
 /// Retired pages and pending retirement (Memory, per GPU).

@@ -9,6 +9,7 @@ use jiff::Timestamp;
 use super::{
     check,
     findings::{Context, Findings, list, missing_reason},
+    nvlink,
 };
 
 pub(super) fn check(req: &GpuRequirements, ctx: &Context<'_>, f: &mut Findings) {
@@ -109,6 +110,7 @@ fn per_gpu_checks(req: &GpuRequirements) -> Vec<&'static str> {
     .into_iter()
     .filter_map(|(asked, name)| asked.then_some(name))
     .chain(super::power::checks(req.power.as_ref()))
+    .chain(nvlink::asked(req.nvlink.as_ref()))
     .collect()
 }
 
@@ -262,6 +264,10 @@ fn each_gpu(req: &GpuRequirements, now: Timestamp, gpu: &GpuStatus, f: &mut Find
             format!(">= {min} active"),
             format!("{} active of {}", links.active, links.total),
         );
+    }
+
+    if let Some(nvlink) = &req.nvlink {
+        nvlink::each_gpu(nvlink, gpu, f);
     }
 
     if let Some(max) = req.max_volatile_uncorrected_ecc

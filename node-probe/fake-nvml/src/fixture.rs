@@ -82,6 +82,13 @@ pub struct Device {
     pub pcie: Pcie,
     /// One `nvmlEnableState_t` per NVLink; links past the end are InvalidArg.
     pub nvlink: Vec<i64>,
+    /// Cumulative NVLink error counters per link (`nvmlDeviceGetNvLinkErrorCounter`), in link
+    /// order; links not listed count 0. Like the driver's, they are volatile: a GPU reset clears
+    /// them, and a link that is down has none (NotSupported).
+    pub nvlink_errors: Vec<NvlinkErrors>,
+    /// The NVSwitch fabric registration (`nvmlDeviceGetGpuFabricInfoV`); absent → the call is
+    /// NotSupported, as on GPUs outside an NVSwitch fabric before Hopper.
+    pub fabric: Option<Fabric>,
     pub persistence: i64,
     pub mig: Mig,
     /// `nvmlDeviceGetSupportedEventTypes` bitmask.
@@ -123,6 +130,8 @@ impl Default for Device {
             throttle_reasons: 0x1,
             pcie: Pcie::default(),
             nvlink: vec![1; 18],
+            nvlink_errors: Vec::new(),
+            fabric: None,
             persistence: 1,
             mig: Mig::default(),
             supported_events: 0x1 | 0x2 | 0x8 | 0x10 | 0x100,
@@ -320,5 +329,89 @@ impl Default for Event {
             xid: 0,
             repeat: 1,
         }
+    }
+}
+
+/// The error counters of one NVLink (`nvmlNvLinkErrorCounter_t`).
+#[derive(Deserialize, Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NvlinkErrors {
+    /// `NVML_NVLINK_ERROR_DL_REPLAY` (0).
+    pub replay: u64,
+    /// `NVML_NVLINK_ERROR_DL_RECOVERY` (1).
+    pub recovery: u64,
+    /// `NVML_NVLINK_ERROR_DL_CRC_FLIT` (2).
+    pub crc_flit: u64,
+    /// `NVML_NVLINK_ERROR_DL_CRC_DATA` (3).
+    pub crc_data: u64,
+    /// `NVML_NVLINK_ERROR_DL_ECC_DATA` (4).
+    pub ecc_data: u64,
+}
+
+impl NvlinkErrors {
+    /// The counter NVML numbers `counter`; None past the last one (InvalidArg).
+    pub fn get(&self, counter: u32) -> Option<u64> {
+        match counter {
+            0 => Some(self.replay),
+            1 => Some(self.recovery),
+            2 => Some(self.crc_flit),
+            3 => Some(self.crc_data),
+            4 => Some(self.ecc_data),
+            _ => None,
+        }
+    }
+
+    /// These counters less `base` (what a reset cleared), when none is below it.
+    pub fn since(&self, base: &NvlinkErrors) -> Option<NvlinkErrors> {
+        Some(NvlinkErrors {
+            replay: self.replay.checked_sub(base.replay)?,
+            recovery: self.recovery.checked_sub(base.recovery)?,
+            crc_flit: self.crc_flit.checked_sub(base.crc_flit)?,
+            crc_data: self.crc_data.checked_sub(base.crc_data)?,
+            ecc_data: self.ecc_data.checked_sub(base.ecc_data)?,
+        })
+    }
+}
+
+/// A GPU's NVSwitch fabric registration (`nvmlGpuFabricInfo_v2_t`/`_v3_t`).
+#[derive(Deserialize, Debug, Clone)]
+#[serde(default, deny_unknown_fields)]
+pub struct Fabric {
+    /// `nvmlGpuFabricState_t`: 0 not supported, 1 not started, 2 in progress, 3 completed.
+    pub state: i64,
+    /// The registration's `nvmlReturn_t` (0 success), meaningful once completed.
+    pub status: u32,
+    pub clique_id: u32,
+    /// The cluster UUID, as 32 hex digits (dashes allowed); empty → all zeros.
+    pub cluster_uuid: String,
+    /// `NVML_GPU_FABRIC_HEALTH_MASK_*` (2: bandwidth not degraded).
+    pub health_mask: u32,
+    /// v3's health summary.
+    pub health_summary: u8,
+}
+
+impl Default for Fabric {
+    fn default() -> Self {
+        Fabric {
+            state: 3,
+            status: 0,
+            clique_id: 1,
+            cluster_uuid: "6f1d0e54-9a1e-4c37-9b0e-1f5e6a7b8c9d".to_owned(),
+            health_mask: 2,
+            health_summary: 1,
+        }
+    }
+}
+
+impl Fabric {
+    /// The cluster UUID's 16 bytes (zeros where the text is not hex).
+    pub fn uuid_bytes(&self) -> [u8; 16] {
+        let hex: Vec<u8> = self.cluster_uuid.bytes().filter(|b| *b != b'-').collect();
+        let mut out = [0u8; 16];
+        for (i, pair) in hex.chunks(2).take(16).enumerate() {
+            let text = std::str::from_utf8(pair).unwrap_or("00");
+            out[i] = u8::from_str_radix(text, 16).unwrap_or(0);
+        }
+        out
     }
 }

@@ -700,6 +700,117 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     })
 }
 
+/// `nvmlDeviceGetNvLinkErrorCounter`: the fixture's cumulative counter of an active link
+/// (less what the last GPU reset cleared). A link that is down has none (NotSupported), a link
+/// past the GPU's and a counter past `NVML_NVLINK_ERROR_DL_ECC_DATA` are InvalidArg.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkErrorCounter(
+    device: DeviceHandle,
+    link: c_uint,
+    counter: c_uint,
+    value: *mut c_ulonglong,
+) -> Return {
+    device_call(device, "nvmlDeviceGetNvLinkErrorCounter", |d| {
+        match d.nvlink.get(link as usize) {
+            None => code::INVALID_ARGUMENT,
+            Some(0) => code::NOT_SUPPORTED,
+            Some(_) => {
+                let counters = d.nvlink_errors.get(link as usize).copied().unwrap_or_default();
+                match counters.get(counter) {
+                    Some(v) => unsafe { put(value, v) },
+                    None => code::INVALID_ARGUMENT,
+                }
+            }
+        }
+    })
+}
+
+/// `nvmlGpuFabricInfo_t`, the unversioned struct.
+#[repr(C)]
+pub struct GpuFabricInfo {
+    cluster_uuid: [u8; 16],
+    status: c_uint,
+    clique_id: c_uint,
+    state: u8,
+}
+
+/// `nvmlGpuFabricInfo_v3_t`; v2 is the same without `health_summary`.
+#[repr(C)]
+pub struct GpuFabricInfoV {
+    version: c_uint,
+    cluster_uuid: [u8; 16],
+    status: c_uint,
+    clique_id: c_uint,
+    state: u8,
+    health_mask: c_uint,
+    health_summary: u8,
+}
+
+/// Size of `nvmlGpuFabricInfo_v2_t`: v3 without its trailing `healthSummary` and padding.
+const FABRIC_INFO_V2_SIZE: u32 = 36;
+/// `nvmlGpuFabricInfo_v2` and `_v3`: the struct size with the version in the top byte.
+const FABRIC_INFO_V2: u32 = FABRIC_INFO_V2_SIZE | (2 << 24);
+const FABRIC_INFO_V3: u32 = std::mem::size_of::<GpuFabricInfoV>() as u32 | (3 << 24);
+
+/// `nvmlDeviceGetGpuFabricInfoV`: the fixture's `fabric` in the caller's v2 or v3 struct (any
+/// other version: ArgumentVersionMismatch, as NVML answers); no `fabric`: NotSupported.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    device: DeviceHandle,
+    info: *mut GpuFabricInfoV,
+) -> Return {
+    device_call(device, "nvmlDeviceGetGpuFabricInfoV", |d| {
+        if info.is_null() {
+            return code::INVALID_ARGUMENT;
+        }
+        // SAFETY: the caller passes a struct at least as large as the version it names; the
+        // version word is first in every version.
+        let version = unsafe { (*info).version };
+        if version != FABRIC_INFO_V2 && version != FABRIC_INFO_V3 {
+            return code::ARGUMENT_VERSION_MISMATCH;
+        }
+        let Some(f) = &d.fabric else {
+            return code::NOT_SUPPORTED;
+        };
+        // SAFETY: as above; v2's fields are a prefix of v3's, and only v3 gets the summary.
+        unsafe {
+            (*info).cluster_uuid = f.uuid_bytes();
+            (*info).status = f.status;
+            (*info).clique_id = f.clique_id;
+            (*info).state = f.state as u8;
+            (*info).health_mask = f.health_mask;
+            if version == FABRIC_INFO_V3 {
+                (*info).health_summary = f.health_summary;
+            }
+        }
+        code::SUCCESS
+    })
+}
+
+/// `nvmlDeviceGetGpuFabricInfo`: the unversioned call of older drivers, without the health mask.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfo(
+    device: DeviceHandle,
+    info: *mut GpuFabricInfo,
+) -> Return {
+    device_call(device, "nvmlDeviceGetGpuFabricInfo", |d| {
+        let Some(f) = &d.fabric else {
+            return code::NOT_SUPPORTED;
+        };
+        unsafe {
+            put(
+                info,
+                GpuFabricInfo {
+                    cluster_uuid: f.uuid_bytes(),
+                    status: f.status,
+                    clique_id: f.clique_id,
+                    state: f.state as u8,
+                },
+            )
+        }
+    })
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(device: DeviceHandle, mode: *mut c_uint) -> Return {
     with_state(

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-use crate::fixture::{Device, Fixture};
+use crate::fixture::{Device, Fixture, NvlinkErrors};
 
 /// NVML return codes used by the fake.
 pub mod code {
@@ -88,13 +88,17 @@ impl Hardware {
 /// action asking for a reset, as the fixture
 /// showed them. A re-read fixture that still shows those values shows them cleared (the reset
 /// happened to that hardware state); one that shows other values describes new errors.
-#[derive(Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct Cleared {
     vol: (i64, i64),
     remap_pending: i64,
     /// The recovery action the reset did (GPU reset, drain and reset), if it asked for one.
     #[serde(default)]
     recovery_action: Option<i64>,
+    /// The NVLink error counters it cleared: afterwards a link counts what the fixture shows
+    /// beyond them.
+    #[serde(default)]
+    nvlink_errors: Vec<NvlinkErrors>,
 }
 
 /// Recovery actions a GPU reset does: GPU reset (1) and drain and reset (4).
@@ -259,7 +263,7 @@ impl State {
         let devices = &mut self.fixture.devices;
         self.hardware
             .resets
-            .retain(|&index, cleared| devices.get_mut(index).is_some_and(|d| clear(d, *cleared)));
+            .retain(|&index, cleared| devices.get_mut(index).is_some_and(|d| clear(d, cleared)));
     }
 
     /// The index of the device at PCI bus id `bus_id`.
@@ -278,8 +282,9 @@ impl State {
                 vol: (d.ecc.vol.corr, d.ecc.vol.unc),
                 remap_pending: d.remapped_rows.pending,
                 recovery_action: d.recovery_action.filter(|a| RESET_ACTIONS.contains(a)),
+                nvlink_errors: d.nvlink_errors.clone(),
             };
-            clear(d, cleared);
+            clear(d, &cleared);
             self.hardware.resets.insert(index, cleared);
         }
     }
@@ -336,7 +341,7 @@ impl State {
 
 /// Clears on `d` what a reset cleared, where it still shows the values it had then; whether any
 /// did (the reset still applies to this fixture).
-fn clear(d: &mut Device, cleared: Cleared) -> bool {
+fn clear(d: &mut Device, cleared: &Cleared) -> bool {
     let mut applies = false;
     if (d.ecc.vol.corr, d.ecc.vol.unc) == cleared.vol {
         d.ecc.vol = Default::default();
@@ -348,6 +353,23 @@ fn clear(d: &mut Device, cleared: Cleared) -> bool {
     }
     if cleared.recovery_action.is_some() && d.recovery_action == cleared.recovery_action {
         d.recovery_action = Some(0);
+        applies = true;
+    }
+    // A reset zeroes the volatile NVLink counters: what the fixture shows beyond the values
+    // then is what the links counted since. A fixture below them describes another history.
+    let since: Option<Vec<NvlinkErrors>> = d
+        .nvlink_errors
+        .iter()
+        .enumerate()
+        .map(|(i, now)| now.since(cleared.nvlink_errors.get(i).unwrap_or(&NvlinkErrors::default())))
+        .collect();
+    if let Some(since) = since.filter(|_| {
+        cleared
+            .nvlink_errors
+            .iter()
+            .any(|e| *e != NvlinkErrors::default())
+    }) {
+        d.nvlink_errors = since;
         applies = true;
     }
     applies

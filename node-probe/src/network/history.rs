@@ -1,14 +1,15 @@
-//! A short history of each port's error counters, turning cumulative values into counts over
-//! the last hour (`errorRates` in the report).
+//! A short history of cumulative error counters, turning them into counts over the last hour:
+//! each RDMA port's counters (`errorRates` in the report) and each NVLink's
+//! ([`crate::nvml::nvlink`]).
 //!
-//! Per port and counter it keeps samples at least [`SLOT_SECS`] apart from the last
-//! [`WINDOW_SECS`] (13 at most), so it stays small enough to save on every new slot. The count
-//! of a counter is its current value minus its oldest sample in the window: never extrapolated,
-//! so a burst right after the probe started reads as what it is, not as a rate. A counter that
-//! went backwards (driver reload, counters cleared with `perfquery -x`) or a sample from the
-//! future (the clock stepped back) starts the counter's history again: nothing before it
-//! counts. Pure: the caller passes the time and keeps the history where it likes
-//! ([`super::history_store`]).
+//! Per key (a port, a GPU's link) and counter it keeps samples at least [`SLOT_SECS`] apart
+//! from the last [`WINDOW_SECS`] (13 at most), so it stays small enough to save on every new
+//! slot. The count of a counter is its current value minus its oldest sample in the window:
+//! never extrapolated, so a burst right after the probe started reads as what it is, not as a
+//! rate. A counter that went backwards (driver reload, GPU reset, counters cleared with
+//! `perfquery -x`) or a sample from the future (the clock stepped back) starts the counter's
+//! history again: nothing before it counts. Pure: the caller passes the time and keeps the
+//! history where it likes ([`super::history_store`]).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -21,62 +22,77 @@ use super::counters::{ErrorCounter, RawCounters};
 pub const WINDOW_SECS: i64 = 3600;
 /// Shortest time between two kept samples of a counter.
 pub const SLOT_SECS: i64 = 300;
-/// Most ports tracked; more than any node has (the report lists at most 64).
-const MAX_PORTS: usize = 256;
+/// Most keys tracked; more than any node has (the report lists at most 64 ports, and 64 GPUs
+/// of 18 links would be 1,152: the NVLink history caps itself below that).
+const MAX_KEYS: usize = 2048;
 
 /// Samples of one counter: (unix seconds, value), oldest first.
 pub(crate) type Series = VecDeque<(i64, u64)>;
 
-/// Every tracked port's counter samples.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct History {
-    /// `<device>/<port>` → counter → samples.
-    ports: BTreeMap<String, BTreeMap<ErrorCounter, Series>>,
+/// Every tracked key's counter samples, for counters of type `K` (the fabric's by default).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(bound(serialize = "K: Serialize", deserialize = "K: Deserialize<'de> + Ord"))]
+pub struct History<K = ErrorCounter> {
+    /// `<device>/<port>` (or `<gpu>/<link>`) → counter → samples. The field keeps its name so
+    /// that a fabric history saved by an older probe still loads.
+    ports: BTreeMap<String, BTreeMap<K, Series>>,
 }
 
-/// What one observation of a port gave.
+impl<K> Default for History<K> {
+    fn default() -> Self {
+        History {
+            ports: BTreeMap::new(),
+        }
+    }
+}
+
+/// The counts of one key's counters over the window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counts<K> {
+    /// Each counter's increase over the window.
+    pub counts: BTreeMap<K, u64>,
+    /// Minutes of history the counts cover (the shortest of the key's counters).
+    pub window_minutes: u32,
+}
+
+/// What one observation of a key gave.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Observed {
-    /// The counts over the window; None when the port has no counter at all.
-    pub rates: Option<PortErrorRates>,
+pub struct Observed<T> {
+    /// The counts over the window; None when the key has no counter at all.
+    pub rates: Option<T>,
     /// The history changed in a way worth saving (a sample kept, a counter restarted).
     pub changed: bool,
 }
 
-impl History {
-    /// Adds the port's current values at `now` (unix seconds) and returns its counts.
-    pub fn observe(&mut self, port: &str, raw: &RawCounters, now: i64) -> Observed {
-        if raw.is_empty() {
-            return Observed {
-                rates: None,
-                changed: false,
-            };
+impl<K: Ord + Copy> History<K> {
+    /// Adds the key's current values at `now` (unix seconds) and returns its counts.
+    pub fn observe_counts(&mut self, key: &str, raw: &BTreeMap<K, u64>, now: i64) -> Observed<Counts<K>> {
+        let unchanged = Observed {
+            rates: None,
+            changed: false,
+        };
+        if raw.is_empty() || (!self.ports.contains_key(key) && self.ports.len() >= MAX_KEYS) {
+            return unchanged;
         }
-        if !self.ports.contains_key(port) && self.ports.len() >= MAX_PORTS {
-            return Observed {
-                rates: None,
-                changed: false,
-            };
-        }
-        let series = self.ports.entry(port.to_owned()).or_default();
-        let mut rates = PortErrorRates {
+        let series = self.ports.entry(key.to_owned()).or_default();
+        let mut counts = Counts {
+            counts: BTreeMap::new(),
             window_minutes: minutes(WINDOW_SECS),
-            ..PortErrorRates::default()
         };
         let mut changed = false;
         for (kind, value) in raw {
             let (count, covered, stored) = observe_one(series.entry(*kind).or_default(), *value, now);
             changed |= stored;
-            rates.window_minutes = rates.window_minutes.min(minutes(covered));
-            rates.set(*kind, Some(count));
+            counts.window_minutes = counts.window_minutes.min(minutes(covered));
+            counts.counts.insert(*kind, count);
         }
         Observed {
-            rates: Some(rates),
+            rates: Some(counts),
             changed,
         }
     }
 
-    /// Drops ports not observed within the window (gone, renamed): the history stays bounded.
+    /// Drops keys not observed within the window (gone, renamed): the history stays bounded.
     /// Returns whether any was dropped.
     pub fn forget_stale(&mut self, now: i64) -> bool {
         let before = self.ports.len();
@@ -89,7 +105,7 @@ impl History {
         self.ports.len() != before
     }
 
-    /// Samples kept, over all ports and counters (for tests and logs).
+    /// Samples kept, over all keys and counters (for tests and logs).
     pub fn samples(&self) -> usize {
         self.ports
             .values()
@@ -97,6 +113,29 @@ impl History {
             .map(VecDeque::len)
             .sum()
     }
+}
+
+impl History<ErrorCounter> {
+    /// Adds the port's current values at `now` (unix seconds) and returns its counts.
+    pub fn observe(&mut self, port: &str, raw: &RawCounters, now: i64) -> Observed<PortErrorRates> {
+        let observed = self.observe_counts(port, raw, now);
+        Observed {
+            rates: observed.rates.map(|c| port_rates(&c)),
+            changed: observed.changed,
+        }
+    }
+}
+
+/// A port's counts as the report publishes them.
+pub fn port_rates(counts: &Counts<ErrorCounter>) -> PortErrorRates {
+    let mut rates = PortErrorRates {
+        window_minutes: counts.window_minutes,
+        ..PortErrorRates::default()
+    };
+    for (kind, count) in &counts.counts {
+        rates.set(*kind, Some(*count));
+    }
+    rates
 }
 
 /// Adds `value` at `now` to one counter's samples; returns the increase over the window, the
@@ -141,7 +180,7 @@ mod tests {
 
     #[test]
     fn counts_the_increase_over_the_last_hour_without_extrapolating() {
-        let mut h = History::default();
+        let mut h = History::<ErrorCounter>::default();
         // Counted since before the probe started: not in the window.
         let first = downed(&mut h, 40, T0);
         assert_eq!((first.link_downed, first.window_minutes), (Some(0), 0));
@@ -154,7 +193,7 @@ mod tests {
 
     #[test]
     fn samples_are_kept_one_per_slot_and_at_most_an_hour() {
-        let mut h = History::default();
+        let mut h = History::<ErrorCounter>::default();
         for i in 0..1000 {
             downed(&mut h, i, T0 + i as i64 * 10);
         }
@@ -167,7 +206,7 @@ mod tests {
 
     #[test]
     fn a_counter_going_backwards_restarts_its_history() {
-        let mut h = History::default();
+        let mut h = History::<ErrorCounter>::default();
         downed(&mut h, 100, T0);
         assert_eq!(downed(&mut h, 105, T0 + 300).link_downed, Some(5));
         // Counters cleared: nothing before counts, and the values after count from the reset.
@@ -179,30 +218,30 @@ mod tests {
 
     #[test]
     fn a_clock_stepping_back_restarts_the_history() {
-        let mut h = History::default();
+        let mut h = History::<ErrorCounter>::default();
         downed(&mut h, 1, T0);
         assert_eq!(downed(&mut h, 9, T0 - 1000).link_downed, Some(0));
     }
 
     #[test]
     fn a_port_without_counters_has_no_rates_and_ports_are_bounded() {
-        let mut h = History::default();
+        let mut h = History::<ErrorCounter>::default();
         assert_eq!(h.observe("mlx5_0/1", &RawCounters::new(), T0).rates, None);
-        for i in 0..MAX_PORTS + 5 {
+        for i in 0..MAX_KEYS + 5 {
             h.observe(
                 &format!("mlx5_{i}/1"),
                 &raw(&[(ErrorCounter::SymbolErrors, 1)]),
                 T0,
             );
         }
-        assert_eq!(h.ports.len(), MAX_PORTS);
+        assert_eq!(h.ports.len(), MAX_KEYS);
         assert!(h.forget_stale(T0 + WINDOW_SECS + 1));
         assert_eq!(h.ports.len(), 0);
     }
 
     #[test]
     fn each_counter_keeps_its_own_window() {
-        let mut h = History::default();
+        let mut h = History::<ErrorCounter>::default();
         let port = "mlx5_0/1";
         h.observe(port, &raw(&[(ErrorCounter::SymbolErrors, 10)]), T0);
         let r = h

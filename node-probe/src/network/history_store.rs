@@ -1,18 +1,21 @@
-//! The fabric counter history of the current boot, kept in the state directory beside the
-//! XIDs (`<dir>/fabric-counters.json`, a [`BootFile`]) so that a restarted probe still counts the
-//! link flaps and errors of the last hour.
+//! A counter history of the current boot ([`History`]), kept in the state directory beside the
+//! XIDs (a [`BootFile`]: `fabric-counters.json` for the fabric, `nvlink-counters.json` for
+//! NVLink) so that a restarted probe still counts the link flaps and errors of the last hour.
 //!
 //! Same rules as the XID state: a file of another boot or node, or a missing, corrupt, too
 //! large or unreadable one, is ignored with a warning and the history starts empty (the
 //! counters restarted with the boot anyway). A failed save is logged once per failure streak
 //! and retried on the next change; the probe carries on with the history in memory.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use gpunode_crds::report::PortErrorRates;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
-use super::counters::RawCounters;
-use super::history::History;
+use super::counters::{ErrorCounter, RawCounters};
+use super::history::{Counts, History, port_rates};
 use crate::boot_state::{BootFile, Ignored};
 
 /// The state file's name in the state directory.
@@ -23,35 +26,75 @@ pub const FORMAT: u32 = 1;
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// The history, in memory and, with a file, saved whenever a sample is kept.
-#[derive(Debug, Default)]
-pub struct HistoryStore {
-    inner: Mutex<Inner>,
+#[derive(Debug)]
+pub struct HistoryStore<K = ErrorCounter> {
+    inner: Mutex<Inner<K>>,
     file: Option<BootFile>,
+    /// What the history counts, for the log ("fabric counter").
+    what: &'static str,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    history: History,
+#[derive(Debug)]
+struct Inner<K> {
+    history: History<K>,
     dirty: bool,
     failing: bool,
 }
 
-impl HistoryStore {
-    /// A history kept in `file`, starting from what it holds for this boot and node.
-    pub fn persistent(file: BootFile) -> HistoryStore {
+impl<K> Default for Inner<K> {
+    fn default() -> Self {
+        Inner {
+            history: History::default(),
+            dirty: false,
+            failing: false,
+        }
+    }
+}
+
+impl Default for HistoryStore<ErrorCounter> {
+    fn default() -> Self {
+        HistoryStore::in_memory("fabric counter")
+    }
+}
+
+impl HistoryStore<ErrorCounter> {
+    /// The fabric counter history kept in `file`, starting from what it holds for this boot and
+    /// node.
+    pub fn persistent(file: BootFile) -> Self {
+        HistoryStore::persistent_as(file, "fabric counter")
+    }
+
+    /// Adds one observation of every port (`<device>/<port>` → raw counters) at `now` (unix
+    /// seconds) and returns each port's counts, in the same order; saves when the history changed.
+    pub fn observe(&self, ports: &[(String, RawCounters)], now: i64) -> Vec<Option<PortErrorRates>> {
+        self.observe_counts(ports, now)
+            .into_iter()
+            .map(|c| c.as_ref().map(port_rates))
+            .collect()
+    }
+}
+
+impl<K: Ord + Copy + Serialize + DeserializeOwned> HistoryStore<K> {
+    /// A history of `what` ("NVLink counter") kept in memory only.
+    pub fn in_memory(what: &'static str) -> Self {
+        HistoryStore {
+            inner: Mutex::new(Inner::default()),
+            file: None,
+            what,
+        }
+    }
+
+    /// A history of `what` kept in `file`, starting from what it holds for this boot and node.
+    pub fn persistent_as(file: BootFile, what: &'static str) -> Self {
         let mut inner = Inner::default();
-        match file.load::<History>() {
+        match file.load::<History<K>>() {
             Ok(history) => {
-                tracing::info!(path = %file.path().display(), "restored the fabric counter history of this boot");
+                tracing::info!(path = %file.path().display(), "restored the {what} history of this boot");
                 inner.history = history;
             }
             Err((why, detail)) => {
                 if why != Ignored::Missing {
-                    tracing::warn!(
-                        reason = why.label(),
-                        detail,
-                        "ignoring the fabric counter history file"
-                    );
+                    tracing::warn!(reason = why.label(), detail, "ignoring the {what} history file");
                 }
                 // The next save replaces a file that does not belong to this boot.
                 inner.dirty = why != Ignored::Missing;
@@ -60,32 +103,33 @@ impl HistoryStore {
         HistoryStore {
             inner: Mutex::new(inner),
             file: Some(file),
+            what,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<K>> {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Adds one observation of every port (`<device>/<port>` → raw counters) at `now` (unix
-    /// seconds) and returns each port's counts, in the same order; saves when the history changed.
-    pub fn observe(&self, ports: &[(String, RawCounters)], now: i64) -> Vec<Option<PortErrorRates>> {
+    /// Adds one observation of every key (→ raw counters) at `now` (unix seconds) and returns
+    /// each key's counts, in the same order; saves when the history changed.
+    pub fn observe_counts(&self, keys: &[(String, BTreeMap<K, u64>)], now: i64) -> Vec<Option<Counts<K>>> {
         let mut inner = self.lock();
         let mut dirty = inner.history.forget_stale(now);
-        let rates = ports
+        let counts = keys
             .iter()
-            .map(|(port, raw)| {
-                let observed = inner.history.observe(port, raw, now);
+            .map(|(key, raw)| {
+                let observed = inner.history.observe_counts(key, raw, now);
                 dirty |= observed.changed;
                 observed.rates
             })
             .collect();
         inner.dirty |= dirty;
         self.save(&mut inner);
-        rates
+        counts
     }
 
-    fn save(&self, inner: &mut Inner) {
+    fn save(&self, inner: &mut Inner<K>) {
         let Some(file) = &self.file else { return };
         if !inner.dirty {
             return;
@@ -97,7 +141,7 @@ impl HistoryStore {
             }
             Err(e) => {
                 if !inner.failing {
-                    tracing::warn!(error = %e, "saving the fabric counter history failed: a restarted probe forgets it");
+                    tracing::warn!(error = %e, "saving the {} history failed: a restarted probe forgets it", self.what);
                 }
                 inner.failing = true;
             }
@@ -109,7 +153,6 @@ impl HistoryStore {
 mod tests {
     use std::path::{Path, PathBuf};
 
-    use super::super::counters::ErrorCounter;
     use super::super::history::SLOT_SECS;
     use super::*;
 

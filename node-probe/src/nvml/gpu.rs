@@ -16,6 +16,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 
+use super::nvlink::{self, LinkCounters};
 use super::raw;
 use super::reason::nvml_reason;
 
@@ -59,14 +60,15 @@ impl Errors {
     }
 }
 
-/// Reads every field of GPU `index`. A GPU whose handle cannot be obtained is still listed, with
-/// only its index and the error.
-pub fn read_gpu(nvml: &Nvml, index: u32) -> GpuStatus {
+/// Reads every field of GPU `index`, and the raw error counters of its active NVLinks (which
+/// the collector turns into counts over the last hour). A GPU whose handle cannot be obtained is
+/// still listed, with only its index and the error.
+pub fn read_gpu(nvml: &Nvml, index: u32) -> (GpuStatus, Vec<LinkCounters>) {
     let _span = tracing::debug_span!("read_gpu", gpu = index).entered();
     let device = match nvml.device_by_index(index) {
         Ok(device) => device,
         Err(e) => {
-            return GpuStatus {
+            let gpu = GpuStatus {
                 index,
                 errors: vec![FieldError {
                     field: "device".to_owned(),
@@ -74,6 +76,7 @@ pub fn read_gpu(nvml: &Nvml, index: u32) -> GpuStatus {
                 }],
                 ..GpuStatus::default()
             };
+            return (gpu, Vec::new());
         }
     };
     let mut errors = Errors(Vec::new());
@@ -83,9 +86,12 @@ pub fn read_gpu(nvml: &Nvml, index: u32) -> GpuStatus {
     };
     read_identity(nvml, &device, &mut gpu, &mut errors);
     read_thermal(&device, &mut gpu, &mut errors);
-    read_links_and_modes(&device, &mut gpu, &mut errors);
+    let active = read_links_and_modes(&device, &mut gpu, &mut errors);
+    gpu.fabric = errors.take("fabric", nvlink::fabric(nvml, &device).map_err(ReadError::from));
+    let (links, counter_errors) = nvlink::read_counters(&device, &active);
+    errors.0.extend(counter_errors);
     gpu.errors = errors.0;
-    gpu
+    (gpu, links)
 }
 
 /// Identity, memory and its health: UUID, product, PCI bus id, memory size, ECC mode and
@@ -148,11 +154,13 @@ fn read_thermal(device: &Device<'_>, gpu: &mut GpuStatus, e: &mut Errors) {
         .unwrap_or_default();
 }
 
-/// PCIe (with its replay counter), NVLink, persistence and MIG modes. `xids` and `pods` are
-/// left empty: the XID log and the PodResources collector fill them.
-fn read_links_and_modes(device: &Device<'_>, gpu: &mut GpuStatus, e: &mut Errors) {
+/// PCIe (with its replay counter), NVLink, persistence and MIG modes; returns the active
+/// NVLinks. `xids` and `pods` are left empty: the XID log and the PodResources collector fill
+/// them.
+fn read_links_and_modes(device: &Device<'_>, gpu: &mut GpuStatus, e: &mut Errors) -> Vec<u32> {
     gpu.pcie = e.take("pcie", pcie(device));
-    gpu.nvlink = e.take("nvlink", nvlink(device));
+    let (status, active) = e.take("nvlink", nvlink_links(device)).unzip();
+    gpu.nvlink = status;
     gpu.persistence_mode = e.take(
         "persistenceMode",
         device
@@ -171,6 +179,7 @@ fn read_links_and_modes(device: &Device<'_>, gpu: &mut GpuStatus, e: &mut Errors
             }),
         }
     }
+    active.unwrap_or_default()
 }
 
 fn enabled(on: bool) -> EnabledState {
@@ -283,20 +292,24 @@ fn pcie(device: &Device<'_>) -> Result<PcieStatus, ReadError> {
 }
 
 /// Counts links 0..18 until NVML says a link does not exist (InvalidArg) or NVLink is not
-/// supported at all.
-fn nvlink(device: &Device<'_>) -> Result<NvlinkStatus, ReadError> {
+/// supported at all; also returns the active ones.
+fn nvlink_links(device: &Device<'_>) -> Result<(NvlinkStatus, Vec<u32>), ReadError> {
     let mut status = NvlinkStatus::default();
+    let mut active_links = Vec::new();
     for link in 0..MAX_NVLINKS {
         match device.link_wrapper_for(link).is_active() {
             Ok(active) => {
                 status.total += 1;
                 status.active += u32::from(active);
+                if active {
+                    active_links.push(link);
+                }
             }
             Err(NvmlError::InvalidArg | NvmlError::NotSupported) => break,
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(status)
+    Ok((status, active_links))
 }
 
 /// MIG mode; GPUs without MIG (NotSupported) run with it disabled.

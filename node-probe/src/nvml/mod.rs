@@ -8,6 +8,7 @@
 //! the collector here sits on top of [`gpu`], [`reset`] and [`xid`].
 
 pub mod gpu;
+pub mod nvlink;
 mod raw;
 mod reason;
 pub mod reset;
@@ -26,7 +27,12 @@ use crate::collect::{CollectError, Collector, Outcome};
 pub use reason::nvml_reason;
 pub use xid::{Persistence, XidLog, XidWatcher};
 
+use crate::boot_state::BootFile;
 use crate::xid_state::XidStore;
+use nvlink::NvlinkHistory;
+
+/// The time in unix seconds (a fixed clock in tests).
+type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 /// Default library name, resolved by the dynamic loader.
 pub const DEFAULT_LIB: &str = "libnvidia-ml.so.1";
@@ -84,6 +90,9 @@ pub struct NvmlConfig {
     pub xid_store: Option<XidStore>,
     /// How long one collection may take before it is reported as hung.
     pub timeout: Duration,
+    /// Where the NVLink error counter history of this boot is kept across probe restarts
+    /// ([`nvlink::FILE_NAME`]); `None`: in memory only.
+    pub nvlink_state: Option<BootFile>,
 }
 
 impl Default for NvmlConfig {
@@ -94,6 +103,7 @@ impl Default for NvmlConfig {
             event_wait: Duration::from_millis(500),
             xid_store: None,
             timeout: DEFAULT_TIMEOUT,
+            nvlink_state: None,
         }
     }
 }
@@ -110,6 +120,8 @@ pub struct NvmlCollector {
     xids: Arc<XidLog>,
     /// The power brake's start and the PCIe replay history of each GPU.
     signals: Arc<Mutex<signals::Signals>>,
+    nvlink: Arc<NvlinkHistory>,
+    clock: Clock,
     loaded: Mutex<Loaded>,
     /// Held for reading by each collection and for writing by a reset, so that no report shows
     /// a GPU in the middle of its reset (off the bus between remove and discover).
@@ -132,14 +144,26 @@ impl NvmlCollector {
             Some(store) => XidLog::persistent(store.clone()),
             None => XidLog::default(),
         };
+        let nvlink = match &config.nvlink_state {
+            Some(file) => NvlinkHistory::persistent_as(file.clone(), "NVLink counter"),
+            None => NvlinkHistory::in_memory("NVLink counter"),
+        };
         NvmlCollector {
             config,
             xids: Arc::new(xids),
             signals: Arc::default(),
+            nvlink: Arc::new(nvlink),
+            clock: Arc::new(|| jiff::Timestamp::now().as_second()),
             loaded: Mutex::default(),
             resetting: RwLock::new(()),
             stuck: Mutex::default(),
         }
+    }
+
+    /// The same collector, reading the time (unix seconds) from `clock` (the NVLink counts).
+    pub fn with_clock(mut self, clock: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     /// The XID log (for the publisher's notifications and metrics).
@@ -259,8 +283,12 @@ impl NvmlCollector {
             return Err(hung);
         }
         let nvml = self.ensure_loaded()?;
-        let xids = self.xids.clone();
-        let signals = self.signals.clone();
+        let sources = Sources {
+            xids: self.xids.clone(),
+            signals: self.signals.clone(),
+            nvlink: self.nvlink.clone(),
+            clock: self.clock.clone(),
+        };
         let mut scratch = report.clone();
         let done = Arc::new(AtomicBool::new(false));
         let finished = done.clone();
@@ -269,7 +297,7 @@ impl NvmlCollector {
         std::thread::Builder::new()
             .name("nvml-collect".to_owned())
             .spawn(move || {
-                let result = collect_gpus(&nvml, &xids, &signals, &mut scratch).map(|o| (o, scratch));
+                let result = collect_gpus(&nvml, &sources, &mut scratch).map(|o| (o, scratch));
                 finished.store(true, Ordering::Release);
                 // The receiver is gone when the deadline passed: nothing to tell.
                 let _ = tx.send(result);
@@ -293,14 +321,23 @@ impl NvmlCollector {
     }
 }
 
-/// One collection of every GPU through `nvml`, with the XIDs `xids` holds.
+/// What a collection reads beside NVML: the XIDs, the power brake and PCIe replay history, the
+/// NVLink counter history and the time.
+struct Sources {
+    xids: Arc<XidLog>,
+    signals: Arc<Mutex<signals::Signals>>,
+    nvlink: Arc<NvlinkHistory>,
+    clock: Clock,
+}
+
+/// One collection of every GPU through `nvml`, with the XIDs and NVLink history of `sources`.
 fn collect_gpus(
     nvml: &Nvml,
-    xids: &XidLog,
-    signals: &Mutex<signals::Signals>,
+    sources: &Sources,
     report: &mut GpuNodeReportStatus,
 ) -> Result<Outcome, NvmlCollectError> {
     let now = jiff::Timestamp::now();
+    let xids = &sources.xids;
     let count = nvml
         .device_count()
         .map_err(|e| NvmlCollectError::DeviceCount(nvml_reason(&e)))?;
@@ -317,10 +354,14 @@ fn collect_gpus(
         notes.push(format!("{count} GPUs, only the first {MAX_GPUS} are reported"));
     }
     report.gpu_count = Some(count);
+    let mut links = Vec::new();
     report.gpus = (0..count.min(MAX_GPUS as u32))
-        .map(|index| {
-            let mut gpu = gpu::read_gpu(nvml, index);
-            signals
+        .enumerate()
+        .map(|(position, index)| {
+            let (mut gpu, counters) = gpu::read_gpu(nvml, index);
+            links.extend(counters.into_iter().map(|c| (position, c)));
+            sources
+                .signals
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .apply(&mut gpu, now);
@@ -341,6 +382,7 @@ fn collect_gpus(
             gpu
         })
         .collect();
+    nvlink::add_rates(&sources.nvlink, &mut report.gpus, links, (sources.clock)());
     if let Some(error) = xids.watcher_error() {
         notes.push(error);
     }
