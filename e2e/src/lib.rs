@@ -7,6 +7,7 @@ pub mod audit;
 pub mod chart;
 pub mod cluster;
 pub mod crds;
+pub mod device;
 pub mod faults;
 pub mod fixtures;
 pub mod http;
