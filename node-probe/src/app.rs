@@ -101,20 +101,41 @@ fn fabric_history(config: &Config, node: &str) -> HistoryStore {
 /// Where node `node` keeps the NVLink error counter history of this boot: beside the XIDs in
 /// `--state-dir` (read-only with `--once`), else in memory only (None).
 fn nvlink_state(config: &Config, node: &str) -> Option<crate::boot_state::BootFile> {
-    let dir = config.state_dir.as_ref()?;
-    let file = crate::boot_state::BootFile::open(
-        dir,
-        crate::nvml::nvlink::FILE_NAME,
-        crate::nvml::nvlink::FORMAT,
-        crate::nvml::nvlink::MAX_FILE_BYTES,
+    use crate::nvml::nvlink;
+    boot_file(
+        config,
         node,
-        &config.proc_root,
-    );
-    match file {
+        (nvlink::FILE_NAME, nvlink::FORMAT, nvlink::MAX_FILE_BYTES),
+        "NVLink counter",
+    )
+}
+
+/// Where node `node` keeps the PCIe replay history of this boot: beside the XIDs in
+/// `--state-dir` (read-only with `--once`), else in memory only (None).
+fn pcie_state(config: &Config, node: &str) -> Option<crate::boot_state::BootFile> {
+    use crate::nvml::signals;
+    boot_file(
+        config,
+        node,
+        (signals::FILE_NAME, signals::FORMAT, signals::MAX_FILE_BYTES),
+        "PCIe replay",
+    )
+}
+
+/// The state file (name, format, size cap) of node `node` in `--state-dir` for the history of
+/// `what`; None (with a warning when it cannot be opened) keeps that history in memory only.
+fn boot_file(
+    config: &Config,
+    node: &str,
+    (name, format, max_bytes): (&'static str, u32, u64),
+    what: &str,
+) -> Option<crate::boot_state::BootFile> {
+    let dir = config.state_dir.as_ref()?;
+    match crate::boot_state::BootFile::open(dir, name, format, max_bytes, node, &config.proc_root) {
         Ok(file) if config.once => Some(file.read_only()),
         Ok(file) => Some(file),
         Err(e) => {
-            tracing::warn!(error = %e, "the NVLink counter history is kept in memory only: a restarted probe forgets it");
+            tracing::warn!(error = %e, "the {what} history is kept in memory only: a restarted probe forgets it");
             None
         }
     }
@@ -128,6 +149,7 @@ pub fn build(config: &Config, node: &str) -> (Arc<Probe>, Arc<NvmlCollector>) {
         watch_xids: !config.no_xid_events,
         xid_store: xid_store(config, node),
         nvlink_state: nvlink_state(config, node),
+        pcie_state: pcie_state(config, node),
         ..NvmlConfig::default()
     }));
     let network = match &config.net_fixtures {

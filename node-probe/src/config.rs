@@ -114,8 +114,8 @@ pub struct Config {
     pub gpu_resources: Vec<String>,
 
     /// Keep the XIDs of the current boot in DIR/xids.json and the last hour of fabric and NVLink
-    /// error counters in DIR/fabric-counters.json and DIR/nvlink-counters.json, so a restarted
-    /// probe still reports them (the chart
+    /// error counters and PCIe replays in DIR/fabric-counters.json, DIR/nvlink-counters.json and
+    /// DIR/pcie-replays.json, so a restarted probe still reports them (the chart
     /// mounts the host's /var/lib/gpunode). Unset: in memory only, and a restarted probe
     /// forgets them (a warning says so).
     #[arg(long, env = "GPUNODE_STATE_DIR", value_name = "DIR")]

@@ -35,7 +35,7 @@ fn fixture(name: &str) -> Value {
 }
 
 fn policies() -> Vec<GpuNodePolicy> {
-    let mut out = vec![];
+    let mut out: Vec<GpuNodePolicy> = vec![];
     for f in ["strict-policy.yaml", "network-only-policy.yaml"] {
         out.push(serde_json::from_value(fixture(f)).unwrap_or_else(|e| panic!("{f}: {e}")));
     }
@@ -44,6 +44,19 @@ fn policies() -> Vec<GpuNodePolicy> {
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
         out.push(serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}")));
     }
+    // The strict policy with the power limit range and the PCIe replay budget: checks that read
+    // fields the operator's cache could trim (powerLimitWatts).
+    let mut powered = out[0].clone();
+    if let Some(gpu) = powered.spec.gpu.as_mut() {
+        gpu.power = Some(gpunode_crds::power::PowerRequirements {
+            min_limit_percent_of_default: Some(90),
+            min_limit_watts: Some(100),
+            max_limit_watts: Some(700),
+            ..Default::default()
+        });
+        gpu.pcie.get_or_insert_default().max_replays_per_hour = Some(100);
+    }
+    out.push(powered);
     out
 }
 

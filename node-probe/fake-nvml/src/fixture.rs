@@ -26,6 +26,11 @@ pub struct Fixture {
     /// C symbols of per-device calls that do not return (a hung driver) while the fixture lists
     /// them: each such call blocks until a rewritten fixture drops its name.
     pub hang: Vec<String>,
+    /// Whether the caller runs as root: NVML's setters that need it
+    /// (`nvmlDeviceSetPowerManagementLimit`) answer NoPermission otherwise, as for `nvidia-smi
+    /// -pl` run by a user. Persistence mode and the reset calls do not check it (the fixtures of
+    /// the reset tests describe the root probe and the reset DaemonSet).
+    pub privileged: bool,
     /// The GPUs, in NVML index order.
     pub devices: Vec<Device>,
 }
@@ -39,6 +44,7 @@ impl Default for Fixture {
             cuda_driver_version: 12040,
             errors: HashMap::new(),
             hang: Vec::new(),
+            privileged: false,
             devices: Vec::new(),
         }
     }
@@ -73,10 +79,21 @@ pub struct Device {
     /// Fan speeds in percent; absent → `nvmlDeviceGetNumFans` is NotSupported (SXM boards).
     pub fans: Option<Vec<i64>>,
     pub power_mw: i64,
+    /// The power management limit (`nvmlDeviceGetPowerManagementLimit`), mW: the default unless
+    /// someone set another. `nvmlDeviceSetPowerManagementLimit` sets it over the fixture's until
+    /// the machine reboots (the hardware file gone); a GPU reset keeps it.
     pub power_limit_mw: i64,
+    /// The limit the driver enforces (`nvmlDeviceGetEnforcedPowerLimit`), mW: the management
+    /// limit, or lower where something else caps the board (then a set limit enforces the lower
+    /// of the two).
     pub enforced_limit_mw: i64,
     /// The board's default power limit (nvmlDeviceGetPowerManagementDefaultLimit), mW.
     pub default_limit_mw: i64,
+    /// The lowest limit `nvmlDeviceSetPowerManagementLimit` accepts
+    /// (`nvmlDeviceGetPowerManagementLimitConstraints`), mW.
+    pub min_limit_mw: i64,
+    /// The highest limit it accepts, mW.
+    pub max_limit_mw: i64,
     /// `nvmlClocksThrottleReasons` bitmask.
     pub throttle_reasons: u64,
     pub pcie: Pcie,
@@ -127,6 +144,9 @@ impl Default for Device {
             power_limit_mw: 700_000,
             enforced_limit_mw: 700_000,
             default_limit_mw: 700_000,
+            // H100 SXM5: 200-700 W.
+            min_limit_mw: 200_000,
+            max_limit_mw: 700_000,
             throttle_reasons: 0x1,
             pcie: Pcie::default(),
             nvlink: vec![1; 18],

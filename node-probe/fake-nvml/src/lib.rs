@@ -644,6 +644,48 @@ pub unsafe extern "C" fn nvmlDeviceGetPowerManagementDefaultLimit(
     })
 }
 
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimitConstraints(
+    device: DeviceHandle,
+    min_limit: *mut c_uint,
+    max_limit: *mut c_uint,
+) -> Return {
+    device_call(
+        device,
+        "nvmlDeviceGetPowerManagementLimitConstraints",
+        |d| unsafe {
+            match put(min_limit, d.min_limit_mw as c_uint) {
+                code::SUCCESS => put(max_limit, d.max_limit_mw as c_uint),
+                err => err,
+            }
+        },
+    )
+}
+
+/// Sets the power management limit, as `nvidia-smi -pl` does: root only (NoPermission unless
+/// the fixture says `privileged`), InvalidArgument outside the board's constraints. The limit
+/// is kept like hardware ([`state::Hardware`]): across processes and GPU resets (a reset does
+/// not restore the default), until set again or the machine reboots (the hardware file gone).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceSetPowerManagementLimit(device: DeviceHandle, limit: c_uint) -> Return {
+    with_state(|s| {
+        let (min, max) = match s.device(device as usize, "nvmlDeviceSetPowerManagementLimit") {
+            Ok(d) => (d.min_limit_mw, d.max_limit_mw),
+            Err(code) => return code,
+        };
+        if !s.fixture.privileged {
+            return code::NO_PERMISSION;
+        }
+        let limit = i64::from(limit);
+        if limit < min || limit > max {
+            return code::INVALID_ARGUMENT;
+        }
+        s.set_power_limit((device as usize).saturating_sub(1), limit);
+        code::SUCCESS
+    })
+    .unwrap_or(code::UNINITIALIZED)
+}
+
 /// The deprecated name nvml-wrapper 0.13 resolves for `current_throttle_reasons()`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
@@ -1295,6 +1337,85 @@ mod tests {
             code::TIMEOUT
         );
         assert_eq!(nvmlEventSetFree(fresh), code::SUCCESS);
+        assert_eq!(nvmlShutdown(), code::SUCCESS);
+
+        // The power limit, as `nvidia-smi -pl` sets it: root only, within the constraints,
+        // kept across a GPU reset and a new process; only a reboot restores the default.
+        let one = |privileged: bool| {
+            format!(r#"{{"privileged": {privileged}, "devices": [{{"uuid": "GPU-a", "persistence": 0}}]}}"#)
+        };
+        write(&one(false));
+        assert_eq!(nvmlInit_v2(), code::SUCCESS);
+        let mut gpu: DeviceHandle = std::ptr::null_mut();
+        assert_eq!(
+            unsafe { nvmlDeviceGetHandleByIndex_v2(0, &mut gpu) },
+            code::SUCCESS
+        );
+        let limits = || {
+            let (mut managed, mut enforced, mut default) = (0, 0, 0);
+            assert_eq!(
+                unsafe { nvmlDeviceGetPowerManagementLimit(gpu, &mut managed) },
+                code::SUCCESS
+            );
+            assert_eq!(
+                unsafe { nvmlDeviceGetEnforcedPowerLimit(gpu, &mut enforced) },
+                code::SUCCESS
+            );
+            assert_eq!(
+                unsafe { nvmlDeviceGetPowerManagementDefaultLimit(gpu, &mut default) },
+                code::SUCCESS
+            );
+            (managed, enforced, default)
+        };
+        assert_eq!(
+            unsafe { nvmlDeviceSetPowerManagementLimit(gpu, 400_000) },
+            code::NO_PERMISSION
+        );
+        assert_eq!(limits(), (700_000, 700_000, 700_000));
+        write(&one(true));
+        let (mut min, mut max) = (0, 0);
+        assert_eq!(
+            unsafe { nvmlDeviceGetPowerManagementLimitConstraints(gpu, &mut min, &mut max) },
+            code::SUCCESS
+        );
+        assert_eq!((min, max), (200_000, 700_000));
+        for outside in [199_999, 700_001] {
+            assert_eq!(
+                unsafe { nvmlDeviceSetPowerManagementLimit(gpu, outside) },
+                code::INVALID_ARGUMENT
+            );
+        }
+        assert_eq!(
+            unsafe { nvmlDeviceSetPowerManagementLimit(gpu, 400_000) },
+            code::SUCCESS
+        );
+        assert_eq!(limits(), (400_000, 400_000, 700_000));
+        // A GPU reset (drain, remove, discover) keeps it.
+        let mut pci = PciInfo {
+            bus_id_legacy: [0; 16],
+            domain: 0,
+            bus: 0,
+            device: 0,
+            pci_device_id: 0,
+            pci_sub_system_id: 0,
+            bus_id: [0; 32],
+        };
+        fill_chars(&mut pci.bus_id, "00000000:18:00.0");
+        assert_eq!(unsafe { nvmlDeviceModifyDrainState(&mut pci, 1) }, code::SUCCESS);
+        assert_eq!(unsafe { nvmlDeviceRemoveGpu_v2(&mut pci, 0, 0) }, code::SUCCESS);
+        assert_eq!(unsafe { nvmlDeviceDiscoverGpus(&mut pci) }, code::SUCCESS);
+        assert_eq!(limits(), (400_000, 400_000, 700_000));
+        // A fixture rewritten for other reasons still shows the set limit; so does a new process.
+        write(&one(true).replace("GPU-a", "GPU-c"));
+        assert_eq!(limits(), (400_000, 400_000, 700_000));
+        assert_eq!(nvmlShutdown(), code::SUCCESS);
+        assert_eq!(nvmlInit_v2(), code::SUCCESS);
+        assert_eq!(limits(), (400_000, 400_000, 700_000));
+        // A reboot (the hardware state gone) runs the board at its default again.
+        let mut hardware = path.clone().into_os_string();
+        hardware.push(".hardware");
+        std::fs::remove_file(&hardware).unwrap();
+        assert_eq!(limits(), (700_000, 700_000, 700_000));
         assert_eq!(nvmlShutdown(), code::SUCCESS);
 
         write(r#"{"init_error": 9}"#);

@@ -14,6 +14,7 @@ pub mod code {
     pub const UNINITIALIZED: u32 = 1;
     pub const INVALID_ARGUMENT: u32 = 2;
     pub const NOT_SUPPORTED: u32 = 3;
+    pub const NO_PERMISSION: u32 = 4;
     pub const NOT_FOUND: u32 = 6;
     pub const INSUFFICIENT_SIZE: u32 = 7;
     pub const TIMEOUT: u32 = 10;
@@ -64,6 +65,11 @@ pub struct Hardware {
     /// Persistence mode set by `nvmlDeviceSetPersistenceMode`, by bus id (over the fixture's).
     #[serde(default)]
     pub persistence: HashMap<String, bool>,
+    /// Power management limits set by `nvmlDeviceSetPowerManagementLimit`, mW, by bus id (over
+    /// the fixture's). Like the driver's, kept until set again or the machine reboots (this
+    /// file gone): a GPU reset does not restore the default.
+    #[serde(default)]
+    pub power_limits: HashMap<String, i64>,
     /// Per device index: what its last reset cleared, as the fixture showed it then.
     resets: HashMap<usize, Cleared>,
 }
@@ -190,6 +196,7 @@ pub fn init() -> u32 {
     });
     if let Some(state) = guard.as_mut() {
         state.apply_resets();
+        state.apply_power_limits();
     }
     code::SUCCESS
 }
@@ -255,6 +262,28 @@ impl State {
         self.fixture = fixture;
         self.stamp = Some(stamp);
         self.apply_resets();
+        self.apply_power_limits();
+    }
+
+    /// Puts the power limits set on the GPUs over a freshly read fixture.
+    fn apply_power_limits(&mut self) {
+        for d in &mut self.fixture.devices {
+            if let Some(limit) = self.hardware.power_limits.get(&d.pci.bus_id) {
+                set_limit(d, *limit);
+            }
+        }
+    }
+
+    /// `nvmlDeviceSetPowerManagementLimit` on device `index`: kept in the hardware state, and
+    /// the fixture read again so that the limit applies to its own values.
+    pub fn set_power_limit(&mut self, index: usize, limit_mw: i64) {
+        let Some(d) = self.fixture.devices.get_mut(index) else {
+            return;
+        };
+        set_limit(d, limit_mw);
+        self.hardware.power_limits.insert(d.pci.bus_id.clone(), limit_mw);
+        self.save_hardware();
+        self.stamp = None;
     }
 
     /// Clears in a freshly read fixture what earlier resets cleared, where it still shows the
@@ -337,6 +366,17 @@ impl State {
     pub fn global_error(&self, symbol: &str) -> Option<u32> {
         self.fixture.errors.get(symbol).copied()
     }
+}
+
+/// Sets `d`'s management limit to `limit_mw`; the enforced limit follows it unless the fixture
+/// caps the board lower than its management limit (then the lower of the two).
+fn set_limit(d: &mut Device, limit_mw: i64) {
+    d.enforced_limit_mw = if d.enforced_limit_mw < d.power_limit_mw {
+        d.enforced_limit_mw.min(limit_mw)
+    } else {
+        limit_mw
+    };
+    d.power_limit_mw = limit_mw;
 }
 
 /// Clears on `d` what a reset cleared, where it still shows the values it had then; whether any

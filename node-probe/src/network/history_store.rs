@@ -1,6 +1,6 @@
 //! A counter history of the current boot ([`History`]), kept in the state directory beside the
 //! XIDs (a [`BootFile`]: `fabric-counters.json` for the fabric, `nvlink-counters.json` for
-//! NVLink) so that a restarted probe still counts the link flaps and errors of the last hour.
+//! NVLink, `pcie-replays.json` for the PCIe replays) so that a restarted probe still counts the link flaps and errors of the last hour.
 //!
 //! Same rules as the XID state: a file of another boot or node, or a missing, corrupt, too
 //! large or unreadable one, is ignored with a warning and the history starts empty (the

@@ -30,6 +30,7 @@ pub use xid::{Persistence, XidLog, XidWatcher};
 use crate::boot_state::BootFile;
 use crate::xid_state::XidStore;
 use nvlink::NvlinkHistory;
+use signals::ReplayHistory;
 
 /// The time in unix seconds (a fixed clock in tests).
 type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -93,6 +94,9 @@ pub struct NvmlConfig {
     /// Where the NVLink error counter history of this boot is kept across probe restarts
     /// ([`nvlink::FILE_NAME`]); `None`: in memory only.
     pub nvlink_state: Option<BootFile>,
+    /// Where the PCIe replay history of this boot is kept across probe restarts
+    /// ([`signals::FILE_NAME`]); `None`: in memory only.
+    pub pcie_state: Option<BootFile>,
 }
 
 impl Default for NvmlConfig {
@@ -104,6 +108,7 @@ impl Default for NvmlConfig {
             xid_store: None,
             timeout: DEFAULT_TIMEOUT,
             nvlink_state: None,
+            pcie_state: None,
         }
     }
 }
@@ -118,8 +123,9 @@ struct Loaded {
 pub struct NvmlCollector {
     config: NvmlConfig,
     xids: Arc<XidLog>,
-    /// The power brake's start and the PCIe replay history of each GPU.
+    /// The power brake's start of each GPU.
     signals: Arc<Mutex<signals::Signals>>,
+    replays: Arc<ReplayHistory>,
     nvlink: Arc<NvlinkHistory>,
     clock: Clock,
     loaded: Mutex<Loaded>,
@@ -148,10 +154,15 @@ impl NvmlCollector {
             Some(file) => NvlinkHistory::persistent_as(file.clone(), "NVLink counter"),
             None => NvlinkHistory::in_memory("NVLink counter"),
         };
+        let replays = match &config.pcie_state {
+            Some(file) => ReplayHistory::persistent_as(file.clone(), "PCIe replay"),
+            None => ReplayHistory::in_memory("PCIe replay"),
+        };
         NvmlCollector {
             config,
             xids: Arc::new(xids),
             signals: Arc::default(),
+            replays: Arc::new(replays),
             nvlink: Arc::new(nvlink),
             clock: Arc::new(|| jiff::Timestamp::now().as_second()),
             loaded: Mutex::default(),
@@ -160,7 +171,8 @@ impl NvmlCollector {
         }
     }
 
-    /// The same collector, reading the time (unix seconds) from `clock` (the NVLink counts).
+    /// The same collector, reading the time (unix seconds) from `clock` (the NVLink and PCIe
+    /// replay counts).
     pub fn with_clock(mut self, clock: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
         self.clock = Arc::new(clock);
         self
@@ -286,6 +298,7 @@ impl NvmlCollector {
         let sources = Sources {
             xids: self.xids.clone(),
             signals: self.signals.clone(),
+            replays: self.replays.clone(),
             nvlink: self.nvlink.clone(),
             clock: self.clock.clone(),
         };
@@ -326,6 +339,7 @@ impl NvmlCollector {
 struct Sources {
     xids: Arc<XidLog>,
     signals: Arc<Mutex<signals::Signals>>,
+    replays: Arc<ReplayHistory>,
     nvlink: Arc<NvlinkHistory>,
     clock: Clock,
 }
@@ -382,7 +396,9 @@ fn collect_gpus(
             gpu
         })
         .collect();
-    nvlink::add_rates(&sources.nvlink, &mut report.gpus, links, (sources.clock)());
+    let secs = (sources.clock)();
+    signals::add_replays(&sources.replays, &mut report.gpus, secs);
+    nvlink::add_rates(&sources.nvlink, &mut report.gpus, links, secs);
     if let Some(error) = xids.watcher_error() {
         notes.push(error);
     }

@@ -3,7 +3,8 @@
 //! fields everywhere; a Node's status except gpunode's own condition and Ready (the fleet cap
 //! counts NotReady nodes), its spec except taints and the cordon, and annotations other than gpunode's (real nodes carry kilobytes of them:
 //! NFD's, CSI's, the kubelet's); a report's metadata but its name and version, its identifiers
-//! (but the GPUs' UUIDs), power readings and counters that no check compares. `evaluate` on a
+//! (but the GPUs' UUIDs), power draw and counters that no check compares (the enforced and
+//! default power limits stay: `gpu.power` compares them). `evaluate` on a
 //! trimmed report gives the same verdict as on the full one (a property test holds it to that).
 //!
 //! It trims the cache's copy only; nothing is written back.
@@ -82,8 +83,8 @@ pub fn report(r: &mut GpuNodeReport) {
     for g in &mut s.gpus {
         // The UUID stays: a GPU's quarantine finds its DRA device and its pods by it.
         g.pci_bus_id = None;
+        // The enforced limit stays: `gpu.power` compares it (with the default limit).
         g.power_watts = None;
-        g.power_limit_watts = None;
         g.shutdown_celsius = None;
         g.throttle_reasons.shrink_to_fit();
         g.xids.shrink_to_fit();
