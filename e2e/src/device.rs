@@ -333,10 +333,10 @@ fn memory_rows(g: &GpuStatus, x: Node<'_, '_>) -> Vec<Row> {
 /// nvidia-smi writes N/A where NVML answers NotSupported.
 fn fabric_row(g: &GpuStatus, x: Node<'_, '_>) -> Row {
     let probe = g.fabric.as_ref().map(|f| f.state.as_str().to_string());
-    let smi = match x.children().find(|c| c.has_tag_name("fabric")) {
-        Some(_) => Some(text(x, "fabric/state").unwrap_or_else(|| "NotSupported".into())),
-        None => None,
-    };
+    let smi = x
+        .children()
+        .find(|c| c.has_tag_name("fabric"))
+        .map(|_| text(x, "fabric/state").unwrap_or_else(|| "NotSupported".into()));
     row(
         "fabric.state",
         Some(g.index),
