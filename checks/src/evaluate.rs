@@ -83,7 +83,7 @@ pub fn evaluate_heard(
     if let Some(req) = &policy.network {
         network::check(req, &ctx, &mut findings);
     }
-    findings.verdict()
+    findings.verdict().changing_at(changes_at(policy, status, now))
 }
 
 /// Until when the verdict [`evaluate`] gives at `now` stays exactly the same while only time
@@ -120,33 +120,45 @@ pub fn unchanged_until_heard(
     if fresh_until < now {
         return None;
     }
-    let mut until = fresh_until;
-    if let (Some(gpu), Some(status)) = (&policy.gpu, report.and_then(|r| r.status.as_ref()))
-        && let Some(window) = gpu.xid_window
-    {
-        // Each drifting XID still within the window drops out of it after `at + window`.
-        for xid in status.gpus.iter().flat_map(|g| &g.xids) {
-            if xid::drifting_check(gpu, xid.xid).is_some()
-                && let Ok(leaves) = xid.at.0.checked_add(signed(window.get()))
-                && leaves >= now
-            {
-                until = until.min(leaves);
-            }
-        }
-    }
-    if let (Some(gpu), Some(status)) = (&policy.gpu, report.and_then(|r| r.status.as_ref())) {
-        // A power brake drifts once it has lasted maxPowerBrake.
-        for outlasts in status
+    let holds = report
+        .and_then(|r| r.status.as_ref())
+        .and_then(|status| holds_through(policy, status, now));
+    Some(holds.map_or(fresh_until, |h| h.min(fresh_until)))
+}
+
+/// The first moment the verdict on `status` may differ with time alone: a second past
+/// [`holds_through`] (XID times and power-brake stamps have whole seconds).
+fn changes_at(policy: &GpuNodePolicySpec, status: &GpuNodeReportStatus, now: Timestamp) -> Option<Timestamp> {
+    let holds = holds_through(policy, status, now)?;
+    holds.checked_add(jiff::SignedDuration::from_secs(1)).ok()
+}
+
+/// Through when the verdict on `status` holds with time alone, from `now`: a drifting XID
+/// drifts through `at + xidWindow`, a power brake is within `maxPowerBrake` through
+/// `since + maxPowerBrake` (the report going stale aside).
+fn holds_through(
+    policy: &GpuNodePolicySpec,
+    status: &GpuNodeReportStatus,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    let gpu = policy.gpu.as_ref()?;
+    let signed =
+        |d: std::time::Duration| jiff::SignedDuration::try_from(d).unwrap_or(jiff::SignedDuration::MAX);
+    // Each drifting XID still within the window drops out of it after `at + window`.
+    let xids = gpu.xid_window.into_iter().flat_map(|window| {
+        status
             .gpus
             .iter()
-            .filter_map(|g| power::brake_outlasts(gpu.power.as_ref(), g))
-        {
-            if outlasts >= now {
-                until = until.min(outlasts);
-            }
-        }
-    }
-    Some(until)
+            .flat_map(|g| &g.xids)
+            .filter(|x| xid::drifting_check(gpu, x.xid).is_some())
+            .filter_map(move |x| x.at.0.checked_add(signed(window.get())).ok())
+    });
+    // A power brake drifts once it has lasted longer than maxPowerBrake.
+    let brakes = status
+        .gpus
+        .iter()
+        .filter_map(|g| power::brake_outlasts(gpu.power.as_ref(), g));
+    xids.chain(brakes).filter(|t| *t >= now).min()
 }
 
 /// The later of a report's `observedAt` and its probe's last heartbeat.

@@ -9,6 +9,7 @@
 use std::{collections::BTreeSet, fmt};
 
 use gpunode_crds::DriftClass;
+use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 /// The verdict on a node, as used in the `gpunode.dev/state` label.
@@ -122,6 +123,11 @@ pub struct Verdict {
     /// Checks that could not be made, sorted by check, then GPU.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unknowns: Vec<Unknown>,
+    /// When this verdict changes with time alone, the report unchanged: a fatal XID leaves
+    /// `xidWindow`, a power brake outlasts `maxPowerBrake` (not the report going stale: the
+    /// planner counts that from the latest heartbeat). The operator looks again then.
+    #[serde(skip)]
+    pub changes_at: Option<Timestamp>,
 }
 
 impl Verdict {
@@ -151,7 +157,14 @@ impl Verdict {
             state,
             drifts,
             unknowns,
+            changes_at: None,
         }
+    }
+
+    /// The same verdict, changing with time alone at `at`.
+    pub fn changing_at(mut self, at: Option<Timestamp>) -> Verdict {
+        self.changes_at = at;
+        self
     }
 
     /// The drift classes, plus `Stale` when some check is unknown.

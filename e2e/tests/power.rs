@@ -5,7 +5,10 @@
 //! node compliant. GPU 2's limit set far below its default (400 W, as `nvidia-smi -pl 400` would)
 //! cordons the node in class Config for `gpu.power.minLimitPercentOfDefault`, naming the GPU;
 //! back at its default, the node is released after `healthyFor`. Then GPU 5's replay counter
-//! rising fast cordons it in class Pcie for `gpu.pcie.maxReplaysPerHour`, naming the GPU.
+//! rising fast cordons it in class Pcie for `gpu.pcie.maxReplaysPerHour`, naming the GPU. Before
+//! that, GPU 4's hardware power brake held past `gpu.power.maxPowerBrake` (the probe stamps when
+//! it began, the operator looks again when it outlasts the limit) cordons it in class Throttle,
+//! and the brake released, the node returns.
 //!
 //! (A separate test binary: one operator per process.) Needs the binaries built (`make test`
 //! builds them first): `gpunode-probe` and `libfake_nvml.so`.
@@ -55,9 +58,9 @@ async fn a_capped_power_limit_and_fast_pcie_replays_cordon_the_node_and_healthy_
     let rig = Rig::start("power", None, |node| {
         json!({
             "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
-            "gpu": {"power": {"minLimitPercentOfDefault": 90},
+            "gpu": {"power": {"minLimitPercentOfDefault": 90, "maxPowerBrake": "3s"},
                     "pcie": {"maxReplaysPerHour": 100}},
-            "remediation": [{"classes": ["Config", "Pcie"], "action": "Cordon"}],
+            "remediation": [{"classes": ["Config", "Pcie", "Throttle"], "action": "Cordon"}],
             "recovery": {"healthyFor": "5s"},
             "staleAfter": "5m",
         })
@@ -117,6 +120,32 @@ async fn a_capped_power_limit_and_fast_pcie_replays_cordon_the_node_and_healthy_
 
     // Back at the default: released after healthyFor.
     rig.host.edit_fixture(|f| set_limit(f, 2, 700)).unwrap();
+    rig.until("the node released", "compliant", false, DEADLINE)
+        .await
+        .unwrap();
+
+    // GPU 4's clocks held down by the hardware power brake (NVML's clocks-event reason bit
+    // 0x80), past maxPowerBrake.
+    rig.host
+        .edit_fixture(|f| f["devices"][4]["throttle_reasons"] = json!(0x80))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let message = until_cordoned(&rig, "throttle", "the node cordoned for GPU 4's power brake").await;
+    assert!(
+        message.contains("gpu 4: gpu.power.maxPowerBrake")
+            && message.contains("hardware power brake for at most 3s")
+            && message.contains("braking since"),
+        "{message}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "cordoned {:?} after the brake began, before maxPowerBrake",
+        started.elapsed()
+    );
+    // The brake released: so is the node, after healthyFor.
+    rig.host
+        .edit_fixture(|f| f["devices"][4]["throttle_reasons"] = json!(0x1))
+        .unwrap();
     rig.until("the node released", "compliant", false, DEADLINE)
         .await
         .unwrap();

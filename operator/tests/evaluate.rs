@@ -949,11 +949,17 @@ fn an_unreported_default_limit_is_unknown_only_for_the_share_check() {
 #[test]
 fn a_power_brake_that_lasts_is_throttle_drift_and_a_brief_one_is_not() {
     let policy = strict().set("spec.gpu.power", "{maxPowerBrake: 2m}");
-    // Braking for 90 s of the 2 minutes allowed.
-    assert_compliant(&eval(
+    // Braking for 90 s of the 2 minutes allowed: compliant, and the verdict says when that
+    // changes by time alone (a second past the 2 minutes), so the operator looks again then.
+    let brief = eval(
         &policy,
         &powered().set("status.gpus.3.powerBrakeSince", "'2026-11-29T11:59:00Z'"),
-    ));
+    );
+    assert_compliant(&brief);
+    assert_eq!(
+        brief.changes_at,
+        Some("2026-11-29T12:01:01Z".parse::<jiff::Timestamp>().unwrap())
+    );
     assert_drifts(
         &eval(
             &policy,

@@ -454,6 +454,10 @@ fn next_change(
     if let Some(heard) = p.node.last_heard {
         changes.extend(at(heard, policy.stale_after, ChangeCause::Stale));
     }
+    changes.extend(p.node.verdict.changes_at.map(|at| NextChange {
+        at,
+        cause: ChangeCause::Verdict,
+    }));
     let next = changes.into_iter().filter(|c| c.at > now).min_by_key(|c| c.at);
     let repair = p.repair.deadline.filter(|d| *d > now);
     let next = NextChange::earliest(next, repair, ChangeCause::RepairTimeout);

@@ -205,6 +205,9 @@ pub enum ChangeCause {
         /// The class.
         class: DriftClass,
     },
+    /// The verdict changes with time alone: a fatal XID leaves `xidWindow`, a power brake
+    /// outlasts `maxPowerBrake`.
+    Verdict,
     /// A repair step (or the wait for a report after it) reaches its timeout.
     RepairTimeout,
     /// A validation Job reaches its timeout.
@@ -241,6 +244,11 @@ impl std::fmt::Display for NextChange {
                 "{}: {} of gpu {gpu} has been clear for `recovery.healthyFor`",
                 self.at,
                 class.as_str()
+            ),
+            ChangeCause::Verdict => write!(
+                f,
+                "{}: the verdict changes (an XID leaves `xidWindow` or a power brake outlasts `maxPowerBrake`)",
+                self.at
             ),
             ChangeCause::RepairTimeout => write!(f, "{}: the repair step reaches its timeout", self.at),
             ChangeCause::ValidationTimeout => {
