@@ -27,7 +27,9 @@ use crate::{
 /// Puts replica `identity` behind the chart's leader fence: a stand-in pod of its ServiceAccount
 /// named after it (never scheduled: it selects no node, so no drain of a wave can evict it and
 /// void the token bound to it), and the chart's fence policy rendered for that ServiceAccount,
-/// with the namespace's Lease as its parameter. Returns the pod to bind the token to.
+/// with the namespace's Lease as its parameter, and with values that grant every kind the
+/// replica writes (the fence matches exactly what the values grant). Returns the pod to bind the
+/// token to.
 async fn fence(admin: &Client, identity: &str, namespace: &str) -> Result<Pod, Error> {
     let pp = PatchParams::apply("gpunode-rel").force();
     let pod = json!({"apiVersion": "v1", "kind": "Pod",
@@ -39,11 +41,27 @@ async fn fence(admin: &Client, identity: &str, namespace: &str) -> Result<Pod, E
         .patch(identity, &pp, &Patch::Apply(&pod))
         .await?;
     let sa = format!("operator.serviceAccount.name={identity}");
+    // The fence matches what the chart's values grant the operator; the replica (cluster-admin
+    // here) writes the remediator's objects and validation Jobs too, so the values grant those.
+    let remediators = format!(
+        r#"operator.remediators=[{{"apiGroup":"{}","resources":["fakereboots"],"templates":["fakereboottemplates"]}}]"#,
+        crate::remediator::GROUP
+    );
+    let validation = format!("operator.validation.namespaces={{{namespace}}}");
     let objects = chart::template(
         admin,
         identity,
         namespace,
-        &["--show-only", "templates/leader-fence.yaml", "--set", &sa],
+        &[
+            "--show-only",
+            "templates/leader-fence.yaml",
+            "--set",
+            &sa,
+            "--set-json",
+            &remediators,
+            "--set",
+            &validation,
+        ],
     )
     .await?;
     if objects.len() != 2 {
