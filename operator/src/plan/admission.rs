@@ -36,7 +36,7 @@
 //! Pure. It may import the layers below it (view, output, hysteresis, windows), never a feature
 //! planner, the node plan or the pass: they ask it.
 
-use std::collections::BTreeSet;
+use std::{cell::Cell, collections::BTreeSet};
 
 use gpunode_crds::{
     GpuNodePolicySpec,
@@ -183,7 +183,7 @@ impl<'a> Candidate<'a> {
 
     /// A validation runs on the node and counts against the budget and `maxConcurrent`: one
     /// before an undo that is still due, or a periodic one.
-    fn validating(&self) -> bool {
+    pub(super) fn validating(&self) -> bool {
         let track = self.view.markers.validation.as_ref();
         track.is_some_and(|t| t.ended.is_none() && (self.due || t.periodic))
     }
@@ -245,6 +245,28 @@ pub struct Admission {
     validations: u32,
     /// Periodic validations started within the last hour.
     started_last_hour: u32,
+    /// A step asked since [`Admission::take_consulted`] read the counts that other nodes change
+    /// (the budget, the fleet cap, the validations), or started something that changes them: its
+    /// answer may differ when another node's does (the incremental pass asks it again).
+    consulted: Cell<bool>,
+}
+
+/// The counts of a policy's nodes that admission holds steps against, as
+/// [`Admission::count`] would make them: the incremental pass keeps them up to date as nodes
+/// change instead of counting every node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Nodes holding a slot of the budget (something disruptive in effect, or validating).
+    pub in_use: u32,
+    /// Validations running.
+    pub validations: u32,
+    /// Periodic validations started within the last hour.
+    pub started_last_hour: u32,
+    /// Nodes drifting now.
+    pub drifting: u32,
+    /// When each node that counts against the breaker began drifting (within its window, after
+    /// it last closed).
+    pub recent_starts: Vec<Timestamp>,
 }
 
 impl Admission {
@@ -299,7 +321,37 @@ impl Admission {
             recently_drifted: 0,
             validations: 0,
             started_last_hour: 0,
+            consulted: Cell::new(false),
         }
+    }
+
+    /// Takes the counts of every node at once, instead of [`Admission::count`] each (the
+    /// incremental pass, which keeps them).
+    pub fn set_counts(&mut self, counts: Counts) {
+        self.in_use = counts.in_use;
+        self.validations = counts.validations;
+        self.started_last_hour = counts.started_last_hour;
+        self.drifting = counts.drifting;
+        self.recently_drifted = u32::try_from(counts.recent_starts.len()).unwrap_or(u32::MAX);
+        self.recent_starts = counts.recent_starts;
+    }
+
+    /// A drift that began at `since` counts against the breaker now: within its window and
+    /// after it last closed.
+    pub fn counts_as_recent(&self, since: Timestamp) -> bool {
+        let after_close = self.counted_after.is_none_or(|c| since > c);
+        after_close && elapsed(self.now, since) <= self.breaker_window
+    }
+
+    /// A periodic validation started at `started` counts against `maxPerHour` now.
+    pub fn counts_this_hour(&self, started: Timestamp) -> bool {
+        started > self.hour_ago
+    }
+
+    /// Whether a step asked since the last call read or changed the counts other nodes change
+    /// (the budget, the fleet cap, the validations); clears it.
+    pub fn take_consulted(&self) -> bool {
+        self.consulted.replace(false)
     }
 
     /// Counts one node of the policy, as it stands before the pass admits anything: whether it
@@ -314,13 +366,12 @@ impl Admission {
             self.validations = self.validations.saturating_add(1);
         }
         let track = node.view.markers.validation.as_ref();
-        if track.is_some_and(|t| t.periodic && t.started > self.hour_ago) {
+        if track.is_some_and(|t| t.periodic && self.counts_this_hour(t.started)) {
             self.started_last_hour = self.started_last_hour.saturating_add(1);
         }
         let Some(since) = node.since else { return };
         self.drifting = self.drifting.saturating_add(1);
-        let after_close = self.counted_after.is_none_or(|c| since > c);
-        if after_close && elapsed(self.now, since) <= self.breaker_window {
+        if self.counts_as_recent(since) {
             self.recently_drifted = self.recently_drifted.saturating_add(1);
             self.recent_starts.push(since);
         }
@@ -372,6 +423,11 @@ impl Admission {
     /// the budget if the node holds none; a validation counts against `maxConcurrent`, a
     /// periodic one against `maxPerHour` too.
     pub fn started(&mut self, node: &mut Candidate<'_>, step: Step<'_>) {
+        if matches!(step, Step::Validation | Step::PeriodicValidation)
+            || matches!(step, Step::Action(a) if a.is_disruptive()) && !node.holds_slot
+        {
+            self.consulted.set(true);
+        }
         match step {
             Step::Action(a) if a.is_disruptive() => self.take_slot(node),
             Step::Validation => {
@@ -419,6 +475,16 @@ impl Admission {
     /// Whether `gate` holds `step` of `node`, and why.
     fn gate(&self, gate: Gate, node: &Candidate<'_>, step: Step<'_>) -> Option<Block> {
         let view = node.view;
+        // A node holding a slot is never held by the budget or the fleet cap, whatever they
+        // count.
+        let counts = match gate {
+            Gate::Budget | Gate::FleetCap => !node.holds_slot,
+            Gate::Validations | Gate::ValidationsThisHour => true,
+            _ => false,
+        };
+        if counts {
+            self.consulted.set(true);
+        }
         match gate {
             Gate::Skip => view.skip.then_some(Block::Skip),
             Gate::Paused => self.paused.then_some(Block::Paused),
