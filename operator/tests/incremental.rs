@@ -4,7 +4,8 @@
 //! the status recording the breaker, a person closing it, the fleet cap moving), after every
 //! event `Incremental::to_policy_plan` equals `plan_with` over the same views and inputs, for
 //! policies that use the budget, the breaker (latched and automatic), validations (periodic
-//! ones too), repair steps, maintenance windows, approvals and dry run. Seeded; more cases with
+//! ones too), repair steps, maintenance windows, approvals, per-GPU quarantine (DRA and device
+//! plugin nodes) and dry run. Seeded; more cases with
 //! `PROPTEST_CASES`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,8 +18,8 @@ use std::{
 use gpunode_crds::{DriftClass, GpuNodePolicySpec};
 use gpunode_operator::{
     plan::{
-        DrainStep, Fleet, JobState, NodeView, PassInputs, PolicyPlan, StepObject, incremental::Incremental,
-        plan_with,
+        DeviceRef, DrainStep, Fleet, GpuPods, GpuView, JobState, NodeDevices, NodeView, PassInputs, PodRef,
+        PolicyPlan, StepObject, incremental::Incremental, plan_with,
     },
     verdict::{Drift, Unknown, Verdict},
 };
@@ -85,6 +86,18 @@ maintenance:
   urgentClasses: [Xid]
 "#
         .to_string(),
+        // Per-GPU quarantine, escalating to the node's drain.
+        r#"
+remediation:
+  - {classes: [Xid, Memory], action: TaintDevice, effect: NoExecute}
+  - {classes: [Xid, Memory, Driver], action: Drain}
+quarantine: {maxGpusPerNode: 2}
+disruption:
+  maxUnavailable: 2
+  circuitBreaker: {maxDriftedPercent: 40, window: 10m}
+recovery: {healthyFor: 90s}
+"#
+        .to_string(),
         // Dry run.
         r#"
 dryRun: true
@@ -133,7 +146,7 @@ fn verdict(v: u8) -> Verdict {
                     check: format!("check.{}", class.label()),
                     expected: "ok".to_string(),
                     actual: "bad".to_string(),
-                    gpu: Some(0),
+                    gpu: (!v.is_multiple_of(3)).then_some(u32::from(v) % 4),
                     device: None,
                 }],
                 Vec::new(),
@@ -202,12 +215,57 @@ fn name(i: usize) -> String {
     format!("gpu-{i:02}")
 }
 
+fn uuid(i: u32) -> String {
+    format!("GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd")
+}
+
+/// Node `i` with four GPUs: DRA devices on even nodes, the device plugin with a pod per GPU on
+/// odd ones.
+fn fresh(i: usize, now: Timestamp) -> NodeView {
+    let gpus: Vec<GpuView> = (0..4)
+        .map(|g| GpuView {
+            index: g,
+            uuid: Some(uuid(g)),
+            recovery_action: None,
+        })
+        .collect();
+    let devices = if i.is_multiple_of(2) {
+        NodeDevices::Dra(
+            (0..4)
+                .map(|g| {
+                    let device = DeviceRef {
+                        driver: "gpu.nvidia.com".to_string(),
+                        pool: name(i),
+                        device: format!("gpu-{g}"),
+                    };
+                    (uuid(g), device)
+                })
+                .collect(),
+        )
+    } else {
+        NodeDevices::DevicePlugin(Some(GpuPods::new(
+            (0..4)
+                .map(|g| {
+                    let pod = PodRef {
+                        namespace: "training".to_string(),
+                        name: format!("trainer-{i}-{g}"),
+                    };
+                    (uuid(g), vec![pod])
+                })
+                .collect(),
+        )))
+    };
+    NodeView::new(&name(i), verdict(0))
+        .heard_at(Some(now))
+        .with_gpus(gpus, devices)
+}
+
 impl World {
     fn new(policy: GpuNodePolicySpec, nodes: usize) -> World {
         let mut inc = Incremental::new("first", policy.clone());
         let mut views = BTreeMap::new();
         for i in 0..nodes {
-            let v = NodeView::new(&name(i), verdict(0)).heard_at(Some(t0()));
+            let v = fresh(i, t0());
             inc.upsert(v.clone());
             views.insert(name(i), v);
         }
@@ -272,7 +330,7 @@ impl World {
             }
             Event::Add(i) => {
                 if let std::collections::btree_map::Entry::Vacant(e) = self.views.entry(name(*i)) {
-                    e.insert(NodeView::new(&name(*i), verdict(0)).heard_at(Some(now)));
+                    e.insert(fresh(*i, now));
                     changed.push(name(*i));
                 }
             }
@@ -394,7 +452,7 @@ fn config() -> ProptestConfig {
 }
 
 fn cases() -> impl Strategy<Value = (usize, usize, Vec<Event>)> {
-    (0..4usize, 2..12usize)
+    (0..5usize, 2..12usize)
         .prop_flat_map(|(p, n)| (Just(p), Just(n), proptest::collection::vec(event(n), 1..60)))
 }
 
