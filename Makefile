@@ -22,12 +22,18 @@ test: lint cluster-build ## every test: fmt, clippy, unit, property, CRD freshne
 	$(CARGO) build --workspace --locked
 	@rm -rf "$(REL_RESULTS)"
 	@status=0; GPUNODE_CLUSTER_NAME=test $(CARGO) test --workspace --locked || status=$$?; \
+	  GPUNODE_CLUSTER_NAME=test GPUNODE_PLANNING=incremental $(CARGO) test -p gpunode-e2e --locked $(INCREMENTAL_E2E) || status=1; \
 	  $(CARGO) test -p gpunode-operator --benches --locked || status=1; \
 	  if [ -z "$$GPUNODE_KUBECONFIG" ]; then GPUNODE_CLUSTER_NAME=test e2e/cluster/down.sh || true; fi; \
 	  GPUNODE_CLUSTER_NAME=rel-test e2e/cluster/down.sh || true; \
 	  $(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" || true; \
 	  CARGO="$(CARGO)" e2e/kind/test.sh || status=1; \
 	  exit $$status
+
+# e2e tests that run a second time with incremental planning (`--planning incremental`, not
+# yet the default): the operator's core, a drain, a quarantine, validation, repair, a person's
+# cordon, approval.
+INCREMENTAL_E2E = --test operator --test drain --test quarantine --test validation --test repair --test human --test approval
 
 # Results of the reliability suite (docs/reliability.md): JSON per test binary, aggregated by
 # e2e/src/bin/reliability-report.rs.

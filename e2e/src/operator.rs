@@ -38,6 +38,22 @@ impl InProcess {
     /// As [`InProcess::start`], with the fleet-wide disruption cap `fleet`
     /// (`--fleet-max-unavailable`).
     pub fn start_capped(client: &Client, instance: &str, fleet: gpunode_crds::MaxUnavailable) -> InProcess {
+        // As the binary reads it (`GPUNODE_PLANNING`): a run of the suite may plan
+        // incrementally.
+        let planning = std::env::var("GPUNODE_PLANNING")
+            .ok()
+            .map(|p| p.parse().unwrap_or_else(|e| panic!("GPUNODE_PLANNING: {e}")))
+            .unwrap_or_default();
+        InProcess::start_with(client, instance, fleet, planning)
+    }
+
+    /// As [`InProcess::start_capped`], planning as `planning` says (`--planning`).
+    pub fn start_with(
+        client: &Client,
+        instance: &str,
+        fleet: gpunode_crds::MaxUnavailable,
+        planning: gpunode_operator::policy_state::Planning,
+    ) -> InProcess {
         let metrics = Arc::new(Metrics::new());
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(controller::run(
@@ -55,6 +71,7 @@ impl InProcess {
                 // nothing granted, the operator fails closed).
                 validation_bounds: crate::chart::validation_bounds().unwrap_or_default(),
                 remediator_bounds: crate::chart::remediator_bounds().unwrap_or_default(),
+                planning,
             },
             async move {
                 let _ = stopped.await;

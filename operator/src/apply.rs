@@ -358,6 +358,11 @@ impl Applied {
         })
     }
 
+    /// Whether each of the plan's nodes' plan took effect (written, or nothing to write).
+    pub fn took_effect(&self) -> impl Iterator<Item = bool> + '_ {
+        self.results.iter().map(NodeResult::took_effect)
+    }
+
     /// Nodes written.
     pub fn written(&self) -> usize {
         self.results

@@ -40,8 +40,9 @@ use crate::{
     fleet::{FleetLedger, Reservation},
     leader::Leadership,
     metrics::{ActionKind, ActionResult, ErrorKind, Metrics},
-    observe::{self, Caches, Guarded, Watches, selector_of, triggers},
+    observe::{self, Caches, Guarded, Watches, changed::ChangedNodes, selector_of, triggers},
     plan,
+    policy_state::{Look, Planning, PolicyState, PolicyStates},
     reasons::Reason,
     server::Readiness,
     status,
@@ -138,6 +139,12 @@ pub struct Context {
     pub fleet: Arc<FleetLedger>,
     /// What the chart grants validation Jobs ([`crate::bounds`]).
     pub validation_bounds: crate::bounds::ValidationBounds,
+    /// How policies are planned: every node each pass, or only what changed.
+    pub planning: Planning,
+    /// The nodes that changed since each policy's last pass (incremental planning).
+    pub changed: Arc<ChangedNodes>,
+    /// Each policy's incremental state between passes.
+    pub states: PolicyStates,
 }
 
 /// Least time between two status writes of one policy. Its counts change with every node that
@@ -220,6 +227,9 @@ async fn finalized(
 ) -> Result<Action, kube::runtime::finalizer::Error<Error>> {
     finalizer(api, FINALIZER, policy, |event| async {
         match event {
+            FinalizerEvent::Apply(p) if ctx.planning == Planning::Incremental => {
+                reconcile_incremental(p, ctx.clone()).await
+            }
             FinalizerEvent::Apply(p) => reconcile_policy(p, ctx.clone()).await,
             FinalizerEvent::Cleanup(p) => release_policy(&p, ctx).await,
         }
@@ -369,6 +379,8 @@ async fn release_policy(policy: &GpuNodePolicy, ctx: &Context) -> Result<Action,
 /// metric series (an alert on a deleted policy's gauges would fire for ever).
 fn forget(ctx: &Context, policy: &str) {
     ctx.verdicts.forget(policy);
+    ctx.changed.forget(policy);
+    ctx.states.forget(policy);
     ctx.status_written
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -492,6 +504,192 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
     Ok(Action::requeue(wake))
 }
 
+/// One incremental pass over a policy (`--planning incremental`): the nodes that changed since
+/// its last pass, those the planner wants again and those whose write failed are observed and
+/// planned; only their plans are applied; the status is made from every node's last plan when it
+/// may be written. Whole when [`PolicyState::look`] says so.
+async fn reconcile_incremental(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let name = policy.name_any();
+    let selector = match selector_of(&policy) {
+        Ok(s) => s,
+        Err(e) => {
+            ctx.states.forget(&name);
+            return invalid_policy(&policy, &ctx, &e).await;
+        }
+    };
+    let index = ctx.caches.index();
+    let now = Timestamp::now();
+    let changes = ctx.changed.take(&name);
+    let mut state = ctx
+        .states
+        .take(&name)
+        .unwrap_or_else(|| PolicyState::new(&policy, index.clone(), now));
+    let look = state.look(&policy, &index, changes, now);
+    let (nodes, gone, whole) = looked_at(&ctx, &name, &selector, &index, look).await?;
+    let repair_objects = observe::repair_objects(ctx.applier.remediators(), &policy, &nodes).await;
+    let validation_jobs = observe::validation_jobs(ctx.applier.client(), &policy, &nodes).await;
+    let (plan, _reservation) = {
+        let verdicts = ctx.verdicts.policy(&name);
+        let mut verdicts = verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut inputs = ctx.caches.inputs(&index);
+        inputs.repair_objects = repair_objects;
+        inputs.validation_jobs = validation_jobs;
+        let views = if whole {
+            observe::views(&policy, &nodes, &inputs, &mut verdicts, now)
+        } else {
+            observe::some_views(&policy, &nodes, &inputs, &mut verdicts, now)
+        };
+        let (reused, evaluated) = verdicts.stats();
+        ctx.metrics.verdicts(reused, evaluated);
+        state.update(views, &gone, whole);
+        incremental_pass(&ctx, &policy, &mut state, &index, now)
+    };
+    let nodes = with_planned(&ctx, &selector, &plan, nodes);
+    let drain = &policy.spec.disruption.drain;
+    let applied = ctx
+        .applier
+        .apply_policy(&name, &plan, nodes, drain, now, |np, node, result| {
+            node_done(&ctx, np, node, result);
+        })
+        .await;
+    record_applied(&ctx, &applied);
+    state.applied(&plan, &applied);
+    debug!(
+        nodes = plan.nodes.len(),
+        whole,
+        written = applied.written(),
+        "node plans applied"
+    );
+    let failure = applied.into_failure();
+    // Status, from every node's last plan and what is in effect on it, when it may be written.
+    let status_later = if ctx.leadership.is_leader() {
+        incremental_status(&ctx, &policy, &mut state, now).await?
+    } else {
+        None
+    };
+    let next_change = state.planner().next_change();
+    let polls = state.planner().polls();
+    let resync = std::time::Duration::try_from(state.resync_at().duration_since(now)).unwrap_or_default();
+    ctx.states.put(&name, state);
+    if !ctx.leadership.is_leader() {
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+    if let Some((failed, first)) = failure {
+        return Err(Error::Nodes { failed, first });
+    }
+    let wake = plan::requeue_at(next_change, polls, plan.fleet_queued, now)
+        .min(resync)
+        .min(status_later.unwrap_or(Duration::MAX));
+    debug!(requeue_after = ?wake, "reconciled");
+    Ok(Action::requeue(wake))
+}
+
+/// The nodes an incremental pass of policy `name` looks at (`look`), as the cache holds them
+/// with gpunode's own writes read back; the names of those gone or no longer selected; whether
+/// it is whole. Nodes labelled by the policy among them that no policy selects any more are
+/// released first.
+async fn looked_at(
+    ctx: &Context,
+    name: &str,
+    selector: &kube::core::Selector,
+    index: &Arc<observe::index::SelectorIndex>,
+    look: Look,
+) -> Result<(Vec<Arc<Node>>, Vec<String>, bool), Error> {
+    let why = format!("it left the selector of GpuNodePolicy {name}");
+    match look {
+        Look::Whole => {
+            release_nodes(ctx.caches.orphans(name, index), ctx, &why).await?;
+            let nodes = ctx.caches.snapshot(selector, index.clone()).nodes;
+            Ok((nodes, Vec::new(), true))
+        }
+        Look::Some(names) => {
+            release_nodes(ctx.caches.orphans_named(name, index, &names), ctx, &why).await?;
+            let (nodes, gone) = ctx.caches.named(selector, &names);
+            Ok((nodes, gone, false))
+        }
+    }
+}
+
+/// `nodes` with the Node of every node `plan` has and they lack: when something every node
+/// reads changed (the breaker, the windows), every node was planned, not only those looked at.
+fn with_planned(
+    ctx: &Context,
+    selector: &kube::core::Selector,
+    plan: &plan::PolicyPlan,
+    mut nodes: Vec<Arc<Node>>,
+) -> Vec<Arc<Node>> {
+    let have: std::collections::BTreeSet<String> = nodes.iter().map(|n| n.name_any()).collect();
+    let missing: Vec<String> = plan
+        .nodes
+        .iter()
+        .map(|np| np.node.clone())
+        .filter(|n| !have.contains(n))
+        .collect();
+    if !missing.is_empty() {
+        nodes.extend(ctx.caches.named(selector, &missing).0);
+    }
+    nodes
+}
+
+/// The incremental pass of `policy` under the fleet ledger's lock (as [`plan_pass`]): its plan
+/// of the nodes planned, and the reservation of what it takes of the fleet cap.
+fn incremental_pass(
+    ctx: &Context,
+    policy: &GpuNodePolicy,
+    state: &mut PolicyState,
+    index: &observe::index::SelectorIndex,
+    now: Timestamp,
+) -> (plan::PolicyPlan, Reservation) {
+    let name = policy.name_any();
+    let close_breaker = policy
+        .annotations()
+        .get(CLOSE_BREAKER_ANNOTATION)
+        .and_then(|v| v.trim().parse::<Timestamp>().ok());
+    let ledger = ctx.fleet.lock();
+    let inputs = plan::PassInputs {
+        breaker: status::breaker_memory(policy.status.as_ref()),
+        close_breaker,
+        fleet: Some(ledger.fleet(&name, &ctx.caches, index)),
+        validation_bounds: Some(ctx.validation_bounds.clone()),
+    };
+    let planner = state.planner();
+    let pass = planner.pass(&inputs, now);
+    ctx.metrics.node_plans(&name, pass.whole, pass.planned.len());
+    debug!(
+        whole = pass.whole,
+        planned = pass.planned.len(),
+        "incremental pass"
+    );
+    let plan = planner.partial(&pass);
+    let reservation = ledger.reserve(&name, &plan.fleet_taken);
+    (plan, reservation)
+}
+
+/// The status of `policy` from every node's last plan, written if it changed and may be
+/// written now; else how long until it may (the pass that runs then writes it). It is made at
+/// most once per [`STATUS_MIN_INTERVAL`]: it reads every node, a pass need not.
+async fn incremental_status(
+    ctx: &Context,
+    policy: &GpuNodePolicy,
+    state: &mut PolicyState,
+    now: Timestamp,
+) -> Result<Option<Duration>, Error> {
+    if let Some(later) = state.status_due(now, STATUS_MIN_INTERVAL) {
+        return Ok(Some(later));
+    }
+    let name = policy.name_any();
+    let (generation, paused) = (policy.metadata.generation, policy.spec.paused);
+    let nodes = state.in_effect();
+    ctx.metrics
+        .set_policy_nodes(&name, nodes.iter().map(|(n, _)| n.state));
+    let summary = state.summary();
+    let new_status = status::status_of(&summary, nodes, generation, paused, policy.status.as_ref(), now);
+    ctx.metrics.set_policy_conditions(&name, &new_status.conditions);
+    ctx.metrics
+        .set_quarantined_gpus(&name, new_status.quarantined_gpus);
+    pace_status(ctx, &name, policy.status.as_ref(), &new_status).await
+}
+
 /// The plan of `policy` over its `views`, given where its breaker stood (its status, and a
 /// person's close) and the fleet cap: the fleet is counted, the plan made and what it takes of
 /// the cap reserved under the ledger's one lock, so that no two passes take the last slot.
@@ -515,6 +713,7 @@ fn plan_pass(
         validation_bounds: Some(ctx.validation_bounds.clone()),
     };
     let plan = plan::plan_with(&name, &policy.spec, views, &inputs, now);
+    ctx.metrics.node_plans(&name, true, plan.nodes.len());
     let reservation = ledger.reserve(&name, &plan.fleet_taken);
     (plan, reservation)
 }
@@ -647,6 +846,8 @@ pub struct Options {
     pub validation_bounds: crate::bounds::ValidationBounds,
     /// The remediation kinds and namespaces the chart grants repair steps (`--remediators`).
     pub remediator_bounds: crate::bounds::RemediatorBounds,
+    /// How policies are planned (`--planning`).
+    pub planning: Planning,
 }
 
 /// Runs the controller until `shutdown` completes.
@@ -681,14 +882,28 @@ pub async fn run(
         device_changes,
         ..
     } = watches;
-    let ctx = context(&client, &options, caches.clone(), synced, verdicts, sweep.clone());
+    let changed = Arc::new(ChangedNodes::new());
+    let ctx = context(
+        &client,
+        &options,
+        caches.clone(),
+        synced,
+        verdicts,
+        sweep.clone(),
+        changed.clone(),
+    );
     let sweep_task = tokio::spawn(sweeper(ctx.clone(), sweep.clone()));
     let (by_node, by_report, by_device) = (caches.clone(), caches.clone(), caches);
+    let (on_node, on_report, on_device, on_leader) =
+        (changed.clone(), changed.clone(), changed.clone(), changed);
     controller
-        // A new leader looks at every policy at once instead of waiting for the next event.
-        .reconcile_all_on(became_leader(&options.leadership))
+        // A new leader looks at every policy at once, and whole, instead of waiting for the
+        // next event.
+        .reconcile_all_on(became_leader(&options.leadership).inspect(move |()| on_leader.everything()))
         .watches_stream(node_changes, move |node: Node| {
+            on_node.node(&node.name_any());
             if triggers::is_stand_in(&node.metadata) {
+                on_node.everything();
                 // A node that vanished unseen: any policy may have selected it.
                 return by_node
                     .policies
@@ -700,10 +915,12 @@ pub async fn run(
             by_node.policies_for(node.labels())
         })
         .watches_stream(report_changes, move |report: Guarded<GpuNodeReport>| {
+            on_report.node(&report.name_any());
             policies_of_node(&by_report, &report.name_any())
         })
         .watches_stream(device_changes, move |named: Node| {
             // A ResourceSlice or a DeviceTaintRule of gpunode's changed: the policies of its node.
+            on_device.node(&named.name_any());
             policies_of_node(&by_device, &named.name_any())
         })
         .graceful_shutdown_on(shutdown)
@@ -746,6 +963,7 @@ fn context(
     synced: Arc<AtomicBool>,
     verdicts: Arc<VerdictCache>,
     sweep: Arc<tokio::sync::Notify>,
+    changed: Arc<ChangedNodes>,
 ) -> Arc<Context> {
     let mut applier = Applier::new(client.clone())
         .with_gate(options.leadership.clone())
@@ -783,6 +1001,9 @@ fn context(
         sweep,
         fleet: FleetLedger::new(options.fleet_max_unavailable, options.fleet_ignore_taints.clone()),
         validation_bounds: options.validation_bounds.clone(),
+        planning: options.planning,
+        changed,
+        states: PolicyStates::default(),
     })
 }
 

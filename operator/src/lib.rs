@@ -37,6 +37,7 @@ pub mod markers;
 pub mod metrics;
 pub mod observe;
 pub mod plan;
+pub mod policy_state;
 pub mod reasons;
 pub mod remediators;
 pub mod server;

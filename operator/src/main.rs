@@ -80,6 +80,11 @@ enum Command {
         /// `namespaces`: any). Unset: none, and no repair step makes a remediation object.
         #[arg(long, env = "GPUNODE_REMEDIATORS", default_value = "", value_parser = parse_remediators)]
         remediators: gpunode_operator::bounds::RemediatorBounds,
+        /// How a policy's reconcile plans: `full` (every node of the policy each pass) or
+        /// `incremental` (only the nodes that changed since its last pass, and every node every
+        /// five minutes). Incremental is being proven against full; full is the default.
+        #[arg(long, env = "GPUNODE_PLANNING", default_value = "full")]
+        planning: gpunode_operator::policy_state::Planning,
     },
     /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,
     /// 1 drifted, 2 unknown, 3 bad input (naming the file and field).
@@ -121,6 +126,7 @@ struct RunArgs {
     fleet_ignore_taints: Vec<String>,
     validation_bounds: gpunode_operator::bounds::ValidationBounds,
     remediator_bounds: gpunode_operator::bounds::RemediatorBounds,
+    planning: gpunode_operator::policy_state::Planning,
 }
 
 fn parse_remediators(text: &str) -> Result<gpunode_operator::bounds::RemediatorBounds, String> {
@@ -217,6 +223,7 @@ async fn operate(args: RunArgs) -> ExitCode {
         fleet_ignore_taints: args.fleet_ignore_taints,
         validation_bounds: args.validation_bounds,
         remediator_bounds: args.remediator_bounds,
+        planning: args.planning,
     };
     controller::run(client, options, async {
         shutdown_signal().await;
@@ -330,6 +337,7 @@ fn main() -> ExitCode {
             fleet_ignore_taints,
             validation_namespaces,
             remediators,
+            planning,
         } => run(RunArgs {
             instance,
             log_json,
@@ -345,6 +353,7 @@ fn main() -> ExitCode {
                 .collect(),
             validation_bounds: validation_namespaces,
             remediator_bounds: remediators,
+            planning,
         }),
         Command::Check {
             policy,

@@ -20,6 +20,7 @@
 //! | `gpunode_node_writes_total` | counter (requests that changed a Node) | `part` (`metadata`, `spec`, `condition`) |
 //! | `gpunode_watch_events_total` | counter (node and report changes) | `source` (`node`, `report`), `outcome` (`reconcile`, `skipped`: not material) |
 //! | `gpunode_verdicts_total` | counter (per node and reconcile) | `result` (`evaluated`, `reused`) |
+//! | `gpunode_node_plans_total` | counter (node plans made by reconciles) | `policy`, `pass` (`whole`: every node of the policy; `partial`: incremental planning's changed nodes) |
 
 use std::{fmt::Write as _, time::Duration};
 
@@ -359,11 +360,18 @@ pub struct Metrics {
     node_writes: Family<PartLabels, Counter>,
     watch_events: Family<WatchLabels, Counter>,
     verdicts: Family<VerdictLabels, Counter>,
+    node_plans: Family<PassLabels, Counter>,
     policy_conditions: Family<ConditionLabels, Gauge>,
     quarantined_gpus: Family<PolicyLabels, Gauge>,
     repair_steps: Family<StepLabels, Counter>,
     repair_duration: Family<OutcomeLabels, Histogram>,
     validations: Family<ValidationLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PassLabels {
+    policy: String,
+    pass: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -407,6 +415,7 @@ impl Metrics {
         let node_writes = Family::<PartLabels, Counter>::default();
         let watch_events = Family::<WatchLabels, Counter>::default();
         let verdicts = Family::<VerdictLabels, Counter>::default();
+        let node_plans = Family::<PassLabels, Counter>::default();
         let policy_conditions = Family::<ConditionLabels, Gauge>::default();
         let quarantined_gpus = Family::<PolicyLabels, Gauge>::default();
         let repair_steps = Family::<StepLabels, Counter>::default();
@@ -421,6 +430,7 @@ impl Metrics {
             node_writes,
             watch_events,
             verdicts,
+            node_plans,
             policy_conditions,
             registry: Registry::with_prefix("gpunode"),
             reconciles,
@@ -545,6 +555,11 @@ impl Metrics {
             self.verdicts.clone(),
         );
         self.registry.register(
+            "node_plans",
+            "Node plans made by reconciles: of every node of a policy (whole passes) or of the nodes that changed (incremental planning)",
+            self.node_plans.clone(),
+        );
+        self.registry.register(
             "policy_condition",
             "1 while the policy's status condition of this type (Ready, Degraded, BudgetExhausted, CircuitOpen, Conflict, Paused) is True, else 0",
             self.policy_conditions.clone(),
@@ -650,6 +665,12 @@ impl Metrics {
 
     /// Drops `policy`'s series (the policy was deleted).
     pub fn forget_policy(&self, policy: &str) {
+        for pass in ["whole", "partial"] {
+            self.node_plans.remove(&PassLabels {
+                policy: policy.to_string(),
+                pass,
+            });
+        }
         self.quarantined_gpus.remove(&PolicyLabels {
             policy: policy.to_string(),
         });
@@ -723,6 +744,32 @@ impl Metrics {
         self.verdicts
             .get_or_create(&VerdictLabels { result: "evaluated" })
             .inc_by(evaluated);
+    }
+
+    /// Counts the node plans of one pass of `policy`: `whole` (every node of the policy) or
+    /// not.
+    pub fn node_plans(&self, policy: &str, whole: bool, plans: usize) {
+        let pass = if whole { "whole" } else { "partial" };
+        let labels = PassLabels {
+            policy: policy.to_string(),
+            pass,
+        };
+        self.node_plans
+            .get_or_create(&labels)
+            .inc_by(u64::try_from(plans).unwrap_or(u64::MAX));
+    }
+
+    /// Node plans made so far for `policy`: (whole passes', partial passes').
+    pub fn node_plans_of(&self, policy: &str) -> (u64, u64) {
+        let get = |pass| {
+            self.node_plans
+                .get_or_create(&PassLabels {
+                    policy: policy.to_string(),
+                    pass,
+                })
+                .get()
+        };
+        (get("whole"), get("partial"))
     }
 
     /// Reconciles started so far.
@@ -811,6 +858,8 @@ mod tests {
     fn names_types_and_help_are_exposed() {
         let m = Metrics::new();
         m.set_nodes("h100", NodeState::Compliant, 1);
+        m.node_plans("h100", false, 3);
+        m.node_plans("h100", true, 50);
         let text = m.encode();
         for (name, kind) in [
             ("gpunode_reconciles", "counter"),
@@ -820,6 +869,7 @@ mod tests {
             ("gpunode_reconcile_duration_seconds", "histogram"),
             ("gpunode_reaction_seconds", "histogram"),
             ("gpunode_leader", "gauge"),
+            ("gpunode_node_plans", "counter"),
         ] {
             assert!(
                 text.contains(&format!("# TYPE {name} {kind}\n")),
@@ -830,6 +880,14 @@ mod tests {
         assert!(text.ends_with("# EOF\n"));
         assert_eq!(value(&text, "gpunode_reconciles_total"), Some(0.0));
         assert_eq!(value(&text, "gpunode_leader"), Some(0.0));
+        let plans = |pass: &str| {
+            value(
+                &text,
+                &format!(r#"gpunode_node_plans_total{{policy="h100",pass="{pass}"}}"#),
+            )
+        };
+        assert_eq!(plans("partial"), Some(3.0));
+        assert_eq!(plans("whole"), Some(50.0));
         // Bounded series are there from the start, at zero.
         assert_eq!(
             value(&text, r#"gpunode_reconcile_errors_total{kind="conflict"}"#),

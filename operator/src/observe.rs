@@ -8,6 +8,7 @@
 //! by `NodeView::observe`, here: the planner's view layer only holds the type).
 
 pub mod backoff;
+pub mod changed;
 pub mod compact;
 pub mod gpus;
 pub mod heartbeats;
@@ -175,6 +176,23 @@ impl Caches {
         self.selectors.get()
     }
 
+    /// Of the nodes named `names`, those labelled by `policy` that no policy selects any more
+    /// ([`Caches::orphans`], for an incremental pass: the nodes that changed).
+    pub fn orphans_named<'n>(
+        &self,
+        policy: &str,
+        index: &SelectorIndex,
+        names: impl IntoIterator<Item = &'n String>,
+    ) -> Vec<Arc<Node>> {
+        let label = gpunode_crds::names::label_value(policy);
+        names
+            .into_iter()
+            .filter_map(|n| self.nodes.get(&ObjectRef::new(n)))
+            .filter(|n| n.labels().get(markers::POLICY_LABEL).is_some_and(|p| *p == label))
+            .filter(|n| !index.selects_any(n.labels()))
+            .collect()
+    }
+
     /// Nodes labelled by `policy` that no policy selects any more: everything gpunode did to
     /// them is to be undone. (A node another policy selects is left to that policy's plan.)
     pub fn orphans(&self, policy: &str, index: &SelectorIndex) -> Vec<Arc<Node>> {
@@ -196,6 +214,31 @@ impl Caches {
             .filter(|n| selector.matches(n.labels()))
             .collect();
         Snapshot { nodes, index }
+    }
+
+    /// The nodes named `names` that `selector` selects, with gpunode's own writes read back,
+    /// and the names of those it does not (gone, or no longer selected): what an incremental
+    /// pass looks at.
+    pub fn named<'n>(
+        &self,
+        selector: &Selector,
+        names: impl IntoIterator<Item = &'n String>,
+    ) -> (Vec<Arc<Node>>, Vec<String>) {
+        let mut gone = Vec::new();
+        let mut cached = Vec::new();
+        for name in names {
+            match self.nodes.get(&ObjectRef::new(name)) {
+                Some(n) => cached.push(n),
+                None => gone.push(name.clone()),
+            }
+        }
+        let (selected, left): (Vec<_>, Vec<_>) = self
+            .written
+            .overlay_some(cached)
+            .into_iter()
+            .partition(|n| selector.matches(n.labels()));
+        gone.extend(left.iter().map(|n| n.name_any()));
+        (selected, gone)
     }
 
     /// Every GPU node (one that some policy selects) unavailable now, with gpunode's own writes
@@ -388,8 +431,23 @@ pub struct Inputs<'a> {
 
 /// Every node's view under `policy`: what gpunode has in effect on it, its verdict (reused from
 /// `verdicts` while its report, the policy and the time allow), the other policies selecting it
-/// and when its probe was last heard from.
+/// and when its probe was last heard from. The verdicts of nodes not among `nodes` are
+/// forgotten (they left the policy).
 pub fn views(
+    policy: &GpuNodePolicy,
+    nodes: &[Arc<Node>],
+    inputs: &Inputs<'_>,
+    verdicts: &mut PolicyVerdicts,
+    now: Timestamp,
+) -> Vec<NodeView> {
+    let views = some_views(policy, nodes, inputs, verdicts, now);
+    verdicts.end();
+    views
+}
+
+/// The views of some of the policy's nodes (those an incremental pass looks at), as [`views`]
+/// makes them; the verdicts of the others are kept.
+pub fn some_views(
     policy: &GpuNodePolicy,
     nodes: &[Arc<Node>],
     inputs: &Inputs<'_>,
@@ -400,7 +458,7 @@ pub fn views(
     let driver = policy.spec.quarantine.dra_driver.as_str();
     let no_slices = Vec::new();
     verdicts.begin(policy);
-    let views = nodes
+    nodes
         .iter()
         .map(|node| {
             let name = node.metadata.name.as_deref().unwrap_or_default();
@@ -431,9 +489,7 @@ pub fn views(
                 .with_repair(inputs.repair_objects.get(name).cloned())
                 .with_validation(inputs.validation_jobs.get(name).cloned())
         })
-        .collect();
-    verdicts.end();
-    views
+        .collect()
 }
 
 /// The watches and the caches they fill.

@@ -133,9 +133,6 @@ pub const DRAIN_REQUEUE: std::time::Duration = std::time::Duration::from_secs(5)
 /// its plan's next change, at most [`DRAIN_REQUEUE`] while a drain runs and [`IDLE_REQUEUE`]
 /// otherwise.
 pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
-    let wait = plan.next_change().map_or(IDLE_REQUEUE, |c| {
-        std::time::Duration::try_from(c.at.duration_since(now)).unwrap_or(IDLE_REQUEUE)
-    });
     // Evictions (a drain, or the pods of a quarantined GPU) are retried soon: a refusal by a
     // PodDisruptionBudget lifts without any change gpunode watches. A repair step's object has
     // no watch either: it is looked at as often.
@@ -145,9 +142,24 @@ pub fn requeue_after(plan: &PolicyPlan, now: Timestamp) -> std::time::Duration {
             || n.repair.polls()
             || n.validation.polls()
     });
+    requeue_at(plan.next_change(), draining, plan.fleet_queued, now)
+}
+
+/// [`requeue_after`] from its parts: the plan's next change, whether some node's plan polls
+/// (a drain, a repair step's object, a validation Job) and how many nodes wait for the fleet
+/// cap (the incremental reconcile keeps them).
+pub fn requeue_at(
+    next_change: Option<NextChange>,
+    draining: bool,
+    fleet_queued: u32,
+    now: Timestamp,
+) -> std::time::Duration {
+    let wait = next_change.map_or(IDLE_REQUEUE, |c| {
+        std::time::Duration::try_from(c.at.duration_since(now)).unwrap_or(IDLE_REQUEUE)
+    });
     // A node waiting for the fleet cap waits on other policies' nodes, which do not wake this
     // policy: it is looked at as often.
-    let cap = if draining || plan.fleet_queued > 0 {
+    let cap = if draining || fleet_queued > 0 {
         DRAIN_REQUEUE
     } else {
         IDLE_REQUEUE

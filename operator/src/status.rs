@@ -60,8 +60,28 @@ pub fn status(
     old: Option<&GpuNodePolicyStatus>,
     now: Timestamp,
 ) -> GpuNodePolicyStatus {
+    status_of(
+        plan,
+        applied.in_effect(plan).collect(),
+        generation,
+        paused,
+        old,
+        now,
+    )
+}
+
+/// The policy status from the policy-level results of a pass (`plan`; its `nodes` are not
+/// read) and every node's plan with what is in effect on it (`nodes`): the incremental
+/// reconcile keeps both between passes.
+pub fn status_of(
+    plan: &PolicyPlan,
+    nodes: Vec<(&NodePlan, InEffect)>,
+    generation: Option<i64>,
+    paused: bool,
+    old: Option<&GpuNodePolicyStatus>,
+    now: Timestamp,
+) -> GpuNodePolicyStatus {
     let old_conditions = old.map(|s| s.conditions.as_slice()).unwrap_or_default();
-    let nodes: Vec<(&NodePlan, InEffect)> = applied.in_effect(plan).collect();
     let count = |f: &dyn Fn(&NodePlan, &InEffect) -> bool| {
         u32::try_from(nodes.iter().filter(|(n, e)| f(n, e)).count()).unwrap_or(u32::MAX)
     };
@@ -89,7 +109,7 @@ pub fn status(
         stamp(PolicyCondition::Degraded, degraded(plan, stuck)),
         stamp(PolicyCondition::BudgetExhausted, budget_exhausted(plan)),
         stamp(PolicyCondition::CircuitOpen, circuit_open(plan, matched)),
-        stamp(PolicyCondition::Conflict, conflict(plan)),
+        stamp(PolicyCondition::Conflict, conflict(&nodes)),
         stamp(PolicyCondition::Paused, paused_condition(paused)),
     ];
     GpuNodePolicyStatus {
@@ -254,10 +274,10 @@ pub fn breaker_memory(status: Option<&GpuNodePolicyStatus>) -> BreakerState {
 }
 
 /// Conflict: nodes another policy selects too.
-fn conflict(plan: &PolicyPlan) -> (bool, PolicyReason, String) {
-    let conflicts: Vec<&str> = plan
-        .nodes
+fn conflict(nodes: &[(&NodePlan, InEffect)]) -> (bool, PolicyReason, String) {
+    let conflicts: Vec<&str> = nodes
         .iter()
+        .map(|(n, _)| *n)
         .filter(|n| matches!(n.blocked, Some(Block::Conflict(_))))
         .map(|n| n.node.as_str())
         .collect();

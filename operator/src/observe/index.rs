@@ -33,6 +33,13 @@ pub fn selector_of(policy: &GpuNodePolicy) -> Result<Selector, InvalidSelector> 
     selector::parse_nodes("spec.nodeSelector", &policy.spec.node_selector)
 }
 
+/// A readable policy's `spec.nodeSelector`.
+fn node_selector(
+    g: &Guarded<GpuNodePolicy>,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector> {
+    g.0.as_ref().ok().map(|p| &p.spec.node_selector)
+}
+
 /// The parsed selectors of a set of policies.
 #[derive(Clone, Default)]
 pub struct SelectorIndex {
@@ -106,6 +113,20 @@ impl SelectorIndex {
     /// (readable or not, deleted or not).
     pub fn labels_a_policy(&self, value: &str) -> bool {
         self.labels.contains(value)
+    }
+
+    /// Whether `other` says the same of every node: the same policies exist, and the same
+    /// select with the same selectors (a policy's status write makes a new index that selects
+    /// as the old one did).
+    pub fn selects_as(&self, other: &SelectorIndex) -> bool {
+        self.unreadable == other.unreadable
+            && self.names == other.names
+            && self.selecting.len() == other.selecting.len()
+            && self
+                .selecting
+                .iter()
+                .zip(&other.selecting)
+                .all(|((a, _), (b, _))| a.name_any() == b.name_any() && node_selector(a) == node_selector(b))
     }
 
     /// Some policy cannot be read: which nodes it selects cannot be told.

@@ -88,6 +88,32 @@ impl OwnWrites {
         out
     }
 
+    /// Some of the cached nodes (those an incremental pass looks at), each replaced by the
+    /// version gpunode wrote where that is later. Only their written versions the cache has
+    /// caught up with are forgotten: the others' are still ahead of the cache, as far as this
+    /// call knows.
+    pub fn overlay_some(&self, cached: Vec<Arc<Node>>) -> Vec<Arc<Node>> {
+        let mut guard = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let written = &mut guard.nodes;
+        if written.is_empty() {
+            return cached;
+        }
+        cached
+            .into_iter()
+            .map(|n| {
+                let name = n.metadata.name.as_deref().unwrap_or_default();
+                match written.get(name) {
+                    Some(mine) if later(mine, &n) => mine.clone(),
+                    Some(_) => {
+                        written.remove(name);
+                        n
+                    }
+                    None => n,
+                }
+            })
+            .collect()
+    }
+
     /// How many written versions the cache has not caught up with yet.
     pub fn len(&self) -> usize {
         self.inner
@@ -118,6 +144,20 @@ mod tests {
             },
             ..Node::default()
         }
+    }
+
+    #[test]
+    fn a_partial_overlay_forgets_only_what_it_looked_at_and_the_cache_caught_up_with() {
+        let own = OwnWrites::default();
+        let cache = empty();
+        own.wrote(node("a", "5", "mine"), &cache);
+        own.wrote(node("b", "7", "mine"), &cache);
+        let seen = own.overlay_some(vec![Arc::new(node("a", "4", "cached"))]);
+        assert_eq!(state(&seen[0]), "mine", "a's write is later than the cache");
+        assert_eq!(own.len(), 2);
+        let seen = own.overlay_some(vec![Arc::new(node("a", "6", "cached"))]);
+        assert_eq!(state(&seen[0]), "cached", "the cache caught up with a");
+        assert_eq!(own.len(), 1, "b, not looked at, is kept");
     }
 
     fn empty() -> Store<Node> {

@@ -200,6 +200,9 @@ pub struct Incremental {
     contenders: BTreeSet<String>,
     /// Nodes whose last plan writes bookkeeping not read back yet, or polls an object.
     busy: BTreeSet<String>,
+    /// Nodes whose last plan polls an object with no watch (a drain, a repair step's object, a
+    /// validation Job).
+    polling: BTreeSet<String>,
     /// When each node's last plan changes with time alone.
     due: BTreeSet<(Timestamp, String)>,
     /// Last plans held back by the budget and by the fleet cap.
@@ -233,6 +236,7 @@ impl Incremental {
             dirty: BTreeSet::new(),
             contenders: BTreeSet::new(),
             busy: BTreeSet::new(),
+            polling: BTreeSet::new(),
             due: BTreeSet::new(),
             budget_queued: 0,
             fleet_queued: 0,
@@ -376,13 +380,58 @@ impl Incremental {
     /// The whole plan, as [`super::plan_with`] makes it: every node's last plan in the
     /// admission order, with the policy-level results of the last pass.
     pub fn to_policy_plan(&self) -> PolicyPlan {
+        let mut p = self.summary_plan();
+        p.nodes = self.plans().cloned().collect();
+        p
+    }
+
+    /// The nodes the next pass at `now` plans again besides those that changed: their plan
+    /// changes with time by then, writes bookkeeping not read back, polls an object, or competes
+    /// for the counts. Their views should be looked at afresh (a verdict may change with time).
+    pub fn wanted(&self, now: Timestamp) -> Vec<String> {
+        self.due_now(now)
+    }
+
+    /// The names of the nodes held.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.nodes.keys().map(String::as_str)
+    }
+
+    /// Every node's last plan, in the admission order.
+    pub fn plans(&self) -> impl Iterator<Item = &NodePlan> {
+        self.order
+            .iter()
+            .filter_map(|(.., n)| self.nodes.get(n).and_then(|e| e.plan.as_ref()))
+    }
+
+    /// The first time any node's last plan changes with time alone.
+    pub fn next_change(&self) -> Option<super::NextChange> {
+        let (_, name) = self.due.first()?;
+        self.plan(name).and_then(|p| p.next_change)
+    }
+
+    /// Some node's last plan polls an object with no watch.
+    pub fn polls(&self) -> bool {
+        !self.polling.is_empty()
+    }
+
+    /// The last pass's plan of only the nodes it planned (`pass`), in the order planned, with
+    /// the policy-level results: what is to be applied.
+    pub fn partial(&self, pass: &Pass) -> PolicyPlan {
+        let mut p = self.summary_plan();
+        p.nodes = pass
+            .planned
+            .iter()
+            .filter_map(|n| self.plan(n).cloned())
+            .collect();
+        p
+    }
+
+    /// The policy-level results of the last pass, with no node.
+    fn summary_plan(&self) -> PolicyPlan {
         let s = &self.summary;
         PolicyPlan {
-            nodes: self
-                .order
-                .iter()
-                .filter_map(|(.., n)| self.nodes.get(n).and_then(|e| e.plan.clone()))
-                .collect(),
+            nodes: Vec::new(),
             budget_allowed: s.budget_allowed,
             budget_in_use: s.budget_in_use,
             budget_queued: self.budget_queued,
@@ -400,7 +449,7 @@ impl Incremental {
         }
     }
 
-    /// The nodes planned again whatever else changed: dirty, due by `now`, busy, contending.
+    /// The nodes planned again whatever else: dirty, due by `now`, busy, contending.
     fn due_now(&self, now: Timestamp) -> Vec<String> {
         let mut names: BTreeSet<String> = self.dirty.clone();
         names.extend(self.busy.iter().cloned());
@@ -425,7 +474,11 @@ impl Incremental {
         if consulted {
             self.contenders.insert(name.to_string());
         }
-        if plan.markers != e.view.markers || polls(&plan) {
+        if polls(&plan) {
+            self.polling.insert(name.to_string());
+            self.busy.insert(name.to_string());
+        }
+        if plan.markers != e.view.markers {
             self.busy.insert(name.to_string());
         }
         if let Some(c) = plan.next_change {
@@ -443,6 +496,7 @@ impl Incremental {
     fn forget_plan(&mut self, name: &str, plan: &NodePlan) {
         self.contenders.remove(name);
         self.busy.remove(name);
+        self.polling.remove(name);
         if let Some(c) = plan.next_change {
             self.due.remove(&(c.at, name.to_string()));
         }
