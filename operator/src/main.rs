@@ -170,6 +170,7 @@ async fn operate(args: RunArgs) -> ExitCode {
     };
     let instance = args
         .instance
+        .clone()
         .or_else(leader::default_identity)
         .unwrap_or_else(|| "gpunode-operator".to_string());
 
@@ -212,19 +213,7 @@ async fn operate(args: RunArgs) -> ExitCode {
         elect(leadership.clone(), client.clone(), cfg, release_rx)
     });
     exit_after_shutdown_limit();
-    let options = controller::Options {
-        instance,
-        leadership,
-        metrics,
-        readiness: readiness.clone(),
-        heartbeat_namespace: args.lease_namespace.clone(),
-        apply_concurrency: args.apply_concurrency,
-        fleet_max_unavailable: args.fleet_max_unavailable,
-        fleet_ignore_taints: args.fleet_ignore_taints,
-        validation_bounds: args.validation_bounds,
-        remediator_bounds: args.remediator_bounds,
-        planning: args.planning,
-    };
+    let options = controller_options(args, instance, leadership, metrics, readiness.clone());
     controller::run(client, options, async {
         shutdown_signal().await;
         tracing::info!("shutting down");
@@ -241,6 +230,29 @@ async fn operate(args: RunArgs) -> ExitCode {
     let _ = stop_tx.send(true);
     let _ = server_task.await;
     ExitCode::SUCCESS
+}
+
+/// The controller's options: the command line's, with what [`operate`] set up.
+fn controller_options(
+    args: RunArgs,
+    instance: String,
+    leadership: gpunode_operator::leader::Leadership,
+    metrics: std::sync::Arc<gpunode_operator::metrics::Metrics>,
+    readiness: gpunode_operator::server::Readiness,
+) -> gpunode_operator::controller::Options {
+    gpunode_operator::controller::Options {
+        instance,
+        leadership,
+        metrics,
+        readiness,
+        heartbeat_namespace: args.lease_namespace,
+        apply_concurrency: args.apply_concurrency,
+        fleet_max_unavailable: args.fleet_max_unavailable,
+        fleet_ignore_taints: args.fleet_ignore_taints,
+        validation_bounds: args.validation_bounds,
+        remediator_bounds: args.remediator_bounds,
+        planning: args.planning,
+    }
 }
 
 /// The Kubernetes client (in-cluster or kubeconfig); what went wrong is logged.
@@ -323,6 +335,38 @@ async fn shutdown_signal() {
     }
 }
 
+/// `gpunode-operator check`: what the operator would decide about one node, and why.
+fn check_command(
+    policy: &std::path::Path,
+    report: &std::path::Path,
+    node: Option<&std::path::Path>,
+    output: Output,
+    now: Option<jiff::Timestamp>,
+) -> ExitCode {
+    let inputs = match check::load(policy, report, node) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("gpunode-operator check: bad input: {e}");
+            return ExitCode::from(check::exit::BAD_INPUT);
+        }
+    };
+    let Some(outcome) = check::check(&inputs, now.unwrap_or_else(jiff::Timestamp::now)) else {
+        eprintln!("gpunode-operator check: the planner returned no plan for the node");
+        return ExitCode::from(check::exit::BAD_INPUT);
+    };
+    match output {
+        Output::Text => print!("{}", outcome.text()),
+        Output::Json => match serde_json::to_string_pretty(&outcome) {
+            Ok(json) => println!("{json}"),
+            Err(e) => {
+                eprintln!("gpunode-operator check: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    }
+    ExitCode::from(outcome.exit_code())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
@@ -361,30 +405,7 @@ fn main() -> ExitCode {
             node,
             output,
             now,
-        } => {
-            let inputs = match check::load(&policy, &report, node.as_deref()) {
-                Ok(i) => i,
-                Err(e) => {
-                    eprintln!("gpunode-operator check: bad input: {e}");
-                    return ExitCode::from(check::exit::BAD_INPUT);
-                }
-            };
-            let Some(outcome) = check::check(&inputs, now.unwrap_or_else(jiff::Timestamp::now)) else {
-                eprintln!("gpunode-operator check: the planner returned no plan for the node");
-                return ExitCode::from(check::exit::BAD_INPUT);
-            };
-            match output {
-                Output::Text => print!("{}", outcome.text()),
-                Output::Json => match serde_json::to_string_pretty(&outcome) {
-                    Ok(json) => println!("{json}"),
-                    Err(e) => {
-                        eprintln!("gpunode-operator check: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                },
-            }
-            ExitCode::from(outcome.exit_code())
-        }
+        } => check_command(&policy, &report, node.as_deref(), output, now),
         Command::Crds { write } => {
             let result = crdgen::render_all().and_then(|yaml| {
                 if let Some(dir) = write {
