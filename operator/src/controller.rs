@@ -465,7 +465,11 @@ async fn reconcile_policy(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) -> Resu
         let views = observe::views(&policy, &snapshot.nodes, &inputs, &mut verdicts, now);
         let (reused, evaluated) = verdicts.stats();
         ctx.metrics.verdicts(reused, evaluated);
-        plan_pass(&ctx, &policy, &views, &snapshot.index, now)
+        plan_pass(&ctx, &policy, &snapshot.index, |inputs| {
+            let plan = plan::plan_with(&name, &policy.spec, &views, inputs, now);
+            ctx.metrics.node_plans(&name, true, plan.nodes.len());
+            plan
+        })
     };
     // Apply.
     let drain = &policy.spec.disruption.drain;
@@ -542,7 +546,9 @@ async fn reconcile_incremental(policy: Arc<GpuNodePolicy>, ctx: Arc<Context>) ->
         let (reused, evaluated) = verdicts.stats();
         ctx.metrics.verdicts(reused, evaluated);
         state.update(views, &gone, whole);
-        incremental_pass(&ctx, &policy, &mut state, &index, now)
+        plan_pass(&ctx, &policy, &index, |inputs| {
+            incremental_plan(&ctx, &name, &mut state, inputs, now)
+        })
     };
     let nodes = with_planned(&ctx, &selector, &plan, nodes);
     let drain = &policy.spec.disruption.drain;
@@ -631,40 +637,6 @@ fn with_planned(
     nodes
 }
 
-/// The incremental pass of `policy` under the fleet ledger's lock (as [`plan_pass`]): its plan
-/// of the nodes planned, and the reservation of what it takes of the fleet cap.
-fn incremental_pass(
-    ctx: &Context,
-    policy: &GpuNodePolicy,
-    state: &mut PolicyState,
-    index: &observe::index::SelectorIndex,
-    now: Timestamp,
-) -> (plan::PolicyPlan, Reservation) {
-    let name = policy.name_any();
-    let close_breaker = policy
-        .annotations()
-        .get(CLOSE_BREAKER_ANNOTATION)
-        .and_then(|v| v.trim().parse::<Timestamp>().ok());
-    let ledger = ctx.fleet.lock();
-    let inputs = plan::PassInputs {
-        breaker: status::breaker_memory(policy.status.as_ref()),
-        close_breaker,
-        fleet: Some(ledger.fleet(&name, &ctx.caches, index)),
-        validation_bounds: Some(ctx.validation_bounds.clone()),
-    };
-    let planner = state.planner();
-    let pass = planner.pass(&inputs, now);
-    ctx.metrics.node_plans(&name, pass.whole, pass.planned.len());
-    debug!(
-        whole = pass.whole,
-        planned = pass.planned.len(),
-        "incremental pass"
-    );
-    let plan = planner.partial(&pass);
-    let reservation = ledger.reserve(&name, &plan.fleet_taken);
-    (plan, reservation)
-}
-
 /// The status of `policy` from every node's last plan, written if it changed and may be
 /// written now; else how long until it may (the pass that runs then writes it). It is made at
 /// most once per [`STATUS_MIN_INTERVAL`]: it reads every node, a pass need not.
@@ -690,15 +662,15 @@ async fn incremental_status(
     pace_status(ctx, &name, policy.status.as_ref(), &new_status).await
 }
 
-/// The plan of `policy` over its `views`, given where its breaker stood (its status, and a
-/// person's close) and the fleet cap: the fleet is counted, the plan made and what it takes of
-/// the cap reserved under the ledger's one lock, so that no two passes take the last slot.
+/// The plan `pass` makes of `policy` (a full or an incremental pass), given where its breaker
+/// stood (its status, and a person's close) and the fleet cap: the fleet is counted, the plan
+/// made and what it takes of the cap reserved under the ledger's one lock, so that no two
+/// passes take the last slot.
 fn plan_pass(
     ctx: &Context,
     policy: &GpuNodePolicy,
-    views: &[plan::NodeView],
     index: &observe::index::SelectorIndex,
-    now: Timestamp,
+    pass: impl FnOnce(&plan::PassInputs) -> plan::PolicyPlan,
 ) -> (plan::PolicyPlan, Reservation) {
     let name = policy.name_any();
     let close_breaker = policy
@@ -712,10 +684,28 @@ fn plan_pass(
         fleet: Some(ledger.fleet(&name, &ctx.caches, index)),
         validation_bounds: Some(ctx.validation_bounds.clone()),
     };
-    let plan = plan::plan_with(&name, &policy.spec, views, &inputs, now);
-    ctx.metrics.node_plans(&name, true, plan.nodes.len());
+    let plan = pass(&inputs);
     let reservation = ledger.reserve(&name, &plan.fleet_taken);
     (plan, reservation)
+}
+
+/// The incremental pass of `state`'s planner with `inputs`: the plan of the nodes it planned.
+fn incremental_plan(
+    ctx: &Context,
+    name: &str,
+    state: &mut PolicyState,
+    inputs: &plan::PassInputs,
+    now: Timestamp,
+) -> plan::PolicyPlan {
+    let planner = state.planner();
+    let pass = planner.pass(inputs, now);
+    ctx.metrics.node_plans(name, pass.whole, pass.planned.len());
+    debug!(
+        whole = pass.whole,
+        planned = pass.planned.len(),
+        "incremental pass"
+    );
+    planner.partial(&pass)
 }
 
 /// Writes the policy status if it changed, at most once per [`STATUS_MIN_INTERVAL`]; returns

@@ -77,7 +77,7 @@ use node::Work;
 use work::{decide, template, want};
 
 /// The plan for every node of a policy, plus the policy-wide decisions.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct PolicyPlan {
     /// One per node, in the order disruption was admitted (oldest drift first).
     pub nodes: Vec<NodePlan>,
@@ -113,6 +113,29 @@ pub struct PolicyPlan {
 }
 
 impl PolicyPlan {
+    /// The policy-level decisions of a pass whose admission is `admission` (`invalid_template`:
+    /// why the validation template cannot be used; empty when there is none), with no node and
+    /// nobody queued: the full pass and the incremental one fill those in.
+    pub(crate) fn decided(admission: &Admission, invalid_template: Option<&str>) -> PolicyPlan {
+        PolicyPlan {
+            nodes: Vec::new(),
+            budget_allowed: admission.budget_allowed(),
+            budget_in_use: admission.budget_in_use(),
+            budget_queued: 0,
+            circuit_open: admission.circuit_open(),
+            recently_drifted: admission.recently_drifted(),
+            drifting: admission.drifting(),
+            breaker_threshold: admission.breaker_threshold(),
+            breaker: admission.breaker(),
+            close_breaker: admission.close_command().to_string(),
+            fleet: admission.fleet(),
+            fleet_queued: 0,
+            fleet_taken: admission.fleet_taken().to_vec(),
+            window: admission.window().clone(),
+            invalid_validation: invalid_template.filter(|e| !e.is_empty()).map(str::to_string),
+        }
+    }
+
     /// The first time any node's plan changes with time alone.
     pub fn next_change(&self) -> Option<NextChange> {
         self.nodes
@@ -220,19 +243,8 @@ pub fn plan_with(
         .count();
     PolicyPlan {
         nodes: plans,
-        budget_allowed: admission.budget_allowed(),
-        budget_in_use: admission.budget_in_use(),
         budget_queued: u32::try_from(queued).unwrap_or(u32::MAX),
-        circuit_open: admission.circuit_open(),
-        recently_drifted: admission.recently_drifted(),
-        drifting: admission.drifting(),
-        breaker_threshold: admission.breaker_threshold(),
-        breaker: admission.breaker(),
-        close_breaker: admission.close_command().to_string(),
-        fleet: admission.fleet(),
         fleet_queued: u32::try_from(fleet_queued).unwrap_or(u32::MAX),
-        fleet_taken: admission.fleet_taken().to_vec(),
-        window: admission.window().clone(),
-        invalid_validation: template.err().filter(|e| !e.is_empty()).map(str::to_string),
+        ..PolicyPlan::decided(&admission, template.err())
     }
 }

@@ -162,23 +162,6 @@ fn since_at_most(
     set.range((from, String::new())..).map(|(t, _)| *t)
 }
 
-/// The policy-level results of a pass: a [`PolicyPlan`] but its nodes.
-#[derive(Clone, Debug, Default)]
-struct Summary {
-    budget_allowed: u32,
-    budget_in_use: u32,
-    circuit_open: bool,
-    recently_drifted: u32,
-    drifting: u32,
-    breaker_threshold: u32,
-    breaker: super::BreakerState,
-    close_breaker: String,
-    fleet: Option<(u32, u32)>,
-    fleet_taken: Vec<String>,
-    window: Option<WindowState>,
-    invalid_validation: Option<String>,
-}
-
 /// One node's entry: its view and its last plan.
 struct Entry {
     view: NodeView,
@@ -209,7 +192,8 @@ pub struct Incremental {
     budget_queued: u32,
     fleet_queued: u32,
     shared: Option<Shared>,
-    summary: Summary,
+    /// The policy-level decisions of the last pass (no node, nobody queued).
+    decided: PolicyPlan,
 }
 
 /// What one pass did.
@@ -241,7 +225,7 @@ impl Incremental {
             budget_queued: 0,
             fleet_queued: 0,
             shared: None,
-            summary: Summary::default(),
+            decided: PolicyPlan::default(),
         }
     }
 
@@ -362,7 +346,7 @@ impl Incremental {
         }
         drop(works);
         drop(views);
-        self.summary = summary_of(&admission, &template);
+        self.decided = PolicyPlan::decided(&admission, template.as_ref().err().map(String::as_str));
         self.shared = Some(shared_of(&admission, &template));
         self.dirty.clear();
         let mut out = Pass {
@@ -429,23 +413,10 @@ impl Incremental {
 
     /// The policy-level results of the last pass, with no node.
     fn summary_plan(&self) -> PolicyPlan {
-        let s = &self.summary;
         PolicyPlan {
-            nodes: Vec::new(),
-            budget_allowed: s.budget_allowed,
-            budget_in_use: s.budget_in_use,
             budget_queued: self.budget_queued,
-            circuit_open: s.circuit_open,
-            recently_drifted: s.recently_drifted,
-            drifting: s.drifting,
-            breaker_threshold: s.breaker_threshold,
-            breaker: s.breaker.clone(),
-            close_breaker: s.close_breaker.clone(),
-            fleet: s.fleet,
             fleet_queued: self.fleet_queued,
-            fleet_taken: s.fleet_taken.clone(),
-            window: s.window.clone().unwrap_or(WindowState::Open),
-            invalid_validation: s.invalid_validation.clone(),
+            ..self.decided.clone()
         }
     }
 
@@ -550,22 +521,5 @@ fn shared_of(admission: &Admission, template: &Result<PodTemplateSpec, String>) 
         close_command: admission.close_command().to_string(),
         window: admission.window().clone(),
         template: template.clone(),
-    }
-}
-
-fn summary_of(admission: &Admission, template: &Result<PodTemplateSpec, String>) -> Summary {
-    Summary {
-        budget_allowed: admission.budget_allowed(),
-        budget_in_use: admission.budget_in_use(),
-        circuit_open: admission.circuit_open(),
-        recently_drifted: admission.recently_drifted(),
-        drifting: admission.drifting(),
-        breaker_threshold: admission.breaker_threshold(),
-        breaker: admission.breaker(),
-        close_breaker: admission.close_command().to_string(),
-        fleet: admission.fleet(),
-        fleet_taken: admission.fleet_taken().to_vec(),
-        window: Some(admission.window().clone()),
-        invalid_validation: template.as_ref().err().filter(|e| !e.is_empty()).cloned(),
     }
 }

@@ -18,9 +18,10 @@ use jiff::{
 const DAYS_AROUND: i32 = 8;
 
 /// Whether disruptive actions may start now.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum WindowState {
     /// Inside a window (or no windows configured).
+    #[default]
     Open,
     /// Outside every window: the next one opens then.
     Closed {
