@@ -733,7 +733,7 @@ fn node_done(ctx: &Context, np: &plan::NodePlan, node: &Node, result: &mut NodeR
         return;
     };
     if let Some(n) = outcome.written.take() {
-        ctx.caches.written.wrote(*n, &ctx.caches.nodes);
+        ctx.caches.wrote(*n);
     }
     for part in outcome.parts_written() {
         ctx.metrics.node_write(part);
@@ -892,8 +892,10 @@ pub async fn run(
         .reconcile_all_on(became_leader(&options.leadership).inspect(move |()| on_leader.everything()))
         .watches_stream(node_changes, move |node: Node| {
             on_node.node(&node.name_any());
+            by_node.fleet.changed(&node.name_any());
             if triggers::is_stand_in(&node.metadata) {
                 on_node.everything();
+                by_node.fleet.everything();
                 // A node that vanished unseen: any policy may have selected it.
                 return by_node
                     .policies

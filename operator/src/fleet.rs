@@ -11,7 +11,8 @@
 //! The race: policies are reconciled concurrently (the controller runs one pass per policy at a
 //! time, but many policies at once), so two passes could each count the last free slot from
 //! the node cache and both take it. The ledger closes it with one process-wide lock: a pass
-//! takes it ([`FleetLedger::lock`]), counts the unavailable GPU nodes from the cache and adds
+//! takes it ([`FleetLedger::lock`]), reads the count of unavailable GPU nodes the cache keeps
+//! ([`crate::observe::FleetCount`]: kept as nodes change, not counted by every pass) and adds
 //! the nodes other passes reserved and have not written yet ([`Ledger::fleet`]), plans (pure,
 //! no await under the lock), reserves the available nodes its plan disrupts
 //! ([`Ledger::reserve`]), and lets the lock go. The [`Reservation`] lives until the pass's
@@ -129,22 +130,19 @@ impl Ledger<'_> {
     /// The fleet as the pass of `policy` sees it: the unavailable GPU nodes of the cache and
     /// the nodes other passes reserved; the cap resolved over the GPU nodes.
     pub fn fleet(&self, policy: &str, caches: &Caches, index: &SelectorIndex) -> Fleet {
-        self.fleet_of(
-            policy,
-            caches.unavailable(index, &self.ledger.ignored_taints),
-            caches.gpu_nodes(index),
-        )
+        let counted = caches.fleet_count(index, &self.ledger.ignored_taints);
+        self.fleet_of(policy, counted.unavailable, counted.gpu_nodes)
     }
 
-    fn fleet_of(&self, policy: &str, mut unavailable: BTreeSet<String>, gpu_nodes: u32) -> Fleet {
+    fn fleet_of(&self, policy: &str, mut unavailable: Arc<BTreeSet<String>>, gpu_nodes: u32) -> Fleet {
         for (other, nodes) in self.reserved.iter() {
-            if other != policy {
-                unavailable.extend(nodes.iter().cloned());
+            if other != policy && nodes.iter().any(|n| !unavailable.contains(n)) {
+                Arc::make_mut(&mut unavailable).extend(nodes.iter().cloned());
             }
         }
         Fleet {
             allowed: self.ledger.cap.resolve(gpu_nodes),
-            unavailable: Arc::new(unavailable),
+            unavailable,
         }
     }
 
@@ -200,7 +198,7 @@ mod tests {
     #[test]
     fn a_reservation_counts_for_other_passes_until_dropped() {
         let ledger = FleetLedger::new(MaxUnavailable::Count(2), Vec::new());
-        let seen = BTreeSet::from(["x".to_string()]);
+        let seen = Arc::new(BTreeSet::from(["x".to_string()]));
         let lock = ledger.lock();
         let fleet = lock.fleet_of("a", seen.clone(), 20);
         assert_eq!((fleet.allowed, fleet.unavailable.len()), (2, 1));

@@ -10,6 +10,7 @@
 pub mod backoff;
 pub mod changed;
 pub mod compact;
+pub mod fleet_count;
 pub mod gpus;
 pub mod heartbeats;
 pub mod index;
@@ -19,7 +20,10 @@ pub mod trim;
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Arc,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -51,6 +55,7 @@ use crate::{
 };
 
 pub use compact::CachedReport;
+pub use fleet_count::{FleetCount, unavailable};
 pub use gpus::{gpu_pods, gpu_views};
 pub use heartbeats::Heartbeats;
 pub use index::{IndexCache, POD_SELECTOR_FIELD, SelectorIndex, selector_of};
@@ -121,6 +126,8 @@ pub struct Caches {
     pub written: Arc<OwnWrites>,
     /// The policies' selectors, parsed once per change of the policies.
     pub selectors: IndexCache,
+    /// The fleet cap's count, kept as nodes change.
+    pub fleet: Arc<FleetCount>,
     /// On a cluster that serves DRA: the ResourceSlices (trimmed) and gpunode's DeviceTaintRules.
     pub dra: Option<DraCaches>,
 }
@@ -134,10 +141,17 @@ pub struct DraCaches {
     pub slices: Store<devices::ResourceSlice>,
     /// gpunode's DeviceTaintRules.
     pub rules: Store<devices::DeviceTaintRule>,
+    /// Events the two watches delivered (each after its store took it in).
+    pub events: Arc<AtomicU64>,
+    /// The last grouping by node, with the count of events it was made after.
+    grouped: Arc<Mutex<Option<Grouped>>>,
 }
 
-/// The DRA caches grouped by node, built once per reconcile (a lookup per node would be
-/// quadratic).
+/// A grouping by node, with the count of events it was made after.
+type Grouped = (u64, Arc<DraByNode>);
+
+/// The DRA caches grouped by node, built once per change of the caches (a lookup per node would
+/// be quadratic, and grouping on every pass would make each pass read every slice).
 pub struct DraByNode {
     /// The ResourceSlices by their node name.
     pub slices: HashMap<String, Vec<Arc<devices::ResourceSlice>>>,
@@ -146,18 +160,43 @@ pub struct DraByNode {
 }
 
 impl DraCaches {
-    /// The slices and gpunode's rules, by node.
-    pub fn by_node(&self) -> DraByNode {
+    /// Caches over these stores, nothing grouped yet.
+    pub fn new(
+        api: devices::Dra,
+        slices: Store<devices::ResourceSlice>,
+        rules: Store<devices::DeviceTaintRule>,
+    ) -> DraCaches {
+        DraCaches {
+            api,
+            slices,
+            rules,
+            events: Arc::default(),
+            grouped: Arc::default(),
+        }
+    }
+
+    /// The slices and gpunode's rules, by node: grouped again only when a watch delivered
+    /// something since the last grouping.
+    pub fn by_node(&self) -> Arc<DraByNode> {
+        let events = self.events.load(Ordering::Acquire);
+        let mut grouped = self.grouped.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, by_node)) = grouped.as_ref()
+            && *at == events
+        {
+            return by_node.clone();
+        }
         let mut slices: HashMap<String, Vec<Arc<devices::ResourceSlice>>> = HashMap::new();
         for s in self.slices.state() {
             if let Some(node) = s.spec.node_name.clone() {
                 slices.entry(node).or_default().push(s);
             }
         }
-        DraByNode {
+        let by_node = Arc::new(DraByNode {
             slices,
             rules: RulesByNode::new(self.rules.state()),
-        }
+        });
+        *grouped = Some((events, by_node.clone()));
+        by_node
     }
 }
 
@@ -241,30 +280,20 @@ impl Caches {
         (selected, gone)
     }
 
-    /// Every GPU node (one that some policy selects) unavailable now, with gpunode's own writes
-    /// read back: the fleet cap's count ([`unavailable`]).
-    pub fn unavailable(
-        &self,
-        index: &SelectorIndex,
-        ignored_taints: &[String],
-    ) -> std::collections::BTreeSet<String> {
-        self.written
-            .overlay(self.nodes.state())
-            .into_iter()
-            .filter(|n| index.selects_any(n.labels()) && unavailable(n, ignored_taints))
-            .map(|n| n.name_any())
-            .collect()
+    /// The GPU nodes (those some policy selects) unavailable now, with gpunode's own writes
+    /// read back, and how many GPU nodes there are: the fleet cap's count ([`unavailable`]),
+    /// kept as nodes change ([`FleetCount`]).
+    pub fn fleet_count(&self, index: &SelectorIndex, ignored_taints: &[String]) -> fleet_count::Counted {
+        self.fleet
+            .count(&self.nodes, &self.written, index, ignored_taints)
     }
 
-    /// How many nodes some policy selects: the GPU nodes a fleet cap in percent is of.
-    pub fn gpu_nodes(&self, index: &SelectorIndex) -> u32 {
-        let n = self
-            .nodes
-            .state()
-            .iter()
-            .filter(|n| index.selects_any(n.labels()))
-            .count();
-        u32::try_from(n).unwrap_or(u32::MAX)
+    /// Remembers node `node` as gpunode's write returned it, for passes to read before the
+    /// watch delivers it, and counts it again.
+    pub fn wrote(&self, node: Node) {
+        let name = node.name_any();
+        self.written.wrote(node, &self.nodes);
+        self.fleet.changed(&name);
     }
 
     /// The node's report as the cache holds it (readable or not).
@@ -291,33 +320,6 @@ impl Caches {
             validation_jobs: HashMap::new(),
         }
     }
-}
-
-/// A node is unavailable for any reason: its Ready condition not True, cordoned, or tainted
-/// NoSchedule or NoExecute by anyone (but with a key of `ignored_taints`), or validating under
-/// gpunode.
-pub fn unavailable(node: &Node, ignored_taints: &[String]) -> bool {
-    let spec = node.spec.as_ref();
-    let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false);
-    let tainted = spec.and_then(|s| s.taints.as_ref()).is_some_and(|ts| {
-        ts.iter()
-            .filter(|t| !ignored_taints.contains(&t.key))
-            .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
-    });
-    let not_ready = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == trim::READY))
-        .is_some_and(|c| c.status != "True");
-    let validating = || {
-        let annotations = node.metadata.annotations.as_ref();
-        annotations.is_some_and(|a| {
-            let (markers, _) = crate::markers::Markers::from_annotations(a);
-            markers.validation.is_some_and(|t| t.ended.is_none())
-        })
-    };
-    cordoned || tainted || not_ready || validating()
 }
 
 /// When the report was observed, if it is readable and says.
@@ -422,7 +424,7 @@ pub struct Inputs<'a> {
     /// Every policy's selectors, for conflicts.
     pub index: &'a SelectorIndex,
     /// On a DRA cluster, its ResourceSlices and gpunode's DeviceTaintRules by node.
-    pub dra: Option<DraByNode>,
+    pub dra: Option<Arc<DraByNode>>,
     /// The running repair steps' objects, by node ([`repair_objects`]).
     pub repair_objects: HashMap<String, StepObject>,
     /// The running validations' Jobs, by node ([`validation_jobs`]).
@@ -577,6 +579,7 @@ impl Watches {
                 policies,
                 written: Arc::default(),
                 selectors,
+                fleet: Arc::default(),
                 dra,
             },
             node_changes,
@@ -660,6 +663,9 @@ fn dra_watches(
 ) -> (DraCaches, BoxStream<'static, Result<Node, watcher::Error>>) {
     let slice_writer = reflector::store::Writer::new(api.slices.clone());
     let slices = slice_writer.as_reader();
+    let rule_writer = reflector::store::Writer::new(api.rules.clone());
+    let caches = DraCaches::new(api.clone(), slices, rule_writer.as_reader());
+    let (slice_events, rule_events) = (caches.events.clone(), caches.events.clone());
     let slice_stream = backoff::watcher(
         Api::<devices::ResourceSlice>::all_with(client.clone(), &api.slices),
         listing.clone(),
@@ -667,10 +673,11 @@ fn dra_watches(
     )
     .modify(devices::trim_slice)
     .reflect(slice_writer)
+    .inspect(move |_| {
+        slice_events.fetch_add(1, Ordering::AcqRel);
+    })
     .touched_objects()
     .map(|r| r.map(|s| node_named(s.spec.node_name.as_deref().unwrap_or_default())));
-    let rule_writer = reflector::store::Writer::new(api.rules.clone());
-    let rules = rule_writer.as_reader();
     let rule_stream = backoff::watcher(
         Api::<devices::DeviceTaintRule>::all_with(client.clone(), &api.rules),
         listing.clone().labels(devices::rules::RULE_SELECTOR),
@@ -678,6 +685,9 @@ fn dra_watches(
     )
     .modify(|r: &mut devices::DeviceTaintRule| r.metadata.managed_fields = None)
     .reflect(rule_writer)
+    .inspect(move |_| {
+        rule_events.fetch_add(1, Ordering::AcqRel);
+    })
     .touched_objects()
     .map(|r| r.map(|rule| node_named(devices::rules::node_of(&rule).unwrap_or_default())));
     let changes = futures::stream::select(slice_stream, rule_stream)
@@ -688,7 +698,7 @@ fn dra_watches(
             )
         })
         .boxed();
-    (DraCaches { api, slices, rules }, changes)
+    (caches, changes)
 }
 
 /// A Node with only a name: which node a device change concerns.
@@ -787,11 +797,7 @@ mod tests {
         };
         let mut slice_writer = Writer::<devices::ResourceSlice>::new(api.slices.clone());
         let mut rule_writer = Writer::<devices::DeviceTaintRule>::new(api.rules.clone());
-        let dra = DraCaches {
-            slices: slice_writer.as_reader(),
-            rules: rule_writer.as_reader(),
-            api,
-        };
+        let dra = DraCaches::new(api, slice_writer.as_reader(), rule_writer.as_reader());
         let synced = all_synced(nodes, reports, leases, Some(dra));
         tokio::pin!(synced);
 
@@ -808,6 +814,31 @@ mod tests {
             matches!(futures::poll!(synced.as_mut()), Poll::Ready(true)),
             "not synced once every cache was listed"
         );
+    }
+
+    #[test]
+    fn the_dra_caches_are_grouped_by_node_again_only_after_a_watch_event() {
+        let api = devices::Dra {
+            slices: resource("ResourceSlice", "resourceslices"),
+            rules: resource("DeviceTaintRule", "devicetaintrules"),
+        };
+        let mut slice_writer = Writer::<devices::ResourceSlice>::new(api.slices.clone());
+        let rule_writer = Writer::<devices::DeviceTaintRule>::new(api.rules.clone());
+        let dra = DraCaches::new(api.clone(), slice_writer.as_reader(), rule_writer.as_reader());
+        let first = dra.by_node();
+        assert!(
+            Arc::ptr_eq(&first, &dra.by_node()),
+            "nothing delivered: the same grouping"
+        );
+        let mut slice = devices::ResourceSlice::new("n1-gpu", &api.slices, Default::default());
+        slice.spec.node_name = Some("n1".to_string());
+        slice_writer.apply_watcher_event(&Event::Apply(slice));
+        assert!(
+            dra.by_node().slices.is_empty(),
+            "grouped again without an event counted"
+        );
+        dra.events.fetch_add(1, Ordering::AcqRel);
+        assert_eq!(dra.by_node().slices.get("n1").map(Vec::len), Some(1));
     }
 
     #[tokio::test]

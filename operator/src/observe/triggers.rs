@@ -6,7 +6,7 @@
 //!
 //! - a **Node** change matters when something gpunode reads changed: its labels (selectors,
 //!   skip, gpunode's own), gpunode's annotations, taints, `spec.unschedulable`, gpunode's
-//!   condition, or its deletion ([`NodeFingerprints`]);
+//!   condition, the Ready condition's status (the fleet cap counts it), or its deletion ([`NodeFingerprints`]);
 //! - a **report** change matters when it changes the verdict of a policy selecting the node,
 //!   compared with the verdict the last reconcile acted on ([`ReportVerdicts`], using
 //!   [`VerdictCache::report_is_material`]).
@@ -128,14 +128,13 @@ pub fn node_fingerprint(node: &Node) -> u64 {
             (&t.key, &t.value, &t.effect).hash(&mut h);
         }
     }
-    let ours = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_TYPE));
-    if let Some(c) = ours {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let condition = |type_: &str| conditions.and_then(|cs| cs.iter().find(|c| c.type_ == type_));
+    if let Some(c) = condition(CONDITION_TYPE) {
         (&c.status, &c.reason, &c.message).hash(&mut h);
     }
+    // Only its status (not its heartbeat): the fleet cap counts a node that is not Ready.
+    condition(super::trim::READY).map(|c| &c.status).hash(&mut h);
     h.finish()
 }
 
@@ -279,6 +278,11 @@ mod tests {
                 status: "False".to_string(),
                 ..Default::default()
             });
+        }
+        changes.push(c);
+        let mut c = heartbeat.clone();
+        if let Some(cs) = c.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            cs[0].status = "Unknown".to_string();
         }
         changes.push(c);
         for c in changes {
