@@ -3,6 +3,7 @@
 //! * `run`: one run at N nodes on a running control plane → `<out>/n<N>.json`.
 //! * `machine`: describes the machine and the binaries → JSON on stdout.
 //! * `report`: merges the runs into docs/benchmarks/results.{json,md}.
+//! * `sim`: the operator alone at 10,000 to 100,000 nodes against a synthetic API (`make bench-sim`).
 
 mod audit;
 mod error;
@@ -16,6 +17,7 @@ mod realprobes;
 mod report;
 mod results;
 mod run;
+mod sim;
 mod tracker;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
@@ -92,6 +94,33 @@ enum Command {
         #[arg(long = "binary", value_name = "NAME=PATH:FLAG")]
         binaries: Vec<String>,
     },
+    /// The operator alone against a synthetic API server at each N, `reps` times.
+    Sim {
+        /// Numbers of nodes (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "10000,50000,100000")]
+        nodes: Vec<usize>,
+        /// Runs at each N.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// The gpunode-operator binary.
+        #[arg(long)]
+        operator: PathBuf,
+        /// Report changes that turn a node drifting, each followed by its recovery.
+        #[arg(long, default_value_t = 200)]
+        changes: usize,
+        /// `--planning` of the operator.
+        #[arg(long, default_value = "incremental")]
+        planning: String,
+        /// Directory for the results and logs.
+        #[arg(long)]
+        out: PathBuf,
+        /// Longest a phase may take, seconds.
+        #[arg(long, default_value_t = 900)]
+        deadline_s: u64,
+        /// The quiet window the idle CPU is measured over, seconds.
+        #[arg(long, default_value_t = 5)]
+        idle_s: u64,
+    },
     /// Merge the runs of a results directory into results.json and results.md.
     Report {
         /// Directory with machine.json and n<N>.json files.
@@ -143,6 +172,48 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Sim {
+            nodes,
+            reps,
+            operator,
+            changes,
+            planning,
+            out,
+            deadline_s,
+            idle_s,
+        } => {
+            if nodes.contains(&0) || changes == 0 {
+                eprintln!("gpunode-bench sim: --nodes and --changes must be at least 1");
+                return ExitCode::from(2);
+            }
+            let base = sim::SimArgs {
+                n: 0,
+                operator,
+                changes,
+                planning,
+                out,
+                rep: 0,
+                deadline: Duration::from_secs(deadline_s),
+                idle: Duration::from_secs(idle_s),
+            };
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("gpunode-bench sim: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(sim::run_all(&base, &nodes, reps)) {
+                Ok(all) => {
+                    print!("{}", sim::markdown(&all));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("gpunode-bench sim: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run {
             nodes,
             kubeconfig,

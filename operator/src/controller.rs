@@ -891,20 +891,7 @@ pub async fn run(
         // next event.
         .reconcile_all_on(became_leader(&options.leadership).inspect(move |()| on_leader.everything()))
         .watches_stream(node_changes, move |node: Node| {
-            on_node.node(&node.name_any());
-            by_node.fleet.changed(&node.name_any());
-            if triggers::is_stand_in(&node.metadata) {
-                on_node.everything();
-                by_node.fleet.everything();
-                // A node that vanished unseen: any policy may have selected it.
-                return by_node
-                    .policies
-                    .state()
-                    .iter()
-                    .map(|g| ObjectRef::from_obj(g.as_ref()))
-                    .collect();
-            }
-            by_node.policies_for(node.labels())
+            node_changed(&by_node, &on_node, &node)
         })
         .watches_stream(report_changes, move |report: Guarded<GpuNodeReport>| {
             on_report.node(&report.name_any());
@@ -922,6 +909,29 @@ pub async fn run(
     // The controller drives its own watches; these would outlive it.
     lease_task.abort();
     sweep_task.abort();
+}
+
+/// The policies a node change concerns, once the change is recorded for the incremental passes
+/// and the fleet cap's count.
+fn node_changed(
+    caches: &Caches,
+    changed: &ChangedNodes,
+    node: &Node,
+) -> Vec<ObjectRef<Guarded<GpuNodePolicy>>> {
+    changed.node(&node.name_any());
+    caches.fleet.changed(&node.name_any());
+    if triggers::is_stand_in(&node.metadata) {
+        changed.everything();
+        caches.fleet.everything();
+        // A node that vanished unseen: any policy may have selected it.
+        return caches
+            .policies
+            .state()
+            .iter()
+            .map(|g| ObjectRef::from_obj(g.as_ref()))
+            .collect();
+    }
+    caches.policies_for(node.labels())
 }
 
 /// Once the caches are synced: the controller may act, the replica is ready, and a sweep looks
