@@ -4,12 +4,12 @@
 //! replace, delete, and the patch types the operator sends: JSON merge patch (with the
 //! resourceVersion precondition it carries), JSON patch (kube's finalizer helper), server-side apply (one field manager: what it
 //! applied last and no longer applies is removed; conditions merge by type) and the strategic
-//! merge patch that deletes a condition by type. Discovery says there is no DRA API; a watch
-//! asking for streamed lists is refused, so the operator lists.
+//! merge patch that deletes a condition by type. Discovery says there is no DRA API. Watches
+//! stream their lists (`sendInitialEvents`, the WatchList feature a large cluster's API server
+//! serves), as the operator asks when the server supports it.
 //!
 //! It is as much of an API server as the operator needs and no more: no admission, no
-//! authentication, label and field selectors ignored (every collection here holds only what
-//! the operator's selectors select).
+//! authentication, field selectors ignored, label selectors only as `key=value` terms.
 
 use std::{
     sync::{
@@ -108,13 +108,58 @@ fn target(path: &str) -> Option<Target> {
     Some(Target { collection, name })
 }
 
-/// A query parameter (values the operator sends need no decoding).
-fn param<'a>(query: &'a str, key: &str) -> Option<&'a str> {
+/// A query parameter, decoded.
+fn param(query: &str, key: &str) -> Option<String> {
     query
         .split('&')
         .filter_map(|kv| kv.split_once('='))
         .find(|(k, _)| *k == key)
-        .map(|(_, v)| v)
+        .map(|(_, v)| {
+            percent_encoding::percent_decode_str(v)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+}
+
+/// A label selector's `key=value` (or `key==value`) terms; other terms select everything here.
+fn equalities(selector: Option<&str>) -> Vec<(String, String)> {
+    selector
+        .into_iter()
+        .flat_map(|s| s.split(','))
+        .filter(|term| !term.contains("!="))
+        .filter_map(|term| term.split_once("==").or_else(|| term.split_once('=')))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// Whether the object `json` has every label of `terms`. Its text is searched first, so a
+/// selector that matches nothing (the WatchList probe's) costs no parse.
+fn labelled(json: &str, terms: &[(String, String)]) -> bool {
+    if terms.is_empty() {
+        return true;
+    }
+    if !terms
+        .iter()
+        .all(|(k, v)| json.contains(&format!("\"{k}\":\"{v}\"")))
+    {
+        return false;
+    }
+    serde_json::from_str::<Value>(json).is_ok_and(|o| {
+        terms
+            .iter()
+            .all(|(k, v)| o["metadata"]["labels"][k].as_str() == Some(v.as_str()))
+    })
+}
+
+/// The kind and apiVersion of a collection's objects, for its bookmarks.
+fn kind_of(collection: &str) -> (&'static str, &'static str) {
+    match collection.rsplit('/').next() {
+        Some("nodes") => ("Node", "v1"),
+        Some("gpunodereports") => ("GpuNodeReport", "gpunode.dev/v1alpha1"),
+        Some("gpunodepolicies") => ("GpuNodePolicy", "gpunode.dev/v1alpha1"),
+        Some("leases") => ("Lease", "coordination.k8s.io/v1"),
+        _ => ("Unknown", "v1"),
+    }
 }
 
 fn status(code: StatusCode, reason: &str, message: &str) -> Response {
@@ -179,7 +224,7 @@ async fn handle(State(api): State<Api>, req: Request) -> Response {
         Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
     };
     match (method, t.name.as_deref()) {
-        (Method::GET, None) if matches!(param(&query, "watch"), Some("1" | "true")) => {
+        (Method::GET, None) if matches!(param(&query, "watch").as_deref(), Some("1" | "true")) => {
             watch(&api, &t, &query)
         }
         (Method::GET, None) => list(&api, &t, &query),
@@ -211,7 +256,9 @@ async fn handle(State(api): State<Api>, req: Request) -> Response {
 fn list(api: &Api, t: &Target, query: &str) -> Response {
     api.counts.lists.fetch_add(1, Ordering::Relaxed);
     let limit = param(query, "limit").and_then(|l| l.parse().ok()).unwrap_or(0);
-    let page = api.store.list(&t.collection, param(query, "continue"), limit);
+    let page = api
+        .store
+        .list(&t.collection, param(query, "continue").as_deref(), limit);
     let mut out = String::with_capacity(page.items.iter().map(|i| i.len() + 1).sum::<usize>() + 128);
     out.push_str(r#"{"kind":"List","apiVersion":"v1","metadata":{"resourceVersion":""#);
     out.push_str(&page.rv.to_string());
@@ -234,19 +281,16 @@ fn list(api: &Api, t: &Target, query: &str) -> Response {
 
 fn watch(api: &Api, t: &Target, query: &str) -> Response {
     api.counts.watches.fetch_add(1, Ordering::Relaxed);
-    if param(query, "sendInitialEvents") == Some("true") {
-        return status(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Invalid",
-            "sendInitialEvents is not served here",
-        );
+    let timeout = param(query, "timeoutSeconds")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(300);
+    let terms = equalities(param(query, "labelSelector").as_deref());
+    if param(query, "sendInitialEvents").as_deref() == Some("true") {
+        return streamed_list(api, t, terms, timeout);
     }
     let from = param(query, "resourceVersion")
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    let timeout = param(query, "timeoutSeconds")
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(300);
     let (behind, rx) = match api.store.watch(&t.collection, from) {
         Start::From(behind, rx) => (behind, rx),
         Start::Gone => {
@@ -258,7 +302,16 @@ fn watch(api: &Api, t: &Target, query: &str) -> Response {
     };
     let last = behind.last().map_or(from, |c| c.rv);
     let backlog = futures::stream::iter(behind.into_iter().map(|c| Ok::<Bytes, std::io::Error>(c.line)));
-    let live = futures::stream::unfold((rx, last), |(mut rx, last)| async move {
+    stream_response(backlog.chain(live(rx, last)), timeout)
+}
+
+/// The changes `rx` receives after resourceVersion `last`, as watch lines, until it falls
+/// behind (the client then watches again).
+fn live(
+    rx: tokio::sync::broadcast::Receiver<super::store::Change>,
+    last: u64,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> {
+    futures::stream::unfold((rx, last), |(mut rx, last)| async move {
         loop {
             match rx.recv().await {
                 Ok(c) if c.rv <= last => continue,
@@ -266,13 +319,36 @@ fn watch(api: &Api, t: &Target, query: &str) -> Response {
                     let rv = c.rv;
                     return Some((Ok(c.line), (rx, rv)));
                 }
-                // Fell behind or the server stops: the client watches again.
                 Err(_) => return None,
             }
         }
-    });
+    })
+}
+
+/// A streamed list (`sendInitialEvents=true`, as the WatchList feature sends): every object
+/// selected as an ADDED event, a bookmark marking the end of them, then the changes after.
+fn streamed_list(api: &Api, t: &Target, terms: Vec<(String, String)>, timeout: u64) -> Response {
+    let (all, rv, rx) = api.store.snapshot(&t.collection);
+    let (kind, api_version) = kind_of(&t.collection);
+    let end = json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version,
+        "metadata": {"resourceVersion": rv.to_string(),
+                     "annotations": {"k8s.io/initial-events-end": "true"}}}});
+    let initial = futures::stream::iter(all)
+        .filter(move |json| std::future::ready(labelled(json, &terms)))
+        .map(|json| {
+            Ok::<Bytes, std::io::Error>(Bytes::from(format!("{{\"type\":\"ADDED\",\"object\":{json}}}\n")))
+        });
+    let end = futures::stream::once(std::future::ready(Ok(Bytes::from(format!("{end}\n")))));
+    stream_response(initial.chain(end).chain(live(rx, rv)), timeout)
+}
+
+/// A watch response of `lines`, ended after `timeout` seconds.
+fn stream_response(
+    lines: impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+    timeout: u64,
+) -> Response {
     let deadline = tokio::time::sleep(Duration::from_secs(timeout));
-    let stream = backlog.chain(live).take_until(deadline);
+    let stream = lines.take_until(deadline);
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
@@ -479,6 +555,22 @@ mod tests {
             ("/apis/gpunode.dev/v1alpha1/gpunodereports", Some("n2"))
         );
         assert!(target("/healthz").is_none());
+    }
+
+    #[test]
+    fn a_label_selector_selects_by_its_equalities() {
+        let terms = equalities(Some("gpunode.dev/heartbeat=node-probe,x!=y"));
+        assert_eq!(
+            terms,
+            [("gpunode.dev/heartbeat".to_string(), "node-probe".to_string())]
+        );
+        let lease = r#"{"metadata":{"labels":{"gpunode.dev/heartbeat":"node-probe"}}}"#;
+        assert!(labelled(lease, &terms));
+        assert!(!labelled(
+            lease,
+            &equalities(Some("gpunode.dev/watch-list-probe=none"))
+        ));
+        assert!(labelled(lease, &[]));
     }
 
     #[test]

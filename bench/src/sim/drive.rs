@@ -226,7 +226,7 @@ fn start_operator(args: &SimArgs, kubeconfig: PathBuf) -> Result<Measured, Error
         kubeconfig,
         lease_namespace: None,
         metrics_addr: gpunode_e2e::http::free_addr()?,
-        rust_log: Some("warn".to_string()),
+        rust_log: Some(std::env::var("GPUNODE_SIM_RUST_LOG").unwrap_or_else(|_| "warn".to_string())),
         prefix: Vec::new(),
         env: vec![("GPUNODE_PLANNING".to_string(), args.planning.clone())],
     };
@@ -322,7 +322,7 @@ async fn measure(
     })
     .await?;
     let convergence = started.elapsed();
-    quiet(seen, args.deadline).await?;
+    quiet(seen, op.pid(), args.deadline).await?;
     let ticks = procs::clock_ticks();
     let before_idle = procs::sample(op.pid(), ticks).unwrap_or_default();
     let idle_from = Instant::now();
@@ -359,15 +359,31 @@ async fn measure(
     })
 }
 
-/// Waits until the operator's node writes stop for two seconds.
-async fn quiet(seen: &Seen, deadline: Duration) -> Result<(), Error> {
+/// Most CPU a quiet operator uses, core-seconds per second: it has digested what it wrote.
+const QUIET_CPU: f64 = 0.05;
+
+/// Waits until the operator's node writes have stopped for two seconds and, over the last
+/// second, it used at most [`QUIET_CPU`]: the watch events of its own writes are read back
+/// seconds after the last write at 100,000 nodes.
+async fn quiet(seen: &Seen, pid: u32, deadline: Duration) -> Result<(), Error> {
+    let ticks = procs::clock_ticks();
+    let cpu = || procs::sample(pid, ticks).map_or(0.0, |s| s.cpu_s);
     let mut last = (seen.writes.load(Ordering::Relaxed), Instant::now());
-    seen.until("the operator's writes to stop", deadline, || {
+    let mut window = (cpu(), Instant::now(), f64::MAX);
+    seen.until("the operator to be quiet", deadline, || {
         let now = seen.writes.load(Ordering::Relaxed);
         if now != last.0 {
             last = (now, Instant::now());
         }
-        (last.1.elapsed() >= Duration::from_secs(2)).then_some(())
+        if window.1.elapsed() >= Duration::from_secs(1) {
+            let used = cpu();
+            window = (
+                used,
+                Instant::now(),
+                (used - window.0) / window.1.elapsed().as_secs_f64(),
+            );
+        }
+        (last.1.elapsed() >= Duration::from_secs(2) && window.2 <= QUIET_CPU).then_some(())
     })
     .await
 }

@@ -199,6 +199,16 @@ impl Store {
         self.lock().collection(path).objects.get(name).cloned()
     }
 
+    /// Every object of `path` now, the resourceVersion they are at, and the receiver of the
+    /// changes after them: a streamed list (`sendInitialEvents`).
+    pub fn snapshot(&self, path: &str) -> (Vec<Arc<str>>, u64, broadcast::Receiver<Change>) {
+        let mut inner = self.lock();
+        let rv = inner.rv;
+        let c = inner.collection(path);
+        let all = c.objects.values().map(|s| s.json.clone()).collect();
+        (all, rv, c.watchers.subscribe())
+    }
+
     /// Where a watch of `path` from `rv` starts.
     pub fn watch(&self, path: &str, rv: u64) -> Start {
         let mut inner = self.lock();
