@@ -113,11 +113,15 @@ bench-probe: ## node-probe steady-state CPU, RSS and writes/hour at default inte
 bench-probe-latency: ## node-probe observation -> stored report per check class (ROUNDS=3)
 	node-probe/benches/latency.sh $(or $(ROUNDS),3)
 
+# The N of `make bench-sim` (a comma inside $(or ...) would split its arguments) and its runs per N.
+SIM_NS ?= 10000,50000,100000
+SIM_REPS ?= 3
+
 bench-sim: ## the operator alone against a synthetic API at SIM_NS (10000,50000,100000) nodes, SIM_REPS (3) runs each; results in docs/benchmarks/sim
 	$(CARGO) build --release --locked -p gpunode-operator -p gpunode-bench
 	@mkdir -p docs/benchmarks/sim
-	$(or $(CARGO_TARGET_DIR),target)/release/gpunode-bench sim --nodes $(or $(SIM_NS),10000,50000,100000) \
-	  --reps $(or $(SIM_REPS),3) --operator $(or $(CARGO_TARGET_DIR),target)/release/gpunode-operator --out docs/benchmarks/sim
+	$(or $(CARGO_TARGET_DIR),target)/release/gpunode-bench sim --nodes $(SIM_NS) \
+	  --reps $(SIM_REPS) --operator $(or $(CARGO_TARGET_DIR),target)/release/gpunode-operator --out docs/benchmarks/sim
 
 bench: ## scale benchmark (not part of test): N = BENCH_NS (100,1000,5000) KWOK nodes, results in docs/benchmarks
 	bench/run.sh
