@@ -82,9 +82,8 @@ enum Command {
         remediators: gpunode_operator::bounds::RemediatorBounds,
         /// How a policy's reconcile plans: `full` (every node of the policy each pass) or
         /// `incremental` (only the nodes that changed since its last pass, and every node every
-        /// five minutes, the default). Both make the same plans (a property test proves it);
-        /// full reads every node on every pass.
-        #[arg(long, env = "GPUNODE_PLANNING", default_value = "incremental")]
+        /// five minutes). Incremental is being proven against full; full is the default.
+        #[arg(long, env = "GPUNODE_PLANNING", default_value = "full")]
         planning: gpunode_operator::policy_state::Planning,
     },
     /// Offline: what the operator would decide about one node, and why. Exit code 0 compliant,

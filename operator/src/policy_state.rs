@@ -214,10 +214,10 @@ impl PolicyStates {
 /// How a policy's reconcile plans: every node each pass, or only what changed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Planning {
-    /// Every node of the policy, each pass.
-    Full,
-    /// Only the nodes that changed, with a whole pass every [`RESYNC`] (the default).
+    /// Every node of the policy, each pass (the default).
     #[default]
+    Full,
+    /// Only the nodes that changed, with a whole pass every [`RESYNC`].
     Incremental,
 }
 
