@@ -211,10 +211,14 @@ fn seed(
 
 fn kubeconfig(out: &Path, addr: std::net::SocketAddr) -> Result<PathBuf, Error> {
     let path = out.join("sim-kubeconfig.yaml");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: sim\n  cluster:\n    server: http://{addr}\nusers:\n- name: sim\n  user: {{}}\ncontexts:\n- name: sim\n  context:\n    cluster: sim\n    user: sim\ncurrent-context: sim\n"
-    );
-    std::fs::write(&path, text).map_err(Error::io(format!("writing {}", path.display())))?;
+    let kc: kube::config::Kubeconfig = serde_json::from_value(serde_json::json!({
+        "clusters": [{"name": "sim", "cluster": {"server": format!("http://{addr}")}}],
+        "users": [{"name": "sim", "user": {}}],
+        "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim"}}],
+        "current-context": "sim"
+    }))?;
+    std::fs::write(&path, serde_yaml::to_string(&kc)?)
+        .map_err(Error::io(format!("writing {}", path.display())))?;
     Ok(path)
 }
 

@@ -102,6 +102,32 @@ struct Inner {
 }
 
 impl Inner {
+    /// Stores `obj` as object `name` of `path` at the next resourceVersion and tells watchers
+    /// (`kind`: ADDED or MODIFIED); returns its JSON.
+    fn put(
+        &mut self,
+        path: &str,
+        name: String,
+        mut obj: Value,
+        applied: Option<Arc<Value>>,
+        kind: &str,
+    ) -> Arc<str> {
+        self.rv += 1;
+        let rv = self.rv;
+        stamp(&mut obj, rv, kind == "ADDED");
+        let json: Arc<str> = obj.to_string().into();
+        let c = self.collection(path);
+        c.objects.insert(
+            name,
+            Stored {
+                json: json.clone(),
+                applied,
+            },
+        );
+        Store::changed(c, rv, kind, &json);
+        json
+    }
+
     fn collection(&mut self, path: &str) -> &mut Collection {
         let rv = self.rv;
         self.collections
@@ -221,26 +247,13 @@ impl Store {
     }
 
     /// Creates `obj` in `path`.
-    pub fn create(&self, path: &str, mut obj: Value) -> Written {
+    pub fn create(&self, path: &str, obj: Value) -> Written {
         let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let mut inner = self.lock();
         if inner.collection(path).objects.contains_key(&name) {
             return Written::Exists;
         }
-        inner.rv += 1;
-        let rv = inner.rv;
-        stamp(&mut obj, rv, true);
-        let json: Arc<str> = obj.to_string().into();
-        let c = inner.collection(path);
-        c.objects.insert(
-            name,
-            Stored {
-                json: json.clone(),
-                applied: None,
-            },
-        );
-        Store::changed(c, rv, "ADDED", &json);
-        Written::Ok(json)
+        Written::Ok(inner.put(path, name, obj, None, "ADDED"))
     }
 
     /// Changes object `name` of `path` with `change`, which gets the object and what the last
@@ -258,24 +271,11 @@ impl Store {
         let Ok(mut obj) = serde_json::from_str::<Value>(&stored.json) else {
             return Written::NotFound;
         };
-        let mut applied = stored.applied.clone();
+        let mut applied = stored.applied;
         if !change(&mut obj, &mut applied) {
             return Written::Conflict;
         }
-        inner.rv += 1;
-        let rv = inner.rv;
-        stamp(&mut obj, rv, false);
-        let json: Arc<str> = obj.to_string().into();
-        let c = inner.collection(path);
-        c.objects.insert(
-            name.to_string(),
-            Stored {
-                json: json.clone(),
-                applied,
-            },
-        );
-        Store::changed(c, rv, "MODIFIED", &json);
-        Written::Ok(json)
+        Written::Ok(inner.put(path, name.to_string(), obj, applied, "MODIFIED"))
     }
 
     /// Deletes object `name` of `path`.
