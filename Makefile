@@ -26,7 +26,7 @@ test: lint cluster-build ## every test: fmt, clippy, unit, property, CRD freshne
 	  $(CARGO) test -p gpunode-operator --benches --locked || status=1; \
 	  if [ -z "$$GPUNODE_KUBECONFIG" ]; then GPUNODE_CLUSTER_NAME=test e2e/cluster/down.sh || true; fi; \
 	  GPUNODE_CLUSTER_NAME=rel-test e2e/cluster/down.sh || true; \
-	  $(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" || true; \
+	  $(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" || status=1; \
 	  CARGO="$(CARGO)" e2e/kind/test.sh || status=1; \
 	  exit $$status
 
@@ -39,16 +39,16 @@ INCREMENTAL_E2E = --test operator --test drain --test quarantine --test validati
 # e2e/src/bin/reliability-report.rs.
 REL_RESULTS = $(or $(CARGO_TARGET_DIR),target)/tmp/reliability
 
-reliability-long: ## the reliability suite at scale (500+ fault runs, 10,000 bad inputs, longer outages, the storms with a 10-minute breaker window, 20x the fuzz cases); rewrites docs/reliability.md
+reliability-long: ## the reliability suite at scale (500+ fault runs, 20 crashes at each crash point, 10,000 bad inputs, longer outages, the storms with a 10-minute breaker window, 20x the fuzz cases); rewrites docs/reliability.md
 	$(CARGO) build --workspace --locked
 	@rm -rf "$(REL_RESULTS)"
 	@status=0; GPUNODE_CLUSTER_NAME=rel GPUNODE_REL_SEEDS=60 GPUNODE_REL_WAVES_PER_PHASE=2 GPUNODE_REL_PARTITIONS=20 \
-	  GPUNODE_REL_OUTAGE_SECS=60 GPUNODE_REL_FLOOD=2000 GPUNODE_REL_ACTOR_SECS=60 GPUNODE_REL_BAD_INPUTS=10000 \
+	  GPUNODE_REL_OUTAGE_SECS=60 GPUNODE_REL_FLOOD=2000 GPUNODE_REL_ACTOR_SECS=60 GPUNODE_REL_BAD_INPUTS=10000 GPUNODE_REL_CRASH_RUNS=20 \
 	  GPUNODE_STORM_WINDOW_S=600 PROPTEST_CASES=5000 $(CARGO) test --workspace --locked --no-fail-fast \
 	  --test 'reliability_*' --test 'fuzz_*' --test storms -- --test-threads=1 || status=$$?; \
 	  GPUNODE_CLUSTER_NAME=rel-rel e2e/cluster/down.sh || true; \
 	  GPUNODE_RELIABILITY_DIR="$(REL_RESULTS)" fuzz/run.sh 120 || status=1; \
-	  $(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- "$(REL_RESULTS)" docs/reliability.md || status=1; \
+	  $(CARGO) run --quiet --locked -p gpunode-e2e --bin reliability-report -- --long "$(REL_RESULTS)" docs/reliability.md || status=1; \
 	  exit $$status
 
 # Coverage-guided fuzzing (cargo-fuzz / libFuzzer, nightly; cargo-fuzz is installed into

@@ -18,11 +18,14 @@
 //!   invariants.
 //! - [`late`]: every kind of write the operator makes, issued late with a deposed replica's
 //!   token, and what the audit log witnessed of them.
+//! - [`crash`]: a replica started with one of the operator's crash points armed, the check that
+//!   it died there, its restart without it.
 //! - [`record`]: [`record::Recorder`] writes each run's invariants and recovery time as JSON;
 //!   [`record::summary`] turns every results file into the table of docs/reliability.md.
 
 pub mod checks;
 pub mod cluster;
+pub mod crash;
 pub mod labels;
 pub mod late;
 pub mod marks;

@@ -20,7 +20,8 @@
 //! [`events`] (Events, published off the reconcile path), [`sweep`] (nodes no policy governs),
 //! [`fleet`] (the fleet-wide disruption cap's count and its reservations across policies),
 //! [`leader`] (leader election and the write fence), [`metrics`] and [`server`] (`/metrics`,
-//! probes), [`check`] (`gpunode-operator check`: one node offline), [`crdgen`] (the CRDs).
+//! probes), [`check`] (`gpunode-operator check`: one node offline), [`crdgen`] (the CRDs), [`crash`] (the reliability suite's crash points, in test builds
+//! only).
 
 pub mod apply;
 pub mod bounds;
@@ -28,6 +29,7 @@ pub mod cache;
 pub mod check;
 pub mod client;
 pub mod controller;
+pub mod crash;
 pub mod crdgen;
 pub mod devices;
 pub mod events;

@@ -149,6 +149,14 @@ fn run(args: RunArgs) -> ExitCode {
     } else {
         builder.init();
     }
+    match gpunode_operator::crash::arm_from_env() {
+        Ok(Some(point)) => tracing::warn!(point, "crash point armed: the process aborts there"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("gpunode-operator run: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

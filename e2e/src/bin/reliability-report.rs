@@ -1,7 +1,9 @@
-//! `reliability-report DIR [OUT.md]`: aggregates the reliability suite's results (`DIR/*.json`,
-//! written by `e2e/tests/reliability_*.rs` and the `fuzz_*` property tests), prints the summary
-//! table and, given OUT.md, rewrites the table between the markers of that file
-//! (docs/reliability.md). Exits 1 when a run recorded a violation.
+//! `reliability-report [--long] DIR [OUT.md]`: aggregates the reliability suite's results
+//! (`DIR/*.json`, written by `e2e/tests/reliability_*.rs` and the `fuzz_*` property tests; with
+//! `--long`, by libFuzzer's runs too), prints the summary table and, given OUT.md, rewrites the
+//! table between the markers of that file (docs/reliability.md). Exits 1 when a run recorded a
+//! violation or an expected results file is missing or empty (a test that ran nothing); then
+//! OUT.md is left as it was.
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -9,11 +11,13 @@ const BEGIN: &str = "<!-- reliability-table:begin -->";
 const END: &str = "<!-- reliability-table:end -->";
 
 fn main() -> ExitCode {
-    let mut args = std::env::args_os().skip(1);
+    let mut args = std::env::args_os().skip(1).peekable();
+    let long = args.next_if(|a| a == "--long").is_some();
     let Some(dir) = args.next().map(PathBuf::from) else {
-        eprintln!("usage: reliability-report DIR [OUT.md]");
+        eprintln!("usage: reliability-report [--long] DIR [OUT.md]");
         return ExitCode::from(2);
     };
+    let missing = gpunode_e2e::faults::record::missing(&dir, long);
     let summary = match gpunode_e2e::faults::record::summary(&dir) {
         Ok(s) => s,
         Err(e) => {
@@ -23,6 +27,13 @@ fn main() -> ExitCode {
     };
     let table = &summary.table;
     println!("{table}");
+    if !missing.is_empty() {
+        eprintln!(
+            "reliability-report: expected results missing or empty (a test that ran nothing): {}",
+            missing.join(", ")
+        );
+        return ExitCode::FAILURE;
+    }
     if let Some(out) = args.next().map(PathBuf::from) {
         let doc = std::fs::read_to_string(&out).unwrap_or_default();
         let stamp = format!(

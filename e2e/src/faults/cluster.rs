@@ -74,6 +74,7 @@ impl FaultCluster {
     /// (policies, the waves' nodes and namespaces), so its drains do not run on in this one's
     /// operator. Cargo runs test binaries one after another, never side by side.
     async fn clear(&self, client: &Client) -> Result<(), Error> {
+        self.stop_stray_operators();
         let policies: Api<GpuNodePolicy> = Api::all(client.clone());
         // Just after the CRDs are installed on a fresh cluster their storage may still be
         // initializing (429 "storage is (re)initializing"): wait until they are served.
@@ -117,6 +118,37 @@ impl FaultCluster {
             }
         }
         Ok(())
+    }
+
+    /// SIGKILLs every operator process a killed earlier run left on this cluster (its
+    /// kubeconfig in the cluster's directory): a test binary killed from outside drops none of
+    /// its [`crate::operator::Process`]es, and a replica left running under an identity the next
+    /// run reuses would hold the same Lease and write beside it (seen: a pod evicted twice).
+    fn stop_stray_operators(&self) {
+        let Ok(procs) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        let ours = format!("KUBECONFIG={}/", self.dir.display());
+        for p in procs.flatten() {
+            let path = p.path();
+            let cmdline = std::fs::read(path.join("cmdline")).unwrap_or_default();
+            let environ = std::fs::read(path.join("environ")).unwrap_or_default();
+            let operator = cmdline
+                .split(|b| *b == 0)
+                .next()
+                .is_some_and(|argv0| argv0.ends_with(b"gpunode-operator"));
+            let here = environ
+                .split(|b| *b == 0)
+                .any(|kv| kv.starts_with(ours.as_bytes()));
+            if operator && here {
+                let pid = p.file_name().to_string_lossy().into_owned();
+                eprintln!(
+                    "stopping operator {pid} left running by an earlier run on {}",
+                    self.name
+                );
+                let _ = std::process::Command::new("kill").args(["-KILL", &pid]).status();
+            }
+        }
     }
 
     fn start_blocking() -> Result<FaultCluster, Error> {

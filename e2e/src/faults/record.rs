@@ -126,6 +126,53 @@ pub struct Summary {
     pub commit: String,
 }
 
+/// The results files a `make test` run writes (each test binary of the reliability suite, each
+/// `fuzz_*` property test): a file missing from the results, or holding no run, means a test ran
+/// nothing, and the report fails naming it.
+pub const EXPECTED: [&str; 18] = [
+    "bad-input",
+    "concurrency",
+    "control-plane",
+    "crash",
+    "faults",
+    "host",
+    "operator",
+    "operator-fence",
+    "probe",
+    "fuzz-evaluate-reports",
+    "fuzz-evaluate-policies",
+    "fuzz-plan",
+    "fuzz-version-range",
+    "fuzz-version-order",
+    "fuzz-version-reference",
+    "fuzz-dcb-bytes",
+    "fuzz-dcb-framed",
+    "fuzz-dcb-exact",
+];
+
+/// The files `make reliability-long` adds: libFuzzer's runs (fuzz/run.sh), one per target.
+pub const EXPECTED_LONG: [&str; 4] = [
+    "cargofuzz-dcb",
+    "cargofuzz-version_range",
+    "cargofuzz-duration",
+    "cargofuzz-report",
+];
+
+/// The expected results files (`long`: those of `make reliability-long` too) that `dir` lacks
+/// or that hold no run.
+pub fn missing(dir: &Path, long: bool) -> Vec<String> {
+    let extra: &[&str] = if long { &EXPECTED_LONG } else { &[] };
+    EXPECTED
+        .iter()
+        .chain(extra)
+        .filter(|name| {
+            let text = std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap_or_default();
+            serde_json::from_str::<Results>(&text).map_or(true, |r| r.runs.is_empty())
+        })
+        .map(|name| format!("{name}.json"))
+        .collect()
+}
+
 /// The tables of every results file in `dir`.
 pub fn summary(dir: &Path) -> Result<Summary, Error> {
     let mut runs: Vec<Run> = Vec::new();
@@ -238,6 +285,29 @@ mod tests {
             write(&dir, &format!("{i}.json"), body);
         }
         dir
+    }
+
+    #[test]
+    fn an_expected_results_file_missing_or_empty_is_named() {
+        let dir = scratch("manifest");
+        for name in EXPECTED.iter().filter(|n| **n != "crash") {
+            let body = serde_json::json!({"commit": "abc1234", "runs": run(true)});
+            write(&dir, &format!("{name}.json"), body);
+        }
+        assert_eq!(missing(&dir, false), vec!["crash.json".to_string()]);
+        write(
+            &dir,
+            "crash.json",
+            serde_json::json!({"commit": "abc1234", "runs": []}),
+        );
+        assert_eq!(missing(&dir, false), vec!["crash.json".to_string()]);
+        write(
+            &dir,
+            "crash.json",
+            serde_json::json!({"commit": "abc1234", "runs": run(true)}),
+        );
+        assert!(missing(&dir, false).is_empty());
+        assert_eq!(missing(&dir, true).len(), EXPECTED_LONG.len());
     }
 
     #[test]

@@ -1,0 +1,62 @@
+//! Crash points (operator/src/crash.rs): a replica started with one point armed, the check that
+//! it really died there, and its restart without it (a container restarted in its pod: the same
+//! identity, so it takes its Lease back at once and the next leader is the restarted process).
+
+use std::time::{Duration, Instant};
+
+use kube::Client;
+
+use super::{
+    checks::Check,
+    cluster::FaultCluster,
+    record,
+    replica::{Launch, Operator},
+};
+use crate::Error;
+
+/// Starts replica `identity` (Lease namespace `namespace`) with crash point `point` armed and
+/// `env` added (the bounds of the kinds a scenario's actions write).
+pub async fn start_armed(
+    fc: &FaultCluster,
+    admin: &Client,
+    identity: &str,
+    namespace: &str,
+    point: &str,
+    env: &[(&str, String)],
+) -> Result<Operator, Error> {
+    let mut launch = Launch::default();
+    launch
+        .env
+        .push((gpunode_operator::crash::ENV.to_string(), point.to_string()));
+    launch
+        .env
+        .extend(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    Operator::start_with(fc, admin, identity, namespace, launch).await
+}
+
+/// Waits until the armed replica exits, and checks that it died at `point`: killed by a signal
+/// (abort), with the point's line in its log. A replica that exits otherwise, or not at all
+/// within `timeout`, fails the check (the fault did not apply).
+pub async fn crashed_at(op: &mut Operator, point: &str, timeout: Duration) -> Check {
+    let status = op.wait_exit(timeout).await;
+    let line = format!("gpunode crash point {point} reached");
+    let logged = op.log_text().contains(&line);
+    let signalled = status
+        .as_ref()
+        .is_ok_and(|s| std::os::unix::process::ExitStatusExt::signal(s).is_some());
+    Check::new(
+        &format!("the leader crashed at {point}"),
+        logged && signalled,
+        format!("exit {status:?}; the log has \"{line}\": {logged}"),
+    )
+}
+
+/// Restarts the replica without the crash point and waits until it leads; returns the time from
+/// the restart to leading, in ms.
+pub async fn restart_unarmed(op: &mut Operator, timeout: Duration) -> Result<u64, Error> {
+    op.spec.env.retain(|(k, _)| k != gpunode_operator::crash::ENV);
+    op.spawn()?;
+    let restarted = Instant::now();
+    op.wait_leading(timeout).await?;
+    Ok(record::elapsed_ms(restarted))
+}

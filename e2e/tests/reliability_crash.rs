@@ -1,0 +1,625 @@
+//! Crash points (operator/src/crash.rs): the leader, a real process, aborts between two writes
+//! of one action, at each point in turn, and is restarted without it (a container restart: it
+//! takes its Lease back at once, so the next leader is the restarted process), which must finish
+//! the action:
+//! - a drain: after the cordon, before its bookkeeping; after the first eviction; after the last
+//!   one, before the drain is recorded done;
+//! - a repair step: after its remediator's object is made, before its making is recorded;
+//! - a validation: after its Job is made;
+//! - a DRA quarantine: after a GPU's DeviceTaintRule is applied, before the quarantine is recorded;
+//! - the release of a deleted policy's node: after its repair objects are deleted, and after its
+//!   taints and cordon are removed, before its labels, annotations and condition are.
+//!
+//! After each run: the leader died at the point (its log names it and a signal ended it); no
+//! object made twice (the audit log: one successful create per purpose); nothing left behind;
+//! the repair attempted once per node (its bookkeeping); the budget held at every instant (the wave's
+//! monitor); every node ends as the policy implies. `GPUNODE_REL_CRASH_RUNS` runs per point
+//! (default 1; `make reliability-long` runs 20).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use gpunode_crds::GpuNodePolicy;
+use gpunode_e2e::{
+    faults::{
+        checks::Check,
+        cluster::FaultCluster,
+        crash::{crashed_at, restart_unarmed, start_armed},
+        marks::{self, gpunode_taints},
+        record::{Recorder, Run},
+        replica::Operator,
+        wave::{FOREIGN_LABEL, FOREIGN_TAINT, Wave, WaveSpec, report_status},
+    },
+    monitor::WaveMonitor,
+    remediator, reports, wait,
+};
+use k8s_openapi::api::{
+    batch::v1::Job,
+    core::v1::{Namespace, Node},
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+        PostParams,
+    },
+};
+use serde_json::json;
+
+const CLASS: &str = "crash point";
+const DEADLINE: Duration = Duration::from_secs(120);
+/// The replica's identity and the namespace of its Lease, of the remediator's template and
+/// objects.
+const OPERATOR: &str = "rel-crash";
+/// Where validation Jobs run.
+const VALIDATION_NS: &str = "rel-crash-validation";
+
+fn runs() -> u64 {
+    std::env::var("GPUNODE_REL_CRASH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+}
+
+#[tokio::test]
+async fn a_leader_crashed_between_two_writes_leaves_no_duplicate_and_no_orphan() {
+    let (fc, client) = FaultCluster::up().await.unwrap();
+    let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "crash");
+    remediator::install(&client).await.unwrap();
+    for ns in [OPERATOR, VALIDATION_NS] {
+        namespace(&client, ns).await;
+    }
+    template(&client).await;
+    let mut without = Vec::new();
+    for run in 0..runs() {
+        for point in points() {
+            if !scenario(&fc, &client, &mut rec, point, run).await {
+                without.push(point);
+            }
+        }
+    }
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: "every crash point of the operator has a scenario".into(),
+        seed: None,
+        checks: vec![Check::new(
+            "every point in gpunode_operator::crash::POINTS ran",
+            without.is_empty(),
+            format!("without a scenario: {without:?}"),
+        )],
+        recovery_ms: None,
+    })
+    .unwrap();
+    rec.assert_clean();
+}
+
+/// The operator's crash points, or those `GPUNODE_REL_CRASH_POINTS` names (comma-separated).
+fn points() -> Vec<&'static str> {
+    let only = std::env::var("GPUNODE_REL_CRASH_POINTS").unwrap_or_default();
+    gpunode_operator::crash::POINTS
+        .into_iter()
+        .filter(|p| only.is_empty() || only.split(',').any(|o| o == *p))
+        .collect()
+}
+
+/// Runs `point`'s scenario; false when it has none.
+async fn scenario(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) -> bool {
+    match point {
+        "apply::after_spec" | "drain::after_first_eviction" | "drain::before_done_record" => {
+            drain(fc, client, rec, point, run).await;
+        }
+        "repair::after_object" => repair(fc, client, rec, point, run).await,
+        "validation::after_job" => validation(fc, client, rec, point, run).await,
+        "devices::after_rule" => devices(fc, client, rec, point, run).await,
+        "release::after_repair_objects" | "release::after_spec" => {
+            release(fc, client, rec, point, run).await;
+        }
+        _ => return false,
+    }
+    true
+}
+
+async fn namespace(client: &Client, name: &str) {
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            name,
+            &PatchParams::apply("gpunode-rel").force(),
+            &Patch::Apply(&ns),
+        )
+        .await
+        .unwrap();
+}
+
+/// The remediator's template `reboot` (it succeeds once told to go), made once.
+async fn template(client: &Client) {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), OPERATOR, &remediator::template_resource());
+    if api.get_opt("reboot").await.unwrap().is_none() {
+        remediator::create_template(client, OPERATOR, "reboot", "Succeed")
+            .await
+            .unwrap();
+    }
+}
+
+/// Files run `run` of `point` with its checks, the crash check first.
+fn push(rec: &mut Recorder, point: &str, action: &str, run: u64, checks: Vec<Check>, recovery: u64) {
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: format!("leader crashed at {point} ({action}), restarted"),
+        seed: Some(run),
+        checks,
+        recovery_ms: Some(recovery),
+    })
+    .unwrap();
+}
+
+/// Deletes the wave and waits until its nodes are gone, so the next run's armed replica finds
+/// nothing of this one to act on.
+async fn finish(client: &Client, wave: &Wave) {
+    wave.cleanup().await;
+    let selector = wave.policy_selector();
+    wait::until("the wave's nodes to be gone", DEADLINE, || async {
+        let left = Api::<Node>::all(client.clone())
+            .list(&ListParams::default().labels(&selector))
+            .await?;
+        Ok(left.items.is_empty().then_some(()))
+    })
+    .await
+    .unwrap();
+}
+
+/// Successful creates of `resource` in `namespace` since `since` (the audit log).
+fn creates(fc: &FaultCluster, resource: &str, namespace: &str, since: jiff::Timestamp) -> usize {
+    fc.audit()
+        .unwrap()
+        .iter()
+        .filter(|e| e.at >= since && e.verb == "create" && e.succeeded())
+        .filter(|e| e.resource == resource && e.subresource.is_empty() && e.namespace == namespace)
+        .count()
+}
+
+/// A 3-node drain wave (three pods per node, `maxUnavailable: 1`); the leader crashes at
+/// `point` of the first node's drain.
+async fn drain(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) {
+    let wave = Wave::setup(client, &WaveSpec::drain(&format!("cr{run}d"), 3, 3))
+        .await
+        .unwrap();
+    let monitor = wave.monitor();
+    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &[])
+        .await
+        .unwrap();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
+    let (crashed, recovery) = crash_and_restart(&mut op, point).await;
+    wave.drive(DEADLINE * 2).await.unwrap();
+    let mut checks = vec![crashed];
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
+    push(
+        rec,
+        point,
+        "a drain of 3 nodes, 3 pods each",
+        run,
+        checks,
+        recovery,
+    );
+    finish(client, &wave).await;
+}
+
+async fn crash_and_restart(op: &mut Operator, point: &str) -> (Check, u64) {
+    let crashed = crashed_at(op, point, DEADLINE).await;
+    let recovery = restart_unarmed(op, DEADLINE).await.unwrap();
+    (crashed, recovery)
+}
+
+/// Two nodes drained on a fatal XID and handed to the remediator (a `FakeReboot` each); the
+/// leader crashes once the first object exists, before its making is recorded.
+async fn repair(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) {
+    let since = jiff::Timestamp::now();
+    let mut spec = WaveSpec::drain(&format!("cr{run}r"), 2, 1);
+    spec.policy_spec["repair"] = json!({"maxAttempts": 2, "window": "1h", "steps": [{
+        "name": "reboot", "action": "Remediator", "classes": ["Xid"], "timeout": "5m",
+        "remediator": {
+            "apiVersion": format!("{}/{}", remediator::GROUP, remediator::VERSION),
+            "kind": "FakeRebootTemplate", "name": "reboot", "namespace": OPERATOR,
+        },
+    }]});
+    let wave = Wave::setup(client, &spec).await.unwrap();
+    let monitor = wave.monitor();
+    let grant = json!([{"apiGroup": remediator::GROUP, "resources": ["fakereboots"],
+        "templates": ["fakereboottemplates"]}]);
+    let env = [("GPUNODE_REMEDIATORS", grant.to_string())];
+    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
+        .await
+        .unwrap();
+    let reboots = remediator::spawn(client.clone(), {
+        let client = client.clone();
+        move |node| {
+            let client = client.clone();
+            async move {
+                let _ = reports::publish(&client, &node, report_status(false, "boot-2")).await;
+            }
+        }
+    });
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
+    let (crashed, recovery) = crash_and_restart(&mut op, point).await;
+    let mut checks = vec![crashed];
+    checks.extend(repaired(fc, client, &wave, &monitor, since).await);
+    reboots.abort();
+    push(
+        rec,
+        point,
+        "a repair step of 2 drained nodes",
+        run,
+        checks,
+        recovery,
+    );
+    finish(client, &wave).await;
+}
+
+/// Lets each node's remediation go until every node is back, compliant and clean; then: one
+/// object made per node, each node's repair attempted once, no object left, and the wave's checks.
+async fn repaired(
+    fc: &FaultCluster,
+    client: &Client,
+    wave: &Wave,
+    monitor: &WaveMonitor,
+    since: jiff::Timestamp,
+) -> Vec<Check> {
+    let reboots: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), OPERATOR, &remediator::reboot_resource());
+    wait::until("the repaired nodes to be back", DEADLINE * 2, || async {
+        for o in reboots.list(&ListParams::default()).await?.items {
+            if wave.nodes.contains(&o.name_any()) && !o.labels().contains_key(remediator::GO_LABEL) {
+                remediator::go(client, OPERATOR, &o.name_any()).await?;
+            }
+        }
+        Ok(all_clean(&wave.nodes_now().await?).then_some(()))
+    })
+    .await
+    .unwrap();
+    let left = wait::until("the repair objects to be deleted", DEADLINE, || async {
+        let names: Vec<String> = reboots
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|o| o.name_any())
+            .collect();
+        let left: Vec<String> = names.into_iter().filter(|n| wave.nodes.contains(n)).collect();
+        Ok(left.is_empty().then_some(left))
+    })
+    .await
+    .unwrap_or_else(|e| vec![e.to_string()]);
+    let made = creates(fc, "fakereboots", OPERATOR, since);
+    // The attempts as the node's bookkeeping counts them (kept through the policy's window after
+    // the repair). Not its Events: one queued when the leader crashed is lost with it.
+    let attempts: Vec<Option<usize>> = wave
+        .nodes_now()
+        .await
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let track = marks::annotation(n, gpunode_operator::markers::REPAIR_ANNOTATION)?;
+            let track: serde_json::Value = serde_json::from_str(&track).ok()?;
+            Some(track["attempts"].as_array()?.len())
+        })
+        .collect();
+    let mut checks = vec![
+        Check::new(
+            "one remediation object made per node",
+            made == wave.nodes.len(),
+            format!("{made} created for {} nodes (audit log)", wave.nodes.len()),
+        ),
+        Check::new(
+            "each node's repair attempted once",
+            attempts.len() == wave.nodes.len() && attempts.iter().all(|a| *a == Some(1)),
+            format!("attempts recorded per node: {attempts:?}"),
+        ),
+        Check::new(
+            "no remediation object left after the repair",
+            left.is_empty(),
+            format!("left: {left:?}"),
+        ),
+    ];
+    checks.extend(wave.run_checks(fc, monitor, 1, &wave.all_pods()).await.unwrap());
+    checks
+}
+
+/// Every node compliant, uncordoned and without gpunode's taints.
+fn all_clean(nodes: &[Node]) -> bool {
+    nodes.iter().all(|n| {
+        marks::label(n, marks::STATE_LABEL).as_deref() == Some("compliant")
+            && !n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+            && gpunode_taints(n).is_empty()
+    })
+}
+
+/// Two nodes drained on a fatal XID; once healthy each is validated by a Job (kwok completes
+/// its pod) before it returns. The leader crashes once the first Job exists.
+async fn validation(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) {
+    let since = jiff::Timestamp::now();
+    let mut spec = WaveSpec::drain(&format!("cr{run}v"), 2, 1);
+    spec.policy_spec["remediation"] = json!([{"classes": ["Xid", "Validation"], "action": "Drain"}]);
+    spec.policy_spec["validation"] = json!({"namespace": VALIDATION_NS, "timeout": "90s", "template": {
+        "metadata": {"labels": {"app": "gpu-diag"}},
+        "spec": {"containers": [{"name": "diag", "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
+            "command": ["dcgmi", "diag", "-r", "1"]}]},
+    }});
+    let wave = Wave::setup(client, &spec).await.unwrap();
+    let monitor = wave.monitor();
+    let env = [(
+        "GPUNODE_VALIDATION_NAMESPACES",
+        json!([{"name": VALIDATION_NS, "serviceAccounts": ["default"]}]).to_string(),
+    )];
+    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
+        .await
+        .unwrap();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
+    // The wave is healed as it drains (its Jobs start once a node is healthy) while the leader
+    // crashes and is restarted.
+    let (driven, (crashed, recovery)) =
+        tokio::join!(wave.drive(DEADLINE * 3), crash_and_restart(&mut op, point));
+    driven.unwrap();
+    let mut checks = vec![crashed];
+    checks.extend(validated(fc, client, &wave, since).await);
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
+    push(
+        rec,
+        point,
+        "a validation Job for each of 2 nodes",
+        run,
+        checks,
+        recovery,
+    );
+    finish(client, &wave).await;
+}
+
+/// One Job made per node, each owned by its node (the garbage collector takes it with the node).
+async fn validated(fc: &FaultCluster, client: &Client, wave: &Wave, since: jiff::Timestamp) -> Vec<Check> {
+    let jobs: Api<Job> = Api::namespaced(client.clone(), VALIDATION_NS);
+    let made = creates(fc, "jobs", VALIDATION_NS, since);
+    let mut per_node = Vec::new();
+    for n in &wave.nodes {
+        let label = format!("{}={n}", gpunode_operator::plan::validation::NODE_LABEL);
+        let list = jobs
+            .list(&ListParams::default().labels(&label))
+            .await
+            .unwrap()
+            .items;
+        let owned = list
+            .iter()
+            .filter(|j| {
+                j.owner_references()
+                    .iter()
+                    .any(|o| o.kind == "Node" && &o.name == n)
+            })
+            .count();
+        per_node.push((list.len(), owned));
+    }
+    vec![
+        Check::new(
+            "one validation Job made per node",
+            made == wave.nodes.len(),
+            format!("{made} created for {} nodes (audit log)", wave.nodes.len()),
+        ),
+        Check::new(
+            "each node's Job is its only one and owned by the node",
+            per_node.iter().all(|p| *p == (1, 1)),
+            format!("(Jobs, owned by the node) per node: {per_node:?}"),
+        ),
+    ]
+}
+
+/// A 3-node drain wave held by a PodDisruptionBudget (one node cordoned, tainted, its drain
+/// waiting); its policy is deleted and the leader crashes at `point` of the release.
+async fn release(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) {
+    let mut spec = WaveSpec::drain(&format!("cr{run}x"), 3, 1);
+    spec.pdb = true;
+    let wave = Wave::setup(client, &spec).await.unwrap();
+    let monitor = wave.monitor();
+    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &[])
+        .await
+        .unwrap();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
+    wave.drain_started(&[], DEADLINE).await.unwrap();
+    Api::<GpuNodePolicy>::all(client.clone())
+        .delete(&wave.policy, &DeleteParams::default())
+        .await
+        .unwrap();
+    let (crashed, recovery) = crash_and_restart(&mut op, point).await;
+    let all = Api::<Node>::all(client.clone());
+    let selector = ListParams::default().labels(&wave.policy_selector());
+    let expected = wave.nodes.len() + usize::from(wave.bystander.is_some());
+    let left = wait::until("the nodes to be released", DEADLINE, || async {
+        let nodes = all.list(&selector).await?.items;
+        let mut left: Vec<String> = nodes.iter().flat_map(|n| leftovers(n, &wave)).collect();
+        if nodes.len() != expected {
+            left.push(format!("{} of {expected} nodes listed", nodes.len()));
+        }
+        Ok(left.is_empty().then_some(left))
+    })
+    .await
+    .unwrap_or_else(|e| vec![e.to_string()]);
+    let mut checks = vec![
+        crashed,
+        Check::new(
+            "nothing of gpunode's left on the released nodes, nothing else removed",
+            left.is_empty(),
+            format!("{left:?}"),
+        ),
+    ];
+    checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace));
+    push(
+        rec,
+        point,
+        "the release of a deleted policy's 3 nodes, one mid-drain",
+        run,
+        checks,
+        recovery,
+    );
+    finish(client, &wave).await;
+}
+
+/// What is wrong with a released node: gpunode's labels, annotations, condition, taints or
+/// cordon still on it, or another's label, taint or a person's cordon gone.
+fn leftovers(n: &Node, wave: &Wave) -> Vec<String> {
+    let name = n.name_any();
+    let ours = |k: &String| k.starts_with("gpunode.dev/");
+    let labels: Vec<&String> = n.labels().keys().filter(|k| ours(k)).collect();
+    let annotations: Vec<&String> = n.annotations().keys().filter(|k| ours(k)).collect();
+    let condition = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "GpuPolicyCompliant"));
+    let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false);
+    let foreign_taint = n
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == FOREIGN_TAINT.0));
+    let foreign_label = n.labels().get(FOREIGN_LABEL.0).map(String::as_str) == Some(FOREIGN_LABEL.1);
+    let person = wave.bystander.as_ref() == Some(&name);
+    [
+        (!labels.is_empty(), format!("labels {labels:?}")),
+        (!annotations.is_empty(), format!("annotations {annotations:?}")),
+        (condition, "condition GpuPolicyCompliant".to_string()),
+        (
+            !gpunode_taints(n).is_empty(),
+            format!("taints {:?}", gpunode_taints(n)),
+        ),
+        (unschedulable != person, format!("unschedulable {unschedulable}")),
+        (
+            !foreign_taint || !foreign_label,
+            "another controller's label or taint".to_string(),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(bad, what)| bad.then(|| format!("{name}: {what}")))
+    .collect()
+}
+
+fn dra(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("resource.k8s.io", "v1", kind), plural)
+}
+
+/// The report of a one-GPU node whose GPU has UUID `uuid`, with a fatal XID when `xid`.
+fn one_gpu(uuid: &str, xid: bool) -> serde_json::Value {
+    let mut status = report_status(xid, "boot-1");
+    status["gpus"][0]["uuid"] = json!(uuid);
+    status
+}
+
+/// One node whose GPU a DRA driver publishes; a fatal XID on it quarantines that GPU with a
+/// DeviceTaintRule. The leader crashes once the rule exists, before the quarantine is recorded.
+async fn devices(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) {
+    let since = jiff::Timestamp::now();
+    let mut spec = WaveSpec::drain(&format!("cr{run}g"), 1, 0);
+    spec.bystander = false;
+    spec.policy_spec["remediation"] = json!([
+        {"classes": ["Xid"], "action": "TaintDevice", "effect": "NoExecute"},
+        {"classes": ["Xid"], "action": "Drain"},
+    ]);
+    let wave = Wave::setup(client, &spec).await.unwrap();
+    let node = wave.nodes[0].clone();
+    let uuid = format!("GPU-{node}-0");
+    let slices: Api<DynamicObject> = Api::all_with(client.clone(), &dra("ResourceSlice", "resourceslices"));
+    let slice: DynamicObject = serde_json::from_value(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-gpu")},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"uuid": {"string": uuid}, "index": {"int": 0}}}]}})).unwrap();
+    slices.create(&PostParams::default(), &slice).await.unwrap();
+    reports::publish(client, &node, one_gpu(&uuid, false))
+        .await
+        .unwrap();
+    let monitor = wave.monitor();
+    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &[])
+        .await
+        .unwrap();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    reports::publish(client, &node, one_gpu(&uuid, true))
+        .await
+        .unwrap();
+    let (crashed, recovery) = crash_and_restart(&mut op, point).await;
+    let mut checks = vec![crashed];
+    checks.extend(quarantined(fc, client, &node, &uuid, since).await);
+    reports::publish(client, &node, one_gpu(&uuid, false))
+        .await
+        .unwrap();
+    checks.push(unquarantined(client, &wave).await);
+    checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace));
+    push(rec, point, "a DRA quarantine of one GPU", run, checks, recovery);
+    let _ = slices
+        .delete(&format!("{node}-gpu"), &DeleteParams::default())
+        .await;
+    finish(client, &wave).await;
+}
+
+/// gpunode's DeviceTaintRules of `node`.
+async fn rules_of(client: &Client, node: &str) -> Result<Vec<DynamicObject>, kube::Error> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &dra("DeviceTaintRule", "devicetaintrules"));
+    let selector = format!("app.kubernetes.io/managed-by=gpunode,gpunode.dev/node={node}");
+    Ok(api.list(&ListParams::default().labels(&selector)).await?.items)
+}
+
+/// After the restart: the quarantine is recorded on the node, with one rule, made once.
+async fn quarantined(
+    fc: &FaultCluster,
+    client: &Client,
+    node: &str,
+    uuid: &str,
+    since: jiff::Timestamp,
+) -> Vec<Check> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let recorded = wait::until("the quarantine to be recorded", DEADLINE, || async {
+        let n = nodes.get(node).await?;
+        let unhealthy = marks::annotation(&n, gpunode_operator::markers::UNHEALTHY_GPUS_ANNOTATION);
+        Ok(unhealthy.filter(|u| u.contains(uuid)))
+    })
+    .await;
+    let rules = rules_of(client, node).await.unwrap();
+    // A server-side apply that makes the rule is answered 201 Created.
+    let made = fc
+        .audit()
+        .unwrap()
+        .iter()
+        .filter(|e| e.at >= since && e.resource == "devicetaintrules" && e.verb == "patch" && e.code == 201)
+        .count();
+    vec![
+        Check::new(
+            "the quarantine recorded by the next leader",
+            recorded.is_ok(),
+            format!("{recorded:?}"),
+        ),
+        Check::new(
+            "one DeviceTaintRule, made once",
+            rules.len() == 1 && made == 1,
+            format!(
+                "{} rules of the node; {made} made (audit log: apply answered 201)",
+                rules.len()
+            ),
+        ),
+    ]
+}
+
+/// After the GPU recovered: no rule of the node left, the node compliant and clean.
+async fn unquarantined(client: &Client, wave: &Wave) -> Check {
+    let node = &wave.nodes[0];
+    let done = wait::until("the quarantine to be lifted", DEADLINE, || async {
+        let rules = rules_of(client, node).await?;
+        let n = Api::<Node>::all(client.clone()).get(node).await?;
+        let unhealthy = marks::annotation(&n, gpunode_operator::markers::UNHEALTHY_GPUS_ANNOTATION);
+        Ok((rules.is_empty() && unhealthy.is_none() && all_clean(std::slice::from_ref(&n))).then_some(()))
+    })
+    .await;
+    Check::new(
+        "no rule and no quarantine left after the GPU recovered",
+        done.is_ok(),
+        format!("{done:?}"),
+    )
+}
