@@ -193,8 +193,8 @@ async fn drain(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &s
     wave.wait_all("compliant", DEADLINE).await.unwrap();
     wave.drift_all().await.unwrap();
     let (crashed, recovery) = crash_and_restart(&mut op, point).await;
-    wave.drive(DEADLINE * 2).await.unwrap();
-    let mut checks = vec![crashed];
+    let driven = wave.drive(DEADLINE * 2).await;
+    let mut checks = vec![crashed, completed(&driven)];
     checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     push(
         rec,
@@ -205,6 +205,15 @@ async fn drain(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &s
         recovery,
     );
     finish(client, &wave).await;
+}
+
+/// The wave went through: every node drained, healed and back, compliant and clean.
+fn completed(driven: &Result<(), gpunode_e2e::Error>) -> Check {
+    Check::new(
+        "the action completed by the restarted leader (every node back, compliant and clean)",
+        driven.is_ok(),
+        format!("{driven:?}"),
+    )
 }
 
 async fn crash_and_restart(op: &mut Operator, point: &str) -> (Check, u64) {
@@ -270,16 +279,21 @@ async fn repaired(
 ) -> Vec<Check> {
     let reboots: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), OPERATOR, &remediator::reboot_resource());
-    wait::until("the repaired nodes to be back", DEADLINE * 2, || async {
+    // A remediation goes only once the node's bookkeeping records its object's making, with
+    // this object's uid: the crashed leader never recorded it, so the restarted one has to (a
+    // remediator quicker than that would end the repair before the resume is exercised).
+    let back = wait::until("the repaired nodes to be back", DEADLINE * 2, || async {
+        let nodes = wave.nodes_now().await?;
         for o in reboots.list(&ListParams::default()).await?.items {
-            if wave.nodes.contains(&o.name_any()) && !o.labels().contains_key(remediator::GO_LABEL) {
+            let node = nodes.iter().find(|n| n.name_any() == o.name_any());
+            let recorded = node.is_some_and(|n| made_recorded(n, o.uid().as_deref()));
+            if recorded && !o.labels().contains_key(remediator::GO_LABEL) {
                 remediator::go(client, OPERATOR, &o.name_any()).await?;
             }
         }
-        Ok(all_clean(&wave.nodes_now().await?).then_some(()))
+        Ok(all_clean(&nodes).then_some(()))
     })
-    .await
-    .unwrap();
+    .await;
     let left = wait::until("the repair objects to be deleted", DEADLINE, || async {
         let names: Vec<String> = reboots
             .list(&ListParams::default())
@@ -309,6 +323,11 @@ async fn repaired(
         .collect();
     let mut checks = vec![
         Check::new(
+            "the repair resumed and finished: its object recorded with its uid, the node back",
+            back.is_ok(),
+            format!("{back:?}"),
+        ),
+        Check::new(
             "one remediation object made per node",
             made == wave.nodes.len(),
             format!("{made} created for {} nodes (audit log)", wave.nodes.len()),
@@ -326,6 +345,17 @@ async fn repaired(
     ];
     checks.extend(wave.run_checks(fc, monitor, 1, &wave.all_pods()).await.unwrap());
     checks
+}
+
+/// Whether `node`'s repair record says its step's object was made, naming `uid`.
+fn made_recorded(node: &Node, uid: Option<&str>) -> bool {
+    let Some(track) = marks::annotation(node, gpunode_operator::markers::REPAIR_ANNOTATION) else {
+        return false;
+    };
+    let track: serde_json::Value = serde_json::from_str(&track).unwrap_or_default();
+    let created = track["step"]["created"].as_bool() == Some(true);
+    let objects = track["objects"].as_array().cloned().unwrap_or_default();
+    created && uid.is_some_and(|u| objects.iter().any(|o| o["uid"].as_str() == Some(u)))
 }
 
 /// Every node compliant, uncordoned and without gpunode's taints.
@@ -363,8 +393,7 @@ async fn validation(fc: &FaultCluster, client: &Client, rec: &mut Recorder, poin
     // crashes and is restarted.
     let (driven, (crashed, recovery)) =
         tokio::join!(wave.drive(DEADLINE * 3), crash_and_restart(&mut op, point));
-    driven.unwrap();
-    let mut checks = vec![crashed];
+    let mut checks = vec![crashed, completed(&driven)];
     checks.extend(validated(fc, client, &wave, since).await);
     checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     push(
@@ -435,16 +464,23 @@ async fn release(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: 
     let all = Api::<Node>::all(client.clone());
     let selector = ListParams::default().labels(&wave.policy_selector());
     let expected = wave.nodes.len() + usize::from(wave.bystander.is_some());
-    let left = wait::until("the nodes to be released", DEADLINE, || async {
+    let remaining = || async {
         let nodes = all.list(&selector).await?.items;
         let mut left: Vec<String> = nodes.iter().flat_map(|n| leftovers(n, &wave)).collect();
         if nodes.len() != expected {
             left.push(format!("{} of {expected} nodes listed", nodes.len()));
         }
-        Ok(left.is_empty().then_some(left))
+        Ok::<_, gpunode_e2e::Error>(left)
+    };
+    let released = wait::until("the nodes to be released", DEADLINE, || async {
+        Ok(remaining().await?.is_empty().then_some(()))
     })
-    .await
-    .unwrap_or_else(|e| vec![e.to_string()]);
+    .await;
+    // What is left, as of the end of the wait (the wait's error says only that it timed out).
+    let left = match released {
+        Ok(()) => Vec::new(),
+        Err(e) => remaining().await.unwrap_or_else(|_| vec![e.to_string()]),
+    };
     let mut checks = vec![
         crashed,
         Check::new(

@@ -167,7 +167,7 @@ fn a_drained_node_that_still_drifts_starts_the_first_step_and_makes_its_object_o
 }
 
 #[test]
-fn a_step_recorded_but_not_made_is_made_and_one_made_by_a_stopped_leader_is_adopted() {
+fn a_step_recorded_but_not_made_is_made_and_one_made_by_a_stopped_leader_is_ensured_to_be_adopted() {
     let policy = policy("");
     let mut nodes = drained(&policy);
     // The step's start was recorded; the leader stopped before making the object.
@@ -184,12 +184,21 @@ fn a_step_recorded_but_not_made_is_made_and_one_made_by_a_stopped_leader_is_adop
     );
     assert_eq!(np.markers.repair.attempts.len(), 1, "not a second attempt");
 
-    // It was made, but the leader stopped before recording that: adopted.
+    // It was made, but the leader stopped before recording that: ensured again, so that the
+    // apply's create finds it, adopts it (made at this step's start, not made twice) and
+    // records its making with its uid; neither a second attempt nor a second start.
     look(&mut nodes, StepObject::Running);
-    let p = pass(&policy, &mut nodes, at(6));
+    let p = plan("p", &policy, &nodes, at(6));
     let np = of(&p, "gpu-1");
-    assert!(np.repair.ensure.is_empty(), "never made twice");
-    assert!(np.markers.repair.step.as_ref().unwrap().created);
+    assert!(
+        !np.repair.ensure.is_empty(),
+        "ensured, to be recorded with its uid"
+    );
+    assert_eq!(np.markers.repair.attempts.len(), 1, "not a second attempt");
+    assert!(
+        !events(&p).iter().any(|(r, _)| *r == Reason::RepairStarted),
+        "not a second start"
+    );
 }
 
 #[test]

@@ -485,12 +485,10 @@ fn running(plan: &mut RepairPlan, policy: &RepairPolicy, input: &RepairInput<'_>
             format!("{} was deleted by its remediator", names(&objects)),
             now,
         )),
-        (Some(_), Some(StepObject::Running)) => {
-            // Made by a leader that stopped before recording it: adopted, never made twice.
-            step.created = true;
-            None
-        }
-        (Some(_), Some(StepObject::Absent) | None) => None,
+        // Running but not recorded made: made by a leader that stopped before recording it.
+        // It is ensured again below: the create finds it, adopts it as the step's own (its
+        // started annotation) and records its making with its uid, never making it twice.
+        (Some(_), Some(StepObject::Absent | StepObject::Running) | None) => None,
     };
     let timeout = spec.map_or(SignedDuration::ZERO, |s| signed(s.timeout));
     let deadline = add(step.started, timeout);
