@@ -70,6 +70,16 @@ impl Probe {
         .await
     }
 
+    /// Waits until it exits by itself, with its status.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus, Error> {
+        let child = &mut self.child;
+        wait::until("the probe to exit", timeout, || {
+            let r = child.try_wait().map_err(|e| Error::Unexpected(e.to_string()));
+            async move { r }
+        })
+        .await
+    }
+
     /// SIGKILL, as an OOM kill or a crash would end it: nothing is flushed or saved on the way
     /// out. Returns whether it was still running (a killed process is reaped at once).
     pub fn kill(mut self) -> Result<bool, Error> {
@@ -128,6 +138,11 @@ impl Host {
     /// The node's reset process, as the chart's reset DaemonSet runs it (`--gpu-reset-only`,
     /// under its own account), on the same fake GPUs as the node's probe.
     pub fn start_reset_only(&self) -> Result<Probe, Error> {
+        self.start_reset_only_env(&[])
+    }
+
+    /// [`Host::start_reset_only`] with more environment (e.g. a crash point to arm).
+    pub fn start_reset_only_env(&self, env: &[(&str, &str)]) -> Result<Probe, Error> {
         let Some((_, kubeconfig)) = &self.reset else {
             return Err(Error::Unexpected(format!(
                 "{} was not prepared for resets (Host::prepare_for_resets)",
@@ -141,6 +156,7 @@ impl Host {
             .env("FAKE_NVML_FIXTURE", self.fixture())
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -214,8 +230,18 @@ impl Host {
 
     /// [`Host::start_probe`] with more arguments (e.g. `--pod-resources-socket`).
     pub fn start_probe_with(&self, boot: &str, extra: &[&std::ffi::OsStr]) -> Result<Probe, Error> {
+        self.start_probe_env(boot, extra, &[])
+    }
+
+    /// [`Host::start_probe_with`] with more environment (e.g. a crash point to arm).
+    pub fn start_probe_env(
+        &self,
+        boot: &str,
+        extra: &[&std::ffi::OsStr],
+        env: &[(&str, &str)],
+    ) -> Result<Probe, Error> {
         let timing = ["--interval", "500ms", "--heartbeat", "1s"].map(std::ffi::OsStr::new);
-        self.spawn_probe(boot, &timing, extra, "info", true)
+        self.spawn_probe(boot, &timing, extra, "info", true, env)
     }
 
     /// The probe at its default timing (10-s observations, a Lease renewal a minute), with
@@ -227,7 +253,7 @@ impl Host {
         extra: &[&std::ffi::OsStr],
         rust_log: &str,
     ) -> Result<Probe, Error> {
-        self.spawn_probe(boot, &[], extra, rust_log, false)
+        self.spawn_probe(boot, &[], extra, rust_log, false, &[])
     }
 
     fn spawn_probe(
@@ -237,6 +263,7 @@ impl Host {
         extra: &[&std::ffi::OsStr],
         rust_log: &str,
         echo: bool,
+        env: &[(&str, &str)],
     ) -> Result<Probe, Error> {
         let tree = &self.tree;
         let mut child = Command::new(built("gpunode-probe")?)
@@ -258,6 +285,7 @@ impl Host {
             .env("FAKE_NVML_FIXTURE", self.fixture())
             .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", rust_log)
+            .envs(env.iter().copied())
             .env_remove("GPUNODE_STATE_DIR")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,20 +1,25 @@
-//! Crash points (operator/src/crash.rs): the leader, a real process, aborts between two writes
-//! of one action, at each point in turn, and is restarted without it (a container restart: it
-//! takes its Lease back at once, so the next leader is the restarted process), which must finish
-//! the action:
+//! Crash points (operator/src/crash.rs, node-probe/src/crash.rs): a process, at each point in
+//! turn, aborts between two writes of one action and is started again without the point (a
+//! container restart: the operator takes its Lease back at once, so the next leader is the
+//! restarted process), which must finish the action:
 //! - a drain: after the cordon, before its bookkeeping; after the first eviction; after the last
 //!   one, before the drain is recorded done;
 //! - a repair step: after its remediator's object is made, before its making is recorded;
 //! - a validation: after its Job is made;
-//! - a DRA quarantine: after a GPU's DeviceTaintRule is applied, before the quarantine is recorded;
+//! - a DRA quarantine: after a GPU's DeviceTaintRule is applied, before the quarantine is
+//!   recorded;
 //! - the release of a deleted policy's node: after its repair objects are deleted, and after its
-//!   taints and cordon are removed, before its labels, annotations and condition are.
+//!   taints and cordon are removed, before its labels, annotations and condition are;
+//! - the probe: the node's reset process after the GPU reset, before writing its outcome (the
+//!   restarted one fails the request, never resets twice); a save of the XID state, between its
+//!   temporary file and the rename (the state saved before is restored, the temporary file
+//!   removed; the XID being saved is lost: NVML does not deliver it again).
 //!
-//! After each run: the leader died at the point (its log names it and a signal ended it); no
+//! After each run: the process died at the point (its log names it and a signal ended it); no
 //! object made twice (the audit log: one successful create per purpose); nothing left behind;
-//! the repair attempted once per node (its bookkeeping); the budget held at every instant (the wave's
-//! monitor); every node ends as the policy implies. `GPUNODE_REL_CRASH_RUNS` runs per point
-//! (default 1; `make reliability-long` runs 20).
+//! attempts recorded once (the node's bookkeeping); the budget held at every instant (the
+//! wave's monitor); every node ends as the policy implies. `GPUNODE_REL_CRASH_RUNS` runs per
+//! point (default 1; `make reliability-long` runs 20).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -25,13 +30,14 @@ use gpunode_e2e::{
     faults::{
         checks::Check,
         cluster::FaultCluster,
-        crash::{crashed_at, restart_unarmed, start_armed},
+        crash::{crashed_at, probe_crashed_at, restart_unarmed, start_armed},
         marks::{self, gpunode_taints},
         record::{Recorder, Run},
         replica::Operator,
         wave::{FOREIGN_LABEL, FOREIGN_TAINT, Wave, WaveSpec, report_status},
     },
     monitor::WaveMonitor,
+    probe::Host,
     remediator, reports, wait,
 };
 use k8s_openapi::api::{
@@ -81,10 +87,10 @@ async fn a_leader_crashed_between_two_writes_leaves_no_duplicate_and_no_orphan()
     }
     rec.push(Run {
         class: CLASS.into(),
-        fault: "every crash point of the operator has a scenario".into(),
+        fault: "every crash point of the operator and the probe has a scenario".into(),
         seed: None,
         checks: vec![Check::new(
-            "every point in gpunode_operator::crash::POINTS ran",
+            "every point in the operator's and the probe's crash::POINTS ran",
             without.is_empty(),
             format!("without a scenario: {without:?}"),
         )],
@@ -94,11 +100,13 @@ async fn a_leader_crashed_between_two_writes_leaves_no_duplicate_and_no_orphan()
     rec.assert_clean();
 }
 
-/// The operator's crash points, or those `GPUNODE_REL_CRASH_POINTS` names (comma-separated).
+/// The operator's and the probe's crash points, or those `GPUNODE_REL_CRASH_POINTS` names
+/// (comma-separated).
 fn points() -> Vec<&'static str> {
     let only = std::env::var("GPUNODE_REL_CRASH_POINTS").unwrap_or_default();
     gpunode_operator::crash::POINTS
         .into_iter()
+        .chain(gpunode_probe::crash::POINTS)
         .filter(|p| only.is_empty() || only.split(',').any(|o| o == *p))
         .collect()
 }
@@ -115,6 +123,8 @@ async fn scenario(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point:
         "release::after_repair_objects" | "release::after_spec" => {
             release(fc, client, rec, point, run).await;
         }
+        "state::xids_before_rename" => xid_save(client, rec, point, run).await,
+        "reset::after_reset" => gpu_reset(fc, client, rec, point, run).await,
         _ => return false,
     }
     true
@@ -145,9 +155,14 @@ async fn template(client: &Client) {
 
 /// Files run `run` of `point` with its checks, the crash check first.
 fn push(rec: &mut Recorder, point: &str, action: &str, run: u64, checks: Vec<Check>, recovery: u64) {
+    let who = if gpunode_probe::crash::POINTS.contains(&point) {
+        "probe process"
+    } else {
+        "leader"
+    };
     rec.push(Run {
         class: CLASS.into(),
-        fault: format!("leader crashed at {point} ({action}), restarted"),
+        fault: format!("{who} crashed at {point} ({action}), restarted"),
         seed: Some(run),
         checks,
         recovery_ms: Some(recovery),
@@ -658,4 +673,308 @@ async fn unquarantined(client: &Client, wave: &Wave) -> Check {
         done.is_ok(),
         format!("{done:?}"),
     )
+}
+
+/// A probe with its XID state directory: a first XID is saved; the probe crashes while saving a
+/// second (its new state written to a temporary file, not yet renamed over the state file) and
+/// is started again.
+async fn xid_save(client: &Client, rec: &mut Recorder, point: &str, run: u64) {
+    let node = format!("cr{run}s-{:06x}", gpunode_e2e::scratch::rand_suffix());
+    gpunode_e2e::nodes::create(client, std::slice::from_ref(&node), &Default::default())
+        .await
+        .unwrap();
+    let host = Host::prepare(client, &node).await.unwrap();
+    let env = [(gpunode_operator::crash::ENV, point), ("GPUNODE_CRASH_SKIP", "1")];
+    let mut probe = host.start_probe_env("boot-1", &[], &env).unwrap();
+    probe.logged("listening for XID events", DEADLINE).await.unwrap();
+    host.inject_xid(2, 79).unwrap();
+    let state = host.dir.join("state");
+    let saved = wait::until("the first XID saved", DEADLINE, || async {
+        let text = std::fs::read_to_string(state.join("xids.json")).unwrap_or_default();
+        Ok(text.contains("79").then_some(()))
+    })
+    .await;
+    host.inject_xid(4, 48).unwrap();
+    let crashed = probe_crashed_at(&mut probe, point, DEADLINE).await;
+    let restart = jiff::Timestamp::now();
+    let started = std::time::Instant::now();
+    let again = host.start_probe("boot-1").unwrap();
+    let restored = again.logged("restored the XIDs of this boot", DEADLINE).await;
+    let recovery = gpunode_e2e::faults::record::elapsed_ms(started);
+    let leftovers: Vec<String> = std::fs::read_dir(&state)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let leftovers: Vec<String> = leftovers
+        .into_iter()
+        .filter(|n| n.starts_with(".xids.json-"))
+        .collect();
+    // A third XID after the restart makes the probe publish (an unchanged report is not
+    // written again); the report then shows what it kept.
+    again.logged("listening for XID events", DEADLINE).await.unwrap();
+    host.inject_xid(6, 31).unwrap();
+    let reported = reported_xids(client, &node, restart).await;
+    let kept = reported.as_ref().is_ok_and(|x| x.contains(&(2, 79)));
+    let checks = vec![
+        crashed,
+        Check::new(
+            "the first XID's save completed before the crash",
+            saved.is_ok(),
+            format!("{saved:?}"),
+        ),
+        Check::new(
+            "the state saved before the crash restored by the next probe, not taken for corrupt",
+            restored.is_ok()
+                && !again
+                    .lines()
+                    .iter()
+                    .any(|l| l.contains("ignoring the XID state file")),
+            format!("{restored:?}"),
+        ),
+        Check::new(
+            "no temporary file of the interrupted save left",
+            leftovers.is_empty(),
+            format!("{leftovers:?}"),
+        ),
+        // The second XID was recorded in memory when the probe died; NVML does not deliver it
+        // again, so whether it survived is reported, not required.
+        Check::new(
+            "the XID saved before the crash reported again after the restart",
+            kept,
+            format!("(gpu, xid) reported after the restart: {reported:?}"),
+        ),
+    ];
+    push(rec, point, "a probe saving its second XID", run, checks, recovery);
+    drop(again);
+    host.cleanup(client).await;
+    let _ = Api::<Node>::all(client.clone())
+        .delete(&node, &DeleteParams::background())
+        .await;
+}
+
+/// The (GPU, XID) pairs of `node`'s report once one observed after `since` has XID 31 on GPU 6.
+async fn reported_xids(
+    client: &Client,
+    node: &str,
+    since: jiff::Timestamp,
+) -> Result<Vec<(u32, u32)>, gpunode_e2e::Error> {
+    let reports: Api<gpunode_crds::GpuNodeReport> = Api::all(client.clone());
+    wait::until("a report observed after the restart", DEADLINE, || async {
+        let Some(status) = reports.get_opt(node).await?.and_then(|r| r.status) else {
+            return Ok(None);
+        };
+        if status.observed_at.as_ref().is_none_or(|t| t.0 <= since) {
+            return Ok(None);
+        }
+        let xids: Vec<(u32, u32)> = status
+            .gpus
+            .iter()
+            .flat_map(|g| g.xids.iter().map(move |x| (g.index, x.xid)))
+            .collect();
+        Ok(xids.contains(&(6, 31)).then_some(xids))
+    })
+    .await
+}
+
+/// The GPU whose row remap turns pending in the reset scenario.
+const RESET_GPU: usize = 3;
+
+/// A policy for `node` whose repair resets the drifting GPU, then hands the node to the
+/// remediator.
+fn reset_policy(node: &str) -> serde_json::Value {
+    json!({
+        "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
+        "gpu": {},
+        "remediation": [{"classes": ["Memory", "Xid"], "action": "Drain"}],
+        // The probe's stand-in pod (the DaemonSet pod a drain skips) lives there.
+        "drain": {"protectedNamespaces": ["kube-system", gpunode_e2e::chart::NAMESPACE]},
+        "disruption": {"maxUnavailable": 1, "circuitBreaker": {"maxDriftedPercent": 100}},
+        "recovery": {"healthyFor": "2s"},
+        "staleAfter": "5m",
+        "repair": {"maxAttempts": 3, "window": "1h", "steps": [
+            {"name": "gpu-reset", "action": "GpuReset", "classes": ["Memory", "Xid"], "timeout": "60s"},
+            {"name": "reboot", "action": "Remediator", "classes": ["Memory", "Xid"], "timeout": "60s",
+             "remediator": {
+                 "apiVersion": format!("{}/{}", remediator::GROUP, remediator::VERSION),
+                 "kind": "FakeRebootTemplate", "name": "reboot", "namespace": OPERATOR,
+             }},
+        ]},
+    })
+}
+
+/// A node whose GPU's row remap turns pending is drained and its GPU reset by the node's reset
+/// process (`--gpu-reset-only`, as the chart's reset DaemonSet runs it), which crashes after the
+/// reset, before writing its outcome, and is started again.
+async fn gpu_reset(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) {
+    let since = jiff::Timestamp::now();
+    let node = format!("cr{run}t-{:06x}", gpunode_e2e::scratch::rand_suffix());
+    gpunode_e2e::nodes::create(client, std::slice::from_ref(&node), &Default::default())
+        .await
+        .unwrap();
+    let host = std::sync::Arc::new(Host::prepare_for_resets(client, &node).await.unwrap());
+    gpunode_e2e::crds::create_policy(client, &node, reset_policy(&node))
+        .await
+        .unwrap();
+    let probe = host
+        .start_probe_with("boot-1", &[std::ffi::OsStr::new("--follow-resets")])
+        .unwrap();
+    let mut reset = host
+        .start_reset_only_env(&[(gpunode_operator::crash::ENV, point)])
+        .unwrap();
+    probe
+        .logged("following this node's GpuResetRequests", DEADLINE)
+        .await
+        .unwrap();
+    reset
+        .logged("answering GpuResetRequests", DEADLINE)
+        .await
+        .unwrap();
+    let rebooted = host.clone();
+    let reboots = remediator::spawn(client.clone(), move |_| {
+        let host = rebooted.clone();
+        async move {
+            let _ = host.reboot("boot-1", "boot-2");
+        }
+    });
+    let grant = json!([{"apiGroup": remediator::GROUP, "resources": ["fakereboots"],
+        "templates": ["fakereboottemplates"]}]);
+    let launch = gpunode_e2e::faults::replica::Launch {
+        env: vec![("GPUNODE_REMEDIATORS".into(), grant.to_string())],
+        ..Default::default()
+    };
+    let op = Operator::start_with(fc, client, OPERATOR, OPERATOR, launch)
+        .await
+        .unwrap();
+    let compliant = [("gpunode.dev/state", "compliant")];
+    gpunode_e2e::nodes::until_labelled(client, &node, &compliant, DEADLINE)
+        .await
+        .unwrap();
+    host.edit_fixture(|f| f["devices"][RESET_GPU]["remapped_rows"]["pending"] = 1.into())
+        .unwrap();
+    let crashed = probe_crashed_at(&mut reset, point, DEADLINE).await;
+    let started = std::time::Instant::now();
+    let again = host.start_reset_only().unwrap();
+    let mut checks = vec![crashed];
+    checks.extend(reset_outcome(client, &node).await);
+    let back = until_back(client, &node).await;
+    let recovery = gpunode_e2e::faults::record::elapsed_ms(started);
+    let resets = [&reset, &again]
+        .iter()
+        .flat_map(|p| p.lines())
+        // Logged as the reset starts (its outcome is logged after the crash point).
+        .filter(|l| l.contains("resetting GPU uuid="))
+        .count();
+    checks.push(Check::new(
+        "the GPU reset once (the restarted process did not reset it again)",
+        resets == 1,
+        format!("{resets} resets started (the reset processes' logs)"),
+    ));
+    checks.push(Check::new(
+        "the node returned, compliant and uncordoned",
+        back.is_ok(),
+        format!("{back:?}"),
+    ));
+    checks.extend(reset_leftovers(fc, client, &node, since).await);
+    push(
+        rec,
+        point,
+        "a GPU reset by the node's reset process",
+        run,
+        checks,
+        recovery,
+    );
+    reboots.abort();
+    drop((op, probe, again));
+    let _ = Api::<GpuNodePolicy>::all(client.clone())
+        .delete(&node, &DeleteParams::default())
+        .await;
+    host.cleanup(client).await;
+    let _ = Api::<Node>::all(client.clone())
+        .delete(&node, &DeleteParams::background())
+        .await;
+}
+
+/// The request of the interrupted reset: failed by the restarted reset process, which does not
+/// reset the GPU again.
+async fn reset_outcome(client: &Client, node: &str) -> Vec<Check> {
+    let requests: Api<gpunode_crds::GpuResetRequest> = Api::all(client.clone());
+    let name = format!("{node}-gpu-{RESET_GPU}");
+    let status = wait::until("the interrupted reset's outcome", DEADLINE, || async {
+        let status = requests.get_opt(&name).await?.and_then(|r| r.status);
+        Ok(status.filter(|s| s.finished()))
+    })
+    .await;
+    let failed = status.as_ref().is_ok_and(|s| {
+        s.phase == Some(gpunode_crds::reset::ResetPhase::Failed)
+            && s.message.as_deref().unwrap_or_default().contains("not run twice")
+    });
+    vec![Check::new(
+        "the interrupted reset failed by the restarted reset process, not run again",
+        failed,
+        format!("{status:?}"),
+    )]
+}
+
+/// Waits until `node` is back: compliant, uncordoned, without gpunode's taints; lets the
+/// remediation go if the ladder reached it.
+async fn until_back(client: &Client, node: &str) -> Result<(), gpunode_e2e::Error> {
+    let reboots: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), OPERATOR, &remediator::reboot_resource());
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait::until("the reset node to be back", DEADLINE * 2, || async {
+        if let Some(o) = reboots.get_opt(node).await?
+            && !o.labels().contains_key(remediator::GO_LABEL)
+        {
+            remediator::go(client, OPERATOR, node).await?;
+        }
+        Ok(all_clean(&[nodes.get(node).await?]).then_some(()))
+    })
+    .await
+}
+
+/// After the node returned: one reset request made, its steps' attempts recorded once each,
+/// no request or remediation object left.
+async fn reset_leftovers(
+    fc: &FaultCluster,
+    client: &Client,
+    node: &str,
+    since: jiff::Timestamp,
+) -> Vec<Check> {
+    let requests: Api<gpunode_crds::GpuResetRequest> = Api::all(client.clone());
+    let reboots: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), OPERATOR, &remediator::reboot_resource());
+    let name = format!("{node}-gpu-{RESET_GPU}");
+    let gone = wait::until("the repair objects deleted", DEADLINE, || async {
+        let left = requests.get_opt(&name).await?.is_some() || reboots.get_opt(node).await?.is_some();
+        Ok((!left).then_some(()))
+    })
+    .await;
+    let made_resets = creates(fc, "gpuresetrequests", "", since);
+    let made_reboots = creates(fc, "fakereboots", OPERATOR, since);
+    let n = Api::<Node>::all(client.clone()).get(node).await.unwrap();
+    let attempts = marks::annotation(&n, gpunode_operator::markers::REPAIR_ANNOTATION)
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|t| t["attempts"].as_array().map(Vec::len));
+    vec![
+        Check::new(
+            "one GpuResetRequest made",
+            made_resets == 1,
+            format!("{made_resets} created (audit log)"),
+        ),
+        Check::new(
+            "each step started counted once (attempts = objects made)",
+            attempts == Some(made_resets + made_reboots),
+            format!(
+                "attempts {attempts:?}; made {made_resets} reset requests, {made_reboots} remediation objects"
+            ),
+        ),
+        Check::new(
+            "no reset request or remediation object left",
+            gone.is_ok(),
+            format!("{gone:?}"),
+        ),
+    ]
 }

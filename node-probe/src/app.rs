@@ -66,7 +66,10 @@ fn xid_store(config: &Config, node: &str) -> Option<XidStore> {
     };
     match XidStore::open(dir, node, &config.proc_root) {
         Ok(store) if config.once => Some(store.read_only()),
-        Ok(store) => Some(store),
+        Ok(store) => {
+            store.remove_leftovers();
+            Some(store)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "XIDs are kept in memory only: a restarted probe forgets them");
             None
@@ -90,7 +93,10 @@ fn fabric_history(config: &Config, node: &str) -> HistoryStore {
     );
     match file {
         Ok(file) if config.once => HistoryStore::persistent(file.read_only()),
-        Ok(file) => HistoryStore::persistent(file),
+        Ok(file) => {
+            file.remove_leftovers();
+            HistoryStore::persistent(file)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "the fabric counter history is kept in memory only: a restarted probe forgets it");
             HistoryStore::default()
@@ -133,7 +139,10 @@ fn boot_file(
     let dir = config.state_dir.as_ref()?;
     match crate::boot_state::BootFile::open(dir, name, format, max_bytes, node, &config.proc_root) {
         Ok(file) if config.once => Some(file.read_only()),
-        Ok(file) => Some(file),
+        Ok(file) => {
+            file.remove_leftovers();
+            Some(file)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "the {what} history is kept in memory only: a restarted probe forgets it");
             None

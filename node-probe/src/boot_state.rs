@@ -86,6 +86,8 @@ pub struct BootFile {
     node: String,
     boot_id: String,
     writable: bool,
+    /// The XID state's file: its saves pass the crash point `state::xids_before_rename`.
+    xids_crash_point: bool,
 }
 
 impl BootFile {
@@ -108,7 +110,36 @@ impl BootFile {
             node: node.to_owned(),
             boot_id,
             writable: true,
+            xids_crash_point: false,
         })
+    }
+
+    /// Removes the temporary files an earlier process left beside the file when it died in the
+    /// middle of a save (between writing the new content and renaming it over the file), and
+    /// returns how many. Only for the process that owns the file, before its first save: a
+    /// save in flight has a temporary file of the same kind.
+    pub fn remove_leftovers(&self) -> usize {
+        let prefix = format!(".{}-", self.name);
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with(&prefix) && std::fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!(dir = %self.dir.display(), file = self.name, removed, "removed the temporary files of an interrupted save");
+        }
+        removed
+    }
+
+    /// The same file, its saves passing the XID state's crash point (crate::crash).
+    pub fn with_xids_crash_point(mut self) -> BootFile {
+        self.xids_crash_point = true;
+        self
     }
 
     /// The same file, never written (`--once`, next to a running probe that owns the file).
@@ -214,6 +245,9 @@ impl BootFile {
             .tempfile_in(&self.dir)
             .map_err(io(&self.dir))?;
         tmp.write_all(bytes).map_err(io(tmp.path()))?;
+        if self.xids_crash_point {
+            gpunode_crashpoints::crash_point!("state::xids_before_rename");
+        }
         let path = self.path();
         tmp.persist(&path).map_err(|e| StateError::Io {
             path,

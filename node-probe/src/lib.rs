@@ -14,6 +14,8 @@
 //! * [`resets`]: `--gpu-reset` and `--gpu-reset-only`, the GPU resets the operator requests
 //!   (GpuResetRequest); `--follow-resets`, a probe following resets another process does.
 //!
+//! * [`crash`]: the reliability suite's crash points (test builds only).
+//!
 //! The probe writes nothing but its own node's report and heartbeat Lease and the status of
 //! the GpuResetRequests for its node; it never labels, taints or drains (the operator does).
 #![warn(missing_docs)]
@@ -24,6 +26,7 @@ pub mod change;
 pub mod collect;
 pub mod config;
 pub mod cooling;
+pub mod crash;
 pub mod limits;
 pub mod metrics;
 pub mod network;

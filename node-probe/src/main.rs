@@ -50,6 +50,14 @@ async fn termination() {
 async fn main() -> ExitCode {
     let config = Config::parse();
     init_tracing(&config);
+    match gpunode_probe::crash::arm_from_env() {
+        Ok(Some(point)) => tracing::warn!(point, "crash point armed: the process aborts there"),
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("gpunode-probe: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     if config.chown_state_dir.is_some() {
         return match app::prepare_state_dir(&config) {
             Ok(()) => ExitCode::SUCCESS,

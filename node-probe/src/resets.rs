@@ -301,6 +301,7 @@ async fn reset(api: &Api<GpuResetRequest>, request: &GpuResetRequest, nvml: &Arc
                 })
             })
     };
+    gpunode_crashpoints::crash_point!("reset::after_reset");
     let outcome = Outcome::of(index, &uuid, result);
     match outcome.phase {
         ResetPhase::Succeeded => tracing::info!("{}", outcome.message),

@@ -45,8 +45,15 @@ pub struct XidStore {
 impl XidStore {
     /// The store in `dir` for `node`, during the boot `proc_root` names.
     pub fn open(dir: &Path, node: &str, proc_root: &Path) -> Result<XidStore, StateError> {
-        let file = BootFile::open(dir, FILE_NAME, FORMAT, MAX_FILE_BYTES, node, proc_root)?;
+        let file =
+            BootFile::open(dir, FILE_NAME, FORMAT, MAX_FILE_BYTES, node, proc_root)?.with_xids_crash_point();
         Ok(XidStore { file })
+    }
+
+    /// Removes what an interrupted save of an earlier process left (see
+    /// [`BootFile::remove_leftovers`]).
+    pub fn remove_leftovers(&self) -> usize {
+        self.file.remove_leftovers()
     }
 
     /// The same store, never written (`--once`, next to a running probe that owns the file).
@@ -258,5 +265,19 @@ mod tests {
         // Already ours: no chown needed (so no privilege either).
         prepare_dir(&state, meta.uid(), meta.gid()).unwrap();
         assert!(state.is_dir());
+    }
+
+    #[test]
+    fn the_temporary_file_of_an_interrupted_save_is_removed_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = XidStore::open(dir.path(), "n1", &proc_root(dir.path(), "boot-a")).unwrap();
+        store.save(&gpus(&[(0, &[xid(79, 0)])])).unwrap();
+        // What a probe killed between writing and renaming leaves; and another file's.
+        std::fs::write(dir.path().join(format!(".{FILE_NAME}-Ab12Cd")), "{").unwrap();
+        std::fs::write(dir.path().join(".fabric.json-Xy34Zw"), "{").unwrap();
+        assert_eq!(store.remove_leftovers(), 1);
+        assert!(!dir.path().join(format!(".{FILE_NAME}-Ab12Cd")).exists());
+        assert!(dir.path().join(".fabric.json-Xy34Zw").exists());
+        assert_eq!(store.load().unwrap().get(&0), Some(&vec![xid(79, 0)]));
     }
 }

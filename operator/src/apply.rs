@@ -648,7 +648,7 @@ impl Applier {
         match jobs.create(&pp, &job).await {
             Ok(_) => {
                 info!(namespace = %create.namespace, job = %create.name, "validation Job created");
-                crate::crash::crash_point!("validation::after_job");
+                gpunode_crashpoints::crash_point!("validation::after_job");
                 Ok(())
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
@@ -838,7 +838,7 @@ impl Applier {
         }
         self.clear_leftovers(policy, plan, &mut out).await?;
         if let Some(n) = self.apply_spec(plan, observed, now).await? {
-            crate::crash::crash_point!("apply::after_spec");
+            gpunode_crashpoints::crash_point!("apply::after_spec");
             out.wrote_spec = true;
             out.written = Some(Box::new(n));
         }
@@ -936,7 +936,7 @@ impl Applier {
         for e in &plan.repair.ensure {
             match self.remediators.ensure(policy, &plan.node, e).await {
                 Ok(Some(uid)) => {
-                    crate::crash::crash_point!("repair::after_object");
+                    gpunode_crashpoints::crash_point!("repair::after_object");
                     // Its uid is recorded with its making: only this object is ever deleted.
                     let recorded = made.markers.repair.objects.iter_mut();
                     for o in recorded.filter(|o| o.same_object(&e.object)) {
@@ -997,7 +997,7 @@ impl Applier {
         out.remaining = remaining;
         out.refused = refused;
         if evicted == 0 && remaining == 0 {
-            crate::crash::crash_point!("drain::before_done_record");
+            gpunode_crashpoints::crash_point!("drain::before_done_record");
             let mut done = plan.clone();
             done.markers.drained = Some(now);
             let (metadata, _, written) = self.apply_record(policy, &done, observed, now).await?;
@@ -1199,12 +1199,12 @@ impl Applier {
             self.count(&deletion);
             wrote = true;
         }
-        crate::crash::crash_point!("release::after_repair_objects");
+        gpunode_crashpoints::crash_point!("release::after_repair_objects");
         wrote |= self
             .write_spec(&name, &BTreeSet::new(), Some(false), false, observed, now)
             .await?
             .is_some();
-        crate::crash::crash_point!("release::after_spec");
+        gpunode_crashpoints::crash_point!("release::after_spec");
         let bare = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": &name}});
         let pp = PatchParams::apply(FIELD_MANAGER).force();
         if has_metadata {
@@ -1324,7 +1324,7 @@ impl Applier {
             match self.evict(node, pod, policy.grace_period_seconds, false).await? {
                 Eviction::Done => {
                     evicted += 1;
-                    crate::crash::crash_point!("drain::after_first_eviction");
+                    gpunode_crashpoints::crash_point!("drain::after_first_eviction");
                 }
                 Eviction::Refused => {
                     refused += 1;

@@ -60,3 +60,19 @@ pub async fn restart_unarmed(op: &mut Operator, timeout: Duration) -> Result<u64
     op.wait_leading(timeout).await?;
     Ok(record::elapsed_ms(restarted))
 }
+
+/// Waits until a probe process started with `point` armed exits, and checks that it died there
+/// (a signal ended it, and its log has the point's line).
+pub async fn probe_crashed_at(probe: &mut crate::probe::Probe, point: &str, timeout: Duration) -> Check {
+    let status = probe.wait_exit(timeout).await;
+    let line = format!("gpunode crash point {point} reached");
+    let logged = probe.lines().iter().any(|l| l.contains(&line));
+    let signalled = status
+        .as_ref()
+        .is_ok_and(|s| std::os::unix::process::ExitStatusExt::signal(s).is_some());
+    Check::new(
+        &format!("the probe crashed at {point}"),
+        logged && signalled,
+        format!("exit {status:?}; the log has \"{line}\": {logged}"),
+    )
+}

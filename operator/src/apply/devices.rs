@@ -136,7 +136,7 @@ impl DeviceWriter {
                 .map_err(SyncError::Api)?;
             info!(rule = %name, effect = %rule.spec.taint.effect, "DeviceTaintRule applied");
             written += 1;
-            crate::crash::crash_point!("devices::after_rule");
+            gpunode_crashpoints::crash_point!("devices::after_rule");
         }
         let deleted = self.delete(&plan.node, &delete).await.map_err(SyncError::Api)?;
         Ok((written, deleted))
