@@ -39,7 +39,11 @@ HELM=$GPUNODE_HELM
 KUBECTL=${GPUNODE_KUBECTL:-kubectl}
 
 step 2 "Building gpunode: the operator, the node-probe, kubectl-gpunode and the fake NVML library (cargo build)"
-cargo build --locked -p gpunode-operator -p gpunode-probe -p fake-nvml -p kubectl-gpunode 2>&1 |
+# With the features the workspace build of `make test` has (the reliability suite's crash
+# points, inert unless a test arms one): the demo's build and the tests' then make the same
+# binaries, and neither replaces the other's with a different one.
+cargo build --locked -p gpunode-operator -p gpunode-probe -p fake-nvml -p kubectl-gpunode \
+	--features gpunode-operator/failpoints,gpunode-probe/failpoints 2>&1 |
 	grep -v '^\s*Compiling' >&2 || true
 for b in gpunode-operator gpunode-probe libfake_nvml.so kubectl-gpunode; do
 	[[ -e $BIN/$b ]] || die "cargo build did not produce $BIN/$b"

@@ -70,6 +70,7 @@ fn runs() -> u64 {
 
 #[tokio::test]
 async fn a_leader_crashed_between_two_writes_leaves_no_duplicate_and_no_orphan() {
+    binaries_have_crash_points();
     let (fc, client) = FaultCluster::up().await.unwrap();
     let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "crash");
     remediator::install(&client).await.unwrap();
@@ -98,6 +99,68 @@ async fn a_leader_crashed_between_two_writes_leaves_no_duplicate_and_no_orphan()
     })
     .unwrap();
     rec.assert_clean();
+}
+
+/// Fails at once, saying why, when the built operator or probe cannot arm a crash point (a
+/// binary built without the feature `failpoints`: by `cargo build -p` of the binaries alone,
+/// where the workspace build turns it on through this crate). Each is started with a point armed
+/// and stops right after arming it (the operator finds no cluster; the probe only prepares a
+/// state directory).
+fn binaries_have_crash_points() {
+    let state = std::env::temp_dir().join(format!("gpunode-crash-preflight-{}", std::process::id()));
+    let id = |flag: &str| {
+        let out = std::process::Command::new("id").arg(flag).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let owner = format!("{}:{}", id("-u"), id("-g"));
+    let runs = [
+        (
+            gpunode_e2e::operator::binary().unwrap(),
+            vec![
+                "run",
+                "--instance",
+                "preflight",
+                "--leader-elect",
+                "false",
+                "--metrics-addr",
+                "127.0.0.1:0",
+            ],
+            gpunode_operator::crash::POINTS[0],
+        ),
+        (
+            gpunode_e2e::probe::built("gpunode-probe").unwrap(),
+            vec![
+                "--chown-state-dir",
+                &owner,
+                "--state-dir",
+                state.to_str().unwrap_or_default(),
+                "--node-name",
+                "preflight",
+            ],
+            gpunode_probe::crash::POINTS[0],
+        ),
+    ];
+    for (bin, args, point) in runs {
+        let out = std::process::Command::new(&bin)
+            .args(args)
+            .env(gpunode_operator::crash::ENV, point)
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .env_remove("POD_NAME")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("crash point armed"),
+            "{} cannot arm a crash point: build the workspace (`cargo build --workspace`, as make test does), \
+             which builds the binaries with the feature failpoints; it said: {text}",
+            bin.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&state);
 }
 
 /// The operator's and the probe's crash points, or those `GPUNODE_REL_CRASH_POINTS` names
