@@ -106,6 +106,20 @@ impl FaultCluster {
                 }
             }
         }
+        // Every policy is gone: a node still carrying gpunode's labels is another test's
+        // leftover (the fence test's node keeps labels its late writes left under no field
+        // manager, which no release removes), and a replica here would release it on every
+        // pass, reaching a release crash point for a node no run of this binary made.
+        for n in nodes.list(&ListParams::default()).await?.items {
+            let ours = n
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.keys().any(|k| k.starts_with("gpunode.dev/")));
+            if let Some(name) = n.metadata.name.filter(|_| ours) {
+                let _ = nodes.delete(&name, &DeleteParams::background()).await;
+            }
+        }
         let namespaces: Api<Namespace> = Api::all(client.clone());
         let label = format!("{}=true", crate::scratch::E2E_LABEL);
         for ns in namespaces
