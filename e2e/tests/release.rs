@@ -9,7 +9,7 @@
 //!   paused leader took its lost Lease as "done", removed the finalizer, and the rest of the
 //!   nodes kept gpunode's cordon and taint with no policy left to undo them.)
 //! - nodes left with gpunode's markers and no policy (a finalizer removed by hand) are released
-//!   by the leader, with an Event and a metric;
+//!   by the leader, with an Event and a metric, gpunode's keys another field manager holds too;
 //! - SIGTERM with the API server not answering: the operator still exits within its shutdown
 //!   limit (before, it waited for ever on the Lease release).
 //!
@@ -262,6 +262,25 @@ async fn markers_no_policy_governs_are_released_with_an_event() {
 
     // Someone removes the finalizer by hand while the operator is down, then deletes the policy.
     op.kill();
+    // Another writer holds one node's gpunode state label too and left an annotation under
+    // gpunode's prefix: applying nothing under gpunode's field manager leaves both, so the
+    // release must delete them by name (before, the sweep released that node again and again).
+    let nodes: Api<Node> = Api::all(client.clone());
+    let foreign = json!({"metadata": {
+        "labels": {"gpunode.dev/state": "Drifted"},
+        "annotations": {"gpunode.dev/left-by-hand": "yes"},
+    }});
+    nodes
+        .patch(
+            &wave.nodes[0],
+            &PatchParams {
+                field_manager: Some("someone-else".into()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(&foreign),
+        )
+        .await
+        .unwrap();
     let policies: Api<GpuNodePolicy> = Api::all(client.clone());
     policies
         .patch(

@@ -1205,19 +1205,8 @@ impl Applier {
             .await?
             .is_some();
         gpunode_crashpoints::crash_point!("release::after_spec");
-        let bare = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": &name}});
-        let pp = PatchParams::apply(FIELD_MANAGER).force();
         if has_metadata {
-            // Applying nothing under our field manager removes every label and annotation we own
-            // (through the status subresource, where gpunode applies them; then from an older
-            // gpunode's apply to the main resource, if any).
-            self.may_write(&name)?;
-            let written = self
-                .nodes
-                .patch_status(&name, &pp, &Patch::Apply(&bare))
-                .await
-                .map_err(api_error(Step::LabelsAndCondition, &name))?;
-            self.release_legacy_metadata(&name, &written).await?;
+            self.release_metadata(&name).await?;
             wrote = true;
         }
         if has_condition {
@@ -1235,6 +1224,47 @@ impl Applier {
             info!("released: gpunode's labels, taints, cordon and condition removed");
         }
         Ok(wrote)
+    }
+
+    /// Removes gpunode's labels and annotations from a node it releases. Applying nothing under
+    /// gpunode's field manager removes every one it owns (through the status subresource, where
+    /// gpunode applies them; then from an older gpunode's apply to the main resource, if any).
+    /// Keys under gpunode's prefix that another manager holds (a late write that lost its owner,
+    /// a copy by hand) are then deleted by name: the node would otherwise keep them and be
+    /// released again on every sweep.
+    async fn release_metadata(&self, name: &str) -> Result<(), ApplyError> {
+        let bare = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
+        let pp = PatchParams::apply(FIELD_MANAGER).force();
+        self.may_write(name)?;
+        let written = self
+            .nodes
+            .patch_status(name, &pp, &Patch::Apply(&bare))
+            .await
+            .map_err(api_error(Step::LabelsAndCondition, name))?;
+        self.release_legacy_metadata(name, &written).await?;
+        let meta = &written.metadata;
+        let labels: serde_json::Map<String, serde_json::Value> = ours(meta.labels.as_ref(), is_ours_label)
+            .map(|(k, _)| (k.clone(), serde_json::Value::Null))
+            .collect();
+        let annotations: serde_json::Map<String, serde_json::Value> =
+            ours(meta.annotations.as_ref(), is_ours_annotation)
+                .map(|(k, _)| (k.clone(), serde_json::Value::Null))
+                .collect();
+        if labels.is_empty() && annotations.is_empty() {
+            return Ok(());
+        }
+        let delete = json!({"metadata": {"labels": labels, "annotations": annotations}});
+        self.may_write(name)?;
+        self.nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&delete))
+            .await
+            .map_err(api_error(Step::LabelsAndCondition, name))?;
+        info!(
+            node = name,
+            keys = labels.len() + annotations.len(),
+            "released gpunode's labels and annotations that another field manager held"
+        );
+        Ok(())
     }
 
     /// The pods bound to `node`.
