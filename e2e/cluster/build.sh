@@ -6,6 +6,8 @@
 #   kwok        sigs.k8s.io/kwok/cmd/kwok
 #   promtool    github.com/prometheus/prometheus/cmd/promtool (the chart's alert tests, e2e/tests/alerts.rs)
 #   helm        helm.sh/helm/v3/cmd/helm (default kube version = the Kubernetes minor built here)
+#   toxiproxy   github.com/Shopify/toxiproxy/v2 cmd/server and cmd/cli (the API latency fault of the
+#               reliability suite, e2e/tests/reliability_latency.rs)
 #   kind        sigs.k8s.io/kind           } only for the kind cluster of e2e/kind, built when named:
 #   coredns     github.com/coredns/coredns } build.sh kind coredns
 #
@@ -15,7 +17,7 @@
 # k8s.io/kubernetes@$K8S_VERSION's own go.mod under $CACHE/wrappers/.
 #
 # Usage:
-#   build.sh [COMPONENT...]     build what is missing (default: kubernetes etcd kwok helm promtool); stdout stays empty
+#   build.sh [COMPONENT...]     build what is missing (default: kubernetes etcd kwok helm promtool toxiproxy); stdout stays empty
 #   build.sh --print-env        print `export GPUNODE_...=` lines for the built binaries (fails if not built)
 #   build.sh --regen            regenerate the committed tools/k8s/go.mod+go.sum for K8S_VERSION and
 #                               e2e/cluster/kwok-stages.yaml from the kwok module (maintainers only)
@@ -31,7 +33,7 @@
 # its .stamp matches the inputs (versions, go.mod/go.sum hash, ldflags, Go version); anything else is
 # deleted and rebuilt into a temporary directory that is renamed into place after every binary of the
 # set passed its --version check. promtool: $CACHE/bin/promtool-v3.16.0/promtool (Prometheus 3.16.0 is
-# the Go module version v0.316.0), not part of the set.
+# the Go module version v0.316.0), not part of the set; toxiproxy: $CACHE/bin/toxiproxy-v2.12.0/{toxiproxy-server,toxiproxy-cli}, not part of the set.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -57,6 +59,7 @@ PROMTOOL_MODVERSION=$(modver "$TOOLS/promtool/go.mod" github.com/prometheus/prom
 	die "tools/promtool/go.mod: github.com/prometheus/prometheus $PROMTOOL_MODVERSION is not a v0.3XX.Y (Prometheus 3.x) version"
 PROMTOOL_VERSION=v${BASH_REMATCH[1]}.$((10#${BASH_REMATCH[2]})).${BASH_REMATCH[3]}
 HELM_VERSION=$(modver "$TOOLS/helm/go.mod" helm.sh/helm/v3)
+TOXIPROXY_VERSION=$(modver "$TOOLS/toxiproxy/go.mod" github.com/Shopify/toxiproxy/v2)
 # The kind cluster of e2e/kind only (not in the default set): kind itself and the cluster DNS.
 KIND_VERSION=$(modver "$TOOLS/kind/go.mod" sigs.k8s.io/kind)
 COREDNS_VERSION=$(modver "$TOOLS/coredns/go.mod" github.com/coredns/coredns)
@@ -71,6 +74,7 @@ ETCD_DIR=$CACHE/bin/etcd-$ETCD_VERSION
 KWOK_DIR=$CACHE/bin/kwok-$KWOK_VERSION
 HELM_DIR=$CACHE/bin/helm-$HELM_VERSION-kube1.$K8S_MINOR
 PROMTOOL_DIR=$CACHE/bin/promtool-$PROMTOOL_VERSION
+TOXIPROXY_DIR=$CACHE/bin/toxiproxy-$TOXIPROXY_VERSION
 SET_DIR=$CACHE/bin/set-k8s-$K8S_VERSION
 KIND_DIR=$CACHE/bin/kind-$KIND_VERSION
 COREDNS_DIR=$CACHE/bin/coredns-$COREDNS_VERSION
@@ -96,7 +100,9 @@ print_env() {
 		v=${k#*=}
 		printf 'export %s=%q\n' "${k%%=*}" "$v"
 	done
-	# Built only for the kind cluster: exported when present.
+	# Built only for the fault suite's latency proxy and the kind cluster: exported when present.
+	[[ ! -f $TOXIPROXY_DIR/.stamp ]] || printf 'export GPUNODE_TOXIPROXY_SERVER=%q\nexport GPUNODE_TOXIPROXY_CLI=%q\n' \
+		"$TOXIPROXY_DIR/toxiproxy-server" "$TOXIPROXY_DIR/toxiproxy-cli"
 	[[ ! -f $KIND_DIR/.stamp ]] || printf 'export GPUNODE_KIND=%q\n' "$KIND_DIR/kind"
 	[[ ! -f $COREDNS_DIR/.stamp ]] || printf 'export GPUNODE_COREDNS=%q\nexport GPUNODE_COREDNS_VERSION=%q\n' \
 		"$COREDNS_DIR/coredns" "$COREDNS_VERSION"
@@ -315,6 +321,21 @@ build_simple() {
 	BUILT_TMP=$tmp BUILT_KEY=$key BUILT_T0=$t0
 }
 
+build_toxiproxy() {
+	local v=$TOXIPROXY_VERSION ld
+	ld="-s -w -X github.com/Shopify/toxiproxy/v2.Version=${v#v}"
+	build_simple toxiproxy "$v" "$TOOLS/toxiproxy" "$TOXIPROXY_DIR" "$ld" toxiproxy-server \
+		github.com/Shopify/toxiproxy/v2/cmd/server
+	[[ -n $BUILT_TMP ]] || return 0
+	# shellcheck disable=SC2086 # BUILD_GOFLAGS is a list of flags
+	run_long "toxiproxy $v" "go build cli" "$CACHE/logs/build-toxiproxy-cli-$v.log" \
+		env -C "$TOOLS/toxiproxy" go build -v $BUILD_GOFLAGS -ldflags "$ld" -o "$BUILT_TMP/toxiproxy-cli" \
+		github.com/Shopify/toxiproxy/v2/cmd/cli
+	check_version "toxiproxy $v" "$BUILT_TMP/toxiproxy-server" "toxiproxy-server version ${v#v}" -version
+	finish_tmp "$BUILT_TMP" "$TOXIPROXY_DIR" "$BUILT_KEY"
+	log "toxiproxy $v: done in $((SECONDS - BUILT_T0))s -> $TOXIPROXY_DIR"
+}
+
 build_etcd() {
 	local v=$ETCD_VERSION
 	build_simple etcd "$v" "$TOOLS/etcd" "$ETCD_DIR" \
@@ -450,7 +471,7 @@ if [[ ${1:-} == --regen ]]; then
 fi
 
 comps=("$@")
-((${#comps[@]})) || comps=(kubernetes etcd kwok helm promtool)
+((${#comps[@]})) || comps=(kubernetes etcd kwok helm promtool toxiproxy)
 T0=$SECONDS
 log "$PROG: $GO_VERSION, cache $CACHE, kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION, promtool $PROMTOOL_VERSION"
 for c in "${comps[@]}"; do
@@ -459,10 +480,11 @@ for c in "${comps[@]}"; do
 	etcd) build_etcd ;;
 	kwok) build_kwok ;;
 	promtool) build_promtool ;;
+	toxiproxy) build_toxiproxy ;;
 	helm) build_helm ;;
 	kind) build_kind ;;
 	coredns) build_coredns ;;
-	*) die "unknown component '$c' (expected: kubernetes etcd kwok helm promtool kind coredns)" ;;
+	*) die "unknown component '$c' (expected: kubernetes etcd kwok helm promtool toxiproxy kind coredns)" ;;
 	esac
 done
 if [[ -f $K8S_DIR/.stamp && -f $ETCD_DIR/.stamp && -f $KWOK_DIR/.stamp && -f $HELM_DIR/.stamp ]]; then

@@ -18,17 +18,22 @@
 //!   invariants.
 //! - [`late`]: every kind of write the operator makes, issued late with a deposed replica's
 //!   token, and what the audit log witnessed of them.
+//! - [`clock`]: the environment that skews a process's wall clock (libfaketime).
 //! - [`crash`]: a replica started with one of the operator's crash points armed, the check that
 //!   it died there, its restart without it.
+//! - [`proxy`]: [`proxy::Toxiproxy`], a TCP fault proxy between a replica and the API server
+//!   (the API latency fault).
 //! - [`record`]: [`record::Recorder`] writes each run's invariants and recovery time as JSON;
 //!   [`record::summary`] turns every results file into the table of docs/reliability.md.
 
 pub mod checks;
+pub mod clock;
 pub mod cluster;
 pub mod crash;
 pub mod labels;
 pub mod late;
 pub mod marks;
+pub mod proxy;
 pub mod record;
 pub mod replica;
 pub mod wave;

@@ -1,10 +1,17 @@
 //! Control-plane faults on the reliability cluster (never the shared `test` cluster): the API
 //! server stopped for 30 s during a drain held by a PodDisruptionBudget while a wave of drifts
 //! waits for the budget; etcd paused (SIGSTOP) mid-wave; the API server restarted behind the
-//! operator's watches, so their resourceVersions are too old (410 Gone) and the operator relists.
+//! operator's watches, so their resourceVersions are too old (410 Gone) and the operator relists;
+//! a 410 storm, the API server restarted `GPUNODE_REL_STORM_RESTARTS` times (default 3) in a row
+//! mid-drain, each time once the last restart's expiry reached the operator.
 //! After each: the operator (one process, never restarted) carries on, no pod is evicted twice,
 //! every node ends exactly as the policy implies, and the budget held at every observed instant.
-//! `GPUNODE_REL_OUTAGE_SECS` changes the outage length (default 30, `make reliability-long` 60).
+//! `GPUNODE_REL_API_OUTAGE_SECS` (else `GPUNODE_REL_OUTAGE_SECS`) changes the outage length
+//! (default 30 s; `make reliability-long` 600 s, a 10-minute outage).
+
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 
@@ -21,12 +28,30 @@ const CLASS: &str = "control plane";
 const DEADLINE: Duration = Duration::from_secs(120);
 
 fn outage() -> Duration {
+    let secs = |var: &str| std::env::var(var).ok().and_then(|v| v.parse().ok());
     Duration::from_secs(
-        std::env::var("GPUNODE_REL_OUTAGE_SECS")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        secs("GPUNODE_REL_API_OUTAGE_SECS")
+            .or_else(|| secs("GPUNODE_REL_OUTAGE_SECS"))
             .unwrap_or(30),
     )
+}
+
+/// How long etcd is paused: a third of `GPUNODE_REL_OUTAGE_SECS` (default 30 s).
+fn etcd_pause() -> Duration {
+    let secs = std::env::var("GPUNODE_REL_OUTAGE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    Duration::from_secs(secs) / 3
+}
+
+/// How many times the API server restarts in the 410 storm: `GPUNODE_REL_STORM_RESTARTS`
+/// (default 3, `make reliability-long` 10).
+fn storm_restarts() -> usize {
+    std::env::var("GPUNODE_REL_STORM_RESTARTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
 }
 
 /// Relists of a resource by the operator's user after `since` (the watcher starts over with a
@@ -58,6 +83,8 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
 
     let mut spec = WaveSpec::drain("cp", 3, 2);
     spec.pdb = true;
+    // The test publishes the nodes' reports once: they must outlast the longest outage.
+    spec.policy_spec["staleAfter"] = serde_json::json!("1h");
     let wave = Wave::setup(&client, &spec).await.unwrap();
     let monitor = wave.monitor();
     wave.wait_all("compliant", DEADLINE).await.unwrap();
@@ -191,7 +218,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     // Fault 3: etcd hangs (SIGSTOP) while the wave is in flight.
     let guard = Restore::new(&fc, "etcd", "resume");
     fc.ctl("pause", "etcd").await.unwrap();
-    cluster::hold("etcd paused", outage() / 3).await.unwrap();
+    cluster::hold("etcd paused", etcd_pause()).await.unwrap();
     fc.ctl("resume", "etcd").await.unwrap();
     guard.done();
     let resumed = Instant::now();
@@ -205,7 +232,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     checks.extend(wave.run_checks(&fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     rec.push(Run {
         class: CLASS.into(),
-        fault: format!("etcd paused (SIGSTOP) {} s mid-wave", (outage() / 3).as_secs()),
+        fault: format!("etcd paused (SIGSTOP) {} s mid-wave", etcd_pause().as_secs()),
         seed: None,
         checks,
         recovery_ms: Some(wave_ms),
@@ -214,6 +241,68 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
 
     wave.cleanup().await;
     drop(monitor);
+    storm(&fc, &client, &mut op, &mut rec).await;
     drop(op);
     rec.assert_clean();
+}
+
+/// Fault 4, a 410 storm: the API server restarts again and again while a wave is in flight,
+/// each time after the operator's watches answered the last one's 410 Gone, so every watch
+/// expires over and over (what a flapping or rolling control plane does to a fleet's clients).
+async fn storm(fc: &FaultCluster, client: &kube::Client, op: &mut Operator, rec: &mut Recorder) {
+    let mut spec = WaveSpec::drain("storm", 3, 2);
+    spec.pdb = true;
+    spec.policy_spec["staleAfter"] = serde_json::json!("1h");
+    let wave = Wave::setup(client, &spec).await.unwrap();
+    let monitor = wave.monitor();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
+    wave.drain_started(&[], DEADLINE).await.unwrap();
+    let mut expired = Vec::new();
+    for _ in 0..storm_restarts() {
+        let before = op.log_text().matches("code: 410").count();
+        let guard = Restore::new(fc, "kube-apiserver", "start");
+        fc.ctl("stop", "kube-apiserver").await.unwrap();
+        fc.ctl("start", "kube-apiserver").await.unwrap();
+        guard.done();
+        fc.wait_api(client, DEADLINE).await.unwrap();
+        // The next restart comes once this one's expiry reached the operator (or the wait
+        // gave up: the check below counts the restarts that expired a watch).
+        let seen = gpunode_e2e::wait::until("the operator's watches to expire (410)", DEADLINE, || async {
+            let now = op.log_text().matches("code: 410").count();
+            Ok((now > before).then_some(now - before))
+        })
+        .await
+        .unwrap_or(0);
+        expired.push(seen);
+    }
+    let last = Instant::now();
+    wave.release_pdb().await.unwrap();
+    wave.drive(DEADLINE * 2).await.unwrap();
+    let wave_ms = record::elapsed_ms(last);
+    let mut checks = vec![
+        Check::new(
+            "every restart expired the operator's watches (410 Gone in its log)",
+            expired.iter().all(|n| *n > 0),
+            format!("410 Gone answers after each restart: {expired:?}"),
+        ),
+        Check::new(
+            "operator process survived without restart",
+            op.alive(),
+            "same process",
+        ),
+    ];
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: format!(
+            "410 storm: the API server restarted {} times mid-drain, each after the last expiry reached the operator",
+            storm_restarts()
+        ),
+        seed: None,
+        checks,
+        recovery_ms: Some(wave_ms),
+    })
+    .unwrap();
+    wave.cleanup().await;
 }

@@ -39,7 +39,6 @@ const CLASS: &str = "operator host";
 const DEADLINE: Duration = Duration::from_secs(120);
 /// The skew, more than the Lease duration (15 s) so a wall clock alone would get it wrong.
 const SKEW_SECS: i64 = 20;
-const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 fn partitions() -> u64 {
     std::env::var("GPUNODE_REL_PARTITIONS")
@@ -175,9 +174,6 @@ async fn network_partition(fc: &FaultCluster, client: &Client, rec: &mut Recorde
 }
 
 async fn clock_skew(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew: i64) {
-    if !std::path::Path::new(FAKETIME_LIB).exists() {
-        panic!("{FAKETIME_LIB} is missing: run e2e/cluster/host-tools.sh (make cluster-build does)");
-    }
     let tag = if skew > 0 { "ahead of" } else { "behind" };
     let short = if skew > 0 { "ahead" } else { "behind" };
     let ns = format!("rel-skew-{short}");
@@ -187,12 +183,7 @@ async fn clock_skew(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew
     a.wait_leading(DEADLINE).await.unwrap();
     let since = jiff::Timestamp::now();
     let launch = Launch {
-        env: vec![
-            ("LD_PRELOAD".into(), FAKETIME_LIB.into()),
-            ("FAKETIME".into(), format!("{skew:+}s")),
-            // NTP skew moves the wall clock only.
-            ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
-        ],
+        env: gpunode_e2e::faults::clock::skewed(skew).unwrap(),
         ..Launch::default()
     };
     let mut b = Operator::start_with(fc, client, &format!("rel-skew-{short}-b"), &ns, launch)

@@ -9,7 +9,10 @@
 //! - a probe restarts with a different boot id: no action, no write to the Node;
 //! - the real probe process (fake NVML, the chart's ServiceAccount) SIGKILLed mid-drain after a
 //!   fatal XID and restarted on the same boot: the XID comes back from its state directory, the
-//!   node stays out of service and its drain completes; restarted after a reboot, the node returns.
+//!   node stays out of service and its drain completes; restarted after a reboot, the node returns;
+//! - the real probe with its wall clock 10 minutes ahead, then behind (libfaketime): the node is
+//!   compliant while the probe runs and turns Unknown `staleAfter` (60 s) after it dies, by the
+//!   operator's clock, not the probe's.
 
 // clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
 // test the same way (a panic naming what broke), so the allow covers the whole test crate.
@@ -35,6 +38,8 @@ use serde_json::json;
 
 const CLASS: &str = "probe";
 const DEADLINE: Duration = Duration::from_secs(120);
+/// A probe's clock skew: ten minutes, ten times the skewed run's `staleAfter`.
+const PROBE_SKEW_SECS: i64 = 600;
 /// Reports in flight at once during the flood.
 const FLOOD_WRITERS: usize = 32;
 
@@ -76,9 +81,18 @@ async fn dead_flooding_and_restarted_probes_cause_no_harm() {
         .await
         .unwrap();
     op.wait_leading(DEADLINE).await.unwrap();
-    dead_probe(&fc, &client, &mut rec).await;
-    flood(&fc, &client, &op, &mut rec).await;
-    real_probe_killed(&fc, &client, &mut rec).await;
+    // A subset while working on one (`GPUNODE_REL_PROBE_FAULTS_ONLY=skew`), all by default.
+    let only = std::env::var("GPUNODE_REL_PROBE_FAULTS_ONLY").unwrap_or_default();
+    let run = |name: &str| only.is_empty() || only.split(',').any(|o| o == name);
+    if run("dead") {
+        dead_probe(&fc, &client, &mut rec).await;
+    }
+    if run("flood") {
+        flood(&fc, &client, &op, &mut rec).await;
+    }
+    if run("killed") {
+        real_probe_killed(&fc, &client, &mut rec).await;
+    }
     rec.push(Run {
         class: CLASS.into(),
         fault: "(all probe faults) operator process".into(),
@@ -91,6 +105,19 @@ async fn dead_flooding_and_restarted_probes_cause_no_harm() {
         recovery_ms: None,
     })
     .unwrap();
+    if run("skew") {
+        // The skewed probes' heartbeats count: the operator reads the heartbeat Leases where
+        // the probes write them, its own namespace (the release namespace, as the chart runs
+        // both), so this replica takes over from the one above.
+        op.kill();
+        let mut op = Operator::start(&fc, &client, "rel-probe-skew", gpunode_e2e::chart::NAMESPACE)
+            .await
+            .unwrap();
+        op.wait_leading(DEADLINE).await.unwrap();
+        skewed_probe(&fc, &client, &mut rec, PROBE_SKEW_SECS).await;
+        skewed_probe(&fc, &client, &mut rec, -PROBE_SKEW_SECS).await;
+        op.kill();
+    }
     rec.assert_clean();
 }
 
@@ -361,6 +388,86 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
     })
     .unwrap();
     drop(third);
+    host.cleanup(client).await;
+    wave.cleanup().await;
+}
+
+/// The real probe with its wall clock `skew` seconds off the operator's (`staleAfter: 60s`, the
+/// least allowed; a heartbeat every second): fresh while it runs, stale 60 s after it dies, and back when it
+/// returns. Judged by the probe's own times, a probe behind would be stale from the start and
+/// one ahead would stay fresh for its skew after it died.
+async fn skewed_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew: i64) {
+    let short = if skew > 0 { "ahead" } else { "behind" };
+    let mut spec = WaveSpec::drain(&format!("pskew{short}"), 1, 2);
+    spec.policy_spec["staleAfter"] = json!("60s");
+    // Every node of the policy has the real probe: a bystander's report, published once,
+    // would go stale in its turn.
+    spec.bystander = false;
+    let wave = Wave::setup(client, &spec).await.unwrap();
+    let monitor = wave.monitor();
+    let node = wave.nodes[0].clone();
+    let host = Host::prepare(client, &node).await.unwrap();
+    let env = gpunode_e2e::faults::clock::skewed(skew).unwrap();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let first = host.start_probe_env("boot-a", &[], &env).unwrap();
+    first.logged("first observation", DEADLINE).await.unwrap();
+    // The skew applied: the first report's observedAt, by the probe's clock, is off by about
+    // `skew` (read at once: the probe rewrites its report only when it changes).
+    let reports: kube::Api<gpunode_crds::GpuNodeReport> = kube::Api::all(client.clone());
+    let observed = wait::until("the skewed probe's first report", DEADLINE, || async {
+        Ok(reports.get_opt(&node).await?.and_then(|r| r.status?.observed_at))
+    })
+    .await
+    .ok()
+    .map(|t| t.0.duration_since(jiff::Timestamp::now()).as_secs());
+    let applied = observed.is_some_and(|off| (off - skew).abs() <= 30);
+    let fresh = wave.wait_all("compliant", DEADLINE).await.is_ok();
+    let _ = first.kill();
+    let died = Instant::now();
+    let stale = wave.wait_all("unknown", DEADLINE).await.is_ok();
+    let detected = died.elapsed();
+    let second = host.start_probe_env("boot-a", &[], &env).unwrap();
+    let back = Instant::now();
+    let returned = wave.wait_all("compliant", DEADLINE).await.is_ok();
+    let recovery = record::elapsed_ms(back);
+    let mut checks = vec![
+        Check::new(
+            "the probe's clock was skewed (its report's observedAt against the operator's clock)",
+            applied,
+            format!("observedAt {observed:?} s from now, skew {skew:+} s"),
+        ),
+        Check::new(
+            "a running probe with a skewed clock keeps its node fresh (compliant)",
+            fresh,
+            format!("compliant while the probe ran: {fresh}"),
+        ),
+        Check::new(
+            "its death is seen staleAfter later by the operator's clock",
+            stale && detected >= Duration::from_secs(59) && detected < Duration::from_secs(75),
+            format!(
+                "Unknown {:.1} s after the probe died (staleAfter 60 s)",
+                detected.as_secs_f64()
+            ),
+        ),
+        Check::new(
+            "the node returns when the probe does",
+            returned,
+            format!("compliant again {recovery} ms after the restart"),
+        ),
+    ];
+    checks.extend(wave.run_checks(fc, &monitor, 0, &[]).await.unwrap());
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: format!(
+            "the real probe with its wall clock {} s {short} the operator's (libfaketime), killed and restarted",
+            skew.abs()
+        ),
+        seed: None,
+        checks,
+        recovery_ms: Some(recovery),
+    })
+    .unwrap();
+    drop(second);
     host.cleanup(client).await;
     wave.cleanup().await;
 }

@@ -15,6 +15,7 @@ pub mod gpus;
 pub mod heartbeats;
 pub mod index;
 pub mod own_writes;
+pub mod skew;
 pub mod triggers;
 pub mod trim;
 
@@ -532,7 +533,10 @@ impl Watches {
             "report",
         )
         .modify(|r: &mut Guarded<GpuNodeReport>| match &mut r.0 {
-            Ok(report) => trim::report(report),
+            Ok(report) => {
+                trim::report(report);
+                skew::observed_not_ahead(report, jiff::Timestamp::now());
+            }
             Err(_) => r.managed_fields_mut().clear(),
         })
         // The cache keeps each report compacted; the stream goes on with the whole object, for
@@ -639,12 +643,14 @@ fn lease_watch(
     listing: &watcher::Config,
 ) -> (Store<Lease>, tokio::task::JoinHandle<()>) {
     let (leases, lease_writer) = reflector::store::<Lease>();
+    let cached = leases.clone();
     let lease_stream = backoff::watcher(
         Api::<Lease>::namespaced(client.clone(), namespace),
         listing.clone().labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
         "lease",
     )
     .modify(heartbeats::trim)
+    .map_ok(move |event| heartbeats::stamp(event, &cached, jiff::Timestamp::now()))
     .reflect(lease_writer);
     let lease_task = tokio::spawn(lease_stream.for_each(|event| async move {
         if let Err(e) = event {

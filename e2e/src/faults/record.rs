@@ -129,13 +129,14 @@ pub struct Summary {
 /// The results files a `make test` run writes (each test binary of the reliability suite, each
 /// `fuzz_*` property test): a file missing from the results, or holding no run, means a test ran
 /// nothing, and the report fails naming it.
-pub const EXPECTED: [&str; 18] = [
+pub const EXPECTED: [&str; 19] = [
     "bad-input",
     "concurrency",
     "control-plane",
     "crash",
     "faults",
     "host",
+    "latency",
     "operator",
     "operator-fence",
     "probe",
