@@ -40,7 +40,22 @@ struct Seen {
     /// Per pod: the earliest time its deletion is known to have been committed.
     committed: BTreeMap<String, jiff::Timestamp>,
     pod_events: usize,
+    /// Every observed state of a node out of service, in order.
+    disruptions: Vec<Disruption>,
 }
+
+/// One observed state of a node out of service (cordoned, or tainted off by gpunode's key).
+#[derive(Debug, Clone)]
+pub struct Disruption {
+    pub node: String,
+    /// When the monitor saw it.
+    pub at: jiff::Timestamp,
+    /// The node's `gpunode.dev/approve` annotation then (what a person had approved).
+    pub approved: Option<String>,
+}
+
+/// What a person writes to approve a node's pending actions (README, Manual approval).
+const APPROVE_ANNOTATION: &str = "gpunode.dev/approve";
 
 fn has_foreign(node: &Node) -> (bool, bool) {
     let label = node
@@ -122,6 +137,19 @@ impl WaveMonitor {
                 seen.max_disrupted = seen.max_disrupted.max(now);
                 seen.node_changes += 1;
                 let name = node.metadata.name.clone().unwrap_or_default();
+                if out_of_service(&node) {
+                    let approved = node
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(APPROVE_ANNOTATION))
+                        .cloned();
+                    seen.disruptions.push(Disruption {
+                        node: name.clone(),
+                        at: jiff::Timestamp::now(),
+                        approved,
+                    });
+                }
                 let (label, taint) = has_foreign(&node);
                 if !label || !taint {
                     seen.foreign_lost
@@ -167,6 +195,14 @@ impl WaveMonitor {
             tasks: vec![node_task, pod_task],
             has_bystander,
         }
+    }
+
+    /// Every observed state of a node out of service so far, in order.
+    pub fn disruptions(&self) -> Vec<Disruption> {
+        self.seen
+            .lock()
+            .map(|s| s.disruptions.clone())
+            .unwrap_or_default()
     }
 
     /// The most nodes gpunode had out of service at once, and how many node states were observed.

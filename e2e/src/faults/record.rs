@@ -129,12 +129,13 @@ pub struct Summary {
 /// The results files a `make test` run writes (each test binary of the reliability suite, each
 /// `fuzz_*` property test): a file missing from the results, or holding no run, means a test ran
 /// nothing, and the report fails naming it.
-pub const EXPECTED: [&str; 19] = [
+pub const EXPECTED: [&str; 20] = [
     "bad-input",
     "concurrency",
     "control-plane",
     "crash",
     "faults",
+    "gates",
     "host",
     "latency",
     "operator",

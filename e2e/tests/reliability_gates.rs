@@ -1,0 +1,316 @@
+//! The gates on disruption under leader failure, on the reliability cluster (never the shared
+//! `test` cluster), with two operator replicas as processes:
+//! - **approval given mid-wave**: three nodes drift under a Drain rule that requires approval;
+//!   the leader is SIGKILLed while every node waits, the other replica takes over; a person
+//!   approves one node, then a second while the first drains, and the new leader is SIGKILLed
+//!   in turn (the first replica comes back), then the third node is approved;
+//! - **a window opening mid-wave**: three nodes drift under a Drain rule that waits for a
+//!   maintenance window opening at the next whole minute; the leader is SIGKILLed while they
+//!   wait, and the replica that took over is SIGKILLed a second before the window opens, so the
+//!   opening finds no leader until the first replica takes the Lease back.
+//!
+//! Checks: nothing disruptive without its approval or outside the window, at any observed
+//! instant (the monitor's node states: cordoned or tainted off) and in the audit log (no
+//! eviction before the node's approval or the window's opening); each node drained once
+//! approved or in the window; the wave's invariants (budget at every instant, no pod evicted
+//! twice, every pod evicted once, the end state). Recovery: the last approval, or the window's
+//! opening → the wave complete.
+
+// clippy.toml allows unwrap and expect in #[test] fns only; this crate's helper fns fail the
+// test the same way (a panic naming what broke), so the allow covers the whole test crate.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use gpunode_e2e::{
+    audit::AuditEvent,
+    faults::{
+        checks::Check,
+        cluster::{self, FaultCluster},
+        record::{self, Recorder, Run},
+        replica::Operator,
+        wave::{Wave, WaveSpec},
+    },
+    wait,
+};
+use jiff::{RoundMode, Timestamp, TimestampRound, ToSpan, Unit, tz::TimeZone};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+
+const CLASS: &str = "gates";
+const DEADLINE: Duration = Duration::from_secs(120);
+const NAMESPACE: &str = "rel-gates";
+
+#[tokio::test]
+async fn approvals_and_windows_hold_across_leader_kills() {
+    let (fc, client) = FaultCluster::up().await.unwrap();
+    let mut rec = Recorder::new(env!("CARGO_TARGET_TMPDIR"), "gates");
+    let mut a = Operator::start(&fc, &client, "rel-gates-a", NAMESPACE)
+        .await
+        .unwrap();
+    a.wait_leading(DEADLINE).await.unwrap();
+    let mut b = Operator::start(&fc, &client, "rel-gates-b", NAMESPACE)
+        .await
+        .unwrap();
+    approval_mid_wave(&fc, &client, &mut a, &mut b, &mut rec).await;
+    b.spawn().unwrap();
+    window_opening_mid_wave(&fc, &client, &mut a, &mut b, &mut rec).await;
+    a.kill();
+    b.kill();
+    rec.assert_clean();
+}
+
+/// The reason and message of the node's GpuPolicyCompliant condition.
+fn condition(n: &Node) -> (String, String) {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuPolicyCompliant"))
+        .map(|c| {
+            (
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until every node of the wave has a condition `test` accepts; whether they did.
+async fn wait_all_conditions(wave: &Wave, what: &str, test: impl Fn(&str, &str) -> bool) -> bool {
+    wait::until(what, DEADLINE, || async {
+        let nodes = wave.nodes_now().await?;
+        Ok((nodes.len() == wave.nodes.len()
+            && nodes.iter().all(|n| {
+                let (reason, message) = condition(n);
+                test(&reason, &message)
+            }))
+        .then_some(()))
+    })
+    .await
+    .is_ok()
+}
+
+/// A person approves the node's Drain (README, Manual approval); returns when.
+async fn approve(client: &Client, node: &str) -> Timestamp {
+    let at = Timestamp::now();
+    Api::<Node>::all(client.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"gpunode.dev/approve": "Drain"}}})),
+        )
+        .await
+        .unwrap();
+    at
+}
+
+/// Evictions of the wave's pods received before the moment `allowed` gives the pod's node.
+fn early_evictions(
+    audit: &[AuditEvent],
+    wave: &Wave,
+    allowed: impl Fn(&str) -> Option<Timestamp>,
+) -> Vec<String> {
+    let node_of: BTreeMap<&String, &String> = wave
+        .pods
+        .iter()
+        .flat_map(|(node, pods)| pods.iter().map(move |p| (p, node)))
+        .collect();
+    audit
+        .iter()
+        .filter(|e| e.subresource == "eviction" && e.namespace == wave.namespace)
+        .filter_map(|e| {
+            let node = node_of.get(&e.name)?;
+            let early = allowed(node).is_none_or(|from| e.at < from);
+            early.then(|| format!("{} of {node} at {}", e.name, e.at))
+        })
+        .collect()
+}
+
+async fn approval_mid_wave(
+    fc: &FaultCluster,
+    client: &Client,
+    a: &mut Operator,
+    b: &mut Operator,
+    rec: &mut Recorder,
+) {
+    let mut spec = WaveSpec::drain("approve", 3, 2);
+    spec.policy_spec["remediation"] =
+        json!([{"classes": ["Xid"], "action": "Drain", "requireApproval": true}]);
+    let wave = Wave::setup(client, &spec).await.unwrap();
+    let monitor = wave.monitor();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
+    let waited = wait_all_conditions(&wave, "every node awaiting approval", |r, _| {
+        r == "AwaitingApproval"
+    })
+    .await;
+    // The leader dies while every node waits; the other takes over and must wait as well.
+    a.kill();
+    b.wait_leading(DEADLINE).await.unwrap();
+    let mut approved = BTreeMap::new();
+    approved.insert(wave.nodes[0].clone(), approve(client, &wave.nodes[0]).await);
+    let first = wave.drain_started(&[], DEADLINE).await.unwrap();
+    approved.insert(wave.nodes[1].clone(), approve(client, &wave.nodes[1]).await);
+    // Mid-drain, the new leader dies too; the first replica comes back and takes over.
+    b.kill();
+    a.spawn().unwrap();
+    a.wait_leading(DEADLINE).await.unwrap();
+    let last = Instant::now();
+    approved.insert(wave.nodes[2].clone(), approve(client, &wave.nodes[2]).await);
+    wave.drive(DEADLINE * 2).await.unwrap();
+    let wave_ms = record::elapsed_ms(last);
+
+    let disruptions = monitor.disruptions();
+    let ungated: Vec<String> = disruptions
+        .iter()
+        .filter(|d| {
+            !d.approved
+                .as_deref()
+                .is_some_and(|a| a.split(',').any(|r| r.trim() == "Drain"))
+        })
+        .map(|d| format!("{} at {}", d.node, d.at))
+        .collect();
+    let audit = fc.audit().unwrap();
+    let early = early_evictions(&audit, &wave, |n| approved.get(n).copied());
+    let mut checks = vec![
+        Check::new(
+            "every node awaited its approval (condition AwaitingApproval)",
+            waited,
+            "before the first approval",
+        ),
+        Check::new(
+            "no node out of service without its approval (every observed state)",
+            ungated.is_empty() && !disruptions.is_empty(),
+            format!(
+                "{} observed states out of service (first drained: {first}), without approval: {ungated:?}",
+                disruptions.len()
+            ),
+        ),
+        Check::new(
+            "no eviction before the node's approval (audit log)",
+            early.is_empty(),
+            format!("early: {early:?}"),
+        ),
+    ];
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: "approval given mid-wave, node by node; the leader SIGKILLed while every node waited, the next one mid-drain".into(),
+        seed: None,
+        checks,
+        recovery_ms: Some(wave_ms),
+    })
+    .unwrap();
+    wave.cleanup().await;
+}
+
+/// A window that opens at the next whole minute at least 40 s away (time to set up, drift and
+/// fail over before it), for ten minutes; and when it opens.
+fn next_window() -> (serde_json::Value, Timestamp) {
+    let now = Timestamp::now();
+    let minute = TimestampRound::new()
+        .smallest(Unit::Minute)
+        .mode(RoundMode::Trunc);
+    let mut opens = now.round(minute).unwrap().checked_add(1.minute()).unwrap();
+    if opens.duration_since(now).as_secs() < 40 {
+        opens = opens.checked_add(1.minute()).unwrap();
+    }
+    let civil = opens.to_zoned(TimeZone::UTC);
+    let closes = civil.checked_add(10.minutes()).unwrap();
+    let day = format!("{:?}", civil.weekday())[..3].to_string();
+    let window = json!({
+        "days": [day],
+        "start": format!("{:02}:{:02}", civil.hour(), civil.minute()),
+        "end": format!("{:02}:{:02}", closes.hour(), closes.minute()),
+        "timeZone": "UTC",
+    });
+    (window, opens)
+}
+
+async fn window_opening_mid_wave(
+    fc: &FaultCluster,
+    client: &Client,
+    a: &mut Operator,
+    b: &mut Operator,
+    rec: &mut Recorder,
+) {
+    let (window, opens) = next_window();
+    let mut spec = WaveSpec::drain("window", 3, 2);
+    spec.policy_spec["maintenance"] = json!({"windows": [window]});
+    let wave = Wave::setup(client, &spec).await.unwrap();
+    let monitor = wave.monitor();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
+    let waited = wait_all_conditions(&wave, "every node waiting for the window", |_, m| {
+        m.contains("waiting for the maintenance window")
+    })
+    .await;
+    // The leader dies while they wait; the other takes over, and dies a second before the
+    // window opens: the opening finds no leader until the first takes its Lease back.
+    a.kill();
+    b.wait_leading(DEADLINE).await.unwrap();
+    let before = opens
+        .duration_since(Timestamp::now())
+        .saturating_sub(jiff::SignedDuration::from_secs(1));
+    let before = Duration::try_from(before).unwrap_or_default();
+    cluster::hold("until a second before the window opens", before)
+        .await
+        .unwrap();
+    b.kill();
+    a.spawn().unwrap();
+    let in_time = Timestamp::now() < opens;
+    a.wait_leading(DEADLINE).await.unwrap();
+    wave.drive(DEADLINE * 2).await.unwrap();
+    let wave_ms = u64::try_from(Timestamp::now().duration_since(opens).as_millis()).unwrap_or(0);
+
+    let disruptions = monitor.disruptions();
+    let outside: Vec<String> = disruptions
+        .iter()
+        .filter(|d| d.at < opens)
+        .map(|d| format!("{} at {}", d.node, d.at))
+        .collect();
+    let audit = fc.audit().unwrap();
+    let early = early_evictions(&audit, &wave, |_| Some(opens));
+    let mut checks = vec![
+        Check::new(
+            "every node waited for the window (its condition says until when)",
+            waited,
+            "before the first leader died",
+        ),
+        Check::new(
+            "the second leader died before the window opened",
+            in_time,
+            format!("window opened at {opens}"),
+        ),
+        Check::new(
+            "no node out of service before the window opened (every observed state)",
+            outside.is_empty() && !disruptions.is_empty(),
+            format!(
+                "{} observed states out of service, before {opens}: {outside:?}",
+                disruptions.len()
+            ),
+        ),
+        Check::new(
+            "no eviction before the window opened (audit log)",
+            early.is_empty(),
+            format!("early: {early:?}"),
+        ),
+    ];
+    checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: "a maintenance window opening mid-wave; the leader SIGKILLed while the nodes waited, the next one a second before the opening".into(),
+        seed: None,
+        checks,
+        recovery_ms: Some(wave_ms),
+    })
+    .unwrap();
+    wave.cleanup().await;
+}
