@@ -44,7 +44,7 @@ reliability-long: ## the reliability suite at scale (500+ fault runs, 20 crashes
 	@rm -rf "$(REL_RESULTS)"
 	@status=0; GPUNODE_CLUSTER_NAME=rel GPUNODE_REL_SEEDS=60 GPUNODE_REL_WAVES_PER_PHASE=2 GPUNODE_REL_PARTITIONS=20 \
 	  GPUNODE_REL_OUTAGE_SECS=60 GPUNODE_REL_API_OUTAGE_SECS=600 GPUNODE_REL_STORM_RESTARTS=10 GPUNODE_REL_LATENCIES_MS=250,1000,3000 GPUNODE_REL_FLOOD=2000 GPUNODE_REL_ACTOR_SECS=60 GPUNODE_REL_BAD_INPUTS=10000 GPUNODE_REL_CRASH_RUNS=20 \
-	  GPUNODE_STORM_WINDOW_S=600 PROPTEST_CASES=5000 $(CARGO) test --workspace --locked --no-fail-fast \
+	  GPUNODE_REL_UPGRADE=1 GPUNODE_STORM_WINDOW_S=600 PROPTEST_CASES=5000 $(CARGO) test --workspace --locked --no-fail-fast \
 	  --test 'reliability_*' --test 'fuzz_*' --test storms -- --test-threads=1 || status=$$?; \
 	  GPUNODE_CLUSTER_NAME=rel-rel e2e/cluster/down.sh || true; \
 	  GPUNODE_RELIABILITY_DIR="$(REL_RESULTS)" fuzz/run.sh 120 || status=1; \

@@ -24,6 +24,7 @@ pub mod rig;
 pub mod scratch;
 pub mod storm;
 pub mod tools;
+pub mod upgrade;
 pub mod wait;
 
 use std::time::Duration;

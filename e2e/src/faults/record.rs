@@ -152,8 +152,10 @@ pub const EXPECTED: [&str; 20] = [
     "fuzz-dcb-exact",
 ];
 
-/// The files `make reliability-long` adds: libFuzzer's runs (fuzz/run.sh), one per target.
-pub const EXPECTED_LONG: [&str; 4] = [
+/// The files `make reliability-long` adds: the rolling upgrade's (it builds an earlier commit's
+/// operator, so only there) and libFuzzer's runs (fuzz/run.sh), one per target.
+pub const EXPECTED_LONG: [&str; 5] = [
+    "upgrade",
     "cargofuzz-dcb",
     "cargofuzz-version_range",
     "cargofuzz-duration",

@@ -102,6 +102,9 @@ pub struct Launch {
     /// bound to a stand-in pod named after it, and the chart's fence policy, rendered for its
     /// ServiceAccount, refuses its writes whenever the namespace's Lease names another holder.
     pub fence: bool,
+    /// The operator binary to run instead of this build's (an earlier commit's: a rolling
+    /// upgrade).
+    pub bin: Option<std::path::PathBuf>,
 }
 
 impl Operator {
@@ -185,8 +188,12 @@ impl Operator {
         let metrics_addr = format!("{ip}:{}", crate::http::free_addr()?.port())
             .parse()
             .map_err(|e| Error::Unexpected(format!("metrics address {ip}: {e}")))?;
+        let bin = match launch.bin {
+            Some(bin) => bin,
+            None => operator::binary()?,
+        };
         let spec = Spec {
-            bin: operator::binary()?,
+            bin,
             instance: identity.to_string(),
             kubeconfig,
             lease_namespace: Some(namespace.to_string()),
