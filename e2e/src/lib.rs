@@ -26,6 +26,7 @@ pub mod storm;
 pub mod tools;
 pub mod upgrade;
 pub mod wait;
+pub mod window;
 
 use std::time::Duration;
 

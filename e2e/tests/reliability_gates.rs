@@ -36,7 +36,7 @@ use gpunode_e2e::{
     },
     wait,
 };
-use jiff::{RoundMode, Timestamp, TimestampRound, ToSpan, Unit, tz::TimeZone};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, Client,
@@ -67,28 +67,13 @@ async fn approvals_and_windows_hold_across_leader_kills() {
     rec.assert_clean();
 }
 
-/// The reason and message of the node's GpuPolicyCompliant condition.
-fn condition(n: &Node) -> (String, String) {
-    n.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "GpuPolicyCompliant"))
-        .map(|c| {
-            (
-                c.reason.clone().unwrap_or_default(),
-                c.message.clone().unwrap_or_default(),
-            )
-        })
-        .unwrap_or_default()
-}
-
 /// Waits until every node of the wave has a condition `test` accepts; whether they did.
 async fn wait_all_conditions(wave: &Wave, what: &str, test: impl Fn(&str, &str) -> bool) -> bool {
     wait::until(what, DEADLINE, || async {
         let nodes = wave.nodes_now().await?;
         Ok((nodes.len() == wave.nodes.len()
             && nodes.iter().all(|n| {
-                let (reason, message) = condition(n);
+                let (reason, message) = gpunode_e2e::nodes::compliance(n);
                 test(&reason, &message)
             }))
         .then_some(()))
@@ -211,29 +196,6 @@ async fn approval_mid_wave(
     wave.cleanup().await;
 }
 
-/// A window that opens at the next whole minute at least 40 s away (time to set up, drift and
-/// fail over before it), for ten minutes; and when it opens.
-fn next_window() -> (serde_json::Value, Timestamp) {
-    let now = Timestamp::now();
-    let minute = TimestampRound::new()
-        .smallest(Unit::Minute)
-        .mode(RoundMode::Trunc);
-    let mut opens = now.round(minute).unwrap().checked_add(1.minute()).unwrap();
-    if opens.duration_since(now).as_secs() < 40 {
-        opens = opens.checked_add(1.minute()).unwrap();
-    }
-    let civil = opens.to_zoned(TimeZone::UTC);
-    let closes = civil.checked_add(10.minutes()).unwrap();
-    let day = format!("{:?}", civil.weekday())[..3].to_string();
-    let window = json!({
-        "days": [day],
-        "start": format!("{:02}:{:02}", civil.hour(), civil.minute()),
-        "end": format!("{:02}:{:02}", closes.hour(), closes.minute()),
-        "timeZone": "UTC",
-    });
-    (window, opens)
-}
-
 async fn window_opening_mid_wave(
     fc: &FaultCluster,
     client: &Client,
@@ -241,7 +203,8 @@ async fn window_opening_mid_wave(
     b: &mut Operator,
     rec: &mut Recorder,
 ) {
-    let (window, opens) = next_window();
+    // At least 40 s away: time to set up, drift and fail over before it opens.
+    let (window, opens) = gpunode_e2e::window::next_minute(Duration::from_secs(40)).unwrap();
     let mut spec = WaveSpec::drain("window", 3, 2);
     spec.policy_spec["maintenance"] = json!({"windows": [window]});
     let wave = Wave::setup(client, &spec).await.unwrap();

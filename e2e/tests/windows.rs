@@ -13,7 +13,7 @@ use gpunode_crds::GpuNodePolicy;
 use gpunode_e2e::{
     chart, cluster::admin_client, crds, nodes, operator::InProcess, reports, scratch::rand_suffix, wait,
 };
-use jiff::{RoundMode, Timestamp, TimestampRound, ToSpan, Unit, tz::TimeZone};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 use serde_json::json;
@@ -56,23 +56,7 @@ async fn a_drift_waits_for_the_window_that_opens_seconds_later_and_an_urgent_one
             .unwrap();
     }
     // The window opens at the next whole minute at least 10 s away, and lasts 10 minutes.
-    let now = Timestamp::now();
-    let minute = TimestampRound::new()
-        .smallest(Unit::Minute)
-        .mode(RoundMode::Trunc);
-    let mut opens = now.round(minute).unwrap().checked_add(1.minute()).unwrap();
-    if opens.duration_since(now).as_secs() < 10 {
-        opens = opens.checked_add(1.minute()).unwrap();
-    }
-    let civil = opens.to_zoned(TimeZone::UTC);
-    let closes = civil.checked_add(10.minutes()).unwrap();
-    let day = format!("{:?}", civil.weekday())[..3].to_string();
-    let window = json!({
-        "days": [day],
-        "start": format!("{:02}:{:02}", civil.hour(), civil.minute()),
-        "end": format!("{:02}:{:02}", closes.hour(), closes.minute()),
-        "timeZone": "UTC",
-    });
+    let (window, opens) = gpunode_e2e::window::next_minute(Duration::from_secs(10)).unwrap();
     for n in [&waits, &urgent] {
         crds::create_policy(
             &client,
