@@ -154,7 +154,9 @@ where
         let ar = reboot_resource();
         let all: Api<DynamicObject> = Api::all_with(admin.clone(), &ar);
         let mut done: BTreeSet<String> = BTreeSet::new();
-        let mut events = watcher(all, watcher::Config::default()).applied_objects().boxed();
+        let mut events = watcher(all, crate::faults::cluster::watch_config())
+            .applied_objects()
+            .boxed();
         while let Some(event) = events.next().await {
             let Ok(obj) = event else { continue };
             let (ns, name, uid) = (

@@ -396,7 +396,7 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
     let watch = tokio::spawn(
         watcher(
             Api::<Node>::all(client.clone()),
-            watcher::Config::default().labels(&wave.selector()),
+            gpunode_e2e::faults::cluster::watch_config().labels(&wave.selector()),
         )
         .default_backoff()
         .reflect(writer)

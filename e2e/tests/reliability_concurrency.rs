@@ -254,6 +254,9 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
             )
         })
         .collect();
+    let watched = monitor
+        .checks(BUDGET, &fc.audit().unwrap(), &wave.namespace)
+        .await;
     rec.push(Run {
         class: CLASS.into(),
         fault: "another controller rewriting its taints and labels on the same nodes".into(),
@@ -275,7 +278,7 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
             Check::new("operator survived", op.alive(), "same process"),
         ]
         .into_iter()
-        .chain(monitor.checks(BUDGET, &fc.audit().unwrap(), &wave.namespace))
+        .chain(watched)
         .collect(),
         recovery_ms: Some(recovery),
     })

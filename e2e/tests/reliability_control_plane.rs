@@ -123,7 +123,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
         op.alive(),
         "same process",
     )];
-    checks.extend(monitor.checks(1, &audit, &wave.namespace));
+    checks.extend(monitor.checks(1, &audit, &wave.namespace).await);
     checks.extend(checks::eviction_checks(&audit, &wave.namespace, &[]));
     let still = wave.alive_pods().await.unwrap();
     checks.push(Check::new(

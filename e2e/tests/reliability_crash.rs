@@ -567,7 +567,7 @@ async fn release(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: 
             format!("{left:?}"),
         ),
     ];
-    checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace));
+    checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace).await);
     push(
         rec,
         point,
@@ -666,7 +666,7 @@ async fn devices(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: 
         .await
         .unwrap();
     checks.push(unquarantined(client, &wave).await);
-    checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace));
+    checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace).await);
     push(rec, point, "a DRA quarantine of one GPU", run, checks, recovery);
     let _ = slices
         .delete(&format!("{node}-gpu"), &DeleteParams::default())

@@ -393,7 +393,7 @@ async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Op
     heal(client, &wave).await;
     let audit = fc.audit().unwrap();
     let mut checks = vec![alive(op)];
-    checks.extend(monitor.checks(1, &audit, &wave.namespace));
+    checks.extend(monitor.checks(1, &audit, &wave.namespace).await);
     checks.extend(checks::eviction_checks(&audit, &wave.namespace, &[]));
     checks.extend(wave.final_checks().await.unwrap());
     let late = evictions_after(&audit, &op.user(), &wave.namespace, took_effect);
@@ -437,7 +437,7 @@ async fn policy_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut O
     let pods_now = wave.alive_pods().await.unwrap();
     let audit = fc.audit().unwrap();
     let mut checks = vec![alive(op)];
-    checks.extend(monitor.checks(1, &audit, &wave.namespace));
+    checks.extend(monitor.checks(1, &audit, &wave.namespace).await);
     checks.extend(checks::eviction_checks(&audit, &wave.namespace, &[]));
     checks.push(released_check(client, &wave).await);
     let late = evictions_after(&audit, &op.user(), &wave.namespace, gone);

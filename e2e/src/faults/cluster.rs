@@ -43,6 +43,19 @@ pub struct FaultCluster {
     log: AuditLog,
 }
 
+/// The read timeout of [`FaultCluster::config`]'s clients.
+const READ_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A watch for a client of [`FaultCluster::config`]: the server ends it after 15 s, within the
+/// client's 20 s read timeout, so a quiet watch resumes from its resourceVersion instead of
+/// failing on that timeout into the watcher's backoff (up to 30 s, during which its states and
+/// deletions are missed; seen: a wave monitor that saw no eviction of a whole wave).
+pub fn watch_config() -> kube::runtime::watcher::Config {
+    const SERVER_TIMEOUT_SECS: u32 = 15;
+    const _: () = assert!((SERVER_TIMEOUT_SECS as u64) < READ_TIMEOUT.as_secs());
+    kube::runtime::watcher::Config::default().timeout(SERVER_TIMEOUT_SECS)
+}
+
 impl FaultCluster {
     /// The cluster name: `GPUNODE_REL_CLUSTER`, else `rel-<GPUNODE_CLUSTER_NAME or test>`, so
     /// `make test` (cluster `test`) uses `rel-test` and stops it afterwards.
@@ -208,8 +221,9 @@ impl FaultCluster {
             .await
             .map_err(|e| Error::Kubeconfig(e.to_string()))?;
         config.default_retry = false;
-        // An outage must not leave a test's request hanging for minutes.
-        config.read_timeout = Some(Duration::from_secs(20));
+        // An outage must not leave a test's request hanging for minutes. A watch on this
+        // client must end sooner at the server's hand: [`watch_config`].
+        config.read_timeout = Some(READ_TIMEOUT);
         config.connect_timeout = Some(Duration::from_secs(5));
         Ok(config)
     }
@@ -243,12 +257,19 @@ impl FaultCluster {
         Ok(())
     }
 
-    /// Waits until the API server answers again after an outage.
+    /// Waits until the API server answers again after an outage, then restarts kwok, the fake
+    /// kubelets. Their client-go reflectors back off after failed watches, up to a minute when
+    /// the outages repeat: they then run and delete pods late, and forget deleted nodes, for
+    /// the rest of this test and into the next test binary on this cluster (seen: a pod not
+    /// Running 90 s after it was made, right after the 410 storm). That is the harness's
+    /// slowness, not the operator's; the operator's own recovery is what the tests time.
     pub async fn wait_api(&self, client: &Client, timeout: Duration) -> Result<(), Error> {
         wait::until("the API server to answer", timeout, || async {
             Ok(client.apiserver_version().await.is_ok().then_some(()))
         })
-        .await
+        .await?;
+        self.ctl("stop", "kwok").await?;
+        self.ctl("start", "kwok").await
     }
 
     /// Every audit event so far, from the active file and every rotated one.

@@ -421,7 +421,7 @@ impl Wave {
         evicted: &[String],
     ) -> Result<Vec<Check>, Error> {
         let audit = fc.audit()?;
-        let mut checks = monitor.checks(allowed, &audit, &self.namespace);
+        let mut checks = monitor.checks(allowed, &audit, &self.namespace).await;
         checks.extend(eviction_checks(&audit, &self.namespace, evicted));
         checks.extend(self.final_checks().await?);
         Ok(checks)
