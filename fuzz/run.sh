@@ -43,7 +43,7 @@ path, commit, fault, rest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 checks = [{"invariant": rest[i], "ok": rest[i + 1] == "true", "detail": rest[i + 2]}
           for i in range(0, len(rest), 3)]
 json.dump({"commit": commit, "runs": [{"class": "bad input (fuzz)", "fault": fault, "seed": None,
-            "checks": checks, "recovery_ms": None}]}, open(path, "w"))
+            "checks": checks, "recovery": None}]}, open(path, "w"))
 PY
 }
 

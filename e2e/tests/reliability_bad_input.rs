@@ -577,7 +577,7 @@ async fn hostile_reports_and_policies_are_rejected_or_judged_by_the_running_oper
         fault: "hostile reports and policies through the API".into(),
         seed: None,
         checks,
-        recovery_ms: None,
+        recovery: None,
     })
     .unwrap();
     rec.assert_clean();

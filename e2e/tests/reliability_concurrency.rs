@@ -18,7 +18,7 @@ use gpunode_e2e::{
         checks::Check,
         cluster::{self, FaultCluster},
         marks,
-        record::{self, Recorder, Run},
+        record::{self, Recorder, Run, Until},
         replica::Operator,
         wave::{self, Wave, WaveSpec},
     },
@@ -280,7 +280,7 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
         .into_iter()
         .chain(watched)
         .collect(),
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::Converged.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;

@@ -19,7 +19,7 @@ use gpunode_e2e::faults::{
     checks::{self, Check},
     cluster::{self, FaultCluster, Restore},
     marks,
-    record::{self, Recorder, Run},
+    record::{self, Recorder, Run, Until},
     replica::Operator,
     wave::{self, Wave, WaveSpec},
 };
@@ -139,7 +139,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
         ),
         seed: None,
         checks,
-        recovery_ms: Some(recovered_ms),
+        recovery: Some(Until::Acting.after(recovered_ms)),
     })
     .unwrap();
 
@@ -211,7 +211,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
                 ),
             ),
         ],
-        recovery_ms: Some(relisted_ms),
+        recovery: Some(Until::Relisted.after(relisted_ms)),
     })
     .unwrap();
 
@@ -235,7 +235,7 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
         fault: format!("etcd paused (SIGSTOP) {} s mid-wave", etcd_pause().as_secs()),
         seed: None,
         checks,
-        recovery_ms: Some(wave_ms),
+        recovery: Some(Until::Converged.after(wave_ms)),
     })
     .unwrap();
 
@@ -301,7 +301,7 @@ async fn storm(fc: &FaultCluster, client: &kube::Client, op: &mut Operator, rec:
         ),
         seed: None,
         checks,
-        recovery_ms: Some(wave_ms),
+        recovery: Some(Until::Converged.after(wave_ms)),
     })
     .unwrap();
     wave.cleanup().await;

@@ -32,7 +32,7 @@ use gpunode_e2e::{
         cluster::FaultCluster,
         crash::{crashed_at, probe_crashed_at, restart_unarmed, start_armed},
         marks::{self, gpunode_taints},
-        record::{Recorder, Run},
+        record::{Recorder, Recovery, Run, Until},
         replica::Operator,
         wave::{FOREIGN_LABEL, FOREIGN_TAINT, Wave, WaveSpec, report_status},
     },
@@ -95,7 +95,7 @@ async fn a_leader_crashed_between_two_writes_leaves_no_duplicate_and_no_orphan()
             without.is_empty(),
             format!("without a scenario: {without:?}"),
         )],
-        recovery_ms: None,
+        recovery: None,
     })
     .unwrap();
     rec.assert_clean();
@@ -217,7 +217,7 @@ async fn template(client: &Client) {
 }
 
 /// Files run `run` of `point` with its checks, the crash check first.
-fn push(rec: &mut Recorder, point: &str, action: &str, run: u64, checks: Vec<Check>, recovery: u64) {
+fn push(rec: &mut Recorder, point: &str, action: &str, run: u64, checks: Vec<Check>, recovery: Recovery) {
     let who = if gpunode_probe::crash::POINTS.contains(&point) {
         "probe process"
     } else {
@@ -228,7 +228,7 @@ fn push(rec: &mut Recorder, point: &str, action: &str, run: u64, checks: Vec<Che
         fault: format!("{who} crashed at {point} ({action}), restarted"),
         seed: Some(run),
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(recovery),
     })
     .unwrap();
 }
@@ -294,10 +294,10 @@ fn completed(driven: &Result<(), gpunode_e2e::Error>) -> Check {
     )
 }
 
-async fn crash_and_restart(op: &mut Operator, point: &str) -> (Check, u64) {
+async fn crash_and_restart(op: &mut Operator, point: &str) -> (Check, Recovery) {
     let crashed = crashed_at(op, point, DEADLINE).await;
     let recovery = restart_unarmed(op, DEADLINE).await.unwrap();
-    (crashed, recovery)
+    (crashed, Until::Leading.after(recovery))
 }
 
 /// Two nodes drained on a fatal XID and handed to the remediator (a `FakeReboot` each); the
@@ -763,7 +763,7 @@ async fn xid_save(client: &Client, rec: &mut Recorder, point: &str, run: u64) {
     let started = std::time::Instant::now();
     let again = host.start_probe("boot-1").unwrap();
     let restored = again.logged("restored the XIDs of this boot", DEADLINE).await;
-    let recovery = gpunode_e2e::faults::record::elapsed_ms(started);
+    let recovery = Until::ProbeBack.after(gpunode_e2e::faults::record::elapsed_ms(started));
     let leftovers: Vec<String> = std::fs::read_dir(&state)
         .map(|d| {
             d.flatten()
@@ -923,7 +923,7 @@ async fn gpu_reset(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point
     let mut checks = vec![crashed];
     checks.extend(reset_outcome(client, &node).await);
     let back = until_back(client, &node).await;
-    let recovery = gpunode_e2e::faults::record::elapsed_ms(started);
+    let recovery = Until::NodeBack.after(gpunode_e2e::faults::record::elapsed_ms(started));
     let resets = [&reset, &again]
         .iter()
         .flat_map(|p| p.lines())

@@ -37,7 +37,7 @@ use gpunode_e2e::{
         checks::{self, Check},
         cluster::{self, FaultCluster, Restore},
         marks,
-        record::{self, Recorder, Run},
+        record::{self, Recorder, Run, Until},
         replica::Operator,
         wave::{self, Wave, WaveSpec},
     },
@@ -343,7 +343,7 @@ async fn node_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Ope
         fault: "a node deleted while its drain was held, two nodes queued behind it".into(),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::Acting.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -411,7 +411,7 @@ async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Op
         fault: "policy edited mid-drain (Drain to Taint NoSchedule)".into(),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::Acting.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -453,7 +453,7 @@ async fn policy_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut O
         fault: "policy deleted mid-drain".into(),
         seed: None,
         checks,
-        recovery_ms: recovery,
+        recovery: recovery.map(|ms| Until::Released.after(ms)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -509,7 +509,7 @@ async fn crds_removed_and_reinstalled(
         fault: "gpunode's CRDs deleted mid-drain (policies and reports with them), then reinstalled".into(),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::Acting.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -561,7 +561,7 @@ async fn etcd_restarted(fc: &FaultCluster, client: &Client, op: &mut Operator, r
         ),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::Converged.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -710,7 +710,7 @@ async fn throttled(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &
         ),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::Converged.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -848,7 +848,7 @@ async fn webhook_down(fc: &FaultCluster, client: &Client, op: &mut Operator, rec
         ),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::Converged.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -960,7 +960,7 @@ async fn webhook_hangs(fc: &FaultCluster, client: &Client, op: &mut Operator, re
         fault: "validating webhook hanging (failurePolicy Ignore, timeoutSeconds 1) through a wave".into(),
         seed: None,
         checks,
-        recovery_ms: Some(wave_ms),
+        recovery: Some(Until::WaveUnderFault.after(wave_ms)),
     })
     .unwrap();
     wave.cleanup().await;

@@ -30,7 +30,7 @@ use gpunode_e2e::{
     faults::{
         checks::Check,
         cluster::{self, FaultCluster},
-        record::{self, Recorder, Run},
+        record::{self, Recorder, Run, Until},
         replica::Operator,
         wave::{Wave, WaveSpec},
     },
@@ -190,7 +190,7 @@ async fn approval_mid_wave(
         fault: "approval given mid-wave, node by node; the leader SIGKILLed while every node waited, the next one mid-drain".into(),
         seed: None,
         checks,
-        recovery_ms: Some(wave_ms),
+        recovery: Some(Until::Converged.after(wave_ms)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -272,7 +272,7 @@ async fn window_opening_mid_wave(
         fault: "a maintenance window opening mid-wave; the leader SIGKILLed while the nodes waited, the next one a second before the opening".into(),
         seed: None,
         checks,
-        recovery_ms: Some(wave_ms),
+        recovery: Some(Until::Converged.after(wave_ms)),
     })
     .unwrap();
     wave.cleanup().await;

@@ -25,7 +25,7 @@ use gpunode_e2e::{
         checks::Check,
         cluster::{self, FaultCluster},
         late,
-        record::{self, Recorder, Run},
+        record::{self, Recorder, Run, Until},
         replica::{self, Launch, Operator},
         wave::{self, Wave, WaveSpec},
     },
@@ -166,7 +166,7 @@ async fn network_partition(fc: &FaultCluster, client: &Client, rec: &mut Recorde
         fault: "leader's network partitioned (netns link down) at a seeded point of a held drain".into(),
         seed: Some(seed),
         checks,
-        recovery_ms: Some(failover),
+        recovery: Some(Until::Leading.after(failover)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -264,7 +264,7 @@ async fn clock_skew(fc: &FaultCluster, client: &Client, rec: &mut Recorder, skew
         ),
         seed: None,
         checks,
-        recovery_ms: Some(takeover),
+        recovery: Some(Until::Leading.after(takeover)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -420,7 +420,7 @@ async fn oom_kill(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
         fault: "leader OOM-killed under its memory limit mid-drain, restarted".into(),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::Leading.after(recovery)),
     })
     .unwrap();
     for name in &filler_names {

@@ -20,7 +20,7 @@ use gpunode_e2e::faults::{
     checks::Check,
     cluster::{self, FaultCluster},
     proxy::{self, Toxiproxy},
-    record::{self, Recorder, Run},
+    record::{self, Recorder, Run, Until},
     replica::{self, Launch, Operator},
     wave::{Wave, WaveSpec},
 };
@@ -125,7 +125,7 @@ async fn slow_wave(
         ),
         seed: None,
         checks,
-        recovery_ms: Some(wave_ms),
+        recovery: Some(Until::WaveUnderFault.after(wave_ms)),
     })
     .unwrap();
     wave.cleanup().await;

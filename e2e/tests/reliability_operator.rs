@@ -27,7 +27,7 @@ use gpunode_e2e::{
         checks::Check,
         cluster::{self, FaultCluster},
         late, marks,
-        record::{self, Recorder, Run},
+        record::{self, Recorder, Run, Until},
         replica::{self, Launch, Operator},
         wave::{self, Wave, WaveSpec},
     },
@@ -262,7 +262,7 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
                 fault: format!("leader SIGKILLed {}, restarted (3-node waves)", phase.describe()),
                 seed: Some(round),
                 checks,
-                recovery_ms: Some(recovery),
+                recovery: Some(Until::Leading.after(recovery)),
             })
             .unwrap();
         }
@@ -286,7 +286,7 @@ async fn sigkill_in_every_phase(fc: &FaultCluster, client: &Client, rec: &mut Re
         fault: format!("where the SIGKILLs landed, over {rounds} rounds"),
         seed: None,
         checks,
-        recovery_ms: None,
+        recovery: None,
     })
     .unwrap();
 }
@@ -330,7 +330,7 @@ async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Reco
         fault: "both replicas SIGKILLed mid-drain and restarted".into(),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::Converged.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -437,7 +437,7 @@ async fn partitioned_leader(fc: &FaultCluster, client: &Client, rec: &mut Record
             .into(),
         seed: Some(seed),
         checks,
-        recovery_ms: Some(failover),
+        recovery: Some(Until::Leading.after(failover)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -509,7 +509,7 @@ async fn a_replica_past_its_term_writes_nothing_even_mid_apply() {
                 format!("{writes} writes"),
             ),
         ],
-        recovery_ms: None,
+        recovery: None,
     })
     .unwrap();
     rec.assert_clean();

@@ -26,7 +26,7 @@ use gpunode_e2e::{
         checks::Check,
         cluster::FaultCluster,
         marks,
-        record::{self, Recorder, Run},
+        record::{self, Recorder, Run, Until},
         replica::Operator,
         wave::{self, Wave, WaveSpec},
     },
@@ -102,7 +102,7 @@ async fn dead_flooding_and_restarted_probes_cause_no_harm() {
             op.alive(),
             "same process",
         )],
-        recovery_ms: None,
+        recovery: None,
     })
     .unwrap();
     if run("skew") {
@@ -216,7 +216,7 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
         fault: "probe died (report went stale)".into(),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::ProbeBack.after(recovery)),
     })
     .unwrap();
     quiet.cleanup().await;
@@ -288,7 +288,7 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
         fault: format!("probe flooded {updates} updates from {FLOOD_WRITERS} concurrent writers"),
         seed: None,
         checks,
-        recovery_ms: Some(settle_ms),
+        recovery: Some(Until::Settled.after(settle_ms)),
     })
     .unwrap();
     let mut checks = vec![Check::new(
@@ -302,7 +302,7 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
         fault: "probe restarted with a different boot id".into(),
         seed: None,
         checks,
-        recovery_ms: None,
+        recovery: None,
     })
     .unwrap();
     wave.cleanup().await;
@@ -384,7 +384,7 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
         fault: "the real probe process SIGKILLed mid-drain and restarted on the same boot".into(),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::NodeBack.after(recovery)),
     })
     .unwrap();
     drop(third);
@@ -464,7 +464,7 @@ async fn skewed_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder, sk
         ),
         seed: None,
         checks,
-        recovery_ms: Some(recovery),
+        recovery: Some(Until::ProbeBack.after(recovery)),
     })
     .unwrap();
     drop(second);

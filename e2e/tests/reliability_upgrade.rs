@@ -21,7 +21,7 @@ use std::{path::PathBuf, time::Duration};
 use gpunode_e2e::faults::{
     checks::Check,
     cluster::FaultCluster,
-    record::{self, Recorder, Run},
+    record::{self, Recorder, Run, Until},
     replica::{self, Launch, Operator},
     wave::{Wave, WaveSpec},
 };
@@ -116,7 +116,7 @@ async fn roll(
         fault,
         seed: None,
         checks,
-        recovery_ms: Some(took_ms),
+        recovery: Some(Until::Leading.after(took_ms)),
     })
     .unwrap();
     wave.cleanup().await;

@@ -68,7 +68,7 @@ pub fn record<E: std::fmt::Display>(
     let fault = format!("{fault} ({cases_run} cases run)");
     let run = results(
         serde_json::json!([{"class": "bad input (fuzz)", "fault": fault, "seed": 1,
-                                   "checks": checks, "recovery_ms": null}]),
+                                   "checks": checks, "recovery": null}]),
     );
     // A report that cannot be written leaves a gap in the table, which the report names;
     // it is not a reason to fail the test that passed.

@@ -25,8 +25,69 @@ pub struct Run {
     pub seed: Option<u64>,
     /// Invariants checked.
     pub checks: Vec<Check>,
-    /// From the end of the fault to the state the run waits for, when measured.
-    pub recovery_ms: Option<u64>,
+    /// From the end of the fault to the state the run waits for, when measured, and which
+    /// state that is.
+    #[serde(default)]
+    pub recovery: Option<Recovery>,
+}
+
+/// A recovery time and what it was measured until.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recovery {
+    /// Milliseconds.
+    pub ms: u64,
+    /// The state it ends at.
+    pub until: Until,
+}
+
+/// What a recovery time measures: from the end of the fault (the restart, the start or resume
+/// command, the fault lifted or undone) until this state. Each row of the table names its own,
+/// and the report refuses a row whose runs measured different ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Until {
+    /// A replica holds the leader Lease and leads.
+    Leading,
+    /// The operator's first action in answer: an eviction attempt, the next drain, the edit
+    /// applied.
+    Acting,
+    /// The operator's node and report watches listed again.
+    Relisted,
+    /// The wave is done: every node as the policy implies.
+    Converged,
+    /// Every node of a deleted policy released.
+    Released,
+    /// The probe back at work: its saved state restored, or its node's report fresh again.
+    ProbeBack,
+    /// The node back in service after its repair (a GPU reset, a reboot).
+    NodeBack,
+    /// The operator idle again after a flood (no write for a while).
+    Settled,
+    /// No end of the fault: the whole wave, from the drift to the last node done, with the
+    /// fault in place throughout.
+    WaveUnderFault,
+}
+
+impl Until {
+    /// The recovery `ms` long until this state.
+    pub fn after(self, ms: u64) -> Recovery {
+        Recovery { ms, until: self }
+    }
+
+    /// The table's words for it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Until::Leading => "fault's end → a replica leads",
+            Until::Acting => "fault's end → the operator's next action",
+            Until::Relisted => "API server's start → the operator's watches listed again",
+            Until::Converged => "fault's end → every node as the policy implies",
+            Until::Released => "policy deleted → every node released",
+            Until::ProbeBack => "probe's restart → the probe back at work",
+            Until::NodeBack => "repair's start → the node back in service",
+            Until::Settled => "flood's end → the operator idle",
+            Until::WaveUnderFault => "drift → wave done, under the fault throughout",
+        }
+    }
 }
 
 impl Run {
@@ -219,19 +280,27 @@ pub fn summary(dir: &Path) -> Result<Summary, Error> {
             .push(r);
     }
     let mut out = String::from(
-        "| Fault class | Fault injected | Runs | Invariants checked | Violations | Recovery median | Recovery max |\n\
-         |---|---|---:|---:|---:|---:|---:|\n",
+        "| Fault class | Fault injected | Runs | Invariants checked | Violations | Recovery measured | Recovery median | Recovery max |\n\
+         |---|---|---:|---:|---:|---|---:|---:|\n",
     );
     let fmt = |ms: Option<u64>| ms.map_or("–".to_string(), |m| format!("{:.1} s", m as f64 / 1000.0));
     let (mut total_runs, mut total_checks, mut total_bad) = (0, 0, 0);
     for ((class, fault), rs) in &rows {
         let checks: usize = rs.iter().map(|r| r.checks.len()).sum();
         let bad: usize = rs.iter().map(|r| r.violations().len()).sum();
-        let mut rec: Vec<u64> = rs.iter().filter_map(|r| r.recovery_ms).collect();
+        let untils: std::collections::BTreeSet<Until> =
+            rs.iter().filter_map(|r| r.recovery).map(|r| r.until).collect();
+        if untils.len() > 1 {
+            return Err(Error::Unexpected(format!(
+                "the runs of \"{class} / {fault}\" measured recovery until different states: {untils:?}"
+            )));
+        }
+        let measured = untils.first().map_or("–", |u| u.describe());
+        let mut rec: Vec<u64> = rs.iter().filter_map(|r| r.recovery).map(|r| r.ms).collect();
         rec.sort_unstable();
         let median = (!rec.is_empty()).then(|| rec[rec.len() / 2]);
         out.push_str(&format!(
-            "| {class} | {fault} | {} | {checks} | {bad} | {} | {} |\n",
+            "| {class} | {fault} | {} | {checks} | {bad} | {measured} | {} | {} |\n",
             rs.len(),
             fmt(median),
             fmt(rec.last().copied())
@@ -241,7 +310,7 @@ pub fn summary(dir: &Path) -> Result<Summary, Error> {
         total_bad += bad;
     }
     out.push_str(&format!(
-        "| **all** | | **{total_runs}** | **{total_checks}** | **{total_bad}** | | |\n"
+        "| **all** | | **{total_runs}** | **{total_checks}** | **{total_bad}** | | | |\n"
     ));
     let mut invariants: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for c in runs.iter().flat_map(|r| &r.checks) {
@@ -270,7 +339,7 @@ mod tests {
     }
 
     fn run(ok: bool) -> serde_json::Value {
-        serde_json::json!([{"class": "c", "fault": "f", "seed": null, "recovery_ms": 5,
+        serde_json::json!([{"class": "c", "fault": "f", "seed": null, "recovery": {"ms": 5, "until": "leading"},
             "checks": [{"invariant": "i", "ok": ok, "detail": "d"}]}])
     }
 
@@ -312,6 +381,34 @@ mod tests {
         );
         assert!(missing(&dir, false).is_empty());
         assert_eq!(missing(&dir, true).len(), EXPECTED_LONG.len());
+    }
+
+    #[test]
+    fn a_row_whose_runs_measured_recovery_until_different_states_is_refused() {
+        let dir = scratch("until");
+        let runs = serde_json::json!([
+            {"class": "c", "fault": "f", "seed": null, "checks": [],
+             "recovery": {"ms": 5, "until": "leading"}},
+            {"class": "c", "fault": "f", "seed": null, "checks": [],
+             "recovery": {"ms": 9, "until": "converged"}},
+        ]);
+        write(
+            &dir,
+            "a.json",
+            serde_json::json!({"commit": "abc1234", "runs": runs}),
+        );
+        let e = summary(&dir).map(|s| s.table).map_err(|e| e.to_string());
+        assert!(
+            e.as_ref()
+                .is_err_and(|e| e.contains("Leading") && e.contains("Converged")),
+            "{e:?}"
+        );
+        let dir = results("until-one", &[("abc1234", true)]);
+        let table = summary(&dir).map(|s| s.table).unwrap_or_default();
+        assert!(
+            table.contains("| fault's end → a replica leads | 0.0 s |"),
+            "{table}"
+        );
     }
 
     #[test]
