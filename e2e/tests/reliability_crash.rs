@@ -181,7 +181,15 @@ async fn scenario(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point:
             drain(fc, client, rec, point, run).await;
         }
         "repair::after_object" => repair(fc, client, rec, point, run).await,
-        "validation::after_job" => validation(fc, client, rec, point, run).await,
+        "validation::after_job" => {
+            validation(fc, client, rec, point, run).await;
+            // A failing and a hanging Job too: every run in `make test`, every fourth in
+            // `make reliability-long` (each takes a wave of its own).
+            if run % 4 == 0 {
+                validation_fails(fc, client, rec, point, run, Outcome::Fail).await;
+                validation_fails(fc, client, rec, point, run, Outcome::Hang).await;
+            }
+        }
         "devices::after_rule" => devices(fc, client, rec, point, run).await,
         "release::after_repair_objects" | "release::after_spec" => {
             release(fc, client, rec, point, run).await;
@@ -482,6 +490,134 @@ async fn validation(fc: &FaultCluster, client: &Client, rec: &mut Recorder, poin
         checks,
         recovery,
     );
+    finish(client, &wave).await;
+}
+
+/// What a validation Job's pod does (kwok's stages, e2e/cluster/kwok-stages-outcome.yaml).
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    /// Exits 1 once running.
+    Fail,
+    /// Runs on past the validation's timeout.
+    Hang,
+}
+
+/// Two nodes drift, one at a time (`maxUnavailable: 1`); the first, healed once drained, is
+/// validated by a Job that fails or hangs, and the leader crashes at `point` just after making
+/// it. After the restart: the validation failed (the hanging Job timed out and was deleted), the
+/// node stays out of service, its one Job was never made again, and it holds the budget: the
+/// second node is never disrupted.
+async fn validation_fails(
+    fc: &FaultCluster,
+    client: &Client,
+    rec: &mut Recorder,
+    point: &str,
+    run: u64,
+    outcome: Outcome,
+) {
+    let since = jiff::Timestamp::now();
+    let (tag, label, timeout) = match outcome {
+        Outcome::Fail => ("f", "Fail", "90s"),
+        Outcome::Hang => ("h", "Hang", "10s"),
+    };
+    let mut spec = WaveSpec::drain(&format!("cr{run}v{tag}"), 2, 1);
+    spec.policy_spec["remediation"] = json!([{"classes": ["Xid", "Validation"], "action": "Drain"}]);
+    spec.policy_spec["validation"] = json!({"namespace": VALIDATION_NS, "timeout": timeout, "template": {
+        "metadata": {"labels": {"app": "gpu-diag", "gpunode.test/outcome": label}},
+        "spec": {"containers": [{"name": "diag", "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
+            "command": ["dcgmi", "diag", "-r", "1"]}]},
+    }});
+    let wave = Wave::setup(client, &spec).await.unwrap();
+    let monitor = wave.monitor();
+    let env = [(
+        "GPUNODE_VALIDATION_NAMESPACES",
+        json!([{"name": VALIDATION_NS, "serviceAccounts": ["default"]}]).to_string(),
+    )];
+    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
+        .await
+        .unwrap();
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
+    wave.drift_all().await.unwrap();
+    let first = wave.drain_started(&[], DEADLINE).await.unwrap();
+    // Healed once drained: its validation Job is made, and the leader crashes just after.
+    let heal = async {
+        wait::until(&format!("{first} drained"), DEADLINE, || async {
+            Ok((wave.alive_pods().await?.get(&first).copied().unwrap_or(0) == 0).then_some(()))
+        })
+        .await?;
+        reports::publish(client, &first, report_status(false, "boot-1")).await
+    };
+    let (healed, (crashed, recovery)) = tokio::join!(heal, crash_and_restart(&mut op, point));
+    healed.unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let failed = wait::until(&format!("{first}'s validation to fail"), DEADLINE, || async {
+        let c = gpunode_e2e::nodes::compliance(&nodes.get(&first).await?);
+        Ok((c.0 == "ValidationFailed").then_some(c.1))
+    })
+    .await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), VALIDATION_NS);
+    let selector = format!("{}={first}", gpunode_operator::plan::validation::NODE_LABEL);
+    // A hanging Job is deleted at its timeout; a failed one is kept for a person to read.
+    let jobs_left = wait::until("the node's Jobs settled", DEADLINE, || async {
+        let n = jobs
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items
+            .len();
+        let settled = match outcome {
+            Outcome::Fail => n == 1,
+            Outcome::Hang => n == 0,
+        };
+        Ok(settled.then_some(n))
+    })
+    .await;
+    let node = nodes.get(&first).await.unwrap();
+    let made = creates(fc, "jobs", VALIDATION_NS, since);
+    let others: Vec<String> = monitor
+        .disruptions()
+        .iter()
+        .filter(|d| d.node != first)
+        .map(|d| format!("{} at {}", d.node, d.at))
+        .collect();
+    let mut checks = vec![
+        crashed,
+        Check::new(
+            "the validation failed (a hanging Job at its timeout)",
+            failed.is_ok(),
+            format!("{failed:?}"),
+        ),
+        Check::new(
+            "the node stays out of service, its validation recorded failed",
+            gpunode_e2e::nodes::cordoned(&node)
+                && marks::label(&node, "gpunode.dev/validation").as_deref() == Some("failed"),
+            format!(
+                "cordoned {}, validation {:?}",
+                gpunode_e2e::nodes::cordoned(&node),
+                marks::label(&node, "gpunode.dev/validation")
+            ),
+        ),
+        Check::new(
+            "one validation Job made, never again after the crash",
+            made == 1,
+            format!("{made} created (audit log)"),
+        ),
+        Check::new(
+            "the node's Jobs settled (a failed one kept, a hung one deleted)",
+            jobs_left.is_ok(),
+            format!("{jobs_left:?}"),
+        ),
+        Check::new(
+            "the failed node holds the budget: no other node out of service",
+            others.is_empty(),
+            format!("other nodes observed out of service: {others:?}"),
+        ),
+    ];
+    checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace).await);
+    let action = match outcome {
+        Outcome::Fail => "a validation Job that fails",
+        Outcome::Hang => "a validation Job that hangs past its timeout",
+    };
+    push(rec, point, action, run, checks, recovery);
     finish(client, &wave).await;
 }
 
