@@ -185,7 +185,7 @@ async fn scenario(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point:
             validation(fc, client, rec, point, run).await;
             // A failing and a hanging Job too: every run in `make test`, every fourth in
             // `make reliability-long` (each takes a wave of its own).
-            if run % 4 == 0 {
+            if run.is_multiple_of(4) {
                 validation_fails(fc, client, rec, point, run, Outcome::Fail).await;
                 validation_fails(fc, client, rec, point, run, Outcome::Hang).await;
             }
