@@ -180,7 +180,15 @@ async fn scenario(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point:
         "apply::after_spec" | "drain::after_first_eviction" | "drain::before_done_record" => {
             drain(fc, client, rec, point, run).await;
         }
-        "repair::after_object" => repair(fc, client, rec, point, run).await,
+        "repair::after_object" => {
+            repair(fc, client, rec, point, run).await;
+            // The GPU reset step's request as the object: a reset that succeeds and one refused
+            // into the remediator hand-off (every run in make test, every fourth in the long one).
+            if run.is_multiple_of(4) {
+                reset_by_new_leader(fc, client, rec, point, run, false).await;
+                reset_by_new_leader(fc, client, rec, point, run, true).await;
+            }
+        }
         "validation::after_job" => {
             validation(fc, client, rec, point, run).await;
             // A failing and a hanging Job too: every run in `make test`, every fourth in
@@ -1087,6 +1095,128 @@ async fn gpu_reset(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point
     );
     reboots.abort();
     drop((op, probe, again));
+    let _ = Api::<GpuNodePolicy>::all(client.clone())
+        .delete(&node, &DeleteParams::default())
+        .await;
+    host.cleanup(client).await;
+    let _ = Api::<Node>::all(client.clone())
+        .delete(&node, &DeleteParams::background())
+        .await;
+}
+
+/// A node whose GPU's row remap turns pending is drained and its GPU reset step begins; the
+/// leader crashes just after making the GpuResetRequest, before recording it. The restarted
+/// leader resumes the step: the reset succeeds, or (`in_use`: a process holds the GPU) the reset
+/// process refuses it and the ladder hands the node to the remediator's reboot. Either way one
+/// request, the remediator's object only after a refusal, each attempt counted once, nothing
+/// left, the node back.
+async fn reset_by_new_leader(
+    fc: &FaultCluster,
+    client: &Client,
+    rec: &mut Recorder,
+    point: &str,
+    run: u64,
+    in_use: bool,
+) {
+    let since = jiff::Timestamp::now();
+    let node = format!(
+        "cr{run}{}-{:06x}",
+        if in_use { "u" } else { "s" },
+        gpunode_e2e::scratch::rand_suffix()
+    );
+    gpunode_e2e::nodes::create(client, std::slice::from_ref(&node), &Default::default())
+        .await
+        .unwrap();
+    let host = std::sync::Arc::new(Host::prepare_for_resets(client, &node).await.unwrap());
+    gpunode_e2e::crds::create_policy(client, &node, reset_policy(&node))
+        .await
+        .unwrap();
+    let probe = host
+        .start_probe_with("boot-1", &[std::ffi::OsStr::new("--follow-resets")])
+        .unwrap();
+    let reset = host.start_reset_only().unwrap();
+    probe
+        .logged("following this node's GpuResetRequests", DEADLINE)
+        .await
+        .unwrap();
+    reset
+        .logged("answering GpuResetRequests", DEADLINE)
+        .await
+        .unwrap();
+    let rebooted = host.clone();
+    let reboots = remediator::spawn(client.clone(), move |_| {
+        let host = rebooted.clone();
+        async move {
+            let _ = host.reboot("boot-1", "boot-2");
+        }
+    });
+    let grant = json!([{"apiGroup": remediator::GROUP, "resources": ["fakereboots"],
+        "templates": ["fakereboottemplates"]}]);
+    let env = [("GPUNODE_REMEDIATORS", grant.to_string())];
+    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
+        .await
+        .unwrap();
+    let compliant = [("gpunode.dev/state", "compliant")];
+    gpunode_e2e::nodes::until_labelled(client, &node, &compliant, DEADLINE)
+        .await
+        .unwrap();
+    host.edit_fixture(|f| {
+        f["devices"][RESET_GPU]["remapped_rows"]["pending"] = 1.into();
+        if in_use {
+            f["devices"][RESET_GPU]["processes"] =
+                json!([{"pid": 4242, "used_memory": 1_073_741_824u64, "graphics": false}]);
+        }
+    })
+    .unwrap();
+    let (crashed, recovery) = crash_and_restart(&mut op, point).await;
+    let requests: Api<gpunode_crds::GpuResetRequest> = Api::all(client.clone());
+    let name = format!("{node}-gpu-{RESET_GPU}");
+    let status = wait::until("the reset's outcome", DEADLINE, || async {
+        let status = requests.get_opt(&name).await?.and_then(|r| r.status);
+        Ok(status.filter(|s| s.finished()))
+    })
+    .await;
+    let expected = if in_use {
+        gpunode_crds::reset::ResetPhase::Failed
+    } else {
+        gpunode_crds::reset::ResetPhase::Succeeded
+    };
+    let outcome = status.as_ref().is_ok_and(|s| {
+        s.phase == Some(expected) && (!in_use || s.message.as_deref().unwrap_or_default().contains("in use"))
+    });
+    let back = until_back(client, &node).await;
+    let made_reboots = creates(fc, "fakereboots", OPERATOR, since);
+    let mut checks = vec![
+        crashed,
+        Check::new(
+            if in_use {
+                "the reset refused: the GPU is in use"
+            } else {
+                "the reset succeeded"
+            },
+            outcome,
+            format!("{status:?}"),
+        ),
+        Check::new(
+            "the remediator's reboot made only after a refused reset, once",
+            made_reboots == usize::from(in_use),
+            format!("{made_reboots} remediation objects created (audit log)"),
+        ),
+        Check::new(
+            "the node returned, compliant and uncordoned",
+            back.is_ok(),
+            format!("{back:?}"),
+        ),
+    ];
+    checks.extend(reset_leftovers(fc, client, &node, since).await);
+    let action = if in_use {
+        "a GPU reset refused (the GPU in use), handed to the remediator"
+    } else {
+        "a GPU reset that succeeds"
+    };
+    push(rec, point, action, run, checks, recovery);
+    reboots.abort();
+    drop((op, probe, reset));
     let _ = Api::<GpuNodePolicy>::all(client.clone())
         .delete(&node, &DeleteParams::default())
         .await;
