@@ -806,16 +806,102 @@ async fn devices(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: 
     let (crashed, recovery) = crash_and_restart(&mut op, point).await;
     let mut checks = vec![crashed];
     checks.extend(quarantined(fc, client, &node, &uuid, since).await);
+    let (mut gap, gap_recovery) = slice_gap(fc, client, &mut op, &slices, &slice, &node).await;
     reports::publish(client, &node, one_gpu(&uuid, false))
         .await
         .unwrap();
     checks.push(unquarantined(client, &wave).await);
+    let disrupted = monitor.disruptions();
+    gap.push(Check::new(
+        "no escalation to the node while its device was missing (never cordoned or tainted off)",
+        disrupted.is_empty(),
+        format!(
+            "observed out of service: {:?}",
+            disrupted.iter().map(|d| d.at.to_string()).collect::<Vec<_>>()
+        ),
+    ));
     checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace).await);
     push(rec, point, "a DRA quarantine of one GPU", run, checks, recovery);
+    rec.push(Run {
+        class: CLASS.into(),
+        fault: "leader SIGKILLed while the DRA driver's slices were withdrawn (a quarantined GPU's device unlisted), restarted; the slices republished".into(),
+        seed: Some(run),
+        checks: gap,
+        recovery: Some(gap_recovery),
+    })
+    .unwrap();
     let _ = slices
         .delete(&format!("{node}-gpu"), &DeleteParams::default())
         .await;
     finish(client, &wave).await;
+}
+
+/// The DRA driver restarts: its slice of the node, which lists the quarantined GPU, is withdrawn;
+/// the leader is SIGKILLed and restarted in the gap and plans without it; the slice comes back
+/// (a new pool generation). The quarantine holds throughout: the same rule, never deleted or
+/// made again (the monitor's checks add that the node was never taken out instead).
+async fn slice_gap(
+    fc: &FaultCluster,
+    client: &Client,
+    op: &mut Operator,
+    slices: &Api<DynamicObject>,
+    slice: &DynamicObject,
+    node: &str,
+) -> (Vec<Check>, Recovery) {
+    let uids = || async {
+        rules_of(client, node)
+            .await
+            .map(|rs| rs.iter().filter_map(|r| r.uid()).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let before = uids().await;
+    let since = jiff::Timestamp::now();
+    let name = format!("{node}-gpu");
+    slices.delete(&name, &DeleteParams::default()).await.unwrap();
+    wait::until("the slice withdrawn", DEADLINE, || async {
+        Ok(slices.get_opt(&name).await?.is_none().then_some(()))
+    })
+    .await
+    .unwrap();
+    op.kill();
+    op.spawn().unwrap();
+    let restarted = std::time::Instant::now();
+    op.wait_leading(DEADLINE).await.unwrap();
+    let recovery = Until::Leading.after(gpunode_e2e::faults::record::elapsed_ms(restarted));
+    // The new leader's passes, the first with its caches listed and the slice missing.
+    let op: &Operator = op;
+    let passes = |at_least: f64| {
+        wait::until(
+            "the new leader's reconcile passes",
+            DEADLINE,
+            move || async move { Ok((op.metric("gpunode_reconciles_total").await? >= at_least).then_some(())) },
+        )
+    };
+    let planned = passes(2.0).await.is_ok();
+    let during = uids().await;
+    let mut again = slice.clone();
+    again.data["spec"]["pool"]["generation"] = json!(2);
+    slices.create(&PostParams::default(), &again).await.unwrap();
+    let done = op.metric("gpunode_reconciles_total").await.unwrap_or(0.0);
+    let replanned = passes(done + 1.0).await.is_ok();
+    let after = uids().await;
+    let writes: Vec<String> = fc
+        .audit()
+        .unwrap()
+        .iter()
+        .filter(|e| e.at >= since && e.resource == "devicetaintrules" && e.succeeded())
+        .filter(|e| e.verb == "delete" || e.verb == "create" || e.code == 201)
+        .map(|e| format!("{} {} ({})", e.verb, e.name, e.code))
+        .collect();
+    let checks = vec![Check::new(
+        "the quarantine held while the slice was missing: the same rule, never deleted or made again",
+        planned && replanned && before.len() == 1 && during == before && after == before && writes.is_empty(),
+        format!(
+            "rule uids before {before:?}, in the gap {during:?}, after the republish {after:?}; rules deleted or \
+             made since the withdrawal: {writes:?}; the new leader planned in the gap: {planned}, after: {replanned}"
+        ),
+    )];
+    (checks, recovery)
 }
 
 /// gpunode's DeviceTaintRules of `node`.
