@@ -280,7 +280,7 @@ async fn another_controllers_taints_and_labels_survive_and_gpunodes_match_the_po
         .into_iter()
         .chain(watched)
         .collect(),
-        recovery: Some(Until::Converged.after(recovery)),
+        recovery: Some(Until::Answered.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;

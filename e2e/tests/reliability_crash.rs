@@ -54,6 +54,8 @@ use kube::{
 use serde_json::json;
 
 const CLASS: &str = "crash point";
+/// The probe's crash points: their recovery is the probe process's, not a leader's.
+const PROBE_CLASS: &str = "probe crash point";
 const DEADLINE: Duration = Duration::from_secs(120);
 /// The replica's identity and the namespace of its Lease, of the remediator's template and
 /// objects.
@@ -234,13 +236,13 @@ async fn template(client: &Client) {
 
 /// Files run `run` of `point` with its checks, the crash check first.
 fn push(rec: &mut Recorder, point: &str, action: &str, run: u64, checks: Vec<Check>, recovery: Recovery) {
-    let who = if gpunode_probe::crash::POINTS.contains(&point) {
-        "probe process"
+    let (who, class) = if gpunode_probe::crash::POINTS.contains(&point) {
+        ("probe process", PROBE_CLASS)
     } else {
-        "leader"
+        ("leader", CLASS)
     };
     rec.push(Run {
-        class: CLASS.into(),
+        class: class.into(),
         fault: format!("{who} crashed at {point} ({action}), restarted"),
         seed: Some(run),
         checks,
@@ -1150,10 +1152,16 @@ async fn gpu_reset(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point
     let crashed = probe_crashed_at(&mut reset, point, DEADLINE).await;
     let started = std::time::Instant::now();
     let again = host.start_reset_only().unwrap();
+    let answering = again.logged("answering GpuResetRequests", DEADLINE).await;
+    let recovery = Until::ProbeBack.after(gpunode_e2e::faults::record::elapsed_ms(started));
     let mut checks = vec![crashed];
+    checks.push(Check::new(
+        "the restarted reset process answers requests again",
+        answering.is_ok(),
+        format!("{answering:?}"),
+    ));
     checks.extend(reset_outcome(client, &node).await);
     let back = until_back(client, &node).await;
-    let recovery = Until::NodeBack.after(gpunode_e2e::faults::record::elapsed_ms(started));
     let resets = [&reset, &again]
         .iter()
         .flat_map(|p| p.lines())

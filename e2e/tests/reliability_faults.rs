@@ -343,7 +343,7 @@ async fn node_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Ope
         fault: "a node deleted while its drain was held, two nodes queued behind it".into(),
         seed: None,
         checks,
-        recovery: Some(Until::Acting.after(recovery)),
+        recovery: Some(Until::Answered.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -411,7 +411,7 @@ async fn policy_edited_mid_drain(fc: &FaultCluster, client: &Client, op: &mut Op
         fault: "policy edited mid-drain (Drain to Taint NoSchedule)".into(),
         seed: None,
         checks,
-        recovery: Some(Until::Acting.after(recovery)),
+        recovery: Some(Until::Answered.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -453,7 +453,7 @@ async fn policy_deleted_mid_drain(fc: &FaultCluster, client: &Client, op: &mut O
         fault: "policy deleted mid-drain".into(),
         seed: None,
         checks,
-        recovery: recovery.map(|ms| Until::Released.after(ms)),
+        recovery: recovery.map(|ms| Until::Answered.after(ms)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -485,7 +485,7 @@ async fn crds_removed_and_reinstalled(
     crds::create_policy(client, &wave.policy, serde_json::to_value(&policy_spec).unwrap())
         .await
         .unwrap();
-    let back = Instant::now();
+    let back = jiff::Timestamp::now();
     // The probes write their reports again: still the fatal XID, and the bystander healthy.
     wave.drift_all().await.unwrap();
     if let Some(n) = &wave.bystander {
@@ -494,7 +494,7 @@ async fn crds_removed_and_reinstalled(
             .unwrap();
     }
     let resumed = drain_started(&wave, &[]).await;
-    let recovery = record::elapsed_ms(back);
+    let recovery = record::first_write_ms(&fc.audit().unwrap(), &op.user(), back);
     wave.release_pdb().await.unwrap();
     wave.drive(DEADLINE * 2).await.unwrap();
     checks[0].detail = format!(
@@ -509,7 +509,7 @@ async fn crds_removed_and_reinstalled(
         fault: "gpunode's CRDs deleted mid-drain (policies and reports with them), then reinstalled".into(),
         seed: None,
         checks,
-        recovery: Some(Until::Acting.after(recovery)),
+        recovery: recovery.map(|ms| Until::Acting.after(ms)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -534,7 +534,7 @@ async fn etcd_restarted(fc: &FaultCluster, client: &Client, op: &mut Operator, r
     cluster::hold("etcd down", outage() / 3).await.unwrap();
     fc.ctl("start", "etcd").await.unwrap();
     guard.done();
-    let started = Instant::now();
+    let started = jiff::Timestamp::now();
     wait::until("the API server to read from etcd again", DEADLINE, || async {
         Ok(wave.nodes_now().await.ok().map(|_| ()))
     })
@@ -543,7 +543,7 @@ async fn etcd_restarted(fc: &FaultCluster, client: &Client, op: &mut Operator, r
     let pid_after = etcd_pid(fc);
     wave.release_pdb().await.unwrap();
     wave.drive(DEADLINE * 2).await.unwrap();
-    let recovery = record::elapsed_ms(started);
+    let recovery = record::first_write_ms(&fc.audit().unwrap(), &op.user(), started);
     let mut checks = vec![
         Check::new(
             "etcd was down and restarted (a new process)",
@@ -561,7 +561,7 @@ async fn etcd_restarted(fc: &FaultCluster, client: &Client, op: &mut Operator, r
         ),
         seed: None,
         checks,
-        recovery: Some(Until::Converged.after(recovery)),
+        recovery: recovery.map(|ms| Until::Acting.after(ms)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -680,9 +680,9 @@ async fn throttled(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &
     let during = wave.alive_pods().await.unwrap();
     unthrottle(client).await;
     guard.0 = None;
-    let lifted = Instant::now();
+    let lifted = jiff::Timestamp::now();
     wave.drive(DEADLINE * 2).await.unwrap();
-    let recovery = record::elapsed_ms(lifted);
+    let recovery = record::first_write_ms(&fc.audit().unwrap(), &user, lifted);
     let refused = rejected(fc, &user, since);
     let mut by_kind: std::collections::BTreeMap<String, usize> = Default::default();
     for e in &refused {
@@ -710,7 +710,7 @@ async fn throttled(fc: &FaultCluster, client: &Client, op: &mut Operator, rec: &
         ),
         seed: None,
         checks,
-        recovery: Some(Until::Converged.after(recovery)),
+        recovery: recovery.map(|ms| Until::Acting.after(ms)),
     })
     .unwrap();
     wave.cleanup().await;
@@ -956,7 +956,7 @@ async fn webhook_hangs(fc: &FaultCluster, client: &Client, op: &mut Operator, re
     ];
     checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     rec.push(Run {
-        class: "admission".into(),
+        class: "slow control plane".into(),
         fault: "validating webhook hanging (failurePolicy Ignore, timeoutSeconds 1) through a wave".into(),
         seed: None,
         checks,

@@ -26,7 +26,7 @@ use gpunode_e2e::faults::{
 };
 use kube::Client;
 
-const CLASS: &str = "control plane";
+const CLASS: &str = "slow control plane";
 const DEADLINE: Duration = Duration::from_secs(120);
 /// The proxy's name in toxiproxy.
 const PROXY: &str = "apiserver";

@@ -309,9 +309,16 @@ async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Reco
     b.spawn().unwrap();
     a.spawn().unwrap();
     let restarted = Instant::now();
+    gpunode_e2e::wait::until("one of the restarted replicas to lead", DEADLINE, || async {
+        let a_leads = a.metric("gpunode_leader").await.unwrap_or(0.0) >= 1.0;
+        let b_leads = b.metric("gpunode_leader").await.unwrap_or(0.0) >= 1.0;
+        Ok((a_leads || b_leads).then_some(()))
+    })
+    .await
+    .unwrap();
+    let recovery = record::elapsed_ms(restarted);
     wave.release_pdb().await.unwrap();
     wave.drive(DEADLINE).await.unwrap();
-    let recovery = record::elapsed_ms(restarted);
     let mut checks = wave_checks(fc, &wave, &monitor).await;
     let audit = fc.audit().unwrap();
     let writers: std::collections::BTreeSet<String> = audit
@@ -330,7 +337,7 @@ async fn both_replicas_killed(fc: &FaultCluster, client: &Client, rec: &mut Reco
         fault: "both replicas SIGKILLed mid-drain and restarted".into(),
         seed: None,
         checks,
-        recovery: Some(Until::Converged.after(recovery)),
+        recovery: Some(Until::Leading.after(recovery)),
     })
     .unwrap();
     wave.cleanup().await;

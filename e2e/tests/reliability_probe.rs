@@ -216,7 +216,7 @@ async fn dead_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder) {
         fault: "probe died (report went stale)".into(),
         seed: None,
         checks,
-        recovery: Some(Until::ProbeBack.after(recovery)),
+        recovery: Some(Until::Converged.after(recovery)),
     })
     .unwrap();
     quiet.cleanup().await;
@@ -284,7 +284,7 @@ async fn flood(fc: &FaultCluster, client: &Client, op: &Operator, rec: &mut Reco
     ];
     checks.extend(wave.final_checks().await.unwrap());
     rec.push(Run {
-        class: CLASS.into(),
+        class: "load".into(),
         fault: format!("probe flooded {updates} updates from {FLOOD_WRITERS} concurrent writers"),
         seed: None,
         checks,
@@ -384,7 +384,7 @@ async fn real_probe_killed(fc: &FaultCluster, client: &Client, rec: &mut Recorde
         fault: "the real probe process SIGKILLed mid-drain and restarted on the same boot".into(),
         seed: None,
         checks,
-        recovery: Some(Until::NodeBack.after(recovery)),
+        recovery: Some(Until::Converged.after(recovery)),
     })
     .unwrap();
     drop(third);
@@ -464,7 +464,7 @@ async fn skewed_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder, sk
         ),
         seed: None,
         checks,
-        recovery: Some(Until::ProbeBack.after(recovery)),
+        recovery: Some(Until::Converged.after(recovery)),
     })
     .unwrap();
     drop(second);

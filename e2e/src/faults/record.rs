@@ -12,7 +12,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::{checks::Check, io};
-use crate::Error;
+use crate::{Error, audit::AuditEvent};
 
 /// One fault injected and what was checked after it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,26 +41,23 @@ pub struct Recovery {
 }
 
 /// What a recovery time measures: from the end of the fault (the restart, the start or resume
-/// command, the fault lifted or undone) until this state. Each row of the table names its own,
-/// and the report refuses a row whose runs measured different ones.
+/// command, the fault lifted or undone) until this state. A fault class measures one, named in
+/// the table; the report refuses a class whose runs measured different ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Until {
     /// A replica holds the leader Lease and leads.
     Leading,
-    /// The operator's first action in answer: an eviction attempt, the next drain, the edit
-    /// applied.
+    /// The API server received the operator's next write after the fault ([`first_write_ms`]).
     Acting,
-    /// The operator's node and report watches listed again.
-    Relisted,
-    /// The wave is done: every node as the policy implies.
+    /// The operator's answer to the change in effect: the next drain started, the edited
+    /// policy applied, a deleted policy's nodes released, its markers matching the reports.
+    Answered,
+    /// Every node as the policy implies (the wave done, the node back in service).
     Converged,
-    /// Every node of a deleted policy released.
-    Released,
-    /// The probe back at work: its saved state restored, or its node's report fresh again.
+    /// The restarted probe process back at work: its saved state restored, or answering
+    /// reset requests.
     ProbeBack,
-    /// The node back in service after its repair (a GPU reset, a reboot).
-    NodeBack,
     /// The operator idle again after a flood (no write for a while).
     Settled,
     /// No end of the fault: the whole wave, from the drift to the last node done, with the
@@ -78,16 +75,27 @@ impl Until {
     pub fn describe(self) -> &'static str {
         match self {
             Until::Leading => "fault's end → a replica leads",
-            Until::Acting => "fault's end → the operator's next action",
-            Until::Relisted => "API server's start → the operator's watches listed again",
+            Until::Acting => "fault's end → the operator's next write received",
+            Until::Answered => "change → the operator's answer in effect",
             Until::Converged => "fault's end → every node as the policy implies",
-            Until::Released => "policy deleted → every node released",
-            Until::ProbeBack => "probe's restart → the probe back at work",
-            Until::NodeBack => "repair's start → the node back in service",
+            Until::ProbeBack => "restart → the probe process back at work",
             Until::Settled => "flood's end → the operator idle",
             Until::WaveUnderFault => "drift → wave done, under the fault throughout",
         }
     }
+}
+
+/// Milliseconds from `since` until the API server received the first write by `user` after it,
+/// whatever it answered (an eviction a PodDisruptionBudget still holds is the operator at work
+/// too), its Lease and Events aside (they go on whatever the operator can do).
+pub fn first_write_ms(audit: &[AuditEvent], user: &str, since: jiff::Timestamp) -> Option<u64> {
+    let first = audit
+        .iter()
+        .filter(|e| e.user == user && e.at >= since && e.is_write())
+        .filter(|e| e.resource != "leases" && e.resource != "events")
+        .map(|e| e.at)
+        .min()?;
+    u64::try_from(first.duration_since(since).as_millis()).ok()
 }
 
 impl Run {
@@ -273,6 +281,17 @@ pub fn summary(dir: &Path) -> Result<Summary, Error> {
             )));
         }
     };
+    let mut classes: BTreeMap<&str, std::collections::BTreeSet<Until>> = BTreeMap::new();
+    for r in &runs {
+        if let Some(rec) = r.recovery {
+            classes.entry(r.class.as_str()).or_default().insert(rec.until);
+        }
+    }
+    if let Some((class, untils)) = classes.iter().find(|(_, u)| u.len() > 1) {
+        return Err(Error::Unexpected(format!(
+            "the runs of class \"{class}\" measured recovery until different states: {untils:?}"
+        )));
+    }
     let mut rows: BTreeMap<(String, String), Vec<&Run>> = BTreeMap::new();
     for r in &runs {
         rows.entry((r.class.clone(), r.fault.clone()))
@@ -288,14 +307,10 @@ pub fn summary(dir: &Path) -> Result<Summary, Error> {
     for ((class, fault), rs) in &rows {
         let checks: usize = rs.iter().map(|r| r.checks.len()).sum();
         let bad: usize = rs.iter().map(|r| r.violations().len()).sum();
-        let untils: std::collections::BTreeSet<Until> =
-            rs.iter().filter_map(|r| r.recovery).map(|r| r.until).collect();
-        if untils.len() > 1 {
-            return Err(Error::Unexpected(format!(
-                "the runs of \"{class} / {fault}\" measured recovery until different states: {untils:?}"
-            )));
-        }
-        let measured = untils.first().map_or("–", |u| u.describe());
+        let measured = classes
+            .get(class.as_str())
+            .and_then(|u| u.first())
+            .map_or("–", |u| u.describe());
         let mut rec: Vec<u64> = rs.iter().filter_map(|r| r.recovery).map(|r| r.ms).collect();
         rec.sort_unstable();
         let median = (!rec.is_empty()).then(|| rec[rec.len() / 2]);
@@ -384,12 +399,12 @@ mod tests {
     }
 
     #[test]
-    fn a_row_whose_runs_measured_recovery_until_different_states_is_refused() {
+    fn a_class_whose_runs_measured_recovery_until_different_states_is_refused() {
         let dir = scratch("until");
         let runs = serde_json::json!([
             {"class": "c", "fault": "f", "seed": null, "checks": [],
              "recovery": {"ms": 5, "until": "leading"}},
-            {"class": "c", "fault": "f", "seed": null, "checks": [],
+            {"class": "c", "fault": "g", "seed": null, "checks": [],
              "recovery": {"ms": 9, "until": "converged"}},
         ]);
         write(
@@ -409,6 +424,33 @@ mod tests {
             table.contains("| fault's end → a replica leads | 0.0 s |"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn the_next_write_is_the_operators_first_after_the_fault_lease_and_events_aside() {
+        let event = |user: &str, verb: &str, resource: &str, at: &str| AuditEvent {
+            verb: verb.into(),
+            user: user.into(),
+            resource: resource.into(),
+            subresource: String::new(),
+            namespace: String::new(),
+            name: String::new(),
+            pod: String::new(),
+            dry_run: false,
+            code: 429,
+            at: at.parse().unwrap_or_default(),
+        };
+        let since: jiff::Timestamp = "2026-12-01T12:00:00Z".parse().unwrap_or_default();
+        let audit = [
+            event("op", "patch", "nodes", "2026-12-01T11:59:59Z"),
+            event("op", "update", "leases", "2026-12-01T12:00:00.100Z"),
+            event("op", "create", "events", "2026-12-01T12:00:00.200Z"),
+            event("op", "get", "nodes", "2026-12-01T12:00:00.300Z"),
+            event("someone", "patch", "nodes", "2026-12-01T12:00:00.400Z"),
+            event("op", "create", "pods", "2026-12-01T12:00:01.500Z"),
+        ];
+        assert_eq!(first_write_ms(&audit, "op", since), Some(1500));
+        assert_eq!(first_write_ms(&audit[..5], "op", since), None);
     }
 
     #[test]
