@@ -815,7 +815,7 @@ async fn devices(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: 
     checks.push(unquarantined(client, &wave).await);
     let disrupted = monitor.disruptions();
     gap.push(Check::new(
-        "no escalation to the node while its device was missing (never cordoned or tainted off)",
+        "the node never taken out of service, the slices' gap included (no escalation)",
         disrupted.is_empty(),
         format!(
             "observed out of service: {:?}",
