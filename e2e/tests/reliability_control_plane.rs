@@ -107,11 +107,12 @@ async fn the_operator_rides_out_api_server_and_etcd_outages_and_expired_watches(
     // held drain's eviction retry). Not one since the stop: the API server goes on serving for
     // a moment after its TERM, and an attempt then would count an outage not yet begun.
     let user = op.user();
-    let recovered_ms = gpunode_e2e::wait::until("the operator's next write after the outage", DEADLINE, || async {
-        Ok(record::first_write_ms(&fc.audit()?, &user, started))
-    })
-    .await
-    .unwrap();
+    let recovered_ms =
+        gpunode_e2e::wait::until("the operator's next write after the outage", DEADLINE, || async {
+            Ok(record::first_write_ms(&fc.audit()?, &user, started))
+        })
+        .await
+        .unwrap();
     let audit = fc.audit().unwrap();
     let mut checks = vec![Check::new(
         "operator process survived without restart",
