@@ -307,11 +307,13 @@ pub fn summary(dir: &Path) -> Result<Summary, Error> {
     for ((class, fault), rs) in &rows {
         let checks: usize = rs.iter().map(|r| r.checks.len()).sum();
         let bad: usize = rs.iter().map(|r| r.violations().len()).sum();
+        let mut rec: Vec<u64> = rs.iter().filter_map(|r| r.recovery).map(|r| r.ms).collect();
+        // The class's definition, on the rows that measured one.
         let measured = classes
             .get(class.as_str())
             .and_then(|u| u.first())
+            .filter(|_| !rec.is_empty())
             .map_or("–", |u| u.describe());
-        let mut rec: Vec<u64> = rs.iter().filter_map(|r| r.recovery).map(|r| r.ms).collect();
         rec.sort_unstable();
         let median = (!rec.is_empty()).then(|| rec[rec.len() / 2]);
         out.push_str(&format!(
