@@ -426,6 +426,20 @@ mod tests {
             table.contains("| fault's end → a replica leads | 0.0 s |"),
             "{table}"
         );
+        // A row of the class that measured nothing names no definition.
+        let runs = serde_json::json!([
+            {"class": "c", "fault": "f", "seed": null, "checks": [],
+             "recovery": {"ms": 5, "until": "leading"}},
+            {"class": "c", "fault": "g", "seed": null, "checks": []},
+        ]);
+        let dir = scratch("until-none");
+        write(
+            &dir,
+            "a.json",
+            serde_json::json!({"commit": "abc1234", "runs": runs}),
+        );
+        let table = summary(&dir).map(|s| s.table).unwrap_or_default();
+        assert!(table.contains("| c | g | 1 | 0 | 0 | – | – | – |"), "{table}");
     }
 
     #[test]
