@@ -332,9 +332,7 @@ async fn repair(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &
     }]});
     let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
-    let grant = json!([{"apiGroup": remediator::GROUP, "resources": ["fakereboots"],
-        "templates": ["fakereboottemplates"]}]);
-    let env = [("GPUNODE_REMEDIATORS", grant.to_string())];
+    let env = [("GPUNODE_REMEDIATORS", remediator_grant())];
     let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
         .await
         .unwrap();
@@ -463,23 +461,35 @@ fn all_clean(nodes: &[Node]) -> bool {
     })
 }
 
+/// A 2-node drain wave (one pod each) whose nodes are validated by a Job before they return:
+/// its pod labelled `labels` (kwok's stages read `gpunode.test/outcome`), timed out after `timeout`.
+fn validation_wave(id: &str, labels: serde_json::Value, timeout: &str) -> WaveSpec {
+    let mut spec = WaveSpec::drain(id, 2, 1);
+    spec.policy_spec["remediation"] = json!([{"classes": ["Xid", "Validation"], "action": "Drain"}]);
+    spec.policy_spec["validation"] = json!({"namespace": VALIDATION_NS, "timeout": timeout, "template": {
+        "metadata": {"labels": labels},
+        "spec": {"containers": [{"name": "diag", "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
+            "command": ["dcgmi", "diag", "-r", "1"]}]},
+    }});
+    spec
+}
+
+/// The operator's grant to run validation Jobs in [`VALIDATION_NS`].
+fn validation_env() -> [(&'static str, String); 1] {
+    [(
+        "GPUNODE_VALIDATION_NAMESPACES",
+        json!([{"name": VALIDATION_NS, "serviceAccounts": ["default"]}]).to_string(),
+    )]
+}
+
 /// Two nodes drained on a fatal XID; once healthy each is validated by a Job (kwok completes
 /// its pod) before it returns. The leader crashes once the first Job exists.
 async fn validation(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) {
     let since = jiff::Timestamp::now();
-    let mut spec = WaveSpec::drain(&format!("cr{run}v"), 2, 1);
-    spec.policy_spec["remediation"] = json!([{"classes": ["Xid", "Validation"], "action": "Drain"}]);
-    spec.policy_spec["validation"] = json!({"namespace": VALIDATION_NS, "timeout": "90s", "template": {
-        "metadata": {"labels": {"app": "gpu-diag"}},
-        "spec": {"containers": [{"name": "diag", "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
-            "command": ["dcgmi", "diag", "-r", "1"]}]},
-    }});
+    let spec = validation_wave(&format!("cr{run}v"), json!({"app": "gpu-diag"}), "90s");
     let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
-    let env = [(
-        "GPUNODE_VALIDATION_NAMESPACES",
-        json!([{"name": VALIDATION_NS, "serviceAccounts": ["default"]}]).to_string(),
-    )];
+    let env = validation_env();
     let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
         .await
         .unwrap();
@@ -530,19 +540,11 @@ async fn validation_fails(
         Outcome::Fail => ("f", "Fail", "90s"),
         Outcome::Hang => ("h", "Hang", "10s"),
     };
-    let mut spec = WaveSpec::drain(&format!("cr{run}v{tag}"), 2, 1);
-    spec.policy_spec["remediation"] = json!([{"classes": ["Xid", "Validation"], "action": "Drain"}]);
-    spec.policy_spec["validation"] = json!({"namespace": VALIDATION_NS, "timeout": timeout, "template": {
-        "metadata": {"labels": {"app": "gpu-diag", "gpunode.test/outcome": label}},
-        "spec": {"containers": [{"name": "diag", "image": "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04",
-            "command": ["dcgmi", "diag", "-r", "1"]}]},
-    }});
+    let labels = json!({"app": "gpu-diag", "gpunode.test/outcome": label});
+    let spec = validation_wave(&format!("cr{run}v{tag}"), labels, timeout);
     let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
-    let env = [(
-        "GPUNODE_VALIDATION_NAMESPACES",
-        json!([{"name": VALIDATION_NS, "serviceAccounts": ["default"]}]).to_string(),
-    )];
+    let env = validation_env();
     let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
         .await
         .unwrap();
@@ -1105,50 +1107,24 @@ fn reset_policy(node: &str) -> serde_json::Value {
 /// reset, before writing its outcome, and is started again.
 async fn gpu_reset(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) {
     let since = jiff::Timestamp::now();
-    let node = format!("cr{run}t-{:06x}", gpunode_e2e::scratch::rand_suffix());
-    gpunode_e2e::nodes::create(client, std::slice::from_ref(&node), &Default::default())
-        .await
-        .unwrap();
-    let host = std::sync::Arc::new(Host::prepare_for_resets(client, &node).await.unwrap());
-    gpunode_e2e::crds::create_policy(client, &node, reset_policy(&node))
-        .await
-        .unwrap();
-    let probe = host
-        .start_probe_with("boot-1", &[std::ffi::OsStr::new("--follow-resets")])
-        .unwrap();
-    let mut reset = host
-        .start_reset_only_env(&[(gpunode_operator::crash::ENV, point)])
-        .unwrap();
-    probe
-        .logged("following this node's GpuResetRequests", DEADLINE)
-        .await
-        .unwrap();
-    reset
-        .logged("answering GpuResetRequests", DEADLINE)
-        .await
-        .unwrap();
-    let rebooted = host.clone();
-    let reboots = remediator::spawn(client.clone(), move |_| {
-        let host = rebooted.clone();
-        async move {
-            let _ = host.reboot("boot-1", "boot-2");
-        }
-    });
-    let grant = json!([{"apiGroup": remediator::GROUP, "resources": ["fakereboots"],
-        "templates": ["fakereboottemplates"]}]);
+    let rig = ResetRig::up(
+        client,
+        &format!("cr{run}t"),
+        &[(gpunode_operator::crash::ENV, point)],
+    )
+    .await;
+    let (node, host) = (rig.node.clone(), rig.host.clone());
     let launch = gpunode_e2e::faults::replica::Launch {
-        env: vec![("GPUNODE_REMEDIATORS".into(), grant.to_string())],
+        env: vec![("GPUNODE_REMEDIATORS".into(), remediator_grant())],
         ..Default::default()
     };
     let op = Operator::start_with(fc, client, OPERATOR, OPERATOR, launch)
         .await
         .unwrap();
-    let compliant = [("gpunode.dev/state", "compliant")];
-    gpunode_e2e::nodes::until_labelled(client, &node, &compliant, DEADLINE)
-        .await
-        .unwrap();
+    rig.until_compliant(client).await;
     host.edit_fixture(|f| f["devices"][RESET_GPU]["remapped_rows"]["pending"] = 1.into())
         .unwrap();
+    let mut reset = rig.reset;
     let crashed = probe_crashed_at(&mut reset, point, DEADLINE).await;
     let started = std::time::Instant::now();
     let again = host.start_reset_only().unwrap();
@@ -1187,15 +1163,8 @@ async fn gpu_reset(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point
         checks,
         recovery,
     );
-    reboots.abort();
-    drop((op, probe, again));
-    let _ = Api::<GpuNodePolicy>::all(client.clone())
-        .delete(&node, &DeleteParams::default())
-        .await;
-    host.cleanup(client).await;
-    let _ = Api::<Node>::all(client.clone())
-        .delete(&node, &DeleteParams::background())
-        .await;
+    drop((op, reset, again));
+    ResetRig::down(client, &node, host, rig.probe, rig.reboots).await;
 }
 
 /// A node whose GPU's row remap turns pending is drained and its GPU reset step begins; the
@@ -1213,47 +1182,13 @@ async fn reset_by_new_leader(
     in_use: bool,
 ) {
     let since = jiff::Timestamp::now();
-    let node = format!(
-        "cr{run}{}-{:06x}",
-        if in_use { "u" } else { "s" },
-        gpunode_e2e::scratch::rand_suffix()
-    );
-    gpunode_e2e::nodes::create(client, std::slice::from_ref(&node), &Default::default())
-        .await
-        .unwrap();
-    let host = std::sync::Arc::new(Host::prepare_for_resets(client, &node).await.unwrap());
-    gpunode_e2e::crds::create_policy(client, &node, reset_policy(&node))
-        .await
-        .unwrap();
-    let probe = host
-        .start_probe_with("boot-1", &[std::ffi::OsStr::new("--follow-resets")])
-        .unwrap();
-    let reset = host.start_reset_only().unwrap();
-    probe
-        .logged("following this node's GpuResetRequests", DEADLINE)
-        .await
-        .unwrap();
-    reset
-        .logged("answering GpuResetRequests", DEADLINE)
-        .await
-        .unwrap();
-    let rebooted = host.clone();
-    let reboots = remediator::spawn(client.clone(), move |_| {
-        let host = rebooted.clone();
-        async move {
-            let _ = host.reboot("boot-1", "boot-2");
-        }
-    });
-    let grant = json!([{"apiGroup": remediator::GROUP, "resources": ["fakereboots"],
-        "templates": ["fakereboottemplates"]}]);
-    let env = [("GPUNODE_REMEDIATORS", grant.to_string())];
+    let rig = ResetRig::up(client, &format!("cr{run}{}", if in_use { "u" } else { "s" }), &[]).await;
+    let (node, host) = (rig.node.clone(), rig.host.clone());
+    let env = [("GPUNODE_REMEDIATORS", remediator_grant())];
     let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
         .await
         .unwrap();
-    let compliant = [("gpunode.dev/state", "compliant")];
-    gpunode_e2e::nodes::until_labelled(client, &node, &compliant, DEADLINE)
-        .await
-        .unwrap();
+    rig.until_compliant(client).await;
     host.edit_fixture(|f| {
         f["devices"][RESET_GPU]["remapped_rows"]["pending"] = 1.into();
         if in_use {
@@ -1309,15 +1244,94 @@ async fn reset_by_new_leader(
         "a GPU reset that succeeds"
     };
     push(rec, point, action, run, checks, recovery);
-    reboots.abort();
-    drop((op, probe, reset));
-    let _ = Api::<GpuNodePolicy>::all(client.clone())
-        .delete(&node, &DeleteParams::default())
-        .await;
-    host.cleanup(client).await;
-    let _ = Api::<Node>::all(client.clone())
-        .delete(&node, &DeleteParams::background())
-        .await;
+    drop((op, rig.reset));
+    ResetRig::down(client, &node, host, rig.probe, rig.reboots).await;
+}
+
+/// The GPU reset scenarios' node: its reset policy, the real probe following GpuResetRequests,
+/// the node's reset process (`reset_env` added to its environment) and the fake remediator,
+/// whose reboot gives the node a fresh boot and a healthy fixture.
+struct ResetRig {
+    node: String,
+    host: std::sync::Arc<Host>,
+    probe: gpunode_e2e::probe::Probe,
+    reset: gpunode_e2e::probe::Probe,
+    reboots: tokio::task::JoinHandle<()>,
+}
+
+impl ResetRig {
+    /// A node named `<tag>-<random>` with both processes answering.
+    async fn up(client: &Client, tag: &str, reset_env: &[(&str, &str)]) -> ResetRig {
+        let node = format!("{tag}-{:06x}", gpunode_e2e::scratch::rand_suffix());
+        gpunode_e2e::nodes::create(client, std::slice::from_ref(&node), &Default::default())
+            .await
+            .unwrap();
+        let host = std::sync::Arc::new(Host::prepare_for_resets(client, &node).await.unwrap());
+        gpunode_e2e::crds::create_policy(client, &node, reset_policy(&node))
+            .await
+            .unwrap();
+        let probe = host
+            .start_probe_with("boot-1", &[std::ffi::OsStr::new("--follow-resets")])
+            .unwrap();
+        let reset = host.start_reset_only_env(reset_env).unwrap();
+        probe
+            .logged("following this node's GpuResetRequests", DEADLINE)
+            .await
+            .unwrap();
+        reset
+            .logged("answering GpuResetRequests", DEADLINE)
+            .await
+            .unwrap();
+        let rebooted = host.clone();
+        let reboots = remediator::spawn(client.clone(), move |_| {
+            let host = rebooted.clone();
+            async move {
+                let _ = host.reboot("boot-1", "boot-2");
+            }
+        });
+        ResetRig {
+            node,
+            host,
+            probe,
+            reset,
+            reboots,
+        }
+    }
+
+    /// Waits until the operator has found the node compliant.
+    async fn until_compliant(&self, client: &Client) {
+        let compliant = [("gpunode.dev/state", "compliant")];
+        gpunode_e2e::nodes::until_labelled(client, &self.node, &compliant, DEADLINE)
+            .await
+            .unwrap();
+    }
+
+    /// Stops the remediator and the probe, deletes the policy, the host's objects and the node
+    /// (the operator and the reset processes are stopped by the caller first).
+    async fn down(
+        client: &Client,
+        node: &str,
+        host: std::sync::Arc<Host>,
+        probe: gpunode_e2e::probe::Probe,
+        reboots: tokio::task::JoinHandle<()>,
+    ) {
+        reboots.abort();
+        drop(probe);
+        let _ = Api::<GpuNodePolicy>::all(client.clone())
+            .delete(node, &DeleteParams::default())
+            .await;
+        host.cleanup(client).await;
+        let _ = Api::<Node>::all(client.clone())
+            .delete(node, &DeleteParams::background())
+            .await;
+    }
+}
+
+/// What the operator's GPUNODE_REMEDIATORS grants for the fake reboot.
+fn remediator_grant() -> String {
+    json!([{"apiGroup": remediator::GROUP, "resources": ["fakereboots"],
+        "templates": ["fakereboottemplates"]}])
+    .to_string()
 }
 
 /// The request of the interrupted reset: failed by the restarted reset process, which does not
