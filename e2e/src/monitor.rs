@@ -41,7 +41,6 @@ struct Seen {
     foreign_lost: Vec<String>,
     /// Per pod: the earliest time its deletion is known to have been committed.
     committed: BTreeMap<String, jiff::Timestamp>,
-    pod_events: usize,
     /// Every observed state of a node out of service, in order.
     disruptions: Vec<Disruption>,
     /// Errors either watch returned (each a reconnect), and the node watch's completed lists
@@ -277,7 +276,6 @@ impl WaveMonitor {
                 if !deleted && pod.metadata.deletion_timestamp.is_none() {
                     continue;
                 }
-                seen.pod_events += 1;
                 let at = commit_bound(&pod, now);
                 let name = pod.metadata.name.clone().unwrap_or_default();
                 let e = seen.committed.entry(name).or_insert(at);
@@ -297,14 +295,6 @@ impl WaveMonitor {
             .lock()
             .map(|s| s.disruptions.clone())
             .unwrap_or_default()
-    }
-
-    /// The most nodes gpunode had out of service at once, and how many node states were observed.
-    pub fn max(&self) -> (usize, usize) {
-        self.seen
-            .lock()
-            .map(|s| (s.max_disrupted, s.node_changes))
-            .unwrap_or((usize::MAX, 0))
     }
 
     /// Waits (up to 10 s) until the pod watch has seen the deletion of every pod `evicted` names,
