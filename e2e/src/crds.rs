@@ -39,19 +39,31 @@ pub async fn apply_established(client: &Client, crd: &CustomResourceDefinition) 
 }
 
 /// Creates the GpuNodePolicy `name` with `spec`, typed first, so a mistake in a test's policy
-/// fails here with the field that is wrong rather than as an API error.
+/// fails here with the field that is wrong rather than as an API error; a field the type does
+/// not know (the API server would drop it without a word) is refused with its path.
 pub async fn create_policy(
     client: &Client,
     name: &str,
     spec: serde_json::Value,
 ) -> Result<GpuNodePolicy, Error> {
-    let policy: GpuNodePolicy = serde_json::from_value(serde_json::json!({
-        "apiVersion": "gpunode.dev/v1alpha1", "kind": "GpuNodePolicy",
-        "metadata": {"name": name}, "spec": spec,
-    }))?;
+    let policy = typed_policy(name, spec)?;
     Ok(Api::<GpuNodePolicy>::all(client.clone())
         .create(&PostParams::default(), &policy)
         .await?)
+}
+
+/// The policy `name` with `spec`, refused when a field of `spec` is not the policy's.
+fn typed_policy(name: &str, spec: serde_json::Value) -> Result<GpuNodePolicy, Error> {
+    let mut unknown = Vec::new();
+    let typed: gpunode_crds::policy::GpuNodePolicySpec =
+        serde_ignored::deserialize(spec, |path| unknown.push(format!("spec.{path}")))?;
+    if !unknown.is_empty() {
+        return Err(Error::Unexpected(format!(
+            "GpuNodePolicy {name}: fields the policy does not have (the API server would drop them): {}",
+            unknown.join(", ")
+        )));
+    }
+    Ok(GpuNodePolicy::new(name, typed))
 }
 
 /// Deletes every generated CRD (and with them every policy and report, once the operator has
@@ -84,4 +96,29 @@ pub async fn uninstall(client: &Client, timeout: Duration) -> Result<(), Error> 
         Ok(Some(()))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A field in the wrong place (the drain's settings at the top of the spec, not under
+    /// `disruption`) is refused with its path; in place, it is taken.
+    #[test]
+    fn a_policy_field_out_of_place_is_refused_with_its_path() {
+        let misplaced = serde_json::json!({
+            "nodeSelector": {"matchLabels": {"a": "b"}},
+            "drain": {"protectedNamespaces": ["kube-system"]},
+        });
+        let e = typed_policy("p", misplaced)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(e.as_ref().is_err_and(|e| e.contains("spec.drain")), "{e:?}");
+        let placed = serde_json::json!({
+            "nodeSelector": {"matchLabels": {"a": "b"}},
+            "disruption": {"drain": {"protectedNamespaces": ["kube-system"]}},
+        });
+        let ok = typed_policy("p", placed).map(|_| ()).map_err(|e| e.to_string());
+        assert!(ok.is_ok(), "{ok:?}");
+    }
 }

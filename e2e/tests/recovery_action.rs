@@ -31,8 +31,10 @@ fn policy(node: &str, ns: &str) -> serde_json::Value {
         "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
         "gpu": {"recoveryAction": {"driftOn": ["GpuReset", "NodeReboot", "DrainAndReset"]}},
         "remediation": [{"classes": ["Xid"], "action": "Drain"}],
-        "drain": {"protectedNamespaces": ["kube-system", chart::NAMESPACE]},
-        "disruption": {"maxUnavailable": 1, "circuitBreaker": {"maxDriftedPercent": 100}},
+        "disruption": {"maxUnavailable": 1, "circuitBreaker": {"maxDriftedPercent": 100},
+            // The probe's stand-in pod (the DaemonSet pod a drain skips) lives there: its token
+            // is bound to it.
+            "drain": {"protectedNamespaces": ["kube-system", chart::NAMESPACE]}},
         "recovery": {"healthyFor": "5s"},
         "staleAfter": "5m",
         "repair": {
