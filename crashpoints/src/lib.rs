@@ -6,15 +6,53 @@
 //! nothing and the fail crate is not built.
 //!
 //! Armed, the first time the named point is reached the process logs that line to stderr and
-//! aborts: no destructor, no graceful shutdown, no Lease release, as SIGKILL would. A name that
-//! is not one of the binary's points stops it at start, so a misspelt point cannot make a run
-//! that crashes nowhere pass.
+//! aborts: no destructor, no graceful shutdown, no Lease release, as SIGKILL would. Armed with
+//! `GPUNODE_CRASH_ACTION=hold`, the action waits there instead until the file
+//! `GPUNODE_CRASH_RELEASE` names exists, and then goes on: the suite cuts the process's network or
+//! stops the API server with the action held exactly between its two writes, while the rest of
+//! the process (its Lease renewal) runs on. A name that is not one of the binary's points, or an
+//! unknown action, stops it at start, so a misspelt point cannot make a run that crashes nowhere
+//! pass.
 
 /// The environment variable naming the point to crash at.
 pub const ENV: &str = "GPUNODE_CRASH_POINT";
 /// The environment variable saying how many times the point is passed before the crash
 /// (default 0: the first time it is reached).
 pub const SKIP_ENV: &str = "GPUNODE_CRASH_SKIP";
+/// The environment variable saying what the point does when reached: `abort` (the default) or
+/// `hold`.
+pub const ACTION_ENV: &str = "GPUNODE_CRASH_ACTION";
+/// The environment variable naming the file whose existence releases a held point.
+pub const RELEASE_ENV: &str = "GPUNODE_CRASH_RELEASE";
+
+/// What an armed point does when it is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Aborts the process, as SIGKILL would.
+    Abort,
+    /// Holds the action (its thread blocked) until the file [`RELEASE_ENV`] names exists, then
+    /// goes on.
+    Hold,
+}
+
+impl Action {
+    fn parse(v: &str) -> Option<Action> {
+        match v {
+            "abort" => Some(Action::Abort),
+            "hold" => Some(Action::Hold),
+            _ => None,
+        }
+    }
+
+    /// The argument the fail crate hands the point's closure.
+    #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+    fn arg(self) -> &'static str {
+        match self {
+            Action::Abort => "abort",
+            Action::Hold => "hold",
+        }
+    }
+}
 
 /// Why the crash point configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -46,42 +84,67 @@ pub fn arm_from_env(known: &[&str]) -> Result<Option<String>, CrashPointError> {
             .parse()
             .map_err(|e| CrashPointError::Config(name.clone(), format!("{SKIP_ENV}={v}: {e}")))?,
     };
-    arm_checked(name, skip, known).map(Some)
+    let action = match std::env::var(ACTION_ENV) {
+        Err(_) => Action::Abort,
+        Ok(v) => Action::parse(&v).ok_or_else(|| {
+            CrashPointError::Config(name.clone(), format!("{ACTION_ENV}={v}: not abort or hold"))
+        })?,
+    };
+    if action == Action::Hold && std::env::var_os(RELEASE_ENV).is_none() {
+        return Err(CrashPointError::Config(
+            name,
+            format!("{ACTION_ENV}=hold needs {RELEASE_ENV}, the file that releases it"),
+        ));
+    }
+    arm_checked(name, skip, action, known).map(Some)
 }
 
-fn arm_checked(name: String, skip: u32, known: &[&str]) -> Result<String, CrashPointError> {
+fn arm_checked(name: String, skip: u32, action: Action, known: &[&str]) -> Result<String, CrashPointError> {
     if !known.contains(&name.as_str()) {
         return Err(CrashPointError::Unknown {
             name,
             known: known.join(", "),
         });
     }
-    arm(name, skip)
+    arm(name, skip, action)
 }
 
 #[cfg(feature = "failpoints")]
-fn arm(name: String, skip: u32) -> Result<String, CrashPointError> {
-    // Passed `skip` times, then once `return`: the closure at the point aborts.
+fn arm(name: String, skip: u32, action: Action) -> Result<String, CrashPointError> {
+    // Passed `skip` times, then once `return(<action>)`: the point's closure gets the action.
+    let fire = format!("1*return({})", action.arg());
     let actions = if skip == 0 {
-        "1*return".to_string()
+        fire
     } else {
-        format!("{skip}*off->1*return")
+        format!("{skip}*off->{fire}")
     };
     fail::cfg(&name, &actions).map_err(|e| CrashPointError::Config(name.clone(), e))?;
     Ok(name)
 }
 
 #[cfg(not(feature = "failpoints"))]
-fn arm(name: String, _skip: u32) -> Result<String, CrashPointError> {
+fn arm(name: String, _skip: u32, _action: Action) -> Result<String, CrashPointError> {
     Err(CrashPointError::NotBuilt(name))
 }
 
-/// Logs that `point` was reached and aborts the process. Generic so that [`crash_point!`] fits
-/// in any function, whatever it returns.
+/// `point` was reached armed with `action` (the fail crate's argument): logs it and aborts the
+/// process, or holds the action until the release file exists.
 #[cfg(feature = "failpoints")]
-pub fn crash<T>(point: &str) -> T {
-    eprintln!("gpunode crash point {point} reached: aborting");
-    std::process::abort()
+pub fn reached(point: &str, action: Option<&str>) {
+    let release = std::env::var_os(RELEASE_ENV).map(std::path::PathBuf::from);
+    let Some(release) = release.filter(|_| action == Some(Action::Hold.arg())) else {
+        eprintln!("gpunode crash point {point} reached: aborting");
+        std::process::abort()
+    };
+    eprintln!(
+        "gpunode crash point {point} reached: holding until {} exists",
+        release.display()
+    );
+    // Only this action waits (its thread blocked); the rest of the process runs on.
+    while !release.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    eprintln!("gpunode crash point {point}: released");
 }
 
 #[cfg(feature = "failpoints")]
@@ -89,12 +152,14 @@ pub fn crash<T>(point: &str) -> T {
 pub use fail;
 
 /// A crash point (see the crate): with the `failpoints` feature and the point armed, the
-/// process aborts here; otherwise nothing.
+/// process aborts or holds here; otherwise nothing.
 #[cfg(feature = "failpoints")]
 #[macro_export]
 macro_rules! crash_point {
     ($name:literal) => {
-        $crate::fail::fail_point!($name, |_| $crate::crash($name))
+        if let Some(action) = $crate::fail::eval($name, |action| action) {
+            $crate::reached($name, action.as_deref());
+        }
     };
 }
 
@@ -134,7 +199,8 @@ mod tests {
 
     #[test]
     fn an_unknown_point_is_refused_with_the_known_ones() {
-        let e = arm_checked("a::nowhere".into(), 0, &["a::b", "c::d"]).map_err(|e| e.to_string());
+        let e =
+            arm_checked("a::nowhere".into(), 0, Action::Abort, &["a::b", "c::d"]).map_err(|e| e.to_string());
         assert!(
             e.as_ref()
                 .is_err_and(|e| e.contains("GPUNODE_CRASH_POINT=a::nowhere") && e.contains("a::b, c::d")),
@@ -146,11 +212,28 @@ mod tests {
     #[cfg(feature = "failpoints")]
     #[test]
     fn an_armed_point_fires_once_after_its_skips() {
-        arm_checked("t::skipped".into(), 2, &["t::skipped"]).unwrap();
+        arm_checked("t::skipped".into(), 2, Action::Abort, &["t::skipped"]).unwrap();
         let fired: Vec<bool> = (0..5)
             .map(|_| fail::eval("t::skipped", |_| ()).is_some())
             .collect();
         assert_eq!(fired, [false, false, true, false, false]);
+    }
+
+    /// Armed to hold, the point hands its closure the action that [`reached`] holds on.
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn an_armed_point_carries_its_action() {
+        arm_checked("t::held".into(), 0, Action::Hold, &["t::held"]).unwrap();
+        assert_eq!(fail::eval("t::held", |a| a), Some(Some("hold".to_string())));
+        arm_checked("t::aborted".into(), 0, Action::Abort, &["t::aborted"]).unwrap();
+        assert_eq!(fail::eval("t::aborted", |a| a), Some(Some("abort".to_string())));
+    }
+
+    #[test]
+    fn actions_parse_and_unknown_ones_are_refused() {
+        assert_eq!(Action::parse("hold"), Some(Action::Hold));
+        assert_eq!(Action::parse("abort"), Some(Action::Abort));
+        assert_eq!(Action::parse("stop"), None);
     }
 
     /// A build without the feature refuses a known point rather than running without the
@@ -158,7 +241,7 @@ mod tests {
     #[cfg(not(feature = "failpoints"))]
     #[test]
     fn without_the_feature_a_known_point_is_refused() {
-        let e = arm_checked("a::b".into(), 0, &["a::b"]).map_err(|e| e.to_string());
+        let e = arm_checked("a::b".into(), 0, Action::Abort, &["a::b"]).map_err(|e| e.to_string());
         assert!(
             e.as_ref()
                 .is_err_and(|e| e.contains("built without crash points")),

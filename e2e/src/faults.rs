@@ -21,6 +21,8 @@
 //! - [`clock`]: the environment that skews a process's wall clock (libfaketime).
 //! - [`crash`]: a replica started with one of the operator's crash points armed, the check that
 //!   it died there, its restart without it.
+//! - [`strike`]: a leader interrupted at a crash point three ways: crashed, cut off by a
+//!   partition (a fenced follower takes over), or left without its API server.
 //! - [`proxy`]: [`proxy::Toxiproxy`], a TCP fault proxy between a replica and the API server
 //!   (the API latency fault).
 //! - [`record`]: [`record::Recorder`] writes each run's invariants and recovery time as JSON;
@@ -36,6 +38,7 @@ pub mod marks;
 pub mod proxy;
 pub mod record;
 pub mod replica;
+pub mod strike;
 pub mod wave;
 
 use crate::Error;

@@ -15,6 +15,12 @@
 //!   temporary file and the rename (the state saved before is restored, the temporary file
 //!   removed; the XID being saved is lost: NVML does not deliver it again).
 //!
+//! The leader's action points (a GPU reset step's request, a validation Job, a DRA quarantine's
+//! rule) are also struck the two other ways a leader fails between two writes
+//! ([`gpunode_e2e::faults::strike`]): the action held at the point while the leader's network is
+//! cut (a fenced follower finishes it) or while the API server is stopped for 20 s (the same
+//! process finishes it); those rows are the classes *operator host* and *control plane*.
+//!
 //! After each run: the process died at the point (its log names it and a signal ended it); no
 //! object made twice (the audit log: one successful create per purpose); nothing left behind;
 //! attempts recorded once (the node's bookkeeping); the budget held at every instant (the
@@ -34,6 +40,7 @@ use gpunode_e2e::{
         marks::{self, gpunode_taints},
         record::{Recorder, Recovery, Run, Until},
         replica::Operator,
+        strike::{Interrupted, Strike},
         wave::{FOREIGN_LABEL, FOREIGN_TAINT, Wave, WaveSpec, report_status},
     },
     monitor::WaveMonitor,
@@ -185,22 +192,27 @@ async fn scenario(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point:
         "repair::after_object" => {
             repair(fc, client, rec, point, run).await;
             // The GPU reset step's request as the object: a reset that succeeds and one refused
-            // into the remediator hand-off (every run in make test, every fourth in the long one).
-            if run.is_multiple_of(4) {
-                reset_by_new_leader(fc, client, rec, point, run, false).await;
-                reset_by_new_leader(fc, client, rec, point, run, true).await;
+            // into the remediator hand-off, each under the run's strikes.
+            for strike in strikes(run, false) {
+                reset_by_new_leader(fc, client, rec, (point, strike), run, false).await;
+                reset_by_new_leader(fc, client, rec, (point, strike), run, true).await;
             }
         }
         "validation::after_job" => {
-            validation(fc, client, rec, point, run).await;
-            // A failing and a hanging Job too: every run in `make test`, every fourth in
-            // `make reliability-long` (each takes a wave of its own).
-            if run.is_multiple_of(4) {
-                validation_fails(fc, client, rec, point, run, Outcome::Fail).await;
-                validation_fails(fc, client, rec, point, run, Outcome::Hang).await;
+            for strike in strikes(run, true) {
+                validation(fc, client, rec, (point, strike), run).await;
+            }
+            // A failing and a hanging Job too (each takes a wave of its own).
+            for strike in strikes(run, false) {
+                validation_fails(fc, client, rec, (point, strike), run, Outcome::Fail).await;
+                validation_fails(fc, client, rec, (point, strike), run, Outcome::Hang).await;
             }
         }
-        "devices::after_rule" => devices(fc, client, rec, point, run).await,
+        "devices::after_rule" => {
+            for strike in strikes(run, true) {
+                devices(fc, client, rec, (point, strike), run).await;
+            }
+        }
         "release::after_repair_objects" | "release::after_spec" => {
             release(fc, client, rec, point, run).await;
         }
@@ -209,6 +221,30 @@ async fn scenario(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point:
         _ => return false,
     }
     true
+}
+
+/// The strikes run `run` of an action's point gets (each takes a wave of its own): the crash on
+/// every fourth run, or on every run when `crash_always`; the partition and the API outage on
+/// every tenth (each takes 20 s or more: 2 of the long campaign's 20 runs). `make test` runs
+/// once, so all three. Only those `GPUNODE_REL_STRIKES` names, if set (comma-separated: crash,
+/// partition, outage).
+fn strikes(run: u64, crash_always: bool) -> Vec<Strike> {
+    let all: Vec<Strike> = Strike::ALL
+        .into_iter()
+        .filter(|s| match s {
+            Strike::Crash => crash_always || run.is_multiple_of(4),
+            Strike::Partition | Strike::ApiOutage => run.is_multiple_of(10),
+        })
+        .collect();
+    let only = std::env::var("GPUNODE_REL_STRIKES").unwrap_or_default();
+    let named = |s: Strike| match s {
+        Strike::Crash => "crash",
+        Strike::Partition => "partition",
+        Strike::ApiOutage => "outage",
+    };
+    all.into_iter()
+        .filter(|s| only.is_empty() || only.split(',').any(|o| o == named(*s)))
+        .collect()
 }
 
 async fn namespace(client: &Client, name: &str) {
@@ -236,14 +272,30 @@ async fn template(client: &Client) {
 
 /// Files run `run` of `point` with its checks, the crash check first.
 fn push(rec: &mut Recorder, point: &str, action: &str, run: u64, checks: Vec<Check>, recovery: Recovery) {
-    let (who, class) = if gpunode_probe::crash::POINTS.contains(&point) {
-        ("probe process", PROBE_CLASS)
+    push_struck(rec, (point, Strike::Crash), action, run, checks, recovery);
+}
+
+/// [`push`] for a leader struck at `point` as `strike` says: its class and fault are the
+/// strike's.
+fn push_struck(
+    rec: &mut Recorder,
+    (point, strike): (&str, Strike),
+    action: &str,
+    run: u64,
+    checks: Vec<Check>,
+    recovery: Recovery,
+) {
+    let (class, fault) = if gpunode_probe::crash::POINTS.contains(&point) {
+        (
+            PROBE_CLASS,
+            format!("probe process crashed at {point} ({action}), restarted"),
+        )
     } else {
-        ("leader", CLASS)
+        (strike.class(), strike.fault(point, action))
     };
     rec.push(Run {
         class: class.into(),
-        fault: format!("{who} crashed at {point} ({action}), restarted"),
+        fault,
         seed: Some(run),
         checks,
         recovery: Some(recovery),
@@ -483,33 +535,36 @@ fn validation_env() -> [(&'static str, String); 1] {
 }
 
 /// Two nodes drained on a fatal XID; once healthy each is validated by a Job (kwok completes
-/// its pod) before it returns. The leader crashes once the first Job exists.
-async fn validation(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) {
+/// its pod) before it returns. The leader is struck once the first Job exists.
+async fn validation(
+    fc: &FaultCluster,
+    client: &Client,
+    rec: &mut Recorder,
+    (point, strike): (&str, Strike),
+    run: u64,
+) {
     let since = jiff::Timestamp::now();
-    let spec = validation_wave(&format!("cr{run}v"), json!({"app": "gpu-diag"}), "90s");
+    let id = format!("cr{run}v{}", strike.tag());
+    let spec = validation_wave(&id, json!({"app": "gpu-diag"}), "90s");
     let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
     let env = validation_env();
-    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
+    let mut leader = Interrupted::start(fc, client, strike, (OPERATOR, OPERATOR), Some(point), &env)
         .await
         .unwrap();
     wave.wait_all("compliant", DEADLINE).await.unwrap();
     wave.drift_all().await.unwrap();
     // The wave is healed as it drains (its Jobs start once a node is healthy) while the leader
-    // crashes and is restarted.
-    let (driven, (crashed, recovery)) =
-        tokio::join!(wave.drive(DEADLINE * 3), crash_and_restart(&mut op, point));
-    let mut checks = vec![crashed, completed(&driven)];
+    // is struck.
+    let (driven, (mut checks, recovery)) =
+        tokio::join!(wave.drive(DEADLINE * 3), leader.strike(fc, client, DEADLINE));
+    checks.push(completed(&driven));
     checks.extend(validated(fc, client, &wave, since).await);
     checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
-    push(
-        rec,
-        point,
-        "a validation Job for each of 2 nodes",
-        run,
-        checks,
-        recovery,
-    );
+    checks.extend(leader.afterwards(fc, client).await);
+    let action = "a validation Job for each of 2 nodes";
+    push_struck(rec, (point, strike), action, run, checks, recovery);
+    leader.end().await;
     finish(client, &wave).await;
 }
 
@@ -523,15 +578,15 @@ enum Outcome {
 }
 
 /// Two nodes drift, one at a time (`maxUnavailable: 1`); the first, healed once drained, is
-/// validated by a Job that fails or hangs, and the leader crashes at `point` just after making
-/// it. After the restart: the validation failed (the hanging Job timed out and was deleted), the
+/// validated by a Job that fails or hangs, and the leader is struck at `point` just after making
+/// it. After recovery: the validation failed (the hanging Job timed out and was deleted), the
 /// node stays out of service, its one Job was never made again, and it holds the budget: the
 /// second node is never disrupted.
 async fn validation_fails(
     fc: &FaultCluster,
     client: &Client,
     rec: &mut Recorder,
-    point: &str,
+    (point, strike): (&str, Strike),
     run: u64,
     outcome: Outcome,
 ) {
@@ -541,17 +596,17 @@ async fn validation_fails(
         Outcome::Hang => ("h", "Hang", "10s"),
     };
     let labels = json!({"app": "gpu-diag", "gpunode.test/outcome": label});
-    let spec = validation_wave(&format!("cr{run}v{tag}"), labels, timeout);
+    let spec = validation_wave(&format!("cr{run}v{tag}{}", strike.tag()), labels, timeout);
     let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
     let env = validation_env();
-    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
+    let mut leader = Interrupted::start(fc, client, strike, (OPERATOR, OPERATOR), Some(point), &env)
         .await
         .unwrap();
     wave.wait_all("compliant", DEADLINE).await.unwrap();
     wave.drift_all().await.unwrap();
     let first = wave.drain_started(&[], DEADLINE).await.unwrap();
-    // Healed once drained: its validation Job is made, and the leader crashes just after.
+    // Healed once drained: its validation Job is made, and the leader is struck just after.
     let heal = async {
         wait::until(&format!("{first} drained"), DEADLINE, || async {
             Ok((wave.alive_pods().await?.get(&first).copied().unwrap_or(0) == 0).then_some(()))
@@ -559,7 +614,7 @@ async fn validation_fails(
         .await?;
         reports::publish(client, &first, report_status(false, "boot-1")).await
     };
-    let (healed, (crashed, recovery)) = tokio::join!(heal, crash_and_restart(&mut op, point));
+    let (healed, (struck, recovery)) = tokio::join!(heal, leader.strike(fc, client, DEADLINE));
     healed.unwrap();
     let nodes: Api<Node> = Api::all(client.clone());
     let failed = wait::until(&format!("{first}'s validation to fail"), DEADLINE, || async {
@@ -591,8 +646,8 @@ async fn validation_fails(
         .filter(|d| d.node != first)
         .map(|d| format!("{} at {}", d.node, d.at))
         .collect();
-    let mut checks = vec![
-        crashed,
+    let mut checks = struck;
+    checks.extend([
         Check::new(
             "the validation failed (a hanging Job at its timeout)",
             failed.is_ok(),
@@ -609,7 +664,7 @@ async fn validation_fails(
             ),
         ),
         Check::new(
-            "one validation Job made, never again after the crash",
+            "one validation Job made, never again after the leader was struck",
             made == 1,
             format!("{made} created (audit log)"),
         ),
@@ -623,13 +678,15 @@ async fn validation_fails(
             others.is_empty(),
             format!("other nodes observed out of service: {others:?}"),
         ),
-    ];
+    ]);
     checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace).await);
+    checks.extend(leader.afterwards(fc, client).await);
     let action = match outcome {
         Outcome::Fail => "a validation Job that fails",
         Outcome::Hang => "a validation Job that hangs past its timeout",
     };
-    push(rec, point, action, run, checks, recovery);
+    push_struck(rec, (point, strike), action, run, checks, recovery);
+    leader.end().await;
     finish(client, &wave).await;
 }
 
@@ -778,10 +835,18 @@ fn one_gpu(uuid: &str, xid: bool) -> serde_json::Value {
 }
 
 /// One node whose GPU a DRA driver publishes; a fatal XID on it quarantines that GPU with a
-/// DeviceTaintRule. The leader crashes once the rule exists, before the quarantine is recorded.
-async fn devices(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &str, run: u64) {
+/// DeviceTaintRule. The leader is struck once the rule exists, before the quarantine is
+/// recorded. After a crash, the driver's slices are withdrawn and republished with the leader
+/// SIGKILLed in the gap.
+async fn devices(
+    fc: &FaultCluster,
+    client: &Client,
+    rec: &mut Recorder,
+    (point, strike): (&str, Strike),
+    run: u64,
+) {
     let since = jiff::Timestamp::now();
-    let mut spec = WaveSpec::drain(&format!("cr{run}g"), 1, 0);
+    let mut spec = WaveSpec::drain(&format!("cr{run}g{}", strike.tag()), 1, 0);
     spec.bystander = false;
     spec.policy_spec["remediation"] = json!([
         {"classes": ["Xid"], "action": "TaintDevice", "effect": "NoExecute"},
@@ -800,40 +865,59 @@ async fn devices(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: 
         .await
         .unwrap();
     let monitor = wave.monitor();
-    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &[])
+    let mut leader = Interrupted::start(fc, client, strike, (OPERATOR, OPERATOR), Some(point), &[])
         .await
         .unwrap();
     wave.wait_all("compliant", DEADLINE).await.unwrap();
     reports::publish(client, &node, one_gpu(&uuid, true))
         .await
         .unwrap();
-    let (crashed, recovery) = crash_and_restart(&mut op, point).await;
-    let mut checks = vec![crashed];
+    let (mut checks, recovery) = leader.strike(fc, client, DEADLINE).await;
     checks.extend(quarantined(fc, client, &node, &uuid, since).await);
-    let (mut gap, gap_recovery) = slice_gap(fc, client, &mut op, &slices, &slice, &node).await;
+    let gap = if strike == Strike::Crash {
+        Some(slice_gap(fc, client, leader.leader(), &slices, &slice, &node).await)
+    } else {
+        None
+    };
     reports::publish(client, &node, one_gpu(&uuid, false))
         .await
         .unwrap();
     checks.push(unquarantined(client, &wave).await);
     let disrupted = monitor.disruptions();
-    gap.push(Check::new(
-        "the node never taken out of service, the slices' gap included (no escalation)",
+    let never_out = Check::new(
+        if gap.is_some() {
+            "the node never taken out of service, the slices' gap included (no escalation)"
+        } else {
+            "the node never taken out of service (no escalation)"
+        },
         disrupted.is_empty(),
         format!(
             "observed out of service: {:?}",
             disrupted.iter().map(|d| d.at.to_string()).collect::<Vec<_>>()
         ),
-    ));
+    );
     checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace).await);
-    push(rec, point, "a DRA quarantine of one GPU", run, checks, recovery);
-    rec.push(Run {
-        class: CLASS.into(),
-        fault: "leader SIGKILLed while the DRA driver's slices were withdrawn (a quarantined GPU's device unlisted), restarted; the slices republished".into(),
-        seed: Some(run),
-        checks: gap,
-        recovery: Some(gap_recovery),
-    })
-    .unwrap();
+    checks.extend(leader.afterwards(fc, client).await);
+    let action = "a DRA quarantine of one GPU";
+    match gap {
+        Some((mut gap, gap_recovery)) => {
+            gap.push(never_out);
+            push(rec, point, action, run, checks, recovery);
+            rec.push(Run {
+                class: CLASS.into(),
+                fault: "leader SIGKILLed while the DRA driver's slices were withdrawn (a quarantined GPU's device unlisted), restarted; the slices republished".into(),
+                seed: Some(run),
+                checks: gap,
+                recovery: Some(gap_recovery),
+            })
+            .unwrap();
+        }
+        None => {
+            checks.push(never_out);
+            push_struck(rec, (point, strike), action, run, checks, recovery);
+        }
+    }
+    leader.end().await;
     let _ = slices
         .delete(&format!("{node}-gpu"), &DeleteParams::default())
         .await;
@@ -1086,13 +1170,18 @@ fn reset_policy(node: &str) -> serde_json::Value {
         "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
         "gpu": {},
         "remediation": [{"classes": ["Memory", "Xid"], "action": "Drain"}],
-        // The probe's stand-in pod (the DaemonSet pod a drain skips) lives there.
-        "drain": {"protectedNamespaces": ["kube-system", gpunode_e2e::chart::NAMESPACE]},
-        "disruption": {"maxUnavailable": 1, "circuitBreaker": {"maxDriftedPercent": 100}},
+        "disruption": {"maxUnavailable": 1, "circuitBreaker": {"maxDriftedPercent": 100},
+            // The probe's and the reset process's stand-in pods (the DaemonSet pods a drain
+            // skips) live there; their tokens are bound to them, so evicting them would leave
+            // both processes unable to authenticate.
+            "drain": {"protectedNamespaces": ["kube-system", gpunode_e2e::chart::NAMESPACE]}},
         "recovery": {"healthyFor": "2s"},
         "staleAfter": "5m",
+        // The reset step's timeout outlasts an API outage and the probe's backoff after it (up to
+        // 60 s): a shorter one ended a successful reset whose fresh report came late, and handed
+        // the node to the reboot.
         "repair": {"maxAttempts": 3, "window": "1h", "steps": [
-            {"name": "gpu-reset", "action": "GpuReset", "classes": ["Memory", "Xid"], "timeout": "60s"},
+            {"name": "gpu-reset", "action": "GpuReset", "classes": ["Memory", "Xid"], "timeout": "3m"},
             {"name": "reboot", "action": "Remediator", "classes": ["Memory", "Xid"], "timeout": "60s",
              "remediator": {
                  "apiVersion": format!("{}/{}", remediator::GROUP, remediator::VERSION),
@@ -1177,15 +1266,16 @@ async fn reset_by_new_leader(
     fc: &FaultCluster,
     client: &Client,
     rec: &mut Recorder,
-    point: &str,
+    (point, strike): (&str, Strike),
     run: u64,
     in_use: bool,
 ) {
     let since = jiff::Timestamp::now();
-    let rig = ResetRig::up(client, &format!("cr{run}{}", if in_use { "u" } else { "s" }), &[]).await;
+    let tag = format!("cr{run}{}{}", if in_use { "u" } else { "s" }, strike.tag());
+    let rig = ResetRig::up(client, &tag, &[]).await;
     let (node, host) = (rig.node.clone(), rig.host.clone());
     let env = [("GPUNODE_REMEDIATORS", remediator_grant())];
-    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
+    let mut leader = Interrupted::start(fc, client, strike, (OPERATOR, OPERATOR), Some(point), &env)
         .await
         .unwrap();
     rig.until_compliant(client).await;
@@ -1197,14 +1287,15 @@ async fn reset_by_new_leader(
         }
     })
     .unwrap();
-    let (crashed, recovery) = crash_and_restart(&mut op, point).await;
     let requests: Api<gpunode_crds::GpuResetRequest> = Api::all(client.clone());
     let name = format!("{node}-gpu-{RESET_GPU}");
-    let status = wait::until("the reset's outcome", DEADLINE, || async {
+    // Read while the leader is struck: the reset process answers the request meanwhile, and the
+    // next leader deletes it once it has read the outcome, possibly before the strike is over.
+    let outcome = wait::until("the reset's outcome", DEADLINE * 2, || async {
         let status = requests.get_opt(&name).await?.and_then(|r| r.status);
         Ok(status.filter(|s| s.finished()))
-    })
-    .await;
+    });
+    let ((struck, recovery), status) = tokio::join!(leader.strike(fc, client, DEADLINE), outcome);
     let expected = if in_use {
         gpunode_crds::reset::ResetPhase::Failed
     } else {
@@ -1215,8 +1306,8 @@ async fn reset_by_new_leader(
     });
     let back = until_back(client, &node).await;
     let made_reboots = creates(fc, "fakereboots", OPERATOR, since);
-    let mut checks = vec![
-        crashed,
+    let mut checks = struck;
+    checks.extend([
         Check::new(
             if in_use {
                 "the reset refused: the GPU is in use"
@@ -1236,15 +1327,17 @@ async fn reset_by_new_leader(
             back.is_ok(),
             format!("{back:?}"),
         ),
-    ];
+    ]);
     checks.extend(reset_leftovers(fc, client, &node, since).await);
+    checks.extend(leader.afterwards(fc, client).await);
     let action = if in_use {
         "a GPU reset refused (the GPU in use), handed to the remediator"
     } else {
         "a GPU reset that succeeds"
     };
-    push(rec, point, action, run, checks, recovery);
-    drop((op, rig.reset));
+    push_struck(rec, (point, strike), action, run, checks, recovery);
+    leader.end().await;
+    drop(rig.reset);
     ResetRig::down(client, &node, host, rig.probe, rig.reboots).await;
 }
 

@@ -51,7 +51,10 @@ async fn main() -> ExitCode {
     let config = Config::parse();
     init_tracing(&config);
     match gpunode_probe::crash::arm_from_env() {
-        Ok(Some(point)) => tracing::warn!(point, "crash point armed: the process aborts there"),
+        Ok(Some(point)) => tracing::warn!(
+            point,
+            "crash point armed: the process aborts there (or holds the action, with GPUNODE_CRASH_ACTION=hold)"
+        ),
         Ok(None) => {}
         Err(e) => {
             eprintln!("gpunode-probe: {e}");

@@ -2,7 +2,7 @@
 //! reliability suite aborts the leader between two writes of one action
 //! (e2e/tests/reliability_crash.rs). Only in builds with the `failpoints` feature.
 
-pub use gpunode_crashpoints::{CrashPointError, ENV};
+pub use gpunode_crashpoints::{ACTION_ENV, CrashPointError, ENV, RELEASE_ENV};
 
 /// Every crash point of the operator, in the order an action reaches them.
 pub const POINTS: [&str; 8] = [

@@ -150,7 +150,10 @@ fn run(args: RunArgs) -> ExitCode {
         builder.init();
     }
     match gpunode_operator::crash::arm_from_env() {
-        Ok(Some(point)) => tracing::warn!(point, "crash point armed: the process aborts there"),
+        Ok(Some(point)) => tracing::warn!(
+            point,
+            "crash point armed: the process aborts there (or holds the action, with GPUNODE_CRASH_ACTION=hold)"
+        ),
         Ok(None) => {}
         Err(e) => {
             eprintln!("gpunode-operator run: {e}");

@@ -40,7 +40,10 @@ pub async fn start_armed(
 pub async fn crashed_at(op: &mut Operator, point: &str, timeout: Duration) -> Check {
     let status = op.wait_exit(timeout).await;
     let line = format!("gpunode crash point {point} reached");
-    let logged = op.log_text().contains(&line);
+    // The log holds every process of the identity: only the armed incarnation's lines count.
+    let log = op.log_text();
+    let own = log.rfind("crash point armed").map_or("", |at| &log[at..]);
+    let logged = own.contains(&line);
     let signalled = status
         .as_ref()
         .is_ok_and(|s| std::os::unix::process::ExitStatusExt::signal(s).is_some());

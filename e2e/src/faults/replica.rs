@@ -199,7 +199,11 @@ impl Operator {
             lease_namespace: Some(namespace.to_string()),
             metrics_addr,
             // The watcher's debug lines name a 410 Gone when a resumed watch expired.
-            rust_log: Some("info,kube=warn,kube_runtime::watcher=debug".into()),
+            // `GPUNODE_REL_OPERATOR_LOG` replaces the filter when a run is debugged.
+            rust_log: Some(
+                std::env::var("GPUNODE_REL_OPERATOR_LOG")
+                    .unwrap_or_else(|_| "info,kube=warn,kube_runtime::watcher=debug".into()),
+            ),
             prefix: launch.prefix,
             env: launch.env,
         };
