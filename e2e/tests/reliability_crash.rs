@@ -1291,9 +1291,17 @@ async fn reset_by_new_leader(
     let name = format!("{node}-gpu-{RESET_GPU}");
     // Read while the leader is struck: the reset process answers the request meanwhile, and the
     // next leader deletes it once it has read the outcome, possibly before the strike is over.
+    // A request gone before a finished status was seen ends the wait with none.
+    let existed = std::cell::Cell::new(false);
     let outcome = wait::until("the reset's outcome", DEADLINE * 2, || async {
-        let status = requests.get_opt(&name).await?.and_then(|r| r.status);
-        Ok(status.filter(|s| s.finished()))
+        match requests.get_opt(&name).await? {
+            Some(r) => {
+                existed.set(true);
+                Ok(r.status.filter(|s| s.finished()).map(Some))
+            }
+            None if existed.get() => Ok(Some(None)),
+            None => Ok(None),
+        }
     });
     let ((struck, recovery), status) = tokio::join!(leader.strike(fc, client, DEADLINE), outcome);
     let expected = if in_use {
@@ -1301,9 +1309,30 @@ async fn reset_by_new_leader(
     } else {
         gpunode_crds::reset::ResetPhase::Succeeded
     };
-    let outcome = status.as_ref().is_ok_and(|s| {
-        s.phase == Some(expected) && (!in_use || s.message.as_deref().unwrap_or_default().contains("in use"))
+    let seen = status.as_ref().is_ok_and(|s| {
+        s.as_ref().is_some_and(|s| {
+            s.phase == Some(expected)
+                && (!in_use || s.message.as_deref().unwrap_or_default().contains("in use"))
+        })
     });
+    // The request may live only between two looks of the test's client (answered just before
+    // the API server stopped, deleted by the leader just after it came back, while the client
+    // still waited on a connection the stop left hanging): then the reset process's own log
+    // line and its two status writes (taken, then finished) in the audit log say the same.
+    let line = if in_use {
+        "is in use by processes [4242]"
+    } else {
+        "was drained, removed and discovered again"
+    };
+    let logged = rig.reset.lines().iter().any(|l| l.contains(line));
+    let written = fc
+        .audit()
+        .unwrap()
+        .iter()
+        .filter(|e| e.at >= since && e.resource == "gpuresetrequests" && e.subresource == "status")
+        .filter(|e| e.name == name && e.verb == "patch" && e.succeeded())
+        .count();
+    let outcome = seen || (logged && written >= 2);
     let back = until_back(client, &node).await;
     let made_reboots = creates(fc, "fakereboots", OPERATOR, since);
     let mut checks = struck;
@@ -1315,7 +1344,9 @@ async fn reset_by_new_leader(
                 "the reset succeeded"
             },
             outcome,
-            format!("{status:?}"),
+            format!(
+                "status seen: {status:?}; the reset process logged \"{line}\": {logged}; its status writes: {written}"
+            ),
         ),
         Check::new(
             "the remediator's reboot made only after a refused reset, once",
