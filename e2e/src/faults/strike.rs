@@ -209,7 +209,7 @@ impl Interrupted {
             let restarted = restart_unarmed(&mut self.armed, timeout)
                 .await
                 .unwrap_or(u64::MAX);
-            return (checks, Until::Leading.after(restarted));
+            return (checks, self.strike.until().after(restarted));
         }
         if let Some(point) = &self.point {
             let held = self.held(point, timeout).await;
@@ -262,7 +262,7 @@ impl Interrupted {
                 false,
                 "none",
             ));
-            return Until::Leading.after(u64::MAX);
+            return self.strike.until().after(u64::MAX);
         };
         let cut_ok = net.partition();
         let cut_at = jiff::Timestamp::now();
@@ -298,7 +298,7 @@ impl Interrupted {
         ));
         self.acquired = acquired.ok();
         self.span.1 = self.acquired;
-        Until::Leading.after(failover)
+        self.strike.until().after(failover)
     }
 
     /// Stops the API server with the leader's action held at its point, releases it, and starts
@@ -331,7 +331,7 @@ impl Interrupted {
             Ok(record::first_write_ms(&fc.audit()?, &user, started))
         })
         .await;
-        Until::Acting.after(next.unwrap_or(u64::MAX))
+        self.strike.until().after(next.unwrap_or(u64::MAX))
     }
 
     /// When the leader was surely cut off (a partition's link down, an outage's API server
