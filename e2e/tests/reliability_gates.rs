@@ -169,14 +169,12 @@ async fn approval_mid_wave(
         "before the first approval",
     )];
     checks.extend(approval_checks(fc, &wave, &monitor, &approved, &first).await);
-    rec.push(Run {
-        class: CLASS.into(),
-        fault: "approval given mid-wave, node by node; the leader SIGKILLed while every node waited, the next one mid-drain".into(),
-        seed: None,
+    push(
+        rec,
+        "approval given mid-wave, node by node; the leader SIGKILLed while every node waited, the next one mid-drain",
         checks,
-        recovery: Some(Until::Converged.after(wave_ms)),
-    })
-    .unwrap();
+        wave_ms,
+    );
     wave.cleanup().await;
 }
 
@@ -230,15 +228,25 @@ async fn window_opening_mid_wave(
         ),
     ];
     checks.extend(window_checks(fc, &wave, &monitor, opens).await);
+    push(
+        rec,
+        "a maintenance window opening mid-wave; the leader SIGKILLed while the nodes waited, the next one a second before the opening",
+        checks,
+        wave_ms,
+    );
+    wave.cleanup().await;
+}
+
+/// Files a gate run: its fault, checks, and the time until the wave was complete.
+fn push(rec: &mut Recorder, fault: &str, checks: Vec<Check>, wave_ms: u64) {
     rec.push(Run {
         class: CLASS.into(),
-        fault: "a maintenance window opening mid-wave; the leader SIGKILLed while the nodes waited, the next one a second before the opening".into(),
+        fault: fault.into(),
         seed: None,
         checks,
         recovery: Some(Until::Converged.after(wave_ms)),
     })
     .unwrap();
-    wave.cleanup().await;
 }
 
 /// Nothing out of service without its approval (the monitor's states), no eviction before the
@@ -363,14 +371,7 @@ async fn approval_under(fc: &FaultCluster, client: &Client, rec: &mut Recorder, 
         }
         _ => "an approval given just before kube-apiserver stopped 20 s",
     };
-    rec.push(Run {
-        class: CLASS.into(),
-        fault: fault.into(),
-        seed: None,
-        checks,
-        recovery: Some(Until::Converged.after(wave_ms)),
-    })
-    .unwrap();
+    push(rec, fault, checks, wave_ms);
     wave.cleanup().await;
     leader.end().await;
 }
@@ -430,14 +431,7 @@ async fn window_opening_under(fc: &FaultCluster, client: &Client, rec: &mut Reco
         }
         _ => "a maintenance window opening while kube-apiserver was stopped 20 s",
     };
-    rec.push(Run {
-        class: CLASS.into(),
-        fault: fault.into(),
-        seed: None,
-        checks,
-        recovery: Some(Until::Converged.after(wave_ms)),
-    })
-    .unwrap();
+    push(rec, fault, checks, wave_ms);
     wave.cleanup().await;
     leader.end().await;
 }
