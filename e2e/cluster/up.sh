@@ -113,20 +113,53 @@ log "$PROG: cluster '$CLUSTER_NAME' in $D (kubernetes $GPUNODE_K8S_VERSION, etcd
 P=$D/pki
 ossl() { openssl "$@" 2>>"$LOGS/openssl.log" || die "openssl $1 failed (see $LOGS/openssl.log)"; }
 EC_KEY=(genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256)
+# Every certificate is valid from a day ago: a process whose clock runs behind (the probe clock-skew
+# faults, libfaketime) must still accept the serving certificate of a cluster started minutes ago.
+# OpenSSL 3.0's x509 and req cannot set a start date; its ca command can, from a scratch database.
+CA_DB=$P/ca-db
+VALID_FROM=$(date -u -d '-1 day' +%Y%m%d%H%M%SZ)
+ca_db() {
+	mkdir -p "$CA_DB"
+	[[ -e $CA_DB/index.txt ]] || : >"$CA_DB/index.txt"
+	cat >"$CA_DB/ca.cnf" <<-EOF
+		[ca]
+		default_ca = signer
+		[signer]
+		database = $CA_DB/index.txt
+		new_certs_dir = $CA_DB
+		default_md = sha256
+		rand_serial = yes
+		policy = any_name
+		unique_subject = no
+		copy_extensions = none
+		[any_name]
+		organizationName = optional
+		commonName = supplied
+	EOF
+}
+# issue CSR OUT DAYS EXTENSIONS [CA]: sign CSR with CA's key (none: self-signed), valid from VALID_FROM
+issue() {
+	local signer=(-selfsign -keyfile "$P/$1.key")
+	[[ -n ${5:-} ]] && signer=(-cert "$P/$5.crt" -keyfile "$P/$5.key")
+	ca_db
+	ossl ca -batch -config "$CA_DB/ca.cnf" "${signer[@]}" -in "$2" -out "$P/$1.crt" -startdate "$VALID_FROM" \
+		-days "$3" -notext -preserveDN -extfile <(printf '%s\n' "$4")
+}
 # sign NAME SUBJECT EXTENSIONS [CA]: EC P-256 key + certificate signed by CA (default: ca)
 sign() {
-	local ca=${4:-ca}
 	ossl "${EC_KEY[@]}" -out "$P/$1.key"
 	ossl req -new -key "$P/$1.key" -subj "$2" -out "$P/$1.csr"
-	ossl x509 -req -in "$P/$1.csr" -CA "$P/$ca.crt" -CAkey "$P/$ca.key" -set_serial "0x$(openssl rand -hex 16)" \
-		-days 365 -out "$P/$1.crt" -extfile <(printf '%s\n' "$3")
+	issue "$1" "$P/$1.csr" 365 "$3" "${4:-ca}"
 	rm -f "$P/$1.csr"
 }
 # ca_cert NAME CN: a self-signed CA
 ca_cert() {
 	ossl "${EC_KEY[@]}" -out "$P/$1.key"
-	ossl req -x509 -key "$P/$1.key" -days 3650 -subj "/CN=$2" -out "$P/$1.crt" \
-		-addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"
+	ossl req -new -key "$P/$1.key" -subj "/CN=$2" -out "$P/$1.csr"
+	issue "$1" "$P/$1.csr" 3650 "basicConstraints=critical,CA:TRUE
+keyUsage=critical,keyCertSign,cRLSign,digitalSignature
+subjectKeyIdentifier=hash"
+	rm -f "$P/$1.csr"
 }
 SERVER_EXT="basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
@@ -148,6 +181,7 @@ make_pki() {
 	sign front-proxy-client "/CN=front-proxy-client" "$CLIENT_EXT" front-proxy-ca
 	ossl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$P/sa.key"
 	ossl pkey -in "$P/sa.key" -pubout -out "$P/sa.pub"
+	rm -rf "$CA_DB"
 	chmod 600 "$P"/*.key
 }
 
