@@ -121,6 +121,31 @@ async fn dead_flooding_and_restarted_probes_cause_no_harm() {
     rec.assert_clean();
 }
 
+/// Waits until `node`'s probe has renewed its heartbeat Lease `n` times from now.
+async fn heartbeats_after(client: &Client, node: &str, n: usize) -> Result<(), gpunode_e2e::Error> {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client.clone(), gpunode_e2e::chart::NAMESPACE);
+    let name = gpunode_crds::heartbeat::lease_name(node).unwrap_or_default();
+    let renewed = || async {
+        let lease = leases.get_opt(&name).await?;
+        Ok::<_, gpunode_e2e::Error>(lease.and_then(|l| l.spec?.renew_time).map(|t| t.0))
+    };
+    let mut last = renewed().await?;
+    for _ in 0..n {
+        let before = last;
+        last = wait::until("a heartbeat Lease renewal", DEADLINE, || async {
+            let now = renewed().await?;
+            Ok((now.is_some() && now != before).then_some(now))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+fn reports_api(client: &Client) -> kube::Api<gpunode_crds::GpuNodeReport> {
+    kube::Api::all(client.clone())
+}
+
 /// A report last observed `age` ago.
 fn aged(age: Duration) -> serde_json::Value {
     let mut s = wave::report_status(false, "boot-1");
@@ -409,11 +434,15 @@ async fn skewed_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder, sk
     let host = Host::prepare(client, &node).await.unwrap();
     let env = gpunode_e2e::faults::clock::skewed(skew).unwrap();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // From compliant (the wave's report), with the node's Events read: a probe behind whose
+    // first report made the node Unknown for a moment (the operator took it for stale until its
+    // first heartbeat) shows as an Unknown Event, or as a death seen at once.
+    wave.wait_all("compliant", DEADLINE).await.unwrap();
     let first = host.start_probe_env("boot-a", &[], &env).unwrap();
     first.logged("first observation", DEADLINE).await.unwrap();
     // The skew applied: the first report's observedAt, by the probe's clock, is off by about
     // `skew` (read at once: the probe rewrites its report only when it changes).
-    let reports: kube::Api<gpunode_crds::GpuNodeReport> = kube::Api::all(client.clone());
+    let reports = reports_api(client);
     let observed = wait::until("the skewed probe's first report", DEADLINE, || async {
         Ok(reports.get_opt(&node).await?.and_then(|r| r.status?.observed_at))
     })
@@ -422,6 +451,15 @@ async fn skewed_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder, sk
     .map(|t| t.0.duration_since(jiff::Timestamp::now()).as_secs());
     let applied = observed.is_some_and(|off| (off - skew).abs() <= 30);
     let fresh = wave.wait_all("compliant", DEADLINE).await.is_ok();
+    // Two renewals of its Lease after the report: the operator has long seen both.
+    let renewals = heartbeats_after(client, &node, 2).await.is_ok();
+    let turns: Vec<String> = gpunode_e2e::nodes::events(client, &node)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    let flapped = turns.iter().any(|r| r == "Unknown");
     let _ = first.kill();
     let died = Instant::now();
     let stale = wave.wait_all("unknown", DEADLINE).await.is_ok();
@@ -437,9 +475,11 @@ async fn skewed_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder, sk
             format!("observedAt {observed:?} s from now, skew {skew:+} s"),
         ),
         Check::new(
-            "a running probe with a skewed clock keeps its node fresh (compliant)",
-            fresh,
-            format!("compliant while the probe ran: {fresh}"),
+            "a running probe with a skewed clock keeps its node fresh (compliant, never Unknown)",
+            fresh && renewals && !flapped,
+            format!(
+                "compliant {fresh}, 2 heartbeats after its report {renewals}, the node's Events {turns:?}"
+            ),
         ),
         Check::new(
             "its death is seen staleAfter later by the operator's clock",

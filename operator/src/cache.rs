@@ -3,14 +3,15 @@
 //! - a reconcile re-evaluates only the nodes whose report changed (by resourceVersion), whose
 //!   policy changed (by uid and generation), or whose verdict may have changed with time
 //!   ([`unchanged_until`](crate::evaluate::unchanged_until): a report going stale, a fatal XID leaving its window);
-//! - a report event whose verdict is the one the last reconcile acted on (a heartbeat: only
-//!   `observedAt`, temperatures or counters moved) triggers no reconcile at all
+//! - a report event whose verdict is the one the last reconcile acted on, on the same GPUs (a
+//!   heartbeat: only `observedAt`, temperatures or counters moved) triggers no reconcile at all
 //!   ([`VerdictCache::report_is_material`]).
 //!
 //! Pure bookkeeping: evaluation stays [`evaluate`](crate::evaluate::evaluate), nothing here reads the cluster.
 
 use std::{
     collections::HashMap,
+    hash::{Hash, Hasher},
     sync::{Arc, Mutex, PoisonError},
 };
 
@@ -21,6 +22,7 @@ use kube::{Resource, ResourceExt, core::DeserializeGuard};
 use crate::{
     evaluate::{evaluate_heard, unchanged_until_heard},
     observe::compact::CachedReport,
+    plan::view::GpuView,
     verdict::{REPORT_CHECK, Unknown, Verdict},
 };
 
@@ -90,6 +92,9 @@ struct Entry {
     /// resourceVersion of the report the verdict is about (`None`: there was no report).
     report: Option<String>,
     verdict: Verdict,
+    /// [`gpus_fingerprint`] of that report: the plan reads its GPUs (the `healthy-gpus` label,
+    /// quarantines by UUID, repairs by recovery action) besides the verdict.
+    gpus: u64,
     /// The verdict holds from `computed` through `until`.
     computed: Timestamp,
     until: Timestamp,
@@ -112,6 +117,19 @@ pub struct PolicyVerdicts {
     pass: u64,
     hits: u64,
     misses: u64,
+}
+
+/// A fingerprint of the GPUs a report lists, as the plan reads them.
+fn gpus_fingerprint(gpus: &[GpuView]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    gpus.hash(&mut h);
+    h.finish()
+}
+
+/// [`gpus_fingerprint`] of a report as the watch delivers it.
+fn guarded_gpus(report: Option<&GuardedReport>) -> u64 {
+    let report = report.and_then(|g| g.0.as_ref().ok());
+    gpus_fingerprint(&crate::observe::gpus::gpu_views(report))
 }
 
 fn report_version<K: Resource>(report: Option<&K>) -> Option<&str> {
@@ -164,6 +182,7 @@ impl PolicyVerdicts {
         let entry = Entry {
             report: version.map(str::to_string),
             verdict: verdict.clone(),
+            gpus: gpus_fingerprint(report.map_or(&[][..], |r| &r.gpus()[..])),
             computed: now,
             // A verdict that may change any moment is kept (for the event filter) but never
             // reused by a reconcile.
@@ -204,6 +223,25 @@ impl VerdictCache {
         all.entry(name.to_string()).or_default().clone()
     }
 
+    /// Whether some policy's last verdict on `node` found its report stale (a verdict that holds
+    /// for no time at all): a heartbeat may make it fresh again.
+    pub fn stale_somewhere(&self, node: &str) -> bool {
+        let policies: Vec<_> = self
+            .policies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        policies.iter().any(|p| {
+            p.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .nodes
+                .get(node)
+                .is_some_and(|e| e.until <= e.computed)
+        })
+    }
+
     /// Drops a deleted policy's verdicts.
     pub fn forget(&self, name: &str) {
         self.policies
@@ -237,7 +275,8 @@ impl VerdictCache {
         // A report that goes stale sooner than the remembered one (observedAt moved back: a
         // restarted probe with a skewed clock, a replayed report) needs a reconcile to move the
         // wake-up forward; otherwise the node turns Unknown only at the old time.
-        if verdict != entry.verdict || until < entry.until {
+        let gpus = guarded_gpus(report);
+        if verdict != entry.verdict || until < entry.until || gpus != entry.gpus {
             return true;
         }
         entry.report = report_version(report).map(str::to_string);
@@ -381,6 +420,67 @@ mod tests {
         v.begin(&p);
         let _ = v.verdict(&p, "n1", Some(&c(&r1)), None, now);
         assert_eq!(v.stats(), (0, 1));
+    }
+
+    #[test]
+    fn a_node_is_stale_somewhere_while_a_policy_last_found_its_report_stale() {
+        let p = policy(1);
+        let cache = VerdictCache::new();
+        let judge = |at: &str, heard: Option<Timestamp>| {
+            let pv = cache.policy("p");
+            let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
+            pv.begin(&p);
+            let r = report("1", "2026-11-29T12:00:00Z", 1);
+            let _ = pv.verdict(&p, "n1", Some(&c(&r)), heard, ts(at));
+            pv.end();
+        };
+        assert!(!cache.stale_somewhere("n1"), "never judged");
+        judge("2026-11-29T12:01:00Z", None);
+        assert!(!cache.stale_somewhere("n1"), "fresh for 3m");
+        // Observed 10 minutes before the operator's clock (a probe behind): stale at once.
+        judge("2026-11-29T12:10:00Z", None);
+        assert!(cache.stale_somewhere("n1"));
+        assert!(!cache.stale_somewhere("n2"));
+        // Its heartbeat, heard now, makes it fresh again.
+        judge("2026-11-29T12:10:01Z", Some(ts("2026-11-29T12:10:01Z")));
+        assert!(!cache.stale_somewhere("n1"));
+    }
+
+    #[test]
+    fn a_report_with_the_same_verdict_on_other_gpus_is_material() {
+        let (p, now) = (policy(1), ts("2026-11-29T12:00:30Z"));
+        let cache = VerdictCache::new();
+        let with_gpu = |rv: &str, uuid: &str| {
+            let mut r = report(rv, "2026-11-29T12:00:00Z", 1);
+            if let Ok(r) = r.0.as_mut()
+                && let Some(s) = r.status.as_mut()
+            {
+                s.gpus.push(gpunode_crds::report::GpuStatus {
+                    index: 0,
+                    uuid: Some(uuid.to_string()),
+                    ..Default::default()
+                });
+            }
+            r
+        };
+        let (a, b) = (with_gpu("1", "GPU-a"), with_gpu("2", "GPU-b"));
+        assert_eq!(
+            evaluate_guarded(&p, Some(&a), None, now),
+            evaluate_guarded(&p, Some(&b), None, now),
+            "the same verdict"
+        );
+        {
+            let pv = cache.policy("p");
+            let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
+            pv.begin(&p);
+            let _ = pv.verdict(&p, "n1", Some(&c(&a)), None, now);
+            pv.end();
+        }
+        assert!(!cache.report_is_material(&p, "n1", Some(&with_gpu("3", "GPU-a")), None, now));
+        assert!(
+            cache.report_is_material(&p, "n1", Some(&b), None, now),
+            "the plan reads the GPUs too (healthy-gpus, quarantines by UUID)"
+        );
     }
 
     #[test]

@@ -869,7 +869,7 @@ pub async fn run(
         caches,
         node_changes,
         report_changes,
-        device_changes,
+        named_changes,
         ..
     } = watches;
     let changed = Arc::new(ChangedNodes::new());
@@ -883,8 +883,8 @@ pub async fn run(
         changed.clone(),
     );
     let sweep_task = tokio::spawn(sweeper(ctx.clone(), sweep.clone()));
-    let (by_node, by_report, by_device) = (caches.clone(), caches.clone(), caches);
-    let (on_node, on_report, on_device, on_leader) =
+    let (by_node, by_report, by_name) = (caches.clone(), caches.clone(), caches);
+    let (on_node, on_report, on_name, on_leader) =
         (changed.clone(), changed.clone(), changed.clone(), changed);
     controller
         // A new leader looks at every policy at once, and whole, instead of waiting for the
@@ -897,10 +897,11 @@ pub async fn run(
             on_report.node(&report.name_any());
             policies_of_node(&by_report, &report.name_any())
         })
-        .watches_stream(device_changes, move |named: Node| {
-            // A ResourceSlice or a DeviceTaintRule of gpunode's changed: the policies of its node.
-            on_device.node(&named.name_any());
-            policies_of_node(&by_device, &named.name_any())
+        .watches_stream(named_changes, move |named: Node| {
+            // A ResourceSlice or a DeviceTaintRule of gpunode's changed, or the probe of a node
+            // some policy found stale renewed its Lease: the policies of that node.
+            on_name.node(&named.name_any());
+            policies_of_node(&by_name, &named.name_any())
         })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx.clone())

@@ -503,9 +503,10 @@ pub struct Watches {
     pub node_changes: BoxStream<'static, Result<Node, watcher::Error>>,
     /// Report changes that change some policy's verdict (and every deletion).
     pub report_changes: BoxStream<'static, Result<Guarded<GpuNodeReport>, watcher::Error>>,
-    /// ResourceSlice and DeviceTaintRule changes, as the name of the node they concern (a
-    /// stand-in Node with only its name).
-    pub device_changes: BoxStream<'static, Result<Node, watcher::Error>>,
+    /// Changes that concern one node, as a stand-in Node with only its name: its ResourceSlices
+    /// and DeviceTaintRules, and its probe's heartbeat renewals where a policy last found it
+    /// stale.
+    pub named_changes: BoxStream<'static, Result<Node, watcher::Error>>,
     leases: Store<Lease>,
     lease_task: tokio::task::JoinHandle<()>,
 }
@@ -542,7 +543,8 @@ impl Watches {
         // The cache keeps each report compacted; the stream goes on with the whole object, for
         // the trigger that evaluates it as it arrives.
         .inspect_ok(move |e| report_writer.apply_watcher_event(&compact::event(e)));
-        let (leases, lease_task) = lease_watch(client, heartbeat_namespace, &listing);
+        let (leases, lease_task, renewals) =
+            lease_watch(client, heartbeat_namespace, &listing, verdicts.clone());
         let heartbeats = Heartbeats::new(leases.clone(), heartbeat_namespace);
         let selectors = IndexCache::new(policies.clone());
         let (dra, device_changes) = match devices::discover(client).await {
@@ -552,8 +554,8 @@ impl Watches {
             }
             None => (None, futures::stream::pending().boxed()),
         };
-        // Heartbeats of probes and kubelets change nothing gpunode decides: only material
-        // changes trigger a reconcile.
+        // Kubelet heartbeats and report refreshes change nothing gpunode decides: only material
+        // changes trigger a reconcile (a probe's Lease renewal, only for a stale node).
         let node_changes = triggers::material_changes(
             node_stream,
             "node",
@@ -588,7 +590,7 @@ impl Watches {
             },
             node_changes,
             report_changes,
-            device_changes,
+            named_changes: futures::stream::select(device_changes, renewals).boxed(),
             leases,
             lease_task,
         }
@@ -635,29 +637,48 @@ async fn all_synced(
 }
 
 /// The watch of the probes' heartbeat Leases in `namespace`, feeding its cache in the
-/// background. Heartbeats change no decision by themselves (a probe that comes back after a gap
-/// writes its whole report), so this watch only feeds the cache.
+/// background. A renewal changes a decision only where a policy last found the node's report
+/// stale (a probe whose clock runs behind the operator's: its reports look old as they arrive,
+/// only its heartbeats keep it fresh); only those are triggers. A probe that comes back after a
+/// gap otherwise writes its whole report, which triggers by itself. Returns the cache, the
+/// watch's task and those renewals, as stand-in Nodes naming the node.
 fn lease_watch(
     client: &Client,
     namespace: &str,
     listing: &watcher::Config,
-) -> (Store<Lease>, tokio::task::JoinHandle<()>) {
-    let (leases, lease_writer) = reflector::store::<Lease>();
+    verdicts: Arc<VerdictCache>,
+) -> (
+    Store<Lease>,
+    tokio::task::JoinHandle<()>,
+    BoxStream<'static, Result<Node, watcher::Error>>,
+) {
+    let (leases, mut lease_writer) = reflector::store::<Lease>();
     let cached = leases.clone();
+    let (renewals, heard) = futures::channel::mpsc::unbounded::<String>();
     let lease_stream = backoff::watcher(
         Api::<Lease>::namespaced(client.clone(), namespace),
         listing.clone().labels(gpunode_crds::heartbeat::LEASE_SELECTOR),
         "lease",
     )
     .modify(heartbeats::trim)
-    .map_ok(move |event| heartbeats::stamp(event, &cached, jiff::Timestamp::now()))
-    .reflect(lease_writer);
-    let lease_task = tokio::spawn(lease_stream.for_each(|event| async move {
+    .map_ok(move |event| {
+        let now = jiff::Timestamp::now();
+        let event = heartbeats::stamp(event, &cached, now);
+        // Cached before the trigger goes out, so the reconcile it starts hears the renewal.
+        lease_writer.apply_watcher_event(&event);
+        if let Some(node) = heartbeats::renewed(&event, now)
+            && verdicts.stale_somewhere(node)
+        {
+            let _ = renewals.unbounded_send(node.to_string());
+        }
+        event
+    });
+    let task = tokio::spawn(lease_stream.for_each(|event| async move {
         if let Err(e) = event {
             warn!(error = %e, "heartbeat Lease watch");
         }
     }));
-    (leases, lease_task)
+    (leases, task, heard.map(|node| Ok(node_named(&node))).boxed())
 }
 
 /// The ResourceSlice and DeviceTaintRule watches: their caches, and their changes as stand-in

@@ -38,6 +38,8 @@ pub struct KubeSink {
     lease: Option<(Api<Lease>, String)>,
     /// `spec.leaseDurationSeconds` of the Lease.
     lease_seconds: i32,
+    /// This sink renewed the Lease at least once.
+    lease_renewed: bool,
 }
 
 impl KubeSink {
@@ -53,6 +55,7 @@ impl KubeSink {
             node_uid: None,
             lease: None,
             lease_seconds: 0,
+            lease_renewed: false,
         }
     }
 
@@ -97,6 +100,32 @@ impl KubeSink {
         let lease = heartbeat::lease(name, &self.node, owner, self.lease_seconds, MicroTime(observed));
         leases.patch(name, &Self::params(), &Patch::Apply(&lease)).await?;
         Ok(())
+    }
+
+    /// Renews the Lease as of `status`'s observation; false when there is no Lease to renew
+    /// (none, or the probe may not write it: no RBAC for Leases, a chart older than the probe,
+    /// or no namespace; heartbeats then write the whole report, as before Leases).
+    async fn renew(&mut self, status: &GpuNodeReportStatus) -> Result<bool, PublishError> {
+        let Some((leases, name)) = &self.lease else {
+            return Ok(false);
+        };
+        let observed = status
+            .observed_at
+            .as_ref()
+            .map_or_else(jiff::Timestamp::now, |t| t.0);
+        match self.renew_lease(leases, name, observed).await {
+            Ok(()) => {
+                self.lease_renewed = true;
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {
+                tracing::warn!(namespace = leases.namespace().unwrap_or_default(), lease = %name, error = %s,
+                    "cannot write the heartbeat Lease; heartbeats write the whole report instead");
+                self.lease = None;
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     fn params() -> PatchParams {
@@ -150,6 +179,15 @@ impl ReportSink for KubeSink {
         if !self.object_applied || self.node_uid.is_none() {
             self.apply_object().await?;
         }
+        if !self.lease_renewed {
+            // A heartbeat before the first report: the operator times a renewal by its own clock
+            // as it arrives, but a report by the probe's `observedAt`, which a clock running
+            // behind makes look stale. Without the renewal a restarted probe's node would turn
+            // Unknown until its first heartbeat.
+            if let Err(e) = self.renew(status).await {
+                tracing::warn!(node = %self.node, error = %e, "cannot renew the heartbeat Lease before the report");
+            }
+        }
         match self.apply_status(status).await {
             // Someone deleted the report: recreate it once.
             Err(PublishError::Api(kube::Error::Api(s))) if s.is_not_found() => {
@@ -161,22 +199,8 @@ impl ReportSink for KubeSink {
     }
 
     async fn heartbeat(&mut self, status: &GpuNodeReportStatus) -> Result<Beat, PublishError> {
-        if let Some((leases, name)) = &self.lease {
-            let observed = status
-                .observed_at
-                .as_ref()
-                .map_or_else(jiff::Timestamp::now, |t| t.0);
-            match self.renew_lease(leases, name, observed).await {
-                Ok(()) => return Ok(Beat::Lease),
-                // No RBAC for Leases (a chart older than the probe) or no namespace: still
-                // heartbeat, with the whole report, as before Leases.
-                Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {
-                    tracing::warn!(namespace = leases.namespace().unwrap_or_default(), lease = %name, error = %s,
-                        "cannot write the heartbeat Lease; heartbeats write the whole report instead");
-                    self.lease = None;
-                }
-                Err(e) => return Err(e.into()),
-            }
+        if self.renew(status).await? {
+            return Ok(Beat::Lease);
         }
         self.publish(status).await.map(|()| Beat::Report)
     }

@@ -4,6 +4,10 @@
 //! `observedAt` and its Lease's last renewal, the renewal timed by the operator's clock when it
 //! arrived ([`stamp`]): a probe's clock may be off by minutes.
 //!
+//! A renewal is a trigger only for a node some policy last found stale ([`renewed`]): a probe
+//! whose clock runs behind writes reports the operator takes as stale, and only its heartbeat
+//! brings its node back.
+//!
 //! It only reads Leases: each is its probe's, and the operator never writes one.
 
 use gpunode_crds::heartbeat::{lease_name, lease_node};
@@ -100,6 +104,19 @@ fn stamp_one(mut lease: Lease, cached: &Store<Lease>, now: Timestamp, live: bool
         spec.renew_time = Some(MicroTime(stamped));
     }
     lease
+}
+
+/// The node whose probe `event` (as [`stamp`] left it at `now`) says was heard from just now:
+/// a renewal, not a relist of one already seen.
+pub fn renewed(event: &watcher::Event<Lease>, now: Timestamp) -> Option<&str> {
+    let (watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) = event else {
+        return None;
+    };
+    let name = lease.metadata.name.as_deref()?;
+    let spec = lease.spec.as_ref()?;
+    (spec.renew_time.as_ref()?.0 == now)
+        .then(|| lease_node(name, spec.holder_identity.as_deref()))
+        .flatten()
 }
 
 /// Keeps of a Lease what [`Heartbeats::heard`] reads: its name, holder and renewal.
@@ -222,5 +239,25 @@ mod tests {
         );
         assert_eq!(h.heard("a"), at("2026-11-30T10:01:00Z"));
         assert_eq!(h.heard("b"), at("2026-11-30T10:01:00Z"));
+    }
+
+    #[test]
+    fn only_a_renewal_names_its_node() {
+        let (store, mut writer) = reflector::store::<Lease>();
+        let now: Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        let behind = || lease("gpunode-probe-a", "a", "2026-11-30T09:50:00Z");
+        let first = stamp(watcher::Event::Apply(behind()), &store, now);
+        assert_eq!(renewed(&first, now), Some("a"), "first heard: a renewal");
+        writer.apply_watcher_event(&first);
+        let later: Timestamp = "2026-11-30T10:00:05Z".parse().unwrap();
+        let again = stamp(watcher::Event::InitApply(behind()), &store, later);
+        assert_eq!(renewed(&again, later), None, "the same renewal relisted");
+        let stolen = stamp(
+            watcher::Event::Apply(lease("gpunode-probe-a", "b", "2026-11-30T09:51:00Z")),
+            &store,
+            later,
+        );
+        assert_eq!(renewed(&stolen, later), None, "held by another node");
+        assert_eq!(renewed(&watcher::Event::Delete(behind()), now), None);
     }
 }
