@@ -36,7 +36,7 @@ use gpunode_e2e::{
     faults::{
         checks::Check,
         cluster::FaultCluster,
-        crash::{crashed_at, probe_crashed_at, restart_unarmed, start_armed},
+        crash::probe_crashed_at,
         marks::{self, gpunode_taints},
         record::{Recorder, Recovery, Run, Until},
         replica::Operator,
@@ -335,14 +335,12 @@ async fn drain(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &s
         .await
         .unwrap();
     let monitor = wave.monitor();
-    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &[])
-        .await
-        .unwrap();
+    let mut leader = armed(fc, client, (point, Strike::Crash), &[]).await;
     wave.wait_all("compliant", DEADLINE).await.unwrap();
     wave.drift_all().await.unwrap();
-    let (crashed, recovery) = crash_and_restart(&mut op, point).await;
+    let (mut checks, recovery) = leader.strike(fc, client, DEADLINE).await;
     let driven = wave.drive(DEADLINE * 2).await;
-    let mut checks = vec![crashed, completed(&driven)];
+    checks.push(completed(&driven));
     checks.extend(wave.run_checks(fc, &monitor, 1, &wave.all_pods()).await.unwrap());
     push(
         rec,
@@ -352,6 +350,7 @@ async fn drain(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &s
         checks,
         recovery,
     );
+    leader.end().await;
     finish(client, &wave).await;
 }
 
@@ -364,10 +363,16 @@ fn completed(driven: &Result<(), gpunode_e2e::Error>) -> Check {
     )
 }
 
-async fn crash_and_restart(op: &mut Operator, point: &str) -> (Check, Recovery) {
-    let crashed = crashed_at(op, point, DEADLINE).await;
-    let recovery = restart_unarmed(op, DEADLINE).await.unwrap();
-    (crashed, Until::Leading.after(recovery))
+/// The leader (replica `OPERATOR`), armed at `point` for `strike`, with `env` added.
+async fn armed(
+    fc: &FaultCluster,
+    client: &Client,
+    (point, strike): (&str, Strike),
+    env: &[(&str, String)],
+) -> Interrupted {
+    Interrupted::start(fc, client, strike, (OPERATOR, OPERATOR), Some(point), env)
+        .await
+        .unwrap()
 }
 
 /// Two nodes drained on a fatal XID and handed to the remediator (a `FakeReboot` each); the
@@ -385,9 +390,7 @@ async fn repair(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &
     let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
     let env = [("GPUNODE_REMEDIATORS", remediator_grant())];
-    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &env)
-        .await
-        .unwrap();
+    let mut leader = armed(fc, client, (point, Strike::Crash), &env).await;
     let reboots = remediator::spawn(client.clone(), {
         let client = client.clone();
         move |node| {
@@ -399,8 +402,7 @@ async fn repair(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &
     });
     wave.wait_all("compliant", DEADLINE).await.unwrap();
     wave.drift_all().await.unwrap();
-    let (crashed, recovery) = crash_and_restart(&mut op, point).await;
-    let mut checks = vec![crashed];
+    let (mut checks, recovery) = leader.strike(fc, client, DEADLINE).await;
     checks.extend(repaired(fc, client, &wave, &monitor, since).await);
     reboots.abort();
     push(
@@ -411,6 +413,7 @@ async fn repair(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: &
         checks,
         recovery,
     );
+    leader.end().await;
     finish(client, &wave).await;
 }
 
@@ -549,9 +552,7 @@ async fn validation(
     let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
     let env = validation_env();
-    let mut leader = Interrupted::start(fc, client, strike, (OPERATOR, OPERATOR), Some(point), &env)
-        .await
-        .unwrap();
+    let mut leader = armed(fc, client, (point, strike), &env).await;
     wave.wait_all("compliant", DEADLINE).await.unwrap();
     wave.drift_all().await.unwrap();
     // The wave is healed as it drains (its Jobs start once a node is healthy) while the leader
@@ -600,9 +601,7 @@ async fn validation_fails(
     let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
     let env = validation_env();
-    let mut leader = Interrupted::start(fc, client, strike, (OPERATOR, OPERATOR), Some(point), &env)
-        .await
-        .unwrap();
+    let mut leader = armed(fc, client, (point, strike), &env).await;
     wave.wait_all("compliant", DEADLINE).await.unwrap();
     wave.drift_all().await.unwrap();
     let first = wave.drain_started(&[], DEADLINE).await.unwrap();
@@ -733,9 +732,7 @@ async fn release(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: 
     spec.pdb = true;
     let wave = Wave::setup(client, &spec).await.unwrap();
     let monitor = wave.monitor();
-    let mut op = start_armed(fc, client, OPERATOR, OPERATOR, point, &[])
-        .await
-        .unwrap();
+    let mut leader = armed(fc, client, (point, Strike::Crash), &[]).await;
     wave.wait_all("compliant", DEADLINE).await.unwrap();
     wave.drift_all().await.unwrap();
     wave.drain_started(&[], DEADLINE).await.unwrap();
@@ -743,7 +740,7 @@ async fn release(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: 
         .delete(&wave.policy, &DeleteParams::default())
         .await
         .unwrap();
-    let (crashed, recovery) = crash_and_restart(&mut op, point).await;
+    let (mut checks, recovery) = leader.strike(fc, client, DEADLINE).await;
     let all = Api::<Node>::all(client.clone());
     let selector = ListParams::default().labels(&wave.policy_selector());
     let expected = wave.nodes.len() + usize::from(wave.bystander.is_some());
@@ -764,14 +761,11 @@ async fn release(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: 
         Ok(()) => Vec::new(),
         Err(e) => remaining().await.unwrap_or_else(|_| vec![e.to_string()]),
     };
-    let mut checks = vec![
-        crashed,
-        Check::new(
-            "nothing of gpunode's left on the released nodes, nothing else removed",
-            left.is_empty(),
-            format!("{left:?}"),
-        ),
-    ];
+    checks.push(Check::new(
+        "nothing of gpunode's left on the released nodes, nothing else removed",
+        left.is_empty(),
+        format!("{left:?}"),
+    ));
     checks.extend(monitor.checks(1, &fc.audit().unwrap(), &wave.namespace).await);
     push(
         rec,
@@ -781,6 +775,7 @@ async fn release(fc: &FaultCluster, client: &Client, rec: &mut Recorder, point: 
         checks,
         recovery,
     );
+    leader.end().await;
     finish(client, &wave).await;
 }
 
@@ -865,9 +860,7 @@ async fn devices(
         .await
         .unwrap();
     let monitor = wave.monitor();
-    let mut leader = Interrupted::start(fc, client, strike, (OPERATOR, OPERATOR), Some(point), &[])
-        .await
-        .unwrap();
+    let mut leader = armed(fc, client, (point, strike), &[]).await;
     wave.wait_all("compliant", DEADLINE).await.unwrap();
     reports::publish(client, &node, one_gpu(&uuid, true))
         .await
@@ -1275,9 +1268,7 @@ async fn reset_by_new_leader(
     let rig = ResetRig::up(client, &tag, &[]).await;
     let (node, host) = (rig.node.clone(), rig.host.clone());
     let env = [("GPUNODE_REMEDIATORS", remediator_grant())];
-    let mut leader = Interrupted::start(fc, client, strike, (OPERATOR, OPERATOR), Some(point), &env)
-        .await
-        .unwrap();
+    let mut leader = armed(fc, client, (point, strike), &env).await;
     rig.until_compliant(client).await;
     host.edit_fixture(|f| {
         f["devices"][RESET_GPU]["remapped_rows"]["pending"] = 1.into();

@@ -1,38 +1,12 @@
-//! Crash points (operator/src/crash.rs): a replica started with one point armed, the check that
-//! it really died there, and its restart without it (a container restarted in its pod: the same
-//! identity, so it takes its Lease back at once and the next leader is the restarted process).
+//! Crash points (operator/src/crash.rs): the check that a replica armed with one
+//! ([`super::strike::Interrupted`] starts it) really died there, and its restart without it (a
+//! container restarted in its pod: the same identity, so it takes its Lease back at once and the
+//! next leader is the restarted process).
 
 use std::time::{Duration, Instant};
 
-use kube::Client;
-
-use super::{
-    checks::Check,
-    cluster::FaultCluster,
-    record,
-    replica::{Launch, Operator},
-};
+use super::{checks::Check, record, replica::Operator};
 use crate::Error;
-
-/// Starts replica `identity` (Lease namespace `namespace`) with crash point `point` armed and
-/// `env` added (the bounds of the kinds a scenario's actions write).
-pub async fn start_armed(
-    fc: &FaultCluster,
-    admin: &Client,
-    identity: &str,
-    namespace: &str,
-    point: &str,
-    env: &[(&str, String)],
-) -> Result<Operator, Error> {
-    let mut launch = Launch::default();
-    launch
-        .env
-        .push((gpunode_operator::crash::ENV.to_string(), point.to_string()));
-    launch
-        .env
-        .extend(env.iter().map(|(k, v)| (k.to_string(), v.clone())));
-    Operator::start_with(fc, admin, identity, namespace, launch).await
-}
 
 /// Waits until the armed replica exits, and checks that it died at `point`: killed by a signal
 /// (abort), with the point's line in its log. A replica that exits otherwise, or not at all
