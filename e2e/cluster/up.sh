@@ -120,7 +120,7 @@ CA_DB=$P/ca-db
 VALID_FROM=$(date -u -d '-1 day' +%Y%m%d%H%M%SZ)
 ca_db() {
 	mkdir -p "$CA_DB"
-	[[ -e $CA_DB/index.txt ]] || : >"$CA_DB/index.txt"
+	: >"$CA_DB/index.txt"
 	cat >"$CA_DB/ca.cnf" <<-EOF
 		[ca]
 		default_ca = signer
@@ -141,7 +141,6 @@ ca_db() {
 issue() {
 	local signer=(-selfsign -keyfile "$P/$1.key")
 	[[ -n ${5:-} ]] && signer=(-cert "$P/$5.crt" -keyfile "$P/$5.key")
-	ca_db
 	ossl ca -batch -config "$CA_DB/ca.cnf" "${signer[@]}" -in "$2" -out "$P/$1.crt" -startdate "$VALID_FROM" \
 		-days "$3" -notext -preserveDN -extfile <(printf '%s\n' "$4")
 }
@@ -172,6 +171,7 @@ extendedKeyUsage=clientAuth"
 # (requestheader: KCM and the scheduler read it from extension-apiserver-authentication) and an RSA
 # service-account signing key (RS256).
 make_pki() {
+	ca_db
 	ca_cert ca "gpunode-$CLUSTER_NAME-ca"
 	sign apiserver "/CN=kube-apiserver" "$SERVER_EXT"
 	sign admin "/O=system:masters/CN=gpunode-admin" "$CLIENT_EXT"

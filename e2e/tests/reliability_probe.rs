@@ -142,10 +142,6 @@ async fn heartbeats_after(client: &Client, node: &str, n: usize) -> Result<(), g
     Ok(())
 }
 
-fn reports_api(client: &Client) -> kube::Api<gpunode_crds::GpuNodeReport> {
-    kube::Api::all(client.clone())
-}
-
 /// A report last observed `age` ago.
 fn aged(age: Duration) -> serde_json::Value {
     let mut s = wave::report_status(false, "boot-1");
@@ -442,7 +438,7 @@ async fn skewed_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder, sk
     first.logged("first observation", DEADLINE).await.unwrap();
     // The skew applied: the first report's observedAt, by the probe's clock, is off by about
     // `skew` (read at once: the probe rewrites its report only when it changes).
-    let reports = reports_api(client);
+    let reports: kube::Api<gpunode_crds::GpuNodeReport> = kube::Api::all(client.clone());
     let observed = wait::until("the skewed probe's first report", DEADLINE, || async {
         Ok(reports.get_opt(&node).await?.and_then(|r| r.status?.observed_at))
     })

@@ -15,14 +15,13 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use gpunode_crds::{GpuNodePolicy, GpuNodeReport};
+use gpunode_crds::{GpuNodePolicy, GpuNodeReport, recovery::GpuRecoveryAction};
 use jiff::Timestamp;
 use kube::{Resource, ResourceExt, core::DeserializeGuard};
 
 use crate::{
     evaluate::{evaluate_heard, unchanged_until_heard},
     observe::compact::CachedReport,
-    plan::view::GpuView,
     verdict::{REPORT_CHECK, Unknown, Verdict},
 };
 
@@ -119,17 +118,29 @@ pub struct PolicyVerdicts {
     misses: u64,
 }
 
-/// A fingerprint of the GPUs a report lists, as the plan reads them.
-fn gpus_fingerprint(gpus: &[GpuView]) -> u64 {
+/// A fingerprint of the GPUs a report lists, as the plan reads them: (index, UUID, recovery
+/// action) of each, in order. Hashed in place: a report event builds nothing for it.
+fn gpus_fingerprint<'a>(
+    gpus: impl Iterator<Item = (u32, &'a Option<String>, &'a Option<GpuRecoveryAction>)>,
+) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    gpus.hash(&mut h);
+    gpus.for_each(|g| g.hash(&mut h));
     h.finish()
+}
+
+/// [`gpus_fingerprint`] of a report as the cache keeps it.
+fn cached_gpus(report: Option<&CachedReport>) -> u64 {
+    let gpus = report.map_or(&[][..], |r| &r.gpus()[..]);
+    gpus_fingerprint(gpus.iter().map(|g| (g.index, &g.uuid, &g.recovery_action)))
 }
 
 /// [`gpus_fingerprint`] of a report as the watch delivers it.
 fn guarded_gpus(report: Option<&GuardedReport>) -> u64 {
-    let report = report.and_then(|g| g.0.as_ref().ok());
-    gpus_fingerprint(&crate::observe::gpus::gpu_views(report))
+    let status = report
+        .and_then(|g| g.0.as_ref().ok())
+        .and_then(|r| r.status.as_ref());
+    let gpus = status.map_or(&[][..], |s| &s.gpus[..]);
+    gpus_fingerprint(gpus.iter().map(|g| (g.index, &g.uuid, &g.recovery_action)))
 }
 
 fn report_version<K: Resource>(report: Option<&K>) -> Option<&str> {
@@ -182,7 +193,7 @@ impl PolicyVerdicts {
         let entry = Entry {
             report: version.map(str::to_string),
             verdict: verdict.clone(),
-            gpus: gpus_fingerprint(report.map_or(&[][..], |r| &r.gpus()[..])),
+            gpus: cached_gpus(report),
             computed: now,
             // A verdict that may change any moment is kept (for the event filter) but never
             // reused by a reconcile.
@@ -311,6 +322,21 @@ mod tests {
         CachedReport::new(r)
     }
 
+    /// A reconcile pass of policy `p` over `n1` with `report`: its verdict is remembered.
+    fn act_on(
+        cache: &VerdictCache,
+        p: &GpuNodePolicy,
+        report: &GuardedReport,
+        heard: Option<Timestamp>,
+        now: Timestamp,
+    ) {
+        let pv = cache.policy("p");
+        let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
+        pv.begin(p);
+        let _ = pv.verdict(p, "n1", Some(&c(report)), heard, now);
+        pv.end();
+    }
+
     fn report(rv: &str, observed: &str, count: u32) -> GuardedReport {
         let mut r = GpuNodeReport::new("n1", Default::default());
         r.metadata.resource_version = Some(rv.to_string());
@@ -426,14 +452,8 @@ mod tests {
     fn a_node_is_stale_somewhere_while_a_policy_last_found_its_report_stale() {
         let p = policy(1);
         let cache = VerdictCache::new();
-        let judge = |at: &str, heard: Option<Timestamp>| {
-            let pv = cache.policy("p");
-            let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
-            pv.begin(&p);
-            let r = report("1", "2026-11-29T12:00:00Z", 1);
-            let _ = pv.verdict(&p, "n1", Some(&c(&r)), heard, ts(at));
-            pv.end();
-        };
+        let r = report("1", "2026-11-29T12:00:00Z", 1);
+        let judge = |at: &str, heard: Option<Timestamp>| act_on(&cache, &p, &r, heard, ts(at));
         assert!(!cache.stale_somewhere("n1"), "never judged");
         judge("2026-11-29T12:01:00Z", None);
         assert!(!cache.stale_somewhere("n1"), "fresh for 3m");
@@ -469,13 +489,7 @@ mod tests {
             evaluate_guarded(&p, Some(&b), None, now),
             "the same verdict"
         );
-        {
-            let pv = cache.policy("p");
-            let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
-            pv.begin(&p);
-            let _ = pv.verdict(&p, "n1", Some(&c(&a)), None, now);
-            pv.end();
-        }
+        act_on(&cache, &p, &a, None, now);
         assert!(!cache.report_is_material(&p, "n1", Some(&with_gpu("3", "GPU-a")), None, now));
         assert!(
             cache.report_is_material(&p, "n1", Some(&b), None, now),
@@ -492,13 +506,7 @@ mod tests {
             cache.report_is_material(&p, "n1", Some(&r1), None, now),
             "nothing acted on yet"
         );
-        {
-            let pv = cache.policy("p");
-            let mut pv = pv.lock().unwrap_or_else(PoisonError::into_inner);
-            pv.begin(&p);
-            let _ = pv.verdict(&p, "n1", Some(&c(&r1)), None, now);
-            pv.end();
-        }
+        act_on(&cache, &p, &r1, None, now);
         let heartbeat = report("2", "2026-11-29T12:00:29Z", 1);
         assert!(!cache.report_is_material(&p, "n1", Some(&heartbeat), None, now));
         // The heartbeat's version is now the remembered one: a reconcile reuses it.

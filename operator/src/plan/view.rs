@@ -120,7 +120,7 @@ pub fn approvals(value: &str) -> BTreeSet<String> {
 }
 
 /// One GPU of the node, as its report lists it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuView {
     /// NVML's index.
     pub index: u32,
