@@ -214,21 +214,31 @@ chart() {
 	}
 }
 
+# cargo's executables in deps/ (test binaries; extensionless), NUL-separated. Binaries the images
+# are built from are hard links in target/<profile>/ and keep their data; cargo relinks whatever
+# it needs again.
+test_executables() { find "$(target_dir)/deps" -maxdepth 1 -type f -perm -u+x ! -name '*.*' -print0 2>/dev/null; }
+
 # Free space, in GiB, on the filesystem holding PATH.
 free_gib() { df -P -k "$1" | awk 'NR == 2 {printf "%d", $4 / 1048576}'; }
 
 # The engine's data while the cluster runs (node image, three nodes' containerd stores, gpunode's
 # images) is about 6 GiB, measured with `du -x` (overlay mounts excluded); a full disk shows up
 # later as an obscure `ctr` error inside a node. A disk that is short first loses what is rebuilt
-# on demand (cargo's incremental caches, Go's build cache, the engine's build cache and dangling
-# images), then fails here, saying how much is free.
+# on demand (cargo's incremental caches and the test executables of the suites that already ran,
+# Go's build and module caches, the engine's build cache and dangling images), then fails here,
+# saying how much is free. A CI run once reached this point with 2 GiB free: its ~120 test
+# executables (about 9 GiB) and the Go module cache (about 5 GiB) were what filled it.
 room() {
 	local need=${GPUNODE_KIND_MIN_FREE_GIB:-8} free
 	free=$(free_gib "$ENGINE_DATA")
 	((free < need)) || return 0
 	log "kind: only ${free} GiB free on the disk of $ENGINE_DATA (need ${need}); removing what is rebuilt on demand"
 	rm -rf "$(target_dir)/incremental"
+	test_executables | xargs -r -0 rm -f
 	GOCACHE=$CACHE/go/build go clean -cache 2>/dev/null || true
+	# The tools built from these modules are cached in $CACHE/bin; a version bump downloads again.
+	go clean -modcache 2>/dev/null || true
 	docker builder prune -f >/dev/null 2>&1 || true
 	docker image prune -f >/dev/null 2>&1 || true
 	free=$(free_gib "$ENGINE_DATA")
