@@ -13,8 +13,12 @@
 #   BENCH_CLUSTER       cluster name under .cluster/ [bench]; stopped and purged after each N
 #   BENCH_RESULTS       output directory [docs/benchmarks]; runs of other N already in its raw/
 #                       are kept, so N values can be measured in separate invocations
-#   BENCH_CHANGES       report changes in the reaction phase [500]
-#   BENCH_WORKERS       changes in flight at once [4]
+#   BENCH_CHANGES       single faults per repetition of the reaction phases [200]
+#   BENCH_BURSTS        bursts per repetition [3], of BENCH_BURST_SIZE nodes at once [256]
+#   BENCH_RATES         open-loop fault rates per second, up to the first not sustained
+#                       [5,10,20,50,100,200], each for BENCH_RATE_SECS [10]
+#   BENCH_REACTION_REPS repetitions of the reaction phases, gpunode's and the floor's (the minimal
+#                       controller of bench/src/floor.rs) alternating which goes first [3]
 #   BENCH_STEADY_S      steady-state window [120]
 #   BENCH_REAL_PROBES   nodes published by real gpunode-probe processes (the rest by the load
 #                       generator) [16];  BENCH_REAL_ROUNDS: XIDs injected per real probe [16]
@@ -117,10 +121,11 @@ for N in "${NS[@]}"; do
 	perf=()
 	[[ ${BENCH_PERF:-0} == 1 ]] && perf=(--perf)
 	"$BENCH" run --nodes "$N" --kubeconfig "$kubeconfig" --audit-log "$D/logs/audit.log" \
-		--operator "$OPERATOR" --out "$out" --changes "${BENCH_CHANGES:-500}" \
-		--workers "${BENCH_WORKERS:-4}" --steady-s "${BENCH_STEADY_S:-120}" \
+		--operator "$OPERATOR" --out "$out" --changes "${BENCH_CHANGES:-200}" \
+		--bursts "${BENCH_BURSTS:-3}" --burst-size "${BENCH_BURST_SIZE:-256}" --rates "${BENCH_RATES:-5,10,20,50,100,200}" \
+		--rate-secs "${BENCH_RATE_SECS:-10}" --reaction-reps "${BENCH_REACTION_REPS:-3}" --steady-s "${BENCH_STEADY_S:-120}" \
 		--reps "${BENCH_REPS:-5}" --real-probes "${BENCH_REAL_PROBES:-16}" --real-rounds "${BENCH_REAL_ROUNDS:-16}" --concurrency "${BENCH_CONCURRENCY:-8,16,32,64,128,256,512}" --stagger-s "${BENCH_STAGGER_S:-60}" "${NFD_ARGS[@]}" "${perf[@]}" >/dev/null
-	cp "$out/n$N.json" "$out/reaction-$N.json" "$RESULTS/raw/"
+	cp "$out/n$N.json" "$RESULTS/raw/"
 	if [[ -f $out/perf-$N.data ]]; then
 		perf report -i "$out/perf-$N.data" --stdio --no-children --sort symbol 2>/dev/null |
 			grep -v '^#' | grep -v '^$' | head -n 60 >"$RESULTS/raw/perf-$N.txt" || true

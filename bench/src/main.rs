@@ -2,17 +2,21 @@
 //!
 //! * `run`: one run at N nodes on a running control plane → `<out>/n<N>.json`.
 //! * `machine`: describes the machine and the binaries → JSON on stdout.
+//! * `floor`: the minimal controller gpunode's reaction is compared with (`run` starts it).
 //! * `report`: merges the runs into docs/benchmarks/results.{json,md}.
 //! * `sim`: the operator alone at 10,000 to 100,000 nodes against a synthetic API (`make bench-sim`).
 
 mod audit;
 mod error;
+mod floor;
 mod identity;
 mod limit;
 mod loadgen;
 mod model;
 mod nfd;
 mod procs;
+mod reaction;
+mod reaction_report;
 mod realprobes;
 mod report;
 mod results;
@@ -56,12 +60,26 @@ enum Command {
         /// Directory for the result, logs and samples.
         #[arg(long)]
         out: PathBuf,
-        /// Report changes measured in the reaction phase.
-        #[arg(long, default_value_t = 500)]
+        /// Single faults per repetition of the reaction phases (one at a time, each followed
+        /// by its recovery).
+        #[arg(long, default_value_t = 200)]
         changes: usize,
-        /// Changes in flight at once.
-        #[arg(long, default_value_t = 4)]
-        workers: usize,
+        /// Bursts per repetition.
+        #[arg(long, default_value_t = 3)]
+        bursts: usize,
+        /// Nodes faulted at once in a burst (at most half the load generator's nodes).
+        #[arg(long, default_value_t = 256)]
+        burst_size: usize,
+        /// Open-loop rates, faults per second, ascending (comma-separated); the phase stops
+        /// after the first rate not sustained.
+        #[arg(long, value_delimiter = ',', default_value = "5,10,20,50,100,200")]
+        rates: Vec<f64>,
+        /// Seconds of injection at each open-loop rate.
+        #[arg(long, default_value_t = 10.0)]
+        rate_secs: f64,
+        /// Repetitions of the reaction phases, gpunode's and the floor's alternating.
+        #[arg(long, default_value_t = 3)]
+        reaction_reps: usize,
         /// Steady-state window, seconds.
         #[arg(long, default_value_t = 120)]
         steady_s: u64,
@@ -121,6 +139,16 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         idle_s: u64,
     },
+    /// The empirical floor: a minimal controller that taints a node while its report shows a
+    /// throttled GPU (the benchmark starts it; runs until killed).
+    Floor {
+        /// Kubeconfig (the operator's ServiceAccount).
+        #[arg(long)]
+        kubeconfig: PathBuf,
+        /// Address answering `GET /readyz` once the caches are listed.
+        #[arg(long)]
+        ready: std::net::SocketAddr,
+    },
     /// Merge the runs of a results directory into results.json and results.md.
     Report {
         /// Directory with machine.json and n<N>.json files.
@@ -161,6 +189,22 @@ fn main() -> ExitCode {
                 }
                 Err(e) => {
                     eprintln!("gpunode-bench machine: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Floor { kubeconfig, ready } => {
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("gpunode-bench floor: starting the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(floor::run(&kubeconfig, ready)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("gpunode-bench floor: {e}");
                     ExitCode::FAILURE
                 }
             }
@@ -223,7 +267,11 @@ fn main() -> ExitCode {
             nfd_crds,
             out,
             changes,
-            workers,
+            bursts,
+            burst_size,
+            rates,
+            rate_secs,
+            reaction_reps,
             steady_s,
             stagger_s,
             nfd_deadline_s,
@@ -237,6 +285,14 @@ fn main() -> ExitCode {
                 eprintln!("gpunode-bench run: --nodes must be at least 1");
                 return ExitCode::from(2);
             }
+            if rates.iter().any(|r| !r.is_finite() || *r <= 0.0)
+                || !rates.is_sorted()
+                || !rate_secs.is_finite()
+                || rate_secs <= 0.0
+            {
+                eprintln!("gpunode-bench run: --rates must be positive and ascending, --rate-secs positive");
+                return ExitCode::from(2);
+            }
             let args = run::Args {
                 n: nodes,
                 kubeconfig,
@@ -244,8 +300,21 @@ fn main() -> ExitCode {
                 operator,
                 nfd: nfd_master.zip(nfd_crds),
                 out,
-                changes,
-                workers,
+                reaction: reaction::Plan {
+                    changes,
+                    bursts,
+                    burst_size,
+                    rates,
+                    rate_secs,
+                },
+                reaction_reps: reaction_reps.max(1),
+                floor: match std::env::current_exe() {
+                    Ok(p) => p,
+                    Err(e) => {
+                        eprintln!("gpunode-bench run: where this binary is: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                },
                 steady: Duration::from_secs(steady_s),
                 stagger: Duration::from_secs(stagger_s),
                 nfd_deadline: Duration::from_secs(nfd_deadline_s),

@@ -219,30 +219,7 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
             .join("; ")
     );
 
-    let _ = writeln!(s, "\n## Reaction (report written → taint visible; `after: 0s`)\n");
-    let _ = writeln!(
-        s,
-        "| N | changes | p50 ms | p90 ms | p99 ms | max ms | from probe change p50/p99 ms | recovery p50/p99 ms | timeouts |"
-    );
-    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in runs {
-        let g = &r.gpunode;
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} |",
-            r.n,
-            g.reaction.count,
-            f(g.reaction.p50_ms),
-            f(g.reaction.p90_ms),
-            f(g.reaction.p99_ms),
-            f(g.reaction.max_ms),
-            f(g.reaction_from_change.p50_ms),
-            f(g.reaction_from_change.p99_ms),
-            f(g.recovery.p50_ms),
-            f(g.recovery.p99_ms),
-            g.reaction_failures
-        );
-    }
+    s.push_str(&crate::reaction_report::markdown(runs));
 
     let _ = writeln!(
         s,

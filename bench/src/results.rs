@@ -82,7 +82,8 @@ pub struct Gpunode {
     pub half_nodes_s: f64,
     /// Nodes labelled compliant at the end of convergence.
     pub compliant: usize,
-    /// Report written → taint visible (the reaction), over the changes.
+    /// Report written → taint visible (the reaction), over the single faults of every
+    /// repetition (`RunResult::reactions` has them by repetition, with the floor's).
     pub reaction: Latency,
     /// Observation changed in the probe → taint visible (adds the probe's own publish).
     pub reaction_from_change: Latency,
@@ -93,8 +94,13 @@ pub struct Gpunode {
     pub real_probes: Option<Measured>,
     /// Changes that timed out.
     pub reaction_failures: usize,
-    /// Changes per second the reaction phase sustained.
-    pub changes_per_s: f64,
+    /// Peak RSS of the operator processes stopped during the reaction phases (gpunode is
+    /// stopped while the floor answers), MiB.
+    #[serde(default)]
+    pub reaction_rss_peak_mib: f64,
+    /// CPU seconds gpunode spent in its reaction phases, all repetitions.
+    #[serde(default)]
+    pub reaction_cpu_s: f64,
     /// Peak RSS (VmHWM) over the whole run, MiB.
     pub rss_peak_mib: f64,
     /// RSS when the caches had synced (before the policy), MiB.
@@ -212,6 +218,10 @@ pub struct RunResult {
     /// NFD's convergence at its best over gpunode's: the headline comparison.
     #[serde(default)]
     pub nfd_best_vs_gpunode: Option<f64>,
+    /// The reaction phases, gpunode's and the floor's, repetition by repetition, with their raw
+    /// samples.
+    #[serde(default)]
+    pub reactions: Vec<crate::reaction::Run>,
     /// Notes about this run (timeouts, projections).
     pub notes: Vec<String>,
 }

@@ -28,6 +28,7 @@ use crate::{
     loadgen::LoadGen,
     nfd,
     procs::{self, Measured},
+    reaction::{self, Controller},
     realprobes::RealProbes,
     results::{Latency, Limit, Requests, RunResult, Spread, percentile},
     tracker::{NODE_SELECTOR, Tracker},
@@ -55,10 +56,13 @@ pub struct Args {
     pub nfd: Option<(PathBuf, PathBuf)>,
     /// Where logs and the result go.
     pub out: PathBuf,
-    /// Report changes in the reaction phase.
-    pub changes: usize,
-    /// Changes in flight at once.
-    pub workers: usize,
+    /// The reaction phases (single faults, bursts, open loop) each controller runs.
+    pub reaction: reaction::Plan,
+    /// Repetitions of the reaction phases, gpunode's and the floor's alternating which goes
+    /// first.
+    pub reaction_reps: usize,
+    /// The floor's program (this benchmark's own binary: `gpunode-bench floor`).
+    pub floor: PathBuf,
     /// Length of the steady-state window.
     pub steady: Duration,
     /// The probes' start-up spread.
@@ -82,7 +86,7 @@ async fn admin(kubeconfig: &Path) -> Result<(Client, Kubeconfig), Error> {
     Ok((Client::try_from(config)?, kc))
 }
 
-async fn config(kubeconfig: &Path) -> Result<(Config, Kubeconfig), Error> {
+pub(crate) async fn config(kubeconfig: &Path) -> Result<(Config, Kubeconfig), Error> {
     let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| Error::Other(format!("kubeconfig: {e}")))?;
     let config = Config::from_custom_kubeconfig(kc.clone(), &KubeConfigOptions::default())
         .await
@@ -169,93 +173,89 @@ fn cached_mib<K: serde::Serialize + ResourceExt>(objects: Vec<K>) -> f64 {
     bytes as f64 / 1024.0 / 1024.0
 }
 
-/// The reaction phase: `changes` report changes on distinct nodes, `workers` at a time; each
-/// throttles GPU 0, waits for the taint, clears it and waits for the taint to go.
-async fn reaction(
-    load: &LoadGen,
-    tracker: &Tracker,
-    changes: usize,
-    workers: usize,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>, usize) {
-    let workers = workers.max(1);
-    let per_worker = changes.div_ceil(workers);
-    let timeout = Duration::from_secs(60);
-    let runs = (0..workers).map(|w| {
-        let nodes: Vec<_> = load.nodes.iter().skip(w).step_by(workers).cloned().collect();
-        async move {
-            let (mut react, mut from_change, mut recover, mut failed) = (Vec::new(), Vec::new(), Vec::new(), 0);
-            for k in 0..per_worker {
-                // Something is broken rather than slow: stop instead of waiting out every change.
-                if failed >= 5 {
-                    break;
-                }
-                let Some(node) = nodes.get(k % nodes.len().max(1)) else {
-                    break;
-                };
-                let name = node.name.clone();
-                let flip = Instant::now();
-                node.set_throttled(true);
-                let tainted = tracker
-                    .wait("taint", timeout, |s| {
-                        s.nodes
-                            .get(&name)
-                            .filter(|e| e.tainted && e.taint_changed_at > flip)
-                            .map(|e| e.taint_changed_at)
-                    })
-                    .await;
-                let published = load
-                    .wait_for("throttled report written", timeout, || node.published(true))
-                    .await;
-                match (tainted, published) {
-                    (Ok(t), Ok(p)) => {
-                        react.push(t.saturating_duration_since(p).as_secs_f64() * 1000.0);
-                        from_change.push(t.duration_since(flip).as_secs_f64() * 1000.0);
-                    }
-                    (t, p) => {
-                        failed += 1;
-                        tracing::warn!(node = %name, taint = ?t.err(), publish = ?p.err(), "a change timed out");
-                    }
-                }
-                let flip = Instant::now();
-                node.set_throttled(false);
-                let untainted = tracker
-                    .wait("taint removed", timeout, |s| {
-                        s.nodes
-                            .get(&name)
-                            .filter(|e| !e.tainted && e.taint_changed_at > flip)
-                            .map(|e| e.taint_changed_at)
-                    })
-                    .await;
-                let published = load
-                    .wait_for("clear report written", timeout, || node.published(false))
-                    .await;
-                if let (Ok(t), Ok(p)) = (untainted, published) {
-                    recover.push(t.saturating_duration_since(p).as_secs_f64() * 1000.0);
-                } else {
-                    tracing::warn!(node = %name, "a recovery timed out");
-                }
-            }
-            (react, from_change, recover, failed)
-        }
-    });
-    let all = futures::future::join_all(runs).await;
-    let mut out = (Vec::new(), Vec::new(), Vec::new(), 0);
-    for (a, b, c, f) in all {
-        out.0.extend(a);
-        out.1.extend(b);
-        out.2.extend(c);
-        out.3 += f;
-    }
-    out.0.truncate(changes);
-    out.1.truncate(changes);
-    out
-}
-
 /// Starts gpunode-operator as `spec` says, logging to `log`, and waits until its caches synced.
 async fn start_operator(spec: &operator::Spec, log: &Path) -> Result<Measured, Error> {
     let mut op = Measured::spawn_command("gpunode-operator", spec.command(), log)?;
     wait_ready(&mut op, spec.metrics_addr, Duration::from_secs(300)).await?;
     Ok(op)
+}
+
+/// Starts the floor (`gpunode-bench floor`) with the operator's kubeconfig and waits until its
+/// caches are listed.
+async fn start_floor(args: &Args, op_kc: &Path, rep: usize) -> Result<Measured, Error> {
+    let ready = http::free_addr()?;
+    let mut cmd = std::process::Command::new(&args.floor);
+    cmd.arg("floor")
+        .arg("--kubeconfig")
+        .arg(op_kc)
+        .arg("--ready")
+        .arg(ready.to_string())
+        .env("RUST_LOG", "warn");
+    let log = args.out.join(format!("floor-{}-rep{rep}.log", args.n));
+    let mut floor = Measured::spawn_command("floor", cmd, &log)?;
+    wait_ready(&mut floor, ready, Duration::from_secs(300)).await?;
+    Ok(floor)
+}
+
+/// gpunode's processes over the reaction phases: their peak RSS, and the CPU seconds they spent
+/// on reaction.
+#[derive(Debug, Default)]
+struct Spent {
+    hwm_mib: f64,
+    reaction_cpu_s: f64,
+}
+
+/// The reaction phases `args.reaction_reps` times for gpunode and for the floor, which goes
+/// first alternating by repetition. gpunode is stopped while the floor runs (both would answer
+/// the same faults) and started again for its next turn; `op` is the running operator before
+/// and after.
+async fn reactions(
+    args: &Args,
+    (load, tracker): (&LoadGen, &Tracker),
+    (spec, op_kc): (&operator::Spec, &Path),
+    op: Measured,
+) -> Result<(Measured, Vec<reaction::Run>, Spent), Error> {
+    let pool = load.nodes.clone();
+    let (mut op, mut runs, mut spent) = (Some(op), Vec::new(), Spent::default());
+    let log = |rep: usize| args.out.join(format!("operator-{}-reaction{rep}.log", args.n));
+    for rep in 0..args.reaction_reps {
+        let order = if rep % 2 == 0 {
+            [Controller::Gpunode, Controller::Floor]
+        } else {
+            [Controller::Floor, Controller::Gpunode]
+        };
+        for c in order {
+            let mut proc = match (c, op.take()) {
+                (Controller::Gpunode, Some(p)) => p,
+                (Controller::Gpunode, None) => start_operator(spec, &log(rep)).await?,
+                (Controller::Floor, running) => {
+                    if let Some(p) = running {
+                        spent.hwm_mib = spent.hwm_mib.max(p.stop().await.hwm_mib);
+                    }
+                    start_floor(args, op_kc, rep).await?
+                }
+            };
+            let cpu0 = proc.now()?.cpu_s;
+            let cpu = || proc.now().map_or(0.0, |s| s.cpu_s);
+            let r = reaction::run(load, tracker, &pool, &args.reaction, (c, rep), cpu).await;
+            info!(controller = ?c, rep, single_p99 = Latency::of(&r.single.written_to_taint_ms).p99_ms, saturation = r.saturation_rate, "reaction measured");
+            runs.push(r);
+            match c {
+                Controller::Gpunode => {
+                    spent.reaction_cpu_s += proc.now()?.cpu_s - cpu0;
+                    op = Some(proc);
+                }
+                Controller::Floor => {
+                    proc.stop().await;
+                }
+            }
+        }
+    }
+    let op = match op {
+        Some(p) => p,
+        None => start_operator(spec, &log(args.reaction_reps)).await?,
+    };
+    Ok((op, runs, spent))
 }
 
 /// Seconds from `t0` to each converged node, ascending.
@@ -505,7 +505,38 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     let reports: Api<GpuNodeReport> = Api::all(client.clone());
     g.cached_reports_mib = cached_mib(reports.list(&ListParams::default()).await?.items);
 
-    // Reaction while the other nodes heartbeat.
+    // Reaction while the other nodes heartbeat: gpunode's and the floor's in turn.
+    let t_react = Timestamp::now();
+    let (mut op, runs, spent) = reactions(args, (&load, &tracker), (&spec, &op_kc), op).await?;
+    let g = &mut result.gpunode;
+    let of = |f: fn(&reaction::Run) -> &Vec<f64>| -> Vec<f64> {
+        runs.iter()
+            .filter(|r| r.controller == Controller::Gpunode)
+            .flat_map(|r| f(r).iter().copied())
+            .collect()
+    };
+    g.reaction = Latency::of(&of(|r| &r.single.written_to_taint_ms));
+    g.reaction_from_change = Latency::of(&of(|r| &r.single.change_to_taint_ms));
+    g.recovery = Latency::of(&of(|r| &r.single.recovery_ms));
+    g.reaction_failures = runs
+        .iter()
+        .filter(|r| r.controller == Controller::Gpunode)
+        .map(|r| r.single.failures)
+        .sum();
+    g.reaction_rss_peak_mib = spent.hwm_mib;
+    g.reaction_cpu_s = spent.reaction_cpu_s;
+    result.reactions = runs;
+    let s_react = op.now()?;
+    let t_react_end = Timestamp::now();
+    info!(
+        p50 = g.reaction.p50_ms,
+        p99 = g.reaction.p99_ms,
+        failed = g.reaction_failures,
+        "reaction measured"
+    );
+
+    // A profile of the operator that runs on after the reaction phases (the real probes and
+    // the steady state).
     let perf = if args.perf {
         let path = args.out.join(format!("perf-{n}.data"));
         std::process::Command::new("perf")
@@ -522,31 +553,6 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     } else {
         None
     };
-    let t_react = Timestamp::now();
-    let r0 = Instant::now();
-    let (react, from_change, recover, failed) = reaction(&load, &tracker, args.changes, args.workers).await;
-    let g = &mut result.gpunode;
-    g.changes_per_s = react.len() as f64 / r0.elapsed().as_secs_f64();
-    g.reaction = Latency::of(&react);
-    g.reaction_from_change = Latency::of(&from_change);
-    g.recovery = Latency::of(&recover);
-    g.reaction_failures = failed;
-    std::fs::write(
-        args.out.join(format!("reaction-{n}.json")),
-        serde_json::to_string(
-            &json!({"reaction_ms": react, "from_change_ms": from_change, "recovery_ms": recover}),
-        )?,
-    )
-    .map_err(Error::io("writing the reaction samples"))?;
-    let s_react = op.now()?;
-    let t_react_end = Timestamp::now();
-    info!(
-        p50 = g.reaction.p50_ms,
-        p99 = g.reaction.p99_ms,
-        failed,
-        "reaction measured"
-    );
-
     // End to end with the real probes.
     if let Some(real) = real.as_mut() {
         info!(
@@ -620,16 +626,19 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     .map_err(Error::io("writing the operator's samples"))?;
     let last = op.stop().await;
     let g = &mut result.gpunode;
-    g.rss_peak_mib = last.hwm_mib;
+    // gpunode ran as several processes (stopped while the floor answered): the peak is the
+    // largest of theirs, the CPU by phase that of the process running it.
+    g.rss_peak_mib = last.hwm_mib.max(g.reaction_rss_peak_mib);
     g.rss_end_mib = s_steady.rss_mib;
-    g.cpu_s = BTreeMap::from([
+    let mut cpu = BTreeMap::from([
         ("startup".to_string(), s_synced.cpu_s),
         ("convergence".to_string(), s_conv.cpu_s - s_synced.cpu_s),
-        ("reaction".to_string(), s_react.cpu_s - s_conv.cpu_s),
+        ("reaction".to_string(), g.reaction_cpu_s),
         ("real_probes".to_string(), s_steady_start.cpu_s - s_react.cpu_s),
         ("steady".to_string(), s_steady.cpu_s - s_steady_start.cpu_s),
-        ("total".to_string(), last.cpu_s),
     ]);
+    cpu.insert("total".to_string(), cpu.values().sum());
+    g.cpu_s = cpu;
     result.load_avg.insert("after_gpunode".into(), procs::load_avg());
 
     // The API server's limit for gpunode's own request, interleaved with more convergence runs.
