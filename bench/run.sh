@@ -28,6 +28,10 @@
 #   BENCH_STAGGER_S     spread of the probes' start-up [60]; longer eases the API server at 5,000
 #   BENCH_WRITE_COST=0  skip bench/write-cost.sh (the cost model then uses raw/write-cost.json as is)
 #   BENCH_NFD=0         skip the peer;  BENCH_NFD_DEADLINE_S: NFD's wait before projecting [300]
+#   BENCH_PEER_REPS     repetitions of the comparison with NFD, gpunode's convergence and NFD's
+#                       settings alternating which goes first [3]
+#   BENCH_NFD_PARALLELISM  NFD's -nfd-api-parallelism values swept without a client limit,
+#                       besides its defaults [10,32,128,512]
 #   BENCH_LEASE_SECONDS kwok node lease duration [240] (kubelet's 40 s renews every 10 s:
 #                       500 writes/s at 5,000 nodes, which alone saturates a 2-core API server;
 #                       KCM's node-monitor grace period is set to twice this)
@@ -61,7 +65,8 @@ NFD_ARGS=()
 if [[ ${BENCH_NFD:-1} != 0 ]]; then
 	mapfile -t nfd < <(bench/nfd-build.sh)
 	NFD_ARGS=(--nfd-master "${nfd[0]}" --nfd-crds "${nfd[1]}/deployment/base/nfd-crds/nfd-api-crds.yaml"
-		--nfd-deadline-s "${BENCH_NFD_DEADLINE_S:-300}")
+		--nfd-deadline-s "${BENCH_NFD_DEADLINE_S:-300}" --peer-reps "${BENCH_PEER_REPS:-3}"
+		--nfd-parallelism "${BENCH_NFD_PARALLELISM:-10,32,128,512}")
 fi
 # The binaries measured are built from a snapshot of HEAD (git archive), so the results belong to
 # a commit even while the work tree has uncommitted edits; BENCH_WORKTREE=1 builds the work tree.

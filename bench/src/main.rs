@@ -14,6 +14,7 @@ mod limit;
 mod loadgen;
 mod model;
 mod nfd;
+mod peer;
 mod procs;
 mod reaction;
 mod reaction_report;
@@ -86,6 +87,14 @@ enum Command {
         /// Spread of the probes' start-up, seconds (60: heartbeats spread over the minute).
         #[arg(long, default_value_t = 60)]
         stagger_s: u64,
+        /// Repetitions of the comparison with NFD (gpunode's convergence and NFD's settings,
+        /// which goes first alternating).
+        #[arg(long, default_value_t = 3)]
+        peer_reps: usize,
+        /// NFD's parallelisms (`-nfd-api-parallelism`) swept with no client-side limit, besides
+        /// its defaults (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "10,32,128,512")]
+        nfd_parallelism: Vec<usize>,
         /// How long NFD may take before its convergence is projected from its rate, seconds.
         #[arg(long, default_value_t = 300)]
         nfd_deadline_s: u64,
@@ -275,6 +284,8 @@ fn main() -> ExitCode {
             steady_s,
             stagger_s,
             nfd_deadline_s,
+            peer_reps,
+            nfd_parallelism,
             concurrency,
             reps,
             real_probes,
@@ -320,6 +331,8 @@ fn main() -> ExitCode {
                 nfd_deadline: Duration::from_secs(nfd_deadline_s),
                 concurrency,
                 reps,
+                peer_reps: peer_reps.max(1),
+                nfd_parallelism,
                 real_probes,
                 real_rounds,
                 perf,

@@ -30,44 +30,52 @@ pub const SA: &str = "nfd-master";
 pub const USER: &str = "system:serviceaccount:node-feature-discovery:nfd-master";
 const MANAGER: &str = "gpunode-bench";
 
-/// How nfd-master is configured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tuning {
-    /// Upstream defaults: 10 updaters (`-nfd-api-parallelism`), each client limited by
-    /// client-go's default token bucket (5 QPS, burst 10).
-    Defaults,
-    /// At its best: 128 updaters (gpunode writes 32 nodes at once by default; 128 was its
-    /// setting before, and the API server takes 32 to 512 alike from 1,000 nodes), and the
-    /// client rate limit lifted (QPS and burst through bench/nfd-build.sh's wrapper), as
-    /// gpunode's client has none.
-    Best,
+/// How nfd-master is configured: its updaters in flight (`-nfd-api-parallelism`) and whether
+/// each updater's client keeps client-go's default token bucket (5 QPS, burst 10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct Tuning {
+    /// `-nfd-api-parallelism`.
+    pub parallelism: usize,
+    /// The client rate limit kept (upstream's default); lifted otherwise, through
+    /// bench/nfd-build.sh's wrapper, as gpunode's client has none.
+    pub client_limited: bool,
 }
 
 impl Tuning {
-    /// Updaters in flight (gpunode: 32 writes in flight by default).
-    pub const BEST_PARALLELISM: usize = 128;
-    /// Client QPS and burst at its best: high enough that the limiter never waits.
-    pub const BEST_QPS: u32 = 1_000_000;
+    /// Upstream's defaults.
+    pub const DEFAULTS: Tuning = Tuning {
+        parallelism: 10,
+        client_limited: true,
+    };
+    /// Client QPS and burst when lifted: high enough that the limiter never waits.
+    pub const UNLIMITED_QPS: u32 = 1_000_000;
 
-    /// In words, for the table.
-    pub fn describe(self) -> String {
-        match self {
-            Tuning::Defaults => {
-                "defaults: -nfd-api-parallelism 10, client 5 QPS / burst 10 per updater".into()
-            }
-            Tuning::Best => format!(
-                "tuned: -nfd-api-parallelism {}, client QPS and burst {} (no client-side limit)",
-                Tuning::BEST_PARALLELISM,
-                Tuning::BEST_QPS
-            ),
+    /// Tuned: `parallelism` updaters, no client-side limit.
+    pub fn tuned(parallelism: usize) -> Tuning {
+        Tuning {
+            parallelism,
+            client_limited: false,
         }
     }
 
-    fn slug(self) -> &'static str {
-        match self {
-            Tuning::Defaults => "defaults",
-            Tuning::Best => "best",
+    /// In words, for the table.
+    pub fn describe(self) -> String {
+        if self.client_limited {
+            format!(
+                "-nfd-api-parallelism {}, client 5 QPS / burst 10 per updater",
+                self.parallelism
+            )
+        } else {
+            format!("-nfd-api-parallelism {}, no client-side limit", self.parallelism)
         }
+    }
+
+    fn slug(self) -> String {
+        format!(
+            "p{}{}",
+            self.parallelism,
+            if self.client_limited { "-limited" } else { "" }
+        )
     }
 }
 
@@ -249,6 +257,39 @@ fn rule() -> serde_json::Value {
     })
 }
 
+/// nfd-master's counter of node updates begun (`nfd_master_node_update_requests_total`).
+async fn updates_begun(port: u16) -> Option<f64> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let r = gpunode_e2e::http::get(addr, "/metrics").await.ok()?;
+    gpunode_e2e::http::series(&r.body, "nfd_master_node_update_requests_total")
+}
+
+/// Waits until nfd-master's caches are synced (its `/healthz` answers only after) and its
+/// start-up pass over every node is done: the counter of node updates begun has reached `n`
+/// and stood still for one poll (the last updates in flight are one GET each: no rule yet).
+async fn started(master: &mut Measured, port: u16, n: usize) -> Result<(), Error> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let timeout = Duration::from_secs(300);
+    let deadline = Instant::now() + timeout;
+    let mut last = None;
+    loop {
+        master.now()?;
+        let healthy = matches!(gpunode_e2e::http::get(addr, "/healthz").await, Ok(r) if r.status == 200);
+        let begun = if healthy { updates_begun(port).await } else { None };
+        if begun.is_some_and(|b| b >= n as f64) && begun == last {
+            return Ok(());
+        }
+        last = begun;
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: format!("nfd-master's start-up pass over {n} nodes (updates begun: {last:?})"),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await; // poll interval
+    }
+}
+
 /// Runs NFD at N nodes configured by `tuning`, after taking an earlier run's label and rule off
 /// the nodes: (result, start and end of its convergence window).
 pub async fn run(
@@ -258,7 +299,7 @@ pub async fn run(
     (bin, crds): (&Path, &Path),
     out: &Path,
     deadline: Duration,
-    tuning: Tuning,
+    (tuning, rep): (Tuning, usize),
 ) -> Result<(Nfd, Timestamp, Timestamp), Error> {
     let n = names.len();
     install_crds(client, crds).await?;
@@ -316,20 +357,17 @@ pub async fn run(
         ("KUBERNETES_NAMESPACE", NAMESPACE.to_string()),
         ("NODE_NAME", names.first().cloned().unwrap_or_default()),
     ];
-    if tuning == Tuning::Best {
-        flags.extend([
-            "-nfd-api-parallelism".into(),
-            Tuning::BEST_PARALLELISM.to_string(),
-        ]);
+    flags.extend(["-nfd-api-parallelism".into(), tuning.parallelism.to_string()]);
+    if !tuning.client_limited {
         env.extend([
-            ("GPUNODE_BENCH_NFD_QPS", Tuning::BEST_QPS.to_string()),
-            ("GPUNODE_BENCH_NFD_BURST", Tuning::BEST_QPS.to_string()),
+            ("GPUNODE_BENCH_NFD_QPS", Tuning::UNLIMITED_QPS.to_string()),
+            ("GPUNODE_BENCH_NFD_BURST", Tuning::UNLIMITED_QPS.to_string()),
         ]);
     }
-    let log = out.join(format!("nfd-master-{n}-{}.log", tuning.slug()));
+    let log = out.join(format!("nfd-master-{n}-{}-rep{rep}.log", tuning.slug()));
     let mut master = Measured::spawn("nfd-master", bin, &flags, &env, &log)?;
-    // The rule is created right after the process starts: nfd-master's informer sync counts
-    // against it (about a second), where gpunode's cache sync happened before its policy.
+    // Its start-up is left out, as gpunode's is (its caches sync before its policy exists).
+    started(&mut master, port, n).await?;
     let rules: Api<DynamicObject> =
         Api::all_with(client.clone(), &resource("NodeFeatureRule", "nodefeaturerules"));
     let obj: DynamicObject = serde_json::from_value(rule())?;
@@ -358,6 +396,8 @@ pub async fn run(
     });
     let mut r = Nfd {
         tuning: tuning.describe(),
+        setting: Some(tuning),
+        rep,
         labelled,
         waited_s: elapsed,
         rss_peak_mib: last.hwm_mib.max(sample.hwm_mib),

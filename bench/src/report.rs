@@ -63,6 +63,58 @@ pub fn write(dir: &Path, out: &Path) -> Result<(), Error> {
     Ok(())
 }
 
+/// Every NFD setting of the comparison: median [min–max] seconds over the repetitions, and the
+/// median [min–max] of its ratios to gpunode's convergence in the same repetition.
+fn nfd_sweep(s: &mut String, runs: &[RunResult]) {
+    if runs.iter().all(|r| r.nfd_runs.is_empty()) {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n### NFD's settings beside gpunode, repetition by repetition\n\n\
+         gpunode's convergence and NFD's settings alternate which goes first; each NFD figure is \
+         the median [min–max] over the repetitions, its ratio the median [min–max] of the \
+         per-repetition ratios.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| N | NFD setting | runs | NFD s | NFD / gpunode | gpunode s (each repetition) |"
+    );
+    let _ = writeln!(s, "|---:|---|---:|---:|---:|---|");
+    for r in runs {
+        let mut settings: Vec<crate::nfd::Tuning> = r.nfd_runs.iter().filter_map(|n| n.setting).collect();
+        settings.sort();
+        settings.dedup();
+        let gpunode: Vec<String> = r.peer_gpunode_s.iter().map(|v| f(*v)).collect();
+        for t in settings {
+            let Some((_, _, ratio)) = crate::peer::summarize(&r.nfd_runs, &r.peer_gpunode_s, t) else {
+                continue;
+            };
+            let secs: Vec<f64> = r
+                .nfd_runs
+                .iter()
+                .filter(|n| n.setting == Some(t))
+                .map(|n| n.convergence_s)
+                .collect();
+            let x = crate::limit::Spread::of(&secs);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} [{}–{}] | {:.1}x [{:.1}–{:.1}] | {} |",
+                r.n,
+                t.describe(),
+                x.count,
+                f(x.median),
+                f(x.min),
+                f(x.max),
+                ratio.median,
+                ratio.min,
+                ratio.max,
+                gpunode.join(", ")
+            );
+        }
+    }
+}
+
 fn markdown(m: &Machine, runs: &[RunResult]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Scale benchmark results\n");
@@ -86,7 +138,9 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
         "gpunode: median [min–max] of its convergence runs, interleaved with the limit's sweeps. \
          The limit: gpunode's own request (below) at the concurrency with the best median rate; \
          N / that rate is the time the API server needs for N of them. NFD: nfd-master at its \
-         best (the headline) and at its defaults.\n"
+         best (the parallelism with the lowest median) and at its defaults, each its median run; \
+         the ratios are the medians of the repetitions' ratios to gpunode's convergence in the \
+         same repetition (below: every setting). Neither start-up counts.\n"
     );
     let _ = writeln!(
         s,
@@ -206,6 +260,7 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
             .collect();
         let _ = writeln!(s, "| {} | {} | {} |", r.n, cells.join(" | "), r.limit.errors);
     }
+    nfd_sweep(&mut s, runs);
     let _ = writeln!(
         s,
         "\nNFD's configurations: {}.",

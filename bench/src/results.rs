@@ -167,6 +167,12 @@ pub struct Nfd {
     /// How nfd-master was configured, in words.
     #[serde(default)]
     pub tuning: String,
+    /// The same, as set.
+    #[serde(default)]
+    pub setting: Option<crate::nfd::Tuning>,
+    /// The repetition of the comparison (`peer.rs`) it ran in.
+    #[serde(default)]
+    pub rep: usize,
     /// Rule created → last node labelled, seconds (projected when `projected`).
     pub convergence_s: f64,
     /// True when NFD did not finish within the deadline: convergence_s is then elapsed ×
@@ -208,14 +214,23 @@ pub struct RunResult {
     /// Each convergence run over N / the best median rate: the ratio's spread.
     #[serde(default)]
     pub convergence_vs_limit_spread: Spread,
-    /// NFD at its defaults (absent when not run).
+    /// Every NFD run of the comparison (`peer.rs`), in order.
+    #[serde(default)]
+    pub nfd_runs: Vec<Nfd>,
+    /// gpunode's convergence in each repetition of the comparison, seconds.
+    #[serde(default)]
+    pub peer_gpunode_s: Vec<f64>,
+    /// NFD at its defaults: its median run (absent when not run).
     pub nfd: Option<Nfd>,
-    /// NFD's convergence at its defaults over gpunode's.
+    /// NFD's convergence at its defaults over gpunode's: the median of the repetitions'
+    /// ratios.
     pub nfd_vs_gpunode: Option<f64>,
-    /// NFD at its best (absent when not run).
+    /// NFD at its best (the parallelism with the lowest median convergence): its median run
+    /// (absent when not run).
     #[serde(default)]
     pub nfd_best: Option<Nfd>,
-    /// NFD's convergence at its best over gpunode's: the headline comparison.
+    /// NFD's convergence at its best over gpunode's, the median of the repetitions' ratios: the
+    /// headline comparison.
     #[serde(default)]
     pub nfd_best_vs_gpunode: Option<f64>,
     /// The reaction phases, gpunode's and the floor's, repetition by repetition, with their raw

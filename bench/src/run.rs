@@ -26,7 +26,7 @@ use crate::{
     error::Error,
     limit,
     loadgen::LoadGen,
-    nfd,
+    nfd, peer,
     procs::{self, Measured},
     reaction::{self, Controller},
     realprobes::RealProbes,
@@ -73,6 +73,10 @@ pub struct Args {
     pub concurrency: Vec<usize>,
     /// Repetitions of the sweep and of gpunode's convergence, interleaved.
     pub reps: usize,
+    /// Repetitions of the comparison with NFD (`peer.rs`).
+    pub peer_reps: usize,
+    /// NFD's parallelisms swept (no client-side limit), besides its defaults.
+    pub nfd_parallelism: Vec<usize>,
     /// Nodes published by real probe processes (the first ones, by name).
     pub real_probes: usize,
     /// XIDs injected per real probe.
@@ -280,11 +284,11 @@ async fn converge_again(
     tracker: &Tracker,
     policies: &Api<DynamicObject>,
     policy: &DynamicObject,
-    rep: usize,
+    label: &str,
 ) -> Result<(f64, f64), Error> {
     let n = args.n;
     let timeout = Duration::from_secs(600) + Duration::from_millis(n as u64 * 200);
-    let op = start_operator(spec, &args.out.join(format!("operator-{n}-rep{rep}.log"))).await?;
+    let op = start_operator(spec, &args.out.join(format!("operator-{n}-{label}.log"))).await?;
     policies.delete(POLICY, &DeleteParams::default()).await?;
     tracker
         .wait("every node released", timeout, |s| {
@@ -311,8 +315,37 @@ async fn converge_again(
     let times = convergence_times(tracker, t0);
     let (secs, p99) = (times.last().copied().unwrap_or(0.0), percentile(&times, 0.99));
     op.stop().await;
-    info!(rep, seconds = secs, p99, "converged again");
+    info!(label, seconds = secs, p99, "converged again");
     Ok((secs, p99))
+}
+
+/// What the comparison with NFD (`peer.rs`) needs of the run.
+pub struct PeerCtx<'a> {
+    /// The run's arguments.
+    pub args: &'a Args,
+    /// Admin client.
+    pub client: &'a Client,
+    /// Admin kubeconfig.
+    pub kc: &'a Kubeconfig,
+    /// The benchmark's nodes.
+    pub names: &'a [String],
+    /// nfd-master and NFD's CRD file.
+    pub nfd: (&'a Path, &'a Path),
+    /// For gpunode's convergence runs: the operator, the node watch, the policies and the policy.
+    pub convergence: (
+        &'a operator::Spec,
+        &'a Tracker,
+        &'a Api<DynamicObject>,
+        &'a DynamicObject,
+    ),
+}
+
+impl PeerCtx<'_> {
+    /// gpunode's convergence once more on a fresh operator: seconds to the last node and to 99 %.
+    pub async fn converge(&self, rep: usize) -> Result<(f64, f64), Error> {
+        let (spec, tracker, policies, policy) = self.convergence;
+        converge_again(self.args, spec, tracker, policies, policy, &format!("peer{rep}")).await
+    }
 }
 
 /// The same-request limit (`limit.rs`) swept over `args.concurrency`, `args.reps` times,
@@ -345,7 +378,8 @@ async fn limit_and_convergence(
     let reps = args.reps.max(1);
     for rep in 0..reps {
         if rep > 0 {
-            let (last, p99) = converge_again(args, spec, tracker, policies, policy, rep).await?;
+            let (last, p99) =
+                converge_again(args, spec, tracker, policies, policy, &format!("rep{rep}")).await?;
             runs.push(last);
             result.gpunode.convergence_runs_p99_s.push(p99);
         }
@@ -648,44 +682,18 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     );
     limit_and_convergence(args, &op_kc, &spec, &tracker, &policies, &policy, &mut result).await?;
 
-    // The peer, at its defaults and at its best.
+    // The peer beside gpunode's convergence, repeated and alternated (peer.rs).
     let mut nfd_windows = Vec::new();
     if let Some((bin, crds)) = &args.nfd {
-        for tuning in [nfd::Tuning::Defaults, nfd::Tuning::Best] {
-            match nfd::run(
-                &client,
-                &kc,
-                &names,
-                (bin, crds),
-                &args.out,
-                args.nfd_deadline,
-                tuning,
-            )
-            .await
-            {
-                Ok((r, from, to)) => {
-                    if r.projected {
-                        result.notes.push(format!(
-                            "NFD ({}) labelled {} of {n} nodes within {:.0} s; its convergence time is projected from that rate",
-                            r.tuning, r.labelled, r.waited_s
-                        ));
-                    }
-                    let ratio = Some(r.convergence_s / result.gpunode.convergence_s.max(f64::MIN_POSITIVE));
-                    nfd_windows.push((tuning, from, to));
-                    match tuning {
-                        nfd::Tuning::Defaults => (result.nfd, result.nfd_vs_gpunode) = (Some(r), ratio),
-                        nfd::Tuning::Best => (result.nfd_best, result.nfd_best_vs_gpunode) = (Some(r), ratio),
-                    }
-                }
-                // gpunode's figures are kept; the table says what went wrong with the peer.
-                Err(e) => {
-                    tracing::error!(error = %e, ?tuning, "the NFD measurement failed");
-                    result
-                        .notes
-                        .push(format!("the NFD measurement ({}) failed: {e}", tuning.describe()));
-                }
-            }
-        }
+        let ctx = PeerCtx {
+            args,
+            client: &client,
+            kc: &kc,
+            names: &names,
+            nfd: (bin, crds),
+            convergence: (&spec, &tracker, &policies, &policy),
+        };
+        nfd_windows = peer::compare(&ctx, args.peer_reps, &mut result).await?;
     }
 
     result.loadgen.insert("publishes".into(), load.published() as f64);
@@ -719,14 +727,11 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     }
     let steady = g.requests.get("steady").map_or(0, |r| r.total);
     g.steady_requests_per_node_min = steady as f64 / n as f64 / (args.steady.as_secs_f64() / 60.0);
-    for (tuning, from, to) in nfd_windows {
-        let peer = match tuning {
-            nfd::Tuning::Defaults => result.nfd.as_mut(),
-            nfd::Tuning::Best => result.nfd_best.as_mut(),
-        };
-        if let Some(peer) = peer {
+    for (i, from, to) in nfd_windows {
+        if let Some(peer) = result.nfd_runs.get_mut(i) {
             peer.requests = requests(&all, nfd::USER, from, to);
         }
     }
+    peer::headline(&mut result, &args.nfd_parallelism);
     Ok(result)
 }
