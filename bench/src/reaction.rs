@@ -49,8 +49,21 @@ pub struct Single {
     pub recovery_ms: Vec<f64>,
     /// Faults or recoveries not answered within the deadline.
     pub failures: usize,
-    /// The controller's CPU seconds over the phase, per report change (two per fault).
+    /// The controller's CPU time over the phase per report change (two per fault), ms.
     pub cpu_ms_per_change: f64,
+    /// gpunode's passes (`gpunode_reconciles_total`) over the phase per report change; none
+    /// for the floor.
+    #[serde(default)]
+    pub passes_per_change: Option<f64>,
+}
+
+/// What the benchmark reads of the controller's process around a phase.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Reading {
+    /// CPU seconds so far.
+    pub cpu_s: f64,
+    /// Its passes so far, where it counts them.
+    pub passes: Option<f64>,
 }
 
 /// One burst.
@@ -275,15 +288,15 @@ pub async fn open_loop(
 }
 
 /// Every phase of `plan` on `pool` (the load generator's nodes; the bursts take theirs from the
-/// end, the single faults and the open loop from the start), with `cpu_s` reading the
-/// controller's CPU seconds.
+/// end, the single faults and the open loop from the start), with `read` reading the
+/// controller's process.
 pub async fn run(
     load: &LoadGen,
     tracker: &Tracker,
     pool: &[Arc<FakeNode>],
     plan: &Plan,
     (controller, rep): (Controller, usize),
-    mut cpu_s: impl FnMut() -> f64,
+    mut read: impl AsyncFnMut() -> Reading,
 ) -> Run {
     let mut phases = Vec::new();
     let mut phase = |name: &str, from: jiff::Timestamp| {
@@ -293,10 +306,12 @@ pub async fn run(
             jiff::Timestamp::now().to_string(),
         ));
     };
-    let (t, cpu0) = (jiff::Timestamp::now(), cpu_s());
+    let (t, before) = (jiff::Timestamp::now(), read().await);
     let mut single = single(load, tracker, pool, plan.changes).await;
-    let changes = single.written_to_taint_ms.len() + single.recovery_ms.len();
-    single.cpu_ms_per_change = (cpu_s() - cpu0) * 1000.0 / changes.max(1) as f64;
+    let after = read().await;
+    let changes = (single.written_to_taint_ms.len() + single.recovery_ms.len()).max(1) as f64;
+    single.cpu_ms_per_change = (after.cpu_s - before.cpu_s) * 1000.0 / changes;
+    single.passes_per_change = after.passes.zip(before.passes).map(|(a, b)| (a - b) / changes);
     phase("single", t);
     let size = plan.burst_size.min(pool.len() / 2);
     let mut bursts = Vec::new();

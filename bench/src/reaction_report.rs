@@ -82,9 +82,9 @@ fn single_table(s: &mut String, runs: &[RunResult]) {
     );
     let _ = writeln!(
         s,
-        "| N | controller | reps | faults | p50 ms | p99 ms | recovery p99 ms | CPU ms per report change | failures | gpunode / floor p99 |"
+        "| N | controller | reps | faults | p50 ms | p99 ms | recovery p99 ms | CPU ms per report change | passes per change | CPU ms per pass | failures | gpunode / floor p99 |"
     );
-    let _ = writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in runs {
         for c in [Controller::Gpunode, Controller::Floor] {
             let rs = of(&r.reactions, c);
@@ -96,9 +96,19 @@ fn single_table(s: &mut String, runs: &[RunResult]) {
                 Controller::Gpunode => spread(&ratios(&r.reactions, |x| p99(&x.single.written_to_taint_ms))),
                 Controller::Floor => "–".into(),
             };
+            // Per pass: the phase's CPU over its passes (gpunode counts them; the floor has none).
+            let (passes, per_pass) = if rs.iter().all(|x| x.single.passes_per_change.is_some()) {
+                let pp = |x: &Run| x.single.passes_per_change.unwrap_or(0.0);
+                (
+                    col(&pp),
+                    col(&|x| x.single.cpu_ms_per_change / pp(x).max(f64::MIN_POSITIVE)),
+                )
+            } else {
+                ("–".into(), "–".into())
+            };
             let _ = writeln!(
                 s,
-                "| {} | {c:?} | {} | {} | {} | {} | {} | {} | {} | {ratio} |",
+                "| {} | {c:?} | {} | {} | {} | {} | {} | {} | {passes} | {per_pass} | {} | {ratio} |",
                 r.n,
                 rs.len(),
                 rs.iter()
@@ -276,6 +286,7 @@ mod tests {
                 recovery_ms: vec![ms; 10],
                 failures: 0,
                 cpu_ms_per_change: cpu,
+                passes_per_change: (controller == Controller::Gpunode).then_some(1.25),
             },
             bursts: vec![Burst {
                 size: 256,
@@ -310,6 +321,12 @@ mod tests {
         assert!(md.contains("44.0 / 20.0 ms = 2.20x: met"), "{md}");
         assert!(
             md.contains("| 5000 | Gpunode | 3 | 30 | 44.0 [44.0–44.0] |"),
+            "{md}"
+        );
+        // 2.8 ms per change at 1.25 passes per change: 2.24 ms per pass.
+        assert!(md.contains("| 1.25 [1.25–1.25] | 2.24 [2.24–2.24] |"), "{md}");
+        assert!(
+            md.contains("| 5000 | Floor | 3 | 30 | 20.0 [20.0–20.0] | 20.0 [20.0–20.0] | 20.0 [20.0–20.0] | 1.00 [1.00–1.00] | – | – |"),
             "{md}"
         );
         let md = markdown(&[at(100, 40.0, 2.0), at(5000, 90.0, 4.0)]);

@@ -201,6 +201,12 @@ async fn start_floor(args: &Args, op_kc: &Path, rep: usize) -> Result<Measured, 
     Ok(floor)
 }
 
+/// gpunode's passes so far (`gpunode_reconciles_total` on its metrics endpoint).
+async fn passes(addr: SocketAddr) -> Option<f64> {
+    let r = http::get(addr, "/metrics").await.ok()?;
+    http::series(&r.body, "gpunode_reconciles_total")
+}
+
 /// gpunode's processes over the reaction phases: their peak RSS, and the CPU seconds they spent
 /// on reaction.
 #[derive(Debug, Default)]
@@ -240,8 +246,15 @@ async fn reactions(
                 }
             };
             let cpu0 = proc.now()?.cpu_s;
-            let cpu = || proc.now().map_or(0.0, |s| s.cpu_s);
-            let r = reaction::run(load, tracker, &pool, &args.reaction, (c, rep), cpu).await;
+            let metrics = (c == Controller::Gpunode).then_some(spec.metrics_addr);
+            let read = async || reaction::Reading {
+                cpu_s: proc.now().map_or(0.0, |s| s.cpu_s),
+                passes: match metrics {
+                    Some(addr) => passes(addr).await,
+                    None => None,
+                },
+            };
+            let r = reaction::run(load, tracker, &pool, &args.reaction, (c, rep), read).await;
             info!(controller = ?c, rep, single_p99 = Latency::of(&r.single.written_to_taint_ms).p99_ms, saturation = r.saturation_rate, "reaction measured");
             runs.push(r);
             match c {
