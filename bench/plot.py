@@ -1,4 +1,4 @@
-"""The scale benchmark's chart: convergence vs N (gpunode, NFD, the API server's patch limit)
+"""The scale benchmark's chart: convergence vs N (gpunode, NFD, the reference write rate)
 and the reaction latency distribution per N. Usage: plot.py results.json RAW_DIR OUT.png"""
 
 import json
@@ -18,7 +18,7 @@ def main() -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 5))
 
     a.plot(ns, [r["gpunode"]["convergence_s"] for r in runs], "o-", label="gpunode")
-    a.plot(ns, [r["limit"]["n_over_rate_s"] for r in runs], "s--", label="limit: N / plain-client patch rate")
+    a.plot(ns, [r["reference"]["n_over_rate_s"] for r in runs], "s--", label="reference: N / plain-client write rate")
     nfd = [(r["n"], r["nfd"]) for r in runs if r.get("nfd")]
     if nfd:
         a.plot([n for n, _ in nfd], [x["convergence_s"] for _, x in nfd], "^-", label="NFD nfd-master")

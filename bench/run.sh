@@ -2,7 +2,7 @@
 # The scale benchmark (`make bench`; issue 8). For each N: a fresh local control plane
 # (GPUNODE_SCALE=1: inflight limits 5000), N KWOK GPU nodes, the load generator (the probe's
 # publisher, one loop per node), gpunode-operator as a release-built process with the chart's
-# ServiceAccount and RBAC, a plain concurrent client for the API server's patch limit, and
+# ServiceAccount and RBAC, a plain concurrent client for the reference write rate, and
 # nfd-master as the peer. Results: docs/benchmarks/results.{json,md}, scale.png, raw/. Each N's
 # work files stay in .cluster/<cluster>-work/n<N>/: the operator's log, metrics and RSS/CPU
 # samples, the real probes' logs (real-probes/) and the control plane's (control-plane/).
@@ -22,9 +22,9 @@
 #   BENCH_STEADY_S      steady-state window [120]
 #   BENCH_REAL_PROBES   nodes published by real gpunode-probe processes (the rest by the load
 #                       generator) [16];  BENCH_REAL_ROUNDS: XIDs injected per real probe [16]
-#   BENCH_REPS          repetitions of the same-request limit sweep and of gpunode's convergence,
+#   BENCH_REPS          repetitions of the reference write rate's sweep and of gpunode's convergence,
 #                       interleaved [5]
-#   BENCH_CONCURRENCY   requests in flight the limit sweeps [8,16,32,64,128,256,512]
+#   BENCH_CONCURRENCY   requests in flight the reference rate is swept over [8,16,32,64,128,256,512]
 #   BENCH_STAGGER_S     spread of the probes' start-up [60]; longer eases the API server at 5,000
 #   BENCH_WRITE_COST=0  skip bench/write-cost.sh (the cost model then uses raw/write-cost.json as is)
 #   BENCH_NFD=0         skip the peer;  BENCH_NFD_DEADLINE_S: NFD's wait before projecting [300]

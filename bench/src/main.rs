@@ -10,7 +10,6 @@ mod audit;
 mod error;
 mod floor;
 mod identity;
-mod limit;
 mod loadgen;
 mod model;
 mod nfd;
@@ -19,6 +18,7 @@ mod procs;
 mod reaction;
 mod reaction_report;
 mod realprobes;
+mod reference;
 mod report;
 mod results;
 mod run;
@@ -98,10 +98,10 @@ enum Command {
         /// How long NFD may take before its convergence is projected from its rate, seconds.
         #[arg(long, default_value_t = 300)]
         nfd_deadline_s: u64,
-        /// Concurrencies the same-request limit sweeps (comma-separated).
+        /// Concurrencies the reference write rate is swept over (comma-separated).
         #[arg(long, value_delimiter = ',', default_value = "8,16,32,64,128,256,512")]
         concurrency: Vec<usize>,
-        /// Repetitions of the limit sweep and of gpunode's convergence, interleaved.
+        /// Repetitions of the reference rate's sweep and of gpunode's convergence, interleaved.
         #[arg(long, default_value_t = 5)]
         reps: usize,
         /// Nodes published by real gpunode-probe processes instead of the load generator

@@ -10,8 +10,8 @@ use tracing::info;
 
 use crate::{
     error::Error,
-    limit::Spread,
     nfd::{self, Tuning},
+    reference::Spread,
     results::{Nfd, RunResult},
 };
 

@@ -5,8 +5,8 @@
 use std::fmt::Write as _;
 
 use crate::{
-    limit::Spread,
     reaction::{Controller, Run},
+    reference::Spread,
     results::{Latency, RunResult},
 };
 
@@ -59,17 +59,21 @@ struct Medians {
     burst_worst_ms: f64,
 }
 
-fn medians(runs: &[Run], c: Controller) -> Medians {
+/// None when `c` has no run (an older result, or a run without reaction phases).
+fn medians(runs: &[Run], c: Controller) -> Option<Medians> {
     let rs = of(runs, c);
+    if rs.is_empty() {
+        return None;
+    }
     let med = |v: Vec<f64>| Spread::of(&v).median;
-    Medians {
+    Some(Medians {
         p99_ms: med(rs.iter().map(|r| p99(&r.single.written_to_taint_ms)).collect()),
         cpu_ms_per_change: med(rs.iter().map(|r| r.single.cpu_ms_per_change).collect()),
         burst_worst_ms: rs
             .iter()
             .flat_map(|r| r.bursts.iter().map(|b| b.last_written_to_all_ms))
             .fold(0.0, f64::max),
-    }
+    })
 }
 
 fn single_table(s: &mut String, runs: &[RunResult]) {
@@ -210,18 +214,21 @@ fn verdict(ok: bool) -> &'static str {
 }
 
 fn targets(s: &mut String, runs: &[RunResult]) {
-    let at = |n: usize, c: Controller| runs.iter().find(|r| r.n == n).map(|r| medians(&r.reactions, c));
+    let at = |n: usize, c: Controller| {
+        runs.iter()
+            .find(|r| r.n == n)
+            .and_then(|r| medians(&r.reactions, c))
+    };
     let (Some(small), Some(large)) = (at(100, Controller::Gpunode), at(5000, Controller::Gpunode)) else {
         let _ = writeln!(
             s,
-            "\nThe reaction targets need runs at N = 100 and N = 5000 (this run has neither or one)."
+            "\nThe reaction targets (issue 45) need gpunode's reaction phases at N = 100 and N = 5000: not measured in this run."
         );
         return;
     };
-    let floor = at(5000, Controller::Floor).unwrap_or_default();
+    let floor = at(5000, Controller::Floor);
     let cpu = large.cpu_ms_per_change / small.cpu_ms_per_change.max(f64::MIN_POSITIVE);
     let grow = large.p99_ms / small.p99_ms.max(f64::MIN_POSITIVE);
-    let to_floor = large.p99_ms / floor.p99_ms.max(f64::MIN_POSITIVE);
     let _ = writeln!(s, "\n### Reaction targets (issue 45), from this run\n");
     let _ = writeln!(
         s,
@@ -237,13 +244,24 @@ fn targets(s: &mut String, runs: &[RunResult]) {
         f(small.p99_ms),
         verdict(grow <= 1.2)
     );
-    let _ = writeln!(
-        s,
-        "- the same p99 ≤ 3x the floor's at 5,000: {} / {} ms = {to_floor:.2}x: {}",
-        f(large.p99_ms),
-        f(floor.p99_ms),
-        verdict(floor.p99_ms > 0.0 && to_floor <= 3.0)
-    );
+    match floor {
+        Some(floor) => {
+            let to_floor = large.p99_ms / floor.p99_ms.max(f64::MIN_POSITIVE);
+            let _ = writeln!(
+                s,
+                "- the same p99 ≤ 3x the floor's at 5,000: {} / {} ms = {to_floor:.2}x: {}",
+                f(large.p99_ms),
+                f(floor.p99_ms),
+                verdict(floor.p99_ms > 0.0 && to_floor <= 3.0)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "- the same p99 ≤ 3x the floor's at 5,000: not measured (no floor run)"
+            );
+        }
+    }
     let _ = writeln!(
         s,
         "- a burst at 5,000 fully tainted within 1 s of its last report (the slowest burst): {} ms: {}",
@@ -329,6 +347,19 @@ mod tests {
             md.contains("| 5000 | Floor | 3 | 30 | 20.0 [20.0–20.0] | 20.0 [20.0–20.0] | 20.0 [20.0–20.0] | 1.00 [1.00–1.00] | – | – |"),
             "{md}"
         );
+        // A result without reaction phases (before issue 45) judges nothing.
+        let md = markdown(&[
+            RunResult {
+                n: 100,
+                ..RunResult::default()
+            },
+            RunResult {
+                n: 5000,
+                ..RunResult::default()
+            },
+        ]);
+        assert!(md.contains("not measured in this run"), "{md}");
+        assert!(!md.contains("met"), "{md}");
         let md = markdown(&[at(100, 40.0, 2.0), at(5000, 90.0, 4.0)]);
         assert!(md.contains("= 2.00x: **missed**"), "{md}");
         assert!(md.contains("90.0 / 40.0 ms = 2.25x: **missed**"), "{md}");

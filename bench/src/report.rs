@@ -96,7 +96,7 @@ fn nfd_sweep(s: &mut String, runs: &[RunResult]) {
                 .filter(|n| n.setting == Some(t))
                 .map(|n| n.convergence_s)
                 .collect();
-            let x = crate::limit::Spread::of(&secs);
+            let x = crate::reference::Spread::of(&secs);
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {} [{}–{}] | {:.1}x [{:.1}–{:.1}] | {} |",
@@ -135,18 +135,22 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
     let _ = writeln!(s, "## Convergence (policy applied → every node labelled)\n");
     let _ = writeln!(
         s,
-        "gpunode: median [min–max] of its convergence runs, interleaved with the limit's sweeps. \
-         The limit: gpunode's own request (below) at the concurrency with the best median rate; \
-         N / that rate is the time the API server needs for N of them. NFD: nfd-master at its \
+        "gpunode: median [min–max] of its convergence runs, interleaved with the reference rate's sweeps. \
+         The reference write rate: gpunode's own request (below) replayed by a plain client, at \
+         the concurrency with the best median rate; \
+         N / that rate is the time the API server needs for N of them, writes that only renew \
+         a heartbeat. First apply: N of the same writes onto nodes just stripped of gpunode's \
+         fields, so that each adds them as a convergence write does (median [min–max] seconds \
+         of its passes). NFD: nfd-master at its \
          best (the parallelism with the lowest median) and at its defaults, each its median run; \
          the ratios are the medians of the repetitions' ratios to gpunode's convergence in the \
          same repetition (below: every setting). Neither start-up counts.\n"
     );
     let _ = writeln!(
         s,
-        "| N | gpunode s (runs) | limit N/rate s (writes/s median [min–max], concurrency) | gpunode / limit (runs' range) | NFD best s | NFD best / gpunode | NFD defaults s | NFD defaults / gpunode |"
+        "| N | gpunode s (runs) | reference N/rate s (writes/s median [min–max], concurrency) | gpunode / reference (runs' range) | first apply N/rate s | gpunode / first apply | NFD best s | NFD best / gpunode | NFD defaults s | NFD defaults / gpunode |"
     );
-    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let peer = |n: &Option<crate::results::Nfd>, ratio: Option<f64>| match n {
         Some(n) => (
             format!(
@@ -162,16 +166,25 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
         let (best, best_ratio) = peer(&r.nfd_best, r.nfd_best_vs_gpunode);
         let (defaults, defaults_ratio) = peer(&r.nfd, r.nfd_vs_gpunode);
         let g = &r.gpunode;
-        let l = &r.limit;
+        let l = &r.reference;
         let rate = l
             .spread
             .get(&l.best_concurrency.to_string())
             .copied()
             .unwrap_or_default();
-        let cv = &r.convergence_vs_limit_spread;
+        let cv = &r.convergence_vs_reference_spread;
+        let fa = &l.first_apply_seconds;
+        let (first, first_ratio) = if fa.count > 0 {
+            (
+                format!("{} [{}–{}]", f(fa.median), f(fa.min), f(fa.max)),
+                format!("{:.2}x", g.convergence_s / fa.median.max(f64::MIN_POSITIVE)),
+            )
+        } else {
+            ("-".into(), "-".into())
+        };
         let _ = writeln!(
             s,
-            "| {} | {} [{}–{}] ({}) | {} ({:.0} [{:.0}–{:.0}], {}) | {:.2}x ({:.2}–{:.2}) | {best} | {best_ratio} | {defaults} | {defaults_ratio} |",
+            "| {} | {} [{}–{}] ({}) | {} ({:.0} [{:.0}–{:.0}], {}) | {:.2}x ({:.2}–{:.2}) | {first} | {first_ratio} | {best} | {best_ratio} | {defaults} | {defaults_ratio} |",
             r.n,
             f(g.convergence_s),
             f(g.convergence_spread.min),
@@ -182,7 +195,7 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
             rate.min,
             rate.max,
             l.best_concurrency,
-            r.convergence_vs_limit,
+            r.convergence_vs_reference,
             cv.min,
             cv.max,
         );
@@ -190,8 +203,8 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
     if let Some(r) = runs.first() {
         let _ = writeln!(
             s,
-            "\nThe limit's request: {} ({} bytes).\n",
-            r.limit.request, r.limit.body_bytes
+            "\nThe reference's request: {} ({} bytes).\n",
+            r.reference.request, r.reference.body_bytes
         );
     }
     let _ = writeln!(
@@ -213,12 +226,12 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
     }
     let _ = writeln!(
         s,
-        "\nThe limit from a cold client: N writes at the best concurrency, each pass from a client \
+        "\nThe reference from a cold client: N writes at the best concurrency, each pass from a client \
          built just before it (its connections opened inside the pass, as a freshly started \
          operator opens its own in its first run), seconds, median [min–max]; the first run over it.\n"
     );
     for r in runs {
-        let c = &r.limit.cold_seconds;
+        let c = &r.reference.cold_seconds;
         if c.count == 0 {
             continue;
         }
@@ -231,8 +244,8 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
             f(c.min),
             f(c.max),
             c.count,
-            r.limit.best_concurrency,
-            f(r.limit.n_over_rate_s),
+            r.reference.best_concurrency,
+            f(r.reference.n_over_rate_s),
             f(first),
             first / c.median.max(f64::MIN_POSITIVE),
         );
@@ -240,11 +253,11 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "### The limit by concurrency (writes/s, median [min–max] over the repetitions)\n"
+        "### The reference write rate by concurrency (writes/s, median [min–max] over the repetitions)\n"
     );
     let concurrencies: std::collections::BTreeSet<usize> = runs
         .iter()
-        .flat_map(|r| r.limit.spread.keys().filter_map(|k| k.parse().ok()))
+        .flat_map(|r| r.reference.spread.keys().filter_map(|k| k.parse().ok()))
         .collect();
     let header: Vec<String> = concurrencies.iter().map(|c| format!("{c} in flight")).collect();
     let _ = writeln!(s, "| N | {} | failed writes |", header.join(" | "));
@@ -253,12 +266,12 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
         let cells: Vec<String> = concurrencies
             .iter()
             .map(|c| {
-                r.limit.spread.get(&c.to_string()).map_or("-".into(), |x| {
+                r.reference.spread.get(&c.to_string()).map_or("-".into(), |x| {
                     format!("{:.0} [{:.0}–{:.0}] ×{}", x.median, x.min, x.max, x.count)
                 })
             })
             .collect();
-        let _ = writeln!(s, "| {} | {} | {} |", r.n, cells.join(" | "), r.limit.errors);
+        let _ = writeln!(s, "| {} | {} | {} |", r.n, cells.join(" | "), r.reference.errors);
     }
     nfd_sweep(&mut s, runs);
     let _ = writeln!(
@@ -291,7 +304,7 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
     for r in runs {
         let Some(m) = &r.gpunode.real_probes else { continue };
         let o = &m.observation_to_taint;
-        let cpu = crate::limit::Spread::of(&m.cpu_percent);
+        let cpu = crate::reference::Spread::of(&m.cpu_percent);
         let rss = m.rss_peak_mib.iter().copied().fold(0.0, f64::max);
         let _ = writeln!(
             s,
@@ -402,15 +415,15 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
                 verdict(g.steady_requests_per_node_min < 1.0)
             ),
         ];
-        let runs_range = &r.convergence_vs_limit_spread;
+        let runs_range = &r.convergence_vs_reference_spread;
         let worst = if runs_range.count > 0 {
             runs_range.max
         } else {
-            r.convergence_vs_limit
+            r.convergence_vs_reference
         };
         items.push(format!(
-            "convergence {:.2}x the same-request limit ≤ 1.5x (every run: {:.2}–{:.2}x): {}",
-            r.convergence_vs_limit,
+            "convergence {:.2}x the reference write rate's time ≤ 1.5x (every run: {:.2}–{:.2}x): {}",
+            r.convergence_vs_reference,
             runs_range.min,
             runs_range.max,
             verdict(worst <= 1.5)

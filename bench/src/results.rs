@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::limit::{Sample, Spread};
+pub use crate::reference::{Sample, Spread};
 
 /// Latency percentiles, milliseconds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -125,10 +125,10 @@ pub struct Gpunode {
     pub operator_reaction_count: f64,
 }
 
-/// The API server's limit for gpunode's own request (see `limit.rs`), swept over concurrency,
+/// The reference write rate for gpunode's own request (see `reference.rs`), swept over concurrency,
 /// each concurrency `reps` times, interleaved with gpunode's convergence runs.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Limit {
+pub struct ReferenceRate {
     /// The request, in words.
     #[serde(default)]
     pub request: String,
@@ -143,7 +143,7 @@ pub struct Limit {
     pub spread: BTreeMap<String, Spread>,
     /// Median writes per second by concurrency.
     pub by_concurrency: BTreeMap<String, f64>,
-    /// The best median rate, writes per second: the limit.
+    /// The best median rate, writes per second: the reference rate.
     pub best_rate: f64,
     /// Its concurrency.
     pub best_concurrency: usize,
@@ -156,9 +156,17 @@ pub struct Limit {
     /// as a freshly started operator opens its own during its first convergence.
     #[serde(default)]
     pub cold: Vec<Sample>,
-    /// Seconds of those passes, median and spread: the limit for N writes from a cold client.
+    /// Seconds of those passes, median and spread: the reference for N writes from a cold client.
     #[serde(default)]
     pub cold_seconds: Spread,
+    /// The first-apply variant: passes of N writes at the best concurrency onto nodes whose
+    /// gpunode fields were just taken off (`reference::strip`), so that each write adds the
+    /// labels, annotations and condition as a convergence write does.
+    #[serde(default)]
+    pub first_apply: Vec<Sample>,
+    /// Seconds of those passes, median and spread.
+    #[serde(default)]
+    pub first_apply_seconds: Spread,
 }
 
 /// NFD's figures.
@@ -207,13 +215,16 @@ pub struct RunResult {
     pub loadgen: BTreeMap<String, f64>,
     /// gpunode.
     pub gpunode: Gpunode,
-    /// The API server's patch limit.
-    pub limit: Limit,
-    /// gpunode's median convergence over N / the best median rate.
-    pub convergence_vs_limit: f64,
-    /// Each convergence run over N / the best median rate: the ratio's spread.
-    #[serde(default)]
-    pub convergence_vs_limit_spread: Spread,
+    /// The reference write rate: gpunode's own convergence write, replayed by a plain client
+    /// (`reference.rs`; called "the limit" in results before issue 45).
+    #[serde(alias = "limit")]
+    pub reference: ReferenceRate,
+    /// gpunode's median convergence over N / the best median reference rate.
+    #[serde(alias = "convergence_vs_limit")]
+    pub convergence_vs_reference: f64,
+    /// Each convergence run over N / the best median reference rate: the ratio's spread.
+    #[serde(default, alias = "convergence_vs_limit_spread")]
+    pub convergence_vs_reference_spread: Spread,
     /// Every NFD run of the comparison (`peer.rs`), in order.
     #[serde(default)]
     pub nfd_runs: Vec<Nfd>,

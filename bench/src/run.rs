@@ -1,5 +1,6 @@
 //! One benchmark run at N nodes on a running control plane: the load generator, gpunode's
-//! convergence, reaction and steady state, the plain client's patch limit, and NFD.
+//! convergence, reaction (beside the floor) and steady state, the reference write rate of a plain
+//! client, and NFD.
 
 use std::{
     collections::BTreeMap,
@@ -24,13 +25,13 @@ use tracing::info;
 use crate::{
     audit,
     error::Error,
-    limit,
     loadgen::LoadGen,
     nfd, peer,
     procs::{self, Measured},
     reaction::{self, Controller},
     realprobes::RealProbes,
-    results::{Latency, Limit, Requests, RunResult, Spread, percentile},
+    reference,
+    results::{Latency, ReferenceRate, Requests, RunResult, Spread, percentile},
     tracker::{NODE_SELECTOR, Tracker},
 };
 
@@ -38,8 +39,8 @@ pub use crate::identity::{OPERATOR_NAMESPACE, OPERATOR_SA, token_kubeconfig};
 
 /// The benchmark policy's name.
 pub const POLICY: &str = "bench";
-/// Writes per pass of the limit's sweep (at least 2 per request in flight).
-const LIMIT_WRITES: usize = 1000;
+/// Writes per pass of the reference rate's sweep (at least 2 per request in flight).
+const REFERENCE_WRITES: usize = 1000;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -69,7 +70,7 @@ pub struct Args {
     pub stagger: Duration,
     /// How long NFD may take before its time is projected.
     pub nfd_deadline: Duration,
-    /// Concurrencies the same-request limit sweeps.
+    /// Concurrencies the reference write rate is swept over.
     pub concurrency: Vec<usize>,
     /// Repetitions of the sweep and of gpunode's convergence, interleaved.
     pub reps: usize,
@@ -361,11 +362,11 @@ impl PeerCtx<'_> {
     }
 }
 
-/// The same-request limit (`limit.rs`) swept over `args.concurrency`, `args.reps` times,
+/// The reference write rate (`reference.rs`) swept over `args.concurrency`, `args.reps` times,
 /// interleaved with gpunode's convergence: the first convergence is the main run's; each later
 /// sweep follows one more convergence run. The concurrencies' order rotates by repetition.
 /// Then `args.reps` passes of N writes at the best concurrency from a cold client.
-async fn limit_and_convergence(
+async fn reference_and_convergence(
     args: &Args,
     op_kc: &Path,
     spec: &operator::Spec,
@@ -377,15 +378,15 @@ async fn limit_and_convergence(
     // Clients built as the operator builds its own: the same request, sent the same way.
     let (op_config, _) = config(op_kc).await?;
     let as_operator: Api<Node> = Api::all(gpunode_operator::client::build(op_config.clone())?);
-    let bodies = limit::capture(&as_operator).await?;
-    let mut out = Limit {
+    let bodies = reference::capture(&as_operator).await?;
+    let mut out = ReferenceRate {
         request: format!(
             "server-side apply to nodes/status, field manager {FIELD_MANAGER}, force, as \
              system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}, the body gpunode wrote to \
              each node with a new lastHeartbeatTime"
         ),
-        body_bytes: bodies.iter().map(limit::Body::size).max().unwrap_or(0),
-        ..Limit::default()
+        body_bytes: bodies.iter().map(reference::Body::size).max().unwrap_or(0),
+        ..ReferenceRate::default()
     };
     let mut runs = vec![result.gpunode.convergence_s];
     let reps = args.reps.max(1);
@@ -400,7 +401,7 @@ async fn limit_and_convergence(
         for i in 0..args.concurrency.len() {
             let c = args.concurrency[(i + rep) % k];
             out.samples
-                .push(limit::pass(&as_operator, &bodies, c, LIMIT_WRITES.max(c * 2)).await);
+                .push(reference::pass(&as_operator, &bodies, c, REFERENCE_WRITES.max(c * 2)).await);
         }
     }
     for &c in &args.concurrency {
@@ -424,20 +425,37 @@ async fn limit_and_convergence(
     for _ in 0..reps {
         let cold: Api<Node> = Api::all(gpunode_operator::client::build(op_config.clone())?);
         out.cold
-            .push(limit::pass(&cold, &bodies, out.best_concurrency, args.n).await);
+            .push(reference::pass(&cold, &bodies, out.best_concurrency, args.n).await);
     }
     let cold_seconds: Vec<f64> = out.cold.iter().map(|s| s.seconds).collect();
     out.cold_seconds = Spread::of(&cold_seconds);
-    out.errors = out.samples.iter().chain(&out.cold).map(|s| s.errors).sum();
+    // The first-apply variant: the same N writes onto nodes without gpunode's fields. The last
+    // pass leaves every node as gpunode wrote it (the heartbeat aside), for the runs after.
+    let mut strip_errors = 0;
+    for _ in 0..reps {
+        strip_errors += reference::strip(&as_operator, &bodies, out.best_concurrency).await;
+        out.first_apply
+            .push(reference::pass(&as_operator, &bodies, out.best_concurrency, args.n).await);
+    }
+    let first_seconds: Vec<f64> = out.first_apply.iter().map(|s| s.seconds).collect();
+    out.first_apply_seconds = Spread::of(&first_seconds);
+    out.errors = strip_errors
+        + out
+            .samples
+            .iter()
+            .chain(&out.cold)
+            .chain(&out.first_apply)
+            .map(|s| s.errors)
+            .sum::<u64>();
     out.n_over_rate_s = args.n as f64 / out.best_rate.max(f64::MIN_POSITIVE);
     let g = &mut result.gpunode;
     g.convergence_spread = Spread::of(&runs);
     g.convergence_s = g.convergence_spread.median;
-    result.convergence_vs_limit = g.convergence_s / out.n_over_rate_s;
+    result.convergence_vs_reference = g.convergence_s / out.n_over_rate_s;
     let ratios: Vec<f64> = runs.iter().map(|r| r / out.n_over_rate_s).collect();
-    result.convergence_vs_limit_spread = Spread::of(&ratios);
+    result.convergence_vs_reference_spread = Spread::of(&ratios);
     g.convergence_runs_s = runs;
-    result.limit = out;
+    result.reference = out;
     Ok(())
 }
 
@@ -688,12 +706,12 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     g.cpu_s = cpu;
     result.load_avg.insert("after_gpunode".into(), procs::load_avg());
 
-    // The API server's limit for gpunode's own request, interleaved with more convergence runs.
+    // The reference write rate for gpunode's own request, interleaved with more convergence runs.
     info!(
         reps = args.reps,
-        "measuring the same-request limit, interleaved with convergence runs"
+        "measuring the reference write rate, interleaved with convergence runs"
     );
-    limit_and_convergence(args, &op_kc, &spec, &tracker, &policies, &policy, &mut result).await?;
+    reference_and_convergence(args, &op_kc, &spec, &tracker, &policies, &policy, &mut result).await?;
 
     // The peer beside gpunode's convergence, repeated and alternated (peer.rs).
     let mut nfd_windows = Vec::new();

@@ -1,4 +1,6 @@
-//! The API server's limit for the request gpunode converges a node with: a server-side apply to
+//! The reference write rate: how fast this API server takes the request gpunode converges a
+//! node with, sent by a plain concurrent client (a reference to compare gpunode's convergence
+//! with, not a bound: a first apply, as a convergence makes, costs more). The request: a server-side apply to
 //! `nodes/status` by the field manager `gpunode-operator`, under the operator's own
 //! ServiceAccount (so the same API Priority and Fairness flow schema and priority level), with
 //! the body gpunode itself wrote to that node (its labels, annotations and `GpuPolicyCompliant`
@@ -46,6 +48,12 @@ impl Body {
             "metadata": {"name": self.name, "labels": self.labels, "annotations": self.annotations},
             "status": {"conditions": [condition]},
         })
+    }
+
+    /// An apply of the name alone by the same field manager: it takes off everything the body
+    /// set, leaving the node as a released one is, for a first apply again.
+    fn bare(&self) -> Value {
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name}})
     }
 
     /// Size of the body on the wire, bytes.
@@ -108,7 +116,7 @@ pub async fn capture(api: &Api<Node>) -> Result<Vec<Body>, Error> {
     let bodies: Vec<Body> = nodes.iter().filter_map(body_of).collect();
     if bodies.len() != total {
         return Err(Error::Other(format!(
-            "gpunode's apply body found on {} of {total} nodes (the limit replays what gpunode wrote)",
+            "gpunode's apply body found on {} of {total} nodes (the reference replays what gpunode wrote)",
             bodies.len()
         )));
     }
@@ -128,6 +136,26 @@ pub struct Sample {
     pub seconds: f64,
     /// Successful writes per second.
     pub rate: f64,
+}
+
+/// Takes gpunode's fields off every node (`Body::bare`), `concurrency` at a time; the writes
+/// that failed.
+pub async fn strip(api: &Api<Node>, bodies: &[Body], concurrency: usize) -> u64 {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    futures::stream::iter(bodies)
+        .map(|body| {
+            let (api, params) = (api, &params);
+            async move {
+                u64::from(
+                    api.patch_status(&body.name, params, &Patch::Apply(&body.bare()))
+                        .await
+                        .is_err(),
+                )
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .fold(0u64, |acc, e| async move { acc + e })
+        .await
 }
 
 /// `writes` applies of the nodes' bodies, going round the nodes, `concurrency` in flight, with
@@ -171,7 +199,7 @@ pub async fn pass(api: &Api<Node>, bodies: &[Body], concurrency: usize, writes: 
         errors,
         seconds,
         rate = sample.rate,
-        "same-request limit pass"
+        "reference rate pass"
     );
     sample
 }
