@@ -21,6 +21,11 @@ fn f(v: f64) -> String {
     }
 }
 
+/// The time of day of an RFC 3339 timestamp, to the second ("21:08:35").
+fn clock(ts: &str) -> &str {
+    ts.split_once('T').map_or(ts, |(_, t)| t.get(..8).unwrap_or(t))
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok { "met" } else { "**not met**" }
 }
@@ -398,6 +403,20 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
                 verbs.join(", ")
             );
         }
+    }
+
+    let _ = writeln!(
+        s,
+        "\n## When each phase ran\n\nWall clock (UTC), to match a figure's spike with what ran then \
+         (the control plane's logs are kept beside each run's work files).\n"
+    );
+    for r in runs.iter().filter(|r| !r.phases.is_empty()) {
+        let each: Vec<String> = r
+            .phases
+            .iter()
+            .map(|(p, from, to)| format!("{p} {}–{}", clock(from), clock(to)))
+            .collect();
+        let _ = writeln!(s, "- N = {}: {}", r.n, each.join(", "));
     }
 
     let _ = writeln!(s, "\n## Targets\n");

@@ -248,6 +248,10 @@ pub struct RunResult {
     /// samples.
     #[serde(default)]
     pub reactions: Vec<crate::reaction::Run>,
+    /// Each phase with its wall-clock start and end (RFC 3339): startup, convergence, reaction,
+    /// real_probes, steady, reference, peer (the reaction phases' own are in `reactions`).
+    #[serde(default)]
+    pub phases: Vec<(String, String, String)>,
     /// Notes about this run (timeouts, projections).
     pub notes: Vec<String>,
 }

@@ -711,7 +711,9 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
         reps = args.reps,
         "measuring the reference write rate, interleaved with convergence runs"
     );
+    let t_reference = Timestamp::now();
     reference_and_convergence(args, &op_kc, &spec, &tracker, &policies, &policy, &mut result).await?;
+    let t_peer = Timestamp::now();
 
     // The peer beside gpunode's convergence, repeated and alternated (peer.rs).
     let mut nfd_windows = Vec::new();
@@ -726,6 +728,7 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
         };
         nfd_windows = peer::compare(&ctx, args.peer_reps, &mut result).await?;
     }
+    let t_peer_end = Timestamp::now();
 
     result.loadgen.insert("publishes".into(), load.published() as f64);
     result.loadgen.insert(
@@ -746,13 +749,27 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     let all = audit::read(&args.audit_log)?;
     let user = format!("system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SA}");
     let g = &mut result.gpunode;
-    for (phase, from, to) in [
+    // Each phase's wall-clock window, to match a spike in any figure with what ran then.
+    let windows = [
         ("startup", t_start, t_conv),
         ("convergence", t_conv, t_conv_end),
         ("reaction", t_react, t_react_end),
         ("real_probes", t_react_end, t_steady_start),
         ("steady", t_steady_start, t_steady_end),
-    ] {
+    ];
+    result.phases = windows
+        .iter()
+        .map(|(p, from, to)| (p.to_string(), from.to_string(), to.to_string()))
+        .chain([
+            (
+                "reference".to_string(),
+                t_reference.to_string(),
+                t_peer.to_string(),
+            ),
+            ("peer".to_string(), t_peer.to_string(), t_peer_end.to_string()),
+        ])
+        .collect();
+    for (phase, from, to) in windows {
         g.requests
             .insert(phase.to_string(), requests(&all, &user, from, to));
     }
