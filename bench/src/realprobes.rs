@@ -23,6 +23,8 @@ use crate::procs;
 use crate::results::Latency;
 use crate::tracker::Tracker;
 
+/// How far apart the probes' injections of one round are spread.
+const STAGGER: Duration = Duration::from_secs(3);
 /// The XID injected: 79, the GPU has fallen off the bus (fatal in every policy).
 const XID: u32 = 79;
 /// nvmlEventTypeXidCriticalError.
@@ -125,6 +127,14 @@ async fn quiet(probe: &Probe, up: Instant) {
     }
 }
 
+/// Probe `i`'s wait before its injection `k`: spread over `STAGGER`, a different place each
+/// round (a multiplicative hash of the two), the same in every run.
+fn offset(i: usize, k: usize) -> Duration {
+    let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (k as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    let spread = STAGGER.as_millis() as u64;
+    Duration::from_millis((h >> 32) % spread.max(1))
+}
+
 fn ms(from: Timestamp, to: Timestamp) -> f64 {
     (to.as_nanosecond() - from.as_nanosecond()) as f64 / 1e6
 }
@@ -168,13 +178,16 @@ impl RealProbes {
         let count = self.hosts.len();
         let probes = std::mem::take(&mut self.probes);
         let logs = &self.logs;
-        let runs = self.hosts.iter().zip(probes).map(|(host, mut probe)| async move {
+        let runs = self.hosts.iter().zip(probes).enumerate().map(|(i, (host, mut probe))| async move {
             let (mut obs, mut inj, mut failed) = (Vec::new(), Vec::new(), 0usize);
             let (mut to_pub, mut pub_to) = (Vec::new(), Vec::new());
             let mut up = Instant::now();
             for k in 0..rounds {
                 let name = host.node.clone();
                 quiet(&probe, up).await;
+                // Out of step: the probes would otherwise inject together, round after round,
+                // and their samples be a few bursts rather than independent faults.
+                tokio::time::sleep(offset(i, k)).await;
                 let (t_inject, i_inject) = (Timestamp::now(), Instant::now());
                 let id = 1000 + k as u64;
                 if let Err(e) = host.edit_fixture(|f| {
@@ -278,6 +291,17 @@ impl RealProbes {
 
 #[cfg(test)]
 mod tests {
+    use super::offset;
+
+    #[test]
+    fn the_probes_inject_out_of_step() {
+        let round: Vec<_> = (0..16).map(|i| offset(i, 3)).collect();
+        let distinct: std::collections::BTreeSet<_> = round.iter().collect();
+        assert!(distinct.len() >= 12, "{round:?}");
+        assert!(round.iter().all(|d| *d < super::STAGGER), "{round:?}");
+        assert_ne!(offset(5, 0), offset(5, 1));
+    }
+
     use super::*;
 
     #[test]
