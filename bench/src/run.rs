@@ -208,6 +208,23 @@ async fn passes(addr: SocketAddr) -> Option<f64> {
     http::series(&r.body, "gpunode_reconciles_total")
 }
 
+/// Waits for a freshly started operator's first pass over the fleet, so that its start-up work
+/// is not counted in the reaction measured next.
+async fn first_pass(addr: SocketAddr) -> Result<(), Error> {
+    let timeout = Duration::from_secs(120);
+    let deadline = Instant::now() + timeout;
+    while passes(addr).await.unwrap_or(0.0) < 1.0 {
+        if Instant::now() > deadline {
+            return Err(Error::Timeout {
+                what: "the restarted operator's first pass".into(),
+                after: timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await; // poll interval
+    }
+    Ok(())
+}
+
 /// gpunode's processes over the reaction phases: their peak RSS, and the CPU seconds they spent
 /// on reaction.
 #[derive(Debug, Default)]
@@ -238,7 +255,11 @@ async fn reactions(
         for c in order {
             let mut proc = match (c, op.take()) {
                 (Controller::Gpunode, Some(p)) => p,
-                (Controller::Gpunode, None) => start_operator(spec, &log(rep)).await?,
+                (Controller::Gpunode, None) => {
+                    let op = start_operator(spec, &log(rep)).await?;
+                    first_pass(spec.metrics_addr).await?;
+                    op
+                }
                 (Controller::Floor, running) => {
                     if let Some(p) = running {
                         spent.hwm_mib = spent.hwm_mib.max(p.stop().await.hwm_mib);
