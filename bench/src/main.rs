@@ -17,12 +17,14 @@ mod peer;
 mod procs;
 mod reaction;
 mod reaction_report;
+mod reaction_results;
 mod realprobes;
 mod reference;
 mod report;
 mod results;
 mod run;
 mod sim;
+mod stats;
 mod tracker;
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};

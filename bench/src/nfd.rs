@@ -20,7 +20,13 @@ use serde::Deserialize;
 use serde_json::json;
 use tracing::info;
 
-use crate::{error::Error, identity::token_kubeconfig, procs::Measured, results::Nfd, tracker::Tracker};
+use crate::{
+    error::Error,
+    identity::token_kubeconfig,
+    procs::Measured,
+    results::{Nfd, Tuning},
+    tracker::Tracker,
+};
 
 /// nfd-master's namespace.
 pub const NAMESPACE: &str = "node-feature-discovery";
@@ -29,55 +35,6 @@ pub const SA: &str = "nfd-master";
 /// Its user name in the audit log.
 pub const USER: &str = "system:serviceaccount:node-feature-discovery:nfd-master";
 const MANAGER: &str = "gpunode-bench";
-
-/// How nfd-master is configured: its updaters in flight (`-nfd-api-parallelism`) and whether
-/// each updater's client keeps client-go's default token bucket (5 QPS, burst 10).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-pub struct Tuning {
-    /// `-nfd-api-parallelism`.
-    pub parallelism: usize,
-    /// The client rate limit kept (upstream's default); lifted otherwise, through
-    /// bench/nfd-build.sh's wrapper, as gpunode's client has none.
-    pub client_limited: bool,
-}
-
-impl Tuning {
-    /// Upstream's defaults.
-    pub const DEFAULTS: Tuning = Tuning {
-        parallelism: 10,
-        client_limited: true,
-    };
-    /// Client QPS and burst when lifted: high enough that the limiter never waits.
-    pub const UNLIMITED_QPS: u32 = 1_000_000;
-
-    /// Tuned: `parallelism` updaters, no client-side limit.
-    pub fn tuned(parallelism: usize) -> Tuning {
-        Tuning {
-            parallelism,
-            client_limited: false,
-        }
-    }
-
-    /// In words, for the table.
-    pub fn describe(self) -> String {
-        if self.client_limited {
-            format!(
-                "-nfd-api-parallelism {}, client 5 QPS / burst 10 per updater",
-                self.parallelism
-            )
-        } else {
-            format!("-nfd-api-parallelism {}, no client-side limit", self.parallelism)
-        }
-    }
-
-    fn slug(self) -> String {
-        format!(
-            "p{}{}",
-            self.parallelism,
-            if self.client_limited { "-limited" } else { "" }
-        )
-    }
-}
 
 /// Takes NFD's label (and its record of the labels it owns) off every node and deletes the rule,
 /// so that the next run labels every node again.

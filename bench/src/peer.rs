@@ -5,15 +5,36 @@
 //! synced before its policy exists). The table quotes each NFD setting's median over the
 //! repetitions and the median of its per-repetition ratios to gpunode, not the best run.
 
+use std::{path::Path, time::Duration};
+
 use jiff::Timestamp;
+use kube::{Client, config::Kubeconfig};
 use tracing::info;
 
 use crate::{
     error::Error,
-    nfd::{self, Tuning},
-    reference::Spread,
-    results::{Nfd, RunResult},
+    nfd,
+    results::{Nfd, RunResult, Tuning},
+    stats::Spread,
 };
+
+/// What the comparison needs of the run.
+pub struct PeerCtx<'a> {
+    /// Admin client.
+    pub client: &'a Client,
+    /// Admin kubeconfig.
+    pub kc: &'a Kubeconfig,
+    /// The benchmark's nodes.
+    pub names: &'a [String],
+    /// nfd-master and NFD's CRD file.
+    pub nfd: (&'a Path, &'a Path),
+    /// Where logs go.
+    pub out: &'a Path,
+    /// How long NFD may take before its time is projected.
+    pub deadline: Duration,
+    /// NFD's parallelisms swept, besides its defaults.
+    pub parallelism: &'a [usize],
+}
 
 /// Each NFD setting run in one repetition: the defaults, then every parallelism swept,
 /// rotated by `rep`.
@@ -61,7 +82,7 @@ pub fn headline(result: &mut RunResult, parallelism: &[usize]) {
 
 /// One NFD run of the comparison; a failure becomes a note (gpunode's figures are kept).
 pub async fn nfd_once(
-    ctx: &crate::run::PeerCtx<'_>,
+    ctx: &PeerCtx<'_>,
     setting: Tuning,
     rep: usize,
     result: &mut RunResult,
@@ -72,8 +93,8 @@ pub async fn nfd_once(
         ctx.kc,
         ctx.names,
         (bin, crds),
-        &ctx.args.out,
-        ctx.args.nfd_deadline,
+        ctx.out,
+        ctx.deadline,
         (setting, rep),
     )
     .await
@@ -103,27 +124,26 @@ pub async fn nfd_once(
     }
 }
 
-/// The comparison, `reps` repetitions (`headline` summarizes it once the requests are counted);
-/// the audit windows of NFD's runs (index into
-/// `result.nfd_runs`, from, to).
+/// The comparison, `reps` repetitions, `converge` running gpunode's convergence once more
+/// (`headline` summarizes it once the requests are counted); the audit windows of NFD's runs
+/// (index into `result.nfd_runs`, from, to).
 pub async fn compare(
-    ctx: &crate::run::PeerCtx<'_>,
+    ctx: &PeerCtx<'_>,
     reps: usize,
     result: &mut RunResult,
+    mut converge: impl AsyncFnMut(usize) -> Result<f64, Error>,
 ) -> Result<Vec<(usize, Timestamp, Timestamp)>, Error> {
     let mut windows = Vec::new();
     for rep in 0..reps {
         let gpunode_first = rep % 2 == 0;
         if gpunode_first {
-            let (s, _) = ctx.converge(rep).await?;
-            result.peer_gpunode_s.push(s);
+            result.peer_gpunode_s.push(converge(rep).await?);
         }
-        for setting in settings(&ctx.args.nfd_parallelism, rep) {
+        for setting in settings(ctx.parallelism, rep) {
             windows.extend(nfd_once(ctx, setting, rep, result).await);
         }
         if !gpunode_first {
-            let (s, _) = ctx.converge(rep).await?;
-            result.peer_gpunode_s.push(s);
+            result.peer_gpunode_s.push(converge(rep).await?);
         }
     }
     Ok(windows)

@@ -5,9 +5,9 @@
 use std::fmt::Write as _;
 
 use crate::{
-    reaction::{Controller, Run},
-    reference::Spread,
-    results::{Latency, RunResult},
+    reaction_results::{Controller, Run},
+    results::RunResult,
+    stats::{Latency, Spread},
 };
 
 fn f(v: f64) -> String {
@@ -145,7 +145,7 @@ fn burst_table(s: &mut String, runs: &[RunResult]) {
         for c in [Controller::Gpunode, Controller::Floor] {
             let bs: Vec<_> = of(&r.reactions, c).into_iter().flat_map(|x| &x.bursts).collect();
             let Some(first) = bs.first() else { continue };
-            let col = |g: &dyn Fn(&crate::reaction::Burst) -> f64| {
+            let col = |g: &dyn Fn(&crate::reaction_results::Burst) -> f64| {
                 spread(&bs.iter().map(|b| g(b)).collect::<Vec<_>>())
             };
             let _ = writeln!(
@@ -170,7 +170,7 @@ fn open_loop_table(s: &mut String, runs: &[RunResult]) {
          Rate after rate until one is not sustained (a fault unanswered within 30 s, or the p99 \
          over {} ms). Saturation: the last rate sustained, median [min–max] over the repetitions; \
          then each rate's p99 in ms, median over the repetitions that ran it.\n",
-        crate::reaction::SUSTAINED_P99_MS
+        crate::reaction_results::SUSTAINED_P99_MS
     );
     let _ = writeln!(s, "| N | controller | saturation faults/s | p99 ms by rate |");
     let _ = writeln!(s, "|---:|---|---:|---|");
@@ -291,7 +291,7 @@ pub fn markdown(runs: &[RunResult]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reaction::{Burst, Single};
+    use crate::reaction_results::{Burst, Single};
 
     fn run(controller: Controller, rep: usize, ms: f64, cpu: f64) -> Run {
         Run {

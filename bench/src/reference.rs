@@ -204,44 +204,9 @@ pub async fn pass(api: &Api<Node>, bodies: &[Body], concurrency: usize, writes: 
     sample
 }
 
-/// Median and spread of values.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
-pub struct Spread {
-    /// Samples.
-    pub count: usize,
-    /// Median.
-    pub median: f64,
-    /// Smallest.
-    pub min: f64,
-    /// Largest.
-    pub max: f64,
-}
-
-impl Spread {
-    /// Of `values` (the lower median when the count is even).
-    pub fn of(values: &[f64]) -> Spread {
-        let mut v = values.to_vec();
-        v.sort_by(f64::total_cmp);
-        Spread {
-            count: v.len(),
-            median: v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0.0),
-            min: v.first().copied().unwrap_or(0.0),
-            max: v.last().copied().unwrap_or(0.0),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn spread_is_the_median_and_the_range() {
-        let s = Spread::of(&[5.0, 1.0, 3.0, 4.0, 2.0]);
-        assert_eq!((s.count, s.median, s.min, s.max), (5, 3.0, 1.0, 5.0));
-        assert_eq!(Spread::of(&[2.0, 1.0]).median, 1.0);
-        assert_eq!(Spread::of(&[]).count, 0);
-    }
 
     #[test]
     fn the_body_is_what_gpunodes_field_manager_owns_through_the_status_subresource() {

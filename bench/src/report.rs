@@ -87,7 +87,7 @@ fn nfd_sweep(s: &mut String, runs: &[RunResult]) {
     );
     let _ = writeln!(s, "|---:|---|---:|---:|---:|---|");
     for r in runs {
-        let mut settings: Vec<crate::nfd::Tuning> = r.nfd_runs.iter().filter_map(|n| n.setting).collect();
+        let mut settings: Vec<crate::results::Tuning> = r.nfd_runs.iter().filter_map(|n| n.setting).collect();
         settings.sort();
         settings.dedup();
         let gpunode: Vec<String> = r.peer_gpunode_s.iter().map(|v| f(*v)).collect();
@@ -101,7 +101,7 @@ fn nfd_sweep(s: &mut String, runs: &[RunResult]) {
                 .filter(|n| n.setting == Some(t))
                 .map(|n| n.convergence_s)
                 .collect();
-            let x = crate::reference::Spread::of(&secs);
+            let x = crate::stats::Spread::of(&secs);
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {} [{}–{}] | {:.1}x [{:.1}–{:.1}] | {} |",
@@ -309,7 +309,7 @@ fn markdown(m: &Machine, runs: &[RunResult]) -> String {
     for r in runs {
         let Some(m) = &r.gpunode.real_probes else { continue };
         let o = &m.observation_to_taint;
-        let cpu = crate::reference::Spread::of(&m.cpu_percent);
+        let cpu = crate::stats::Spread::of(&m.cpu_percent);
         let rss = m.rss_peak_mib.iter().copied().fold(0.0, f64::max);
         let _ = writeln!(
             s,

@@ -4,47 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::reference::{Sample, Spread};
-
-/// Latency percentiles, milliseconds.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct Latency {
-    /// Samples.
-    pub count: usize,
-    /// Median.
-    pub p50_ms: f64,
-    /// 90th percentile.
-    pub p90_ms: f64,
-    /// 99th percentile.
-    pub p99_ms: f64,
-    /// Largest.
-    pub max_ms: f64,
-}
-
-/// The `q` quantile (0–1) of `sorted` (ascending), by nearest rank; 0 when empty.
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-impl Latency {
-    /// Percentiles of `ms` (nearest rank).
-    pub fn of(ms: &[f64]) -> Latency {
-        let mut v = ms.to_vec();
-        v.sort_by(f64::total_cmp);
-        let p = |q: f64| percentile(&v, q);
-        Latency {
-            count: v.len(),
-            p50_ms: p(0.5),
-            p90_ms: p(0.9),
-            p99_ms: p(0.99),
-            max_ms: v.last().copied().unwrap_or(0.0),
-        }
-    }
-}
+pub use crate::reference::Sample;
+pub use crate::stats::{Latency, Spread, percentile};
 
 /// Requests of one client in one phase.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -169,6 +130,56 @@ pub struct ReferenceRate {
     pub first_apply_seconds: Spread,
 }
 
+/// How nfd-master is configured: its updaters in flight (`-nfd-api-parallelism`) and whether
+/// each updater's client keeps client-go's default token bucket (5 QPS, burst 10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Tuning {
+    /// `-nfd-api-parallelism`.
+    pub parallelism: usize,
+    /// The client rate limit kept (upstream's default); lifted otherwise, through
+    /// bench/nfd-build.sh's wrapper, as gpunode's client has none.
+    pub client_limited: bool,
+}
+
+impl Tuning {
+    /// Upstream's defaults.
+    pub const DEFAULTS: Tuning = Tuning {
+        parallelism: 10,
+        client_limited: true,
+    };
+    /// Client QPS and burst when lifted: high enough that the limiter never waits.
+    pub const UNLIMITED_QPS: u32 = 1_000_000;
+
+    /// Tuned: `parallelism` updaters, no client-side limit.
+    pub fn tuned(parallelism: usize) -> Tuning {
+        Tuning {
+            parallelism,
+            client_limited: false,
+        }
+    }
+
+    /// In words, for the table.
+    pub fn describe(self) -> String {
+        if self.client_limited {
+            format!(
+                "-nfd-api-parallelism {}, client 5 QPS / burst 10 per updater",
+                self.parallelism
+            )
+        } else {
+            format!("-nfd-api-parallelism {}, no client-side limit", self.parallelism)
+        }
+    }
+
+    /// A short name, for file names.
+    pub fn slug(self) -> String {
+        format!(
+            "p{}{}",
+            self.parallelism,
+            if self.client_limited { "-limited" } else { "" }
+        )
+    }
+}
+
 /// NFD's figures.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Nfd {
@@ -177,7 +188,7 @@ pub struct Nfd {
     pub tuning: String,
     /// The same, as set.
     #[serde(default)]
-    pub setting: Option<crate::nfd::Tuning>,
+    pub setting: Option<Tuning>,
     /// The repetition of the comparison (`peer.rs`) it ran in.
     #[serde(default)]
     pub rep: usize,
@@ -247,7 +258,7 @@ pub struct RunResult {
     /// The reaction phases, gpunode's and the floor's, repetition by repetition, with their raw
     /// samples.
     #[serde(default)]
-    pub reactions: Vec<crate::reaction::Run>,
+    pub reactions: Vec<crate::reaction_results::Run>,
     /// Each phase with its wall-clock start and end (RFC 3339): startup, convergence, reaction,
     /// real_probes, steady, reference, peer (the reaction phases' own are in `reactions`).
     #[serde(default)]

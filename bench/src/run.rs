@@ -28,7 +28,8 @@ use crate::{
     loadgen::LoadGen,
     nfd, peer,
     procs::{self, Measured},
-    reaction::{self, Controller},
+    reaction,
+    reaction_results::{self, Controller},
     realprobes::RealProbes,
     reference,
     results::{Latency, ReferenceRate, Requests, RunResult, Spread, percentile},
@@ -242,7 +243,7 @@ async fn reactions(
     (load, tracker): (&LoadGen, &Tracker),
     (spec, op_kc): (&operator::Spec, &Path),
     op: Measured,
-) -> Result<(Measured, Vec<reaction::Run>, Spent), Error> {
+) -> Result<(Measured, Vec<reaction_results::Run>, Spent), Error> {
     let pool = load.nodes.clone();
     let (mut op, mut runs, mut spent) = (Some(op), Vec::new(), Spent::default());
     let log = |rep: usize| args.out.join(format!("operator-{}-reaction{rep}.log", args.n));
@@ -352,35 +353,6 @@ async fn converge_again(
     op.stop().await;
     info!(label, seconds = secs, p99, "converged again");
     Ok((secs, p99))
-}
-
-/// What the comparison with NFD (`peer.rs`) needs of the run.
-pub struct PeerCtx<'a> {
-    /// The run's arguments.
-    pub args: &'a Args,
-    /// Admin client.
-    pub client: &'a Client,
-    /// Admin kubeconfig.
-    pub kc: &'a Kubeconfig,
-    /// The benchmark's nodes.
-    pub names: &'a [String],
-    /// nfd-master and NFD's CRD file.
-    pub nfd: (&'a Path, &'a Path),
-    /// For gpunode's convergence runs: the operator, the node watch, the policies and the policy.
-    pub convergence: (
-        &'a operator::Spec,
-        &'a Tracker,
-        &'a Api<DynamicObject>,
-        &'a DynamicObject,
-    ),
-}
-
-impl PeerCtx<'_> {
-    /// gpunode's convergence once more on a fresh operator: seconds to the last node and to 99 %.
-    pub async fn converge(&self, rep: usize) -> Result<(f64, f64), Error> {
-        let (spec, tracker, policies, policy) = self.convergence;
-        converge_again(self.args, spec, tracker, policies, policy, &format!("peer{rep}")).await
-    }
 }
 
 /// The reference write rate (`reference.rs`) swept over `args.concurrency`, `args.reps` times,
@@ -595,7 +567,7 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     let t_react = Timestamp::now();
     let (mut op, runs, spent) = reactions(args, (&load, &tracker), (&spec, &op_kc), op).await?;
     let g = &mut result.gpunode;
-    let of = |f: fn(&reaction::Run) -> &Vec<f64>| -> Vec<f64> {
+    let of = |f: fn(&reaction_results::Run) -> &Vec<f64>| -> Vec<f64> {
         runs.iter()
             .filter(|r| r.controller == Controller::Gpunode)
             .flat_map(|r| f(r).iter().copied())
@@ -739,15 +711,22 @@ pub async fn run(args: &Args) -> Result<RunResult, Error> {
     // The peer beside gpunode's convergence, repeated and alternated (peer.rs).
     let mut nfd_windows = Vec::new();
     if let Some((bin, crds)) = &args.nfd {
-        let ctx = PeerCtx {
-            args,
+        let ctx = peer::PeerCtx {
             client: &client,
             kc: &kc,
             names: &names,
             nfd: (bin, crds),
-            convergence: (&spec, &tracker, &policies, &policy),
+            out: &args.out,
+            deadline: args.nfd_deadline,
+            parallelism: &args.nfd_parallelism,
         };
-        nfd_windows = peer::compare(&ctx, args.peer_reps, &mut result).await?;
+        let converge = async |rep: usize| {
+            let label = format!("peer{rep}");
+            converge_again(args, &spec, &tracker, &policies, &policy, &label)
+                .await
+                .map(|(last, _)| last)
+        };
+        nfd_windows = peer::compare(&ctx, args.peer_reps, &mut result, converge).await?;
     }
     let t_peer_end = Timestamp::now();
 
