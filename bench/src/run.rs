@@ -293,7 +293,11 @@ async fn reactions(
     }
     let op = match op {
         Some(p) => p,
-        None => start_operator(spec, &log(args.reaction_reps)).await?,
+        None => {
+            let op = start_operator(spec, &log(args.reaction_reps)).await?;
+            first_pass(spec.metrics_addr).await?;
+            op
+        }
     };
     Ok((op, runs, spent))
 }
