@@ -67,6 +67,9 @@ lint: ## cargo fmt --check, clippy with warnings denied, cargo deny (licenses, b
 	$(CARGO) clippy -p gpunode-e2e --all-targets --features kind --locked -- -D warnings
 	CARGO="$(CARGO)" supply-chain/deny.sh
 	CARGO="$(CARGO)" supply-chain/sbom-test.sh
+	@# fuzz/ is its own workspace with its own lock, which a workspace dependency change leaves
+	@# stale (cargo fuzz then rewrites it and every result after names a dirty tree).
+	$(CARGO) metadata --locked --format-version 1 --manifest-path fuzz/Cargo.toml >/dev/null
 
 crds: ## regenerate charts/gpunode/crds from the Rust types
 	$(CARGO) run --quiet --locked -p gpunode-operator -- crds --write charts/gpunode/crds >/dev/null

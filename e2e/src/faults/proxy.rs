@@ -110,12 +110,21 @@ impl Drop for Toxiproxy {
     }
 }
 
-/// A client with the admin's credentials that reaches the API server through `listen`.
-pub async fn client_through(fc: &FaultCluster, listen: SocketAddr) -> Result<Client, Error> {
+/// A client with the admin's credentials that reaches the API server through `listen`, its
+/// timeouts stretched for answers `latency` late.
+pub async fn client_through(
+    fc: &FaultCluster,
+    listen: SocketAddr,
+    latency: Duration,
+) -> Result<Client, Error> {
     let mut config = fc.config().await?;
     config.cluster_url = format!("https://{listen}")
         .parse()
         .map_err(|e| Error::Unexpected(format!("proxy address {listen}: {e}")))?;
+    // Every chunk of an answer comes `latency` late, one after another: a request whose
+    // answer spans a few chunks (a TLS handshake's flight does) takes several times it.
+    config.read_timeout = config.read_timeout.map(|t| t + latency * 10);
+    config.connect_timeout = config.connect_timeout.map(|t| t + latency * 10);
     Ok(Client::try_from(config)?)
 }
 
