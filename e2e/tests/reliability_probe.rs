@@ -477,9 +477,12 @@ async fn skewed_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder, sk
                 "compliant {fresh}, 2 heartbeats after its report {renewals}, the node's Events {turns:?}"
             ),
         ),
+        // The last renewal may precede the kill by its 1-s interval, more on a loaded machine
+        // (58.9 s in a make reliability-long with another suite beside it); a judgement by the
+        // skewed clock would show 0 s or 660 s.
         Check::new(
             "its death is seen staleAfter later by the operator's clock",
-            stale && detected >= Duration::from_secs(59) && detected < Duration::from_secs(75),
+            stale && detected >= Duration::from_secs(50) && detected < Duration::from_secs(75),
             format!(
                 "Unknown {:.1} s after the probe died (staleAfter 60 s)",
                 detected.as_secs_f64()
