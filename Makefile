@@ -39,10 +39,10 @@ INCREMENTAL_E2E = --test operator --test drain --test quarantine --test validati
 # e2e/src/bin/reliability-report.rs.
 REL_RESULTS = $(or $(CARGO_TARGET_DIR),target)/tmp/reliability
 
-reliability-long: ## the reliability suite at scale (500+ fault runs, 20 crashes at each crash point, 10,000 bad inputs, longer outages (the API server's 10 minutes), a 3 s API latency, the storms with a 10-minute breaker window, 20x the fuzz cases); rewrites docs/reliability.md
+reliability-long: ## the reliability suite at scale (1,000+ fault runs, about 2 h 45 min on 2 cores, 20 crashes at each crash point, 10,000 bad inputs, longer outages (the API server's 10 minutes), a 3 s API latency, the storms with a 10-minute breaker window, 20x the fuzz cases); rewrites docs/reliability.md
 	$(CARGO) build --workspace --locked
 	@rm -rf "$(REL_RESULTS)"
-	@status=0; GPUNODE_CLUSTER_NAME=rel GPUNODE_REL_SEEDS=60 GPUNODE_REL_WAVES_PER_PHASE=2 GPUNODE_REL_PARTITIONS=20 \
+	@status=0; GPUNODE_CLUSTER_NAME=rel GPUNODE_REL_SEEDS=90 GPUNODE_REL_WAVES_PER_PHASE=2 GPUNODE_REL_PARTITIONS=20 \
 	  GPUNODE_REL_OUTAGE_SECS=60 GPUNODE_REL_API_OUTAGE_SECS=600 GPUNODE_REL_STORM_RESTARTS=10 GPUNODE_REL_LATENCIES_MS=250,1000,3000 GPUNODE_REL_FLOOD=2000 GPUNODE_REL_ACTOR_SECS=60 GPUNODE_REL_BAD_INPUTS=10000 GPUNODE_REL_CRASH_RUNS=20 \
 	  GPUNODE_REL_UPGRADE=1 GPUNODE_STORM_WINDOW_S=600 PROPTEST_CASES=5000 $(CARGO) test --workspace --locked --no-fail-fast \
 	  --test 'reliability_*' --test 'fuzz_*' --test storms -- --test-threads=1 || status=$$?; \
