@@ -477,9 +477,9 @@ async fn skewed_probe(fc: &FaultCluster, client: &Client, rec: &mut Recorder, sk
                 "compliant {fresh}, 2 heartbeats after its report {renewals}, the node's Events {turns:?}"
             ),
         ),
-        // The last renewal may precede the kill by its 1-s interval, more on a loaded machine
-        // (58.9 s in a make reliability-long with another suite beside it); a judgement by the
-        // skewed clock would show 0 s or 660 s.
+        // The operator times staleness from the last renewal it received: that may precede the
+        // kill by the 1-s interval and the reads above (58.9 s, twice, in a make
+        // reliability-long; 59.9 s unloaded); a judgement by the skewed clock shows 0 s or 660 s.
         Check::new(
             "its death is seen staleAfter later by the operator's clock",
             stale && detected >= Duration::from_secs(50) && detected < Duration::from_secs(75),
