@@ -7,18 +7,8 @@ use std::fmt::Write as _;
 use crate::{
     reaction_results::{Controller, Run},
     results::RunResult,
-    stats::{Latency, Spread},
+    stats::{Latency, Spread, figure as f},
 };
-
-fn f(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else if v >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
-}
 
 fn spread(v: &[f64]) -> String {
     let s = Spread::of(v);
@@ -27,6 +17,16 @@ fn spread(v: &[f64]) -> String {
 
 fn of(runs: &[Run], c: Controller) -> Vec<&Run> {
     runs.iter().filter(|r| r.controller == c).collect()
+}
+
+/// Every N's result with each controller that ran there and its repetitions, in table order.
+fn by_controller(runs: &[RunResult]) -> impl Iterator<Item = (&RunResult, Controller, Vec<&Run>)> {
+    runs.iter().flat_map(|r| {
+        [Controller::Gpunode, Controller::Floor]
+            .into_iter()
+            .map(move |c| (r, c, of(&r.reactions, c)))
+            .filter(|(_, _, rs)| !rs.is_empty())
+    })
 }
 
 fn p50(samples: &[f64]) -> f64 {
@@ -89,42 +89,36 @@ fn single_table(s: &mut String, runs: &[RunResult]) {
         "| N | controller | reps | faults | p50 ms | p99 ms | recovery p99 ms | CPU ms per report change | passes per change | CPU ms per pass | failures | gpunode / floor p99 |"
     );
     let _ = writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in runs {
-        for c in [Controller::Gpunode, Controller::Floor] {
-            let rs = of(&r.reactions, c);
-            if rs.is_empty() {
-                continue;
-            }
-            let col = |g: &dyn Fn(&Run) -> f64| spread(&rs.iter().map(|r| g(r)).collect::<Vec<_>>());
-            let ratio = match c {
-                Controller::Gpunode => spread(&ratios(&r.reactions, |x| p99(&x.single.written_to_taint_ms))),
-                Controller::Floor => "–".into(),
-            };
-            // Per pass: the phase's CPU over its passes (gpunode counts them; the floor has none).
-            let (passes, per_pass) = if rs.iter().all(|x| x.single.passes_per_change.is_some()) {
-                let pp = |x: &Run| x.single.passes_per_change.unwrap_or(0.0);
-                (
-                    col(&pp),
-                    col(&|x| x.single.cpu_ms_per_change / pp(x).max(f64::MIN_POSITIVE)),
-                )
-            } else {
-                ("–".into(), "–".into())
-            };
-            let _ = writeln!(
-                s,
-                "| {} | {c:?} | {} | {} | {} | {} | {} | {} | {passes} | {per_pass} | {} | {ratio} |",
-                r.n,
-                rs.len(),
-                rs.iter()
-                    .map(|x| x.single.written_to_taint_ms.len())
-                    .sum::<usize>(),
-                col(&|x| p50(&x.single.written_to_taint_ms)),
-                col(&|x| p99(&x.single.written_to_taint_ms)),
-                col(&|x| p99(&x.single.recovery_ms)),
-                col(&|x| x.single.cpu_ms_per_change),
-                rs.iter().map(|x| x.single.failures).sum::<usize>(),
-            );
-        }
+    for (r, c, rs) in by_controller(runs) {
+        let col = |g: &dyn Fn(&Run) -> f64| spread(&rs.iter().map(|r| g(r)).collect::<Vec<_>>());
+        let ratio = match c {
+            Controller::Gpunode => spread(&ratios(&r.reactions, |x| p99(&x.single.written_to_taint_ms))),
+            Controller::Floor => "–".into(),
+        };
+        // Per pass: the phase's CPU over its passes (gpunode counts them; the floor has none).
+        let (passes, per_pass) = if rs.iter().all(|x| x.single.passes_per_change.is_some()) {
+            let pp = |x: &Run| x.single.passes_per_change.unwrap_or(0.0);
+            (
+                col(&pp),
+                col(&|x| x.single.cpu_ms_per_change / pp(x).max(f64::MIN_POSITIVE)),
+            )
+        } else {
+            ("–".into(), "–".into())
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {c:?} | {} | {} | {} | {} | {} | {} | {passes} | {per_pass} | {} | {ratio} |",
+            r.n,
+            rs.len(),
+            rs.iter()
+                .map(|x| x.single.written_to_taint_ms.len())
+                .sum::<usize>(),
+            col(&|x| p50(&x.single.written_to_taint_ms)),
+            col(&|x| p99(&x.single.written_to_taint_ms)),
+            col(&|x| p99(&x.single.recovery_ms)),
+            col(&|x| x.single.cpu_ms_per_change),
+            rs.iter().map(|x| x.single.failures).sum::<usize>(),
+        );
     }
 }
 
@@ -141,25 +135,23 @@ fn burst_table(s: &mut String, runs: &[RunResult]) {
         "| N | controller | size | bursts | last written → all tainted ms | injected → all tainted ms | per node p99 ms | failures |"
     );
     let _ = writeln!(s, "|---:|---|---:|---:|---:|---:|---:|---:|");
-    for r in runs {
-        for c in [Controller::Gpunode, Controller::Floor] {
-            let bs: Vec<_> = of(&r.reactions, c).into_iter().flat_map(|x| &x.bursts).collect();
-            let Some(first) = bs.first() else { continue };
-            let col = |g: &dyn Fn(&crate::reaction_results::Burst) -> f64| {
-                spread(&bs.iter().map(|b| g(b)).collect::<Vec<_>>())
-            };
-            let _ = writeln!(
-                s,
-                "| {} | {c:?} | {} | {} | {} | {} | {} | {} |",
-                r.n,
-                first.size,
-                bs.len(),
-                col(&|b| b.last_written_to_all_ms),
-                col(&|b| b.injected_to_all_ms),
-                col(&|b| p99(&b.written_to_taint_ms)),
-                bs.iter().map(|b| b.failures).sum::<usize>(),
-            );
-        }
+    for (r, c, rs) in by_controller(runs) {
+        let bs: Vec<_> = rs.into_iter().flat_map(|x| &x.bursts).collect();
+        let Some(first) = bs.first() else { continue };
+        let col = |g: &dyn Fn(&crate::reaction_results::Burst) -> f64| {
+            spread(&bs.iter().map(|b| g(b)).collect::<Vec<_>>())
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {c:?} | {} | {} | {} | {} | {} | {} |",
+            r.n,
+            first.size,
+            bs.len(),
+            col(&|b| b.last_written_to_all_ms),
+            col(&|b| b.injected_to_all_ms),
+            col(&|b| p99(&b.written_to_taint_ms)),
+            bs.iter().map(|b| b.failures).sum::<usize>(),
+        );
     }
 }
 
@@ -174,38 +166,32 @@ fn open_loop_table(s: &mut String, runs: &[RunResult]) {
     );
     let _ = writeln!(s, "| N | controller | saturation faults/s | p99 ms by rate |");
     let _ = writeln!(s, "|---:|---|---:|---|");
-    for r in runs {
-        for c in [Controller::Gpunode, Controller::Floor] {
-            let rs = of(&r.reactions, c);
-            if rs.is_empty() {
-                continue;
-            }
-            let mut rates: Vec<f64> = rs
-                .iter()
-                .flat_map(|x| x.open_loop.iter().map(|o| o.rate))
-                .collect();
-            rates.sort_by(f64::total_cmp);
-            rates.dedup();
-            let by_rate: Vec<String> = rates
-                .iter()
-                .map(|rate| {
-                    let p99s: Vec<f64> = rs
-                        .iter()
-                        .flat_map(|x| x.open_loop.iter().filter(|o| o.rate == *rate))
-                        .map(|o| p99(&o.written_to_taint_ms))
-                        .collect();
-                    format!("{rate}/s: {}", f(Spread::of(&p99s).median))
-                })
-                .collect();
-            let sat: Vec<f64> = rs.iter().map(|x| x.saturation_rate).collect();
-            let _ = writeln!(
-                s,
-                "| {} | {c:?} | {} | {} |",
-                r.n,
-                spread(&sat),
-                by_rate.join(", ")
-            );
-        }
+    for (r, c, rs) in by_controller(runs) {
+        let mut rates: Vec<f64> = rs
+            .iter()
+            .flat_map(|x| x.open_loop.iter().map(|o| o.rate))
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        rates.dedup();
+        let by_rate: Vec<String> = rates
+            .iter()
+            .map(|rate| {
+                let p99s: Vec<f64> = rs
+                    .iter()
+                    .flat_map(|x| x.open_loop.iter().filter(|o| o.rate == *rate))
+                    .map(|o| p99(&o.written_to_taint_ms))
+                    .collect();
+                format!("{rate}/s: {}", f(Spread::of(&p99s).median))
+            })
+            .collect();
+        let sat: Vec<f64> = rs.iter().map(|x| x.saturation_rate).collect();
+        let _ = writeln!(
+            s,
+            "| {} | {c:?} | {} | {} |",
+            r.n,
+            spread(&sat),
+            by_rate.join(", ")
+        );
     }
 }
 

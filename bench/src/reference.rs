@@ -141,13 +141,24 @@ pub struct Sample {
 /// Takes gpunode's fields off every node (`Body::bare`), `concurrency` at a time; the writes
 /// that failed.
 pub async fn strip(api: &Api<Node>, bodies: &[Body], concurrency: usize) -> u64 {
+    apply_each(api, bodies.iter(), concurrency, Body::bare).await
+}
+
+/// Applies `value(body)` to each body's node with gpunode's field manager (forced) through
+/// `nodes/status`, `concurrency` in flight; the writes that failed.
+async fn apply_each<'a>(
+    api: &Api<Node>,
+    bodies: impl Iterator<Item = &'a Body>,
+    concurrency: usize,
+    value: impl Fn(&Body) -> Value,
+) -> u64 {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     futures::stream::iter(bodies)
         .map(|body| {
-            let (api, params) = (api, &params);
+            let (params, value) = (&params, &value);
             async move {
                 u64::from(
-                    api.patch_status(&body.name, params, &Patch::Apply(&body.bare()))
+                    api.patch_status(&body.name, params, &Patch::Apply(&value(body)))
                         .await
                         .is_err(),
                 )
@@ -162,29 +173,16 @@ pub async fn strip(api: &Api<Node>, bodies: &[Body], concurrency: usize) -> u64 
 /// `api` (the operator's identity). Fewer writes than nodes touch the first nodes only: the
 /// same request whichever node it names.
 pub async fn pass(api: &Api<Node>, bodies: &[Body], concurrency: usize, writes: usize) -> Sample {
-    let params = PatchParams::apply(FIELD_MANAGER).force();
     let start = Instant::now();
-    let errors: u64 =
-        futures::stream::iter(
-            bodies
-                .iter()
-                .cycle()
-                .take(if bodies.is_empty() { 0 } else { writes }),
-        )
-        .map(|body| {
-            let (api, params) = (api, &params);
-            async move {
-                let now = jiff::Timestamp::now().to_string();
-                u64::from(
-                    api.patch_status(&body.name, params, &Patch::Apply(&body.at(&now)))
-                        .await
-                        .is_err(),
-                )
-            }
-        })
-        .buffer_unordered(concurrency.max(1))
-        .fold(0u64, |acc, e| async move { acc + e })
-        .await;
+    let each = bodies
+        .iter()
+        .cycle()
+        .take(if bodies.is_empty() { 0 } else { writes });
+    // Each write's heartbeat is the time it is sent, as gpunode's writes carry.
+    let errors = apply_each(api, each, concurrency, |body| {
+        body.at(&jiff::Timestamp::now().to_string())
+    })
+    .await;
     let seconds = start.elapsed().as_secs_f64();
     let sample = Sample {
         concurrency,

@@ -4,21 +4,11 @@ use std::{fmt::Write as _, path::Path};
 
 use serde_json::json;
 
-use crate::{error::Error, model, procs::Machine, results::RunResult};
+use crate::{error::Error, model, procs::Machine, results::RunResult, stats::figure as f};
 
 fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, Error> {
     let text = std::fs::read_to_string(path).map_err(Error::io(format!("reading {}", path.display())))?;
     Ok(serde_json::from_str(&text)?)
-}
-
-fn f(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else if v >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
-    }
 }
 
 /// The time of day of an RFC 3339 timestamp, to the second ("21:08:35").

@@ -2,6 +2,17 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A figure for a table: three significant digits or so (no decimals from 100, one from 10).
+pub fn figure(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
 /// Latency percentiles, milliseconds.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Latency {
